@@ -1,0 +1,116 @@
+"""Reading the simulator's inputs from files and turning every problem into one line.
+
+The core is pure, so this module owns the file I/O: it reads the reference formats (trace,
+trajectory JSON, throughput JSON), hands text and parsed JSON to :mod:`shockwave.traces`, and
+resolves policy names against the registry. Anything wrong with the user's input becomes an
+:class:`InputError` whose message names the file, line or option at fault; the command turns it
+into a red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from shockwave.model import ValidationError
+from shockwave.policies import BASELINES
+from shockwave.policy import Policy, UnknownPolicyError, get_policy, make_params, policy_names
+from shockwave.traces import (
+    ThroughputTable,
+    build_workload,
+    parse_throughputs,
+    parse_trace,
+    parse_trajectories,
+)
+from shockwave.workload import Workload
+
+
+class InputError(Exception):
+    """Input the user can fix; ``str(error)`` is the whole one-line message."""
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; ``what`` ("trace", ...) names the role of the file in the message."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} file {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} file {path} is a directory") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{what} file {path} cannot be read: {error}") from None
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """The file's top-level JSON object; a syntax error is reported with its line and column."""
+    text = read_text(path, what)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{path} line {error.lineno} column {error.colno}: invalid JSON ({error.msg})"
+        ) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}: a {what} file must hold a JSON object at the top level")
+    return obj
+
+
+def load_throughputs(path: Path) -> ThroughputTable:
+    """The measured throughput table (reference format) in ``path``."""
+    obj = read_json_object(path, "throughputs")
+    try:
+        return parse_throughputs(obj, str(path))
+    except ValidationError as error:
+        raise InputError(_located(error, path)) from None
+
+
+def load_workload(trace: Path, trajectories: Path, throughputs: ThroughputTable) -> Workload:
+    """The workload of a Gavel trace and its trajectory file, named after the trace file."""
+    text = read_text(trace, "trace")
+    trajectory_obj = read_json_object(trajectories, "trajectories")
+    try:
+        trace_jobs = parse_trace(text, str(trace))
+    except ValidationError as error:
+        raise InputError(_located(error, trace)) from None
+    try:
+        parsed_trajectories = parse_trajectories(trajectory_obj, str(trajectories))
+    except ValidationError as error:
+        raise InputError(_located(error, trajectories)) from None
+    try:
+        return build_workload(trace_jobs, parsed_trajectories, throughputs, trace.stem)
+    except ValidationError as error:
+        raise InputError(_located(error, trace)) from None
+
+
+def resolve_policies(spec: str) -> list[Policy]:
+    """Policies named by ``spec``: ``"all"`` or comma-separated names, duplicates dropped.
+
+    ``"all"`` is the paper's baselines in table order, then every other registered policy.
+    """
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names:
+        raise InputError("--policy: name at least one policy (or 'all')")
+    if names == ["all"]:
+        names = [*BASELINES, *(n for n in policy_names() if n not in BASELINES)]
+    chosen: list[Policy] = []
+    for name in dict.fromkeys(names):
+        try:
+            chosen.append(get_policy(name))
+        except UnknownPolicyError as error:
+            raise InputError(f"--policy: {error}") from None
+    return chosen
+
+
+def policy_params(policy: Policy, seed: int | None) -> Any:
+    """The policy's default params, with ``seed`` passed through where the params take one."""
+    params_type = policy.Params
+    takes_seed = is_dataclass(params_type) and any(f.name == "seed" for f in fields(params_type))
+    return make_params(policy, {"seed": seed} if takes_seed and seed is not None else None)
+
+
+def _located(error: ValidationError, path: Path) -> str:
+    """The error's message, prefixed with the file unless it already names it."""
+    message = str(error)
+    return message if str(path) in message else f"{path}: {message}"

@@ -1,0 +1,193 @@
+"""Domain model of the scheduling core: jobs, regimes, throughput knowledge, the cluster.
+
+Everything here is a frozen value checked on construction. Impossible input raises
+:class:`ValidationError`, which names the field at fault so the API and the trace reader can
+report it as-is. Nothing in this module reads a clock, a file or the environment.
+
+Units: time in seconds, throughput in samples per second of the whole gang (all of the job's
+GPUs together, the job running alone), progress in epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+VALID_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
+"""Gang sizes a job may ask for (paper section 7: jobs request 1, 2, 4 or 8 GPUs)."""
+
+
+class ValidationError(ValueError):
+    """Input that cannot describe a real job or cluster.
+
+    ``field`` is the dotted name of the offending field (``"gpus"``, ``"regimes[1].epochs"``) so
+    that every shell can point at it without parsing the message.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class AdaptationMode(StrEnum):
+    """How a job changes its batch size while it trains (paper section 2).
+
+    ``static`` never changes; ``accordion`` alternates between a small and a large batch size
+    around critical regimes; ``gns`` doubles the batch size as the gradient noise scale grows and
+    never goes down; ``custom`` follows a declared list of batch sizes in order.
+    """
+
+    STATIC = "static"
+    ACCORDION = "accordion"
+    GNS = "gns"
+    CUSTOM = "custom"
+
+    @classmethod
+    def parse(cls, value: str, field: str = "mode") -> AdaptationMode:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValidationError(field, f"unknown adaptation mode {value!r} (one of {allowed})")
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """A stretch of training at one batch size: ``epochs`` epochs at ``batch_size``."""
+
+    batch_size: int
+    epochs: int
+
+    def __post_init__(self) -> None:
+        _require_positive_int("batch_size", self.batch_size)
+        _require_positive_int("epochs", self.epochs)
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputProfile:
+    """Samples per second of the whole gang, running alone, at each known batch size.
+
+    This is knowledge a user may declare (or a profiler may measure) before the job runs; it is
+    not the job's future trajectory, only how fast each batch size would go.
+    """
+
+    samples_per_second: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for bs, rate in self.samples_per_second.items():
+            _require_positive_int(f"throughput[{bs}]", bs)
+            if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
+                raise ValidationError(f"throughput[{bs}]", f"must be a positive number, got {rate!r}")
+        object.__setattr__(
+            self, "samples_per_second", MappingProxyType(dict(sorted(self.samples_per_second.items())))
+        )
+
+    def knows(self, batch_size: int) -> bool:
+        return batch_size in self.samples_per_second
+
+    def epoch_seconds(self, batch_size: int, samples_per_epoch: int) -> float:
+        """Seconds one epoch takes at ``batch_size``; KeyError when that size is unknown."""
+        return samples_per_epoch / self.samples_per_second[batch_size]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user submits: the job's shape, length, adaptation and knowledge.
+
+    ``batch_sizes`` is the declared ladder of batch sizes: for ``custom`` the sizes in the order
+    the job will use them (the first is the initial size), for ``accordion`` and ``gns`` the
+    sizes the job may move between (the largest is its maximum). ``budget`` is the job's weight
+    in the market (paper section 6.1, B_j); 1 unless a tenant or priority raises it.
+    """
+
+    job_id: str
+    gpus: int
+    epochs: int
+    samples_per_epoch: int
+    initial_batch_size: int
+    mode: AdaptationMode = AdaptationMode.STATIC
+    batch_sizes: tuple[int, ...] = ()
+    throughput: ThroughputProfile = field(default_factory=ThroughputProfile)
+    arrival_s: float = 0.0
+    budget: float = 1.0
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ValidationError("job_id", "must be a non-empty string")
+        if self.gpus not in VALID_WIDTHS or isinstance(self.gpus, bool):
+            raise ValidationError("gpus", f"must be one of {VALID_WIDTHS}, got {self.gpus!r}")
+        _require_positive_int("epochs", self.epochs)
+        _require_positive_int("samples_per_epoch", self.samples_per_epoch)
+        _require_positive_int("initial_batch_size", self.initial_batch_size)
+        if not isinstance(self.mode, AdaptationMode):
+            object.__setattr__(self, "mode", AdaptationMode.parse(str(self.mode)))
+        for i, bs in enumerate(self.batch_sizes):
+            _require_positive_int(f"batch_sizes[{i}]", bs)
+        if self.mode is AdaptationMode.CUSTOM:
+            if not self.batch_sizes:
+                raise ValidationError("batch_sizes", "custom mode needs the declared list of batch sizes")
+            if self.batch_sizes[0] != self.initial_batch_size:
+                raise ValidationError(
+                    "batch_sizes", "custom mode's list must start with the initial batch size"
+                )
+        if not (isinstance(self.arrival_s, int | float) and math.isfinite(self.arrival_s)):
+            raise ValidationError("arrival_s", f"must be a finite number, got {self.arrival_s!r}")
+        if self.arrival_s < 0:
+            raise ValidationError("arrival_s", f"must be >= 0, got {self.arrival_s!r}")
+        if not (isinstance(self.budget, int | float) and math.isfinite(self.budget) and self.budget > 0):
+            raise ValidationError("budget", f"must be a positive number, got {self.budget!r}")
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest batch size the job may reach (its initial size when nothing else is declared)."""
+        return max((self.initial_batch_size, *self.batch_sizes))
+
+    def check_fits(self, cluster: Cluster) -> None:
+        """Raise when this job can never run on ``cluster`` (wider than the whole cluster)."""
+        if self.gpus > cluster.total_gpus:
+            raise ValidationError(
+                "gpus", f"job asks for {self.gpus} GPUs but the cluster has {cluster.total_gpus}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """``nodes`` identical machines with ``gpus_per_node`` GPUs each.
+
+    GPUs are numbered globally: GPU ``g`` sits on node ``g // gpus_per_node``.
+    """
+
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        _require_positive_int("nodes", self.nodes)
+        _require_positive_int("gpus_per_node", self.gpus_per_node)
+
+    @classmethod
+    def of_gpus(cls, total_gpus: int, gpus_per_node: int) -> Cluster:
+        """The cluster with ``total_gpus`` GPUs in nodes of ``gpus_per_node``."""
+        _require_positive_int("gpus", total_gpus)
+        _require_positive_int("gpus_per_node", gpus_per_node)
+        if total_gpus % gpus_per_node:
+            raise ValidationError(
+                "gpus", f"{total_gpus} GPUs do not divide into nodes of {gpus_per_node}"
+            )
+        return cls(nodes=total_gpus // gpus_per_node, gpus_per_node=gpus_per_node)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValidationError(name, f"must be a positive integer, got {value!r}")

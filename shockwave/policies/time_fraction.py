@@ -1,0 +1,224 @@
+"""Gavel's round-based mechanism that turns time-fraction allocations into rounds.
+
+Every Gavel-style baseline (max-min fairness, MST, Themis, AlloX, Gandiva-Fair, OSSP) computes an
+allocation ``x_j`` in [0, 1]: the share of time job j should hold its GPUs. This module turns
+those fractions into a concrete job set per round, the way the reference simulator does
+(SIMULATOR-NOTES.md section 1), so that our baselines reproduce the paper's figures:
+
+1. Credit each job with the useful seconds it ran in the round that just ended (``T_j``).
+2. Recompute the allocation only when the set of active jobs changed since the last recompute
+   *and* at least ``min_seconds_between_allocations`` have passed (or no recompute has yet
+   happened after time 0). At a recompute, fold the service each job got against its share into
+   a deficit, ``deficit_j += x_j (t - t_last) - (T_j - credit)``, and reset ``T_j`` to the
+   initial credit (half a round).
+3. Rank jobs by priority ``x_j / T_j`` (0 for a job with no share), then deficit, then ``x_j``,
+   ties in arrival order, and walk the list greedily: a gang that does not fit the GPUs left is
+   skipped so that smaller jobs behind it can backfill.
+
+A job admitted after the last recompute has no share yet. The reference still walks it through
+the greedy pass, where it takes GPUs that then stay idle; ``absent_jobs_hold_gpus`` (on by
+default, to match the recorded figures) keeps that behaviour, documented in docs/simulator.md.
+
+All state is carried in :class:`PriorityState`, returned in the decision and handed back in the
+next snapshot, so ``decide`` stays a pure function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol
+
+from shockwave.policy import Decision
+from shockwave.snapshot import ActiveJob, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationJob:
+    """The inputs Gavel gives every allocator, for one active job.
+
+    ``steps_per_second``: isolated throughput of the whole gang at the current batch size
+    (iterations/s). ``remaining_steps``: iterations left at the current batch size.
+    ``age_s``: time since arrival. ``weight``: priority weight (the job's budget).
+    """
+
+    job_id: str
+    gpus: int
+    steps_per_second: float
+    remaining_steps: float
+    age_s: float
+    weight: float
+
+    @property
+    def remaining_seconds(self) -> float:
+        return self.remaining_steps / self.steps_per_second
+
+
+class Allocator(Protocol):
+    """Computes time fractions. ``memory`` is the allocator's own state from its last call."""
+
+    def __call__(
+        self,
+        jobs: Sequence[AllocationJob],
+        total_gpus: int,
+        previous: Mapping[str, float],
+        memory: Mapping[str, Any],
+        params: Any,
+    ) -> tuple[dict[str, float], Mapping[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TimeFractionParams:
+    """Knobs of the round mechanism, with the reference simulator's values as defaults.
+
+    ``min_seconds_between_allocations``: Gavel's gate between allocation recomputes (1000 s).
+    ``initial_credit_s``: the credit T_j starts from (half a 120 s round). ``absent_jobs_hold_gpus``:
+    see the module docstring.
+    """
+
+    min_seconds_between_allocations: float = 1000.0
+    initial_credit_s: float = 60.0
+    absent_jobs_hold_gpus: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityState:
+    """Memory of the mechanism between rounds (plain values, so shells can persist it)."""
+
+    allocation: Mapping[str, float] = field(default_factory=dict)
+    recomputed_at: float | None = None
+    recomputed_after_start: bool = False
+    job_set: frozenset[str] = frozenset()
+    received: Mapping[str, float] = field(default_factory=dict)
+    deficit: Mapping[str, float] = field(default_factory=dict)
+    memory: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TimeFractionPolicy:
+    """Base of the Gavel-style baselines: subclasses set ``name``, ``Params`` and ``allocate``."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[Any]]
+
+    def allocate(
+        self,
+        jobs: Sequence[AllocationJob],
+        total_gpus: int,
+        previous: Mapping[str, float],
+        memory: Mapping[str, Any],
+        params: Any,
+    ) -> tuple[dict[str, float], Mapping[str, Any]]:
+        raise NotImplementedError
+
+    def mechanism(self, params: Any) -> TimeFractionParams:
+        """The round-mechanism knobs; a policy's Params may carry them as ``mechanism``."""
+        found = getattr(params, "mechanism", None)
+        return found if isinstance(found, TimeFractionParams) else TimeFractionParams()
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        knobs = self.mechanism(params)
+        state = snapshot.policy_state
+        if not isinstance(state, PriorityState):
+            state = PriorityState()
+        now = snapshot.now
+        active_ids = frozenset(j.job_id for j in snapshot.jobs)
+
+        received = {
+            job.job_id: state.received.get(job.job_id, knobs.initial_credit_s)
+            + job.progress.executed_last_round_s
+            for job in snapshot.jobs
+        }
+        deficit = {job.job_id: state.deficit.get(job.job_id, 0.0) for job in snapshot.jobs}
+        allocation: Mapping[str, float] = {
+            k: v for k, v in state.allocation.items() if k in active_ids
+        }
+        memory = state.memory
+        recomputed_at = state.recomputed_at
+        after_start = state.recomputed_after_start
+
+        changed = active_ids != state.job_set
+        gate_open = (
+            recomputed_at is None
+            or (not after_start and now > 0)
+            or now - recomputed_at >= knobs.min_seconds_between_allocations
+        )
+        job_set = state.job_set
+        if changed and gate_open:
+            since = 0.0 if recomputed_at is None else now - recomputed_at
+            for job_id in active_ids:
+                share = allocation.get(job_id, 0.0)
+                deficit[job_id] += share * since - (received[job_id] - knobs.initial_credit_s)
+                received[job_id] = knobs.initial_credit_s
+            inputs = [allocation_job(job, now) for job in snapshot.jobs]
+            allocation, memory = self.allocate(
+                inputs, snapshot.cluster.total_gpus, allocation, memory, params
+            )
+            recomputed_at = now
+            after_start = after_start or now > 0
+            job_set = active_ids
+
+        chosen, reasons = _greedy_round(snapshot.jobs, allocation, received, deficit, snapshot, knobs)
+        new_state = PriorityState(
+            allocation=MappingProxyType(dict(allocation)),
+            recomputed_at=recomputed_at,
+            recomputed_after_start=after_start,
+            job_set=job_set,
+            received=MappingProxyType(received),
+            deficit=MappingProxyType(deficit),
+            memory=memory,
+        )
+        return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+
+
+def allocation_job(job: ActiveJob, now: float) -> AllocationJob:
+    """Gavel's common inputs for one job; a job with unknown throughput counts as 1 step/s."""
+    rate = job.steps_per_second() or 1.0
+    return AllocationJob(
+        job_id=job.job_id,
+        gpus=job.spec.gpus,
+        steps_per_second=rate,
+        remaining_steps=max(job.remaining_epochs * job.steps_per_epoch(), 1e-9),
+        age_s=max(0.0, now - job.spec.arrival_s),
+        weight=job.spec.budget,
+    )
+
+
+def _greedy_round(
+    jobs: Sequence[ActiveJob],
+    allocation: Mapping[str, float],
+    received: Mapping[str, float],
+    deficit: Mapping[str, float],
+    snapshot: Snapshot,
+    knobs: TimeFractionParams,
+) -> tuple[list[str], dict[str, str]]:
+    """Rank by (priority, deficit, share), walk greedily; return the round's jobs and reasons."""
+
+    def priority(job_id: str) -> float:
+        share = allocation.get(job_id, 0.0)
+        return share / received[job_id] if share > 0 and received[job_id] > 0 else 0.0
+
+    order = sorted(
+        jobs,
+        key=lambda j: (
+            -priority(j.job_id),
+            -deficit[j.job_id],
+            -allocation.get(j.job_id, 0.0),
+        ),
+    )
+    free = snapshot.cluster.total_gpus
+    chosen: list[str] = []
+    reasons: dict[str, str] = {}
+    for job in order:
+        job_id = job.job_id
+        if job.spec.gpus > free:
+            reasons[job_id] = f"needs {job.spec.gpus} GPUs, {free} left after higher priorities"
+            continue
+        if job_id not in allocation:
+            reasons[job_id] = "arrived after the last allocation; waits for the next recompute"
+            if knobs.absent_jobs_hold_gpus:
+                free -= job.spec.gpus
+            continue
+        free -= job.spec.gpus
+        chosen.append(job_id)
+    return chosen, reasons

@@ -1,0 +1,96 @@
+"""The one policy interface, its decision value and the registry that finds policies by name.
+
+Every scheduling policy (the baselines and Shockwave) is an object with a ``name``, a frozen
+``Params`` dataclass with documented defaults, and ``decide(snapshot, params) -> Decision``. The
+simulator and the service call exactly this; nobody compares policy names in an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from shockwave.snapshot import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a policy decides for the next round.
+
+    ``jobs``: ids of the jobs to run this round, highest priority first; their GPU widths sum to
+    at most the cluster's GPUs (placement turns them into GPUs). ``state``: handed back to the
+    same policy in the next snapshot. ``allocation``: each job's share as the policy sees it (a
+    time fraction, or the fraction of planned rounds), for explanations and plots. ``reasons``:
+    why a job that is not in ``jobs`` waits, keyed by job id.
+    """
+
+    jobs: tuple[str, ...]
+    state: object | None = None
+    allocation: Mapping[str, float] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allocation", MappingProxyType(dict(self.allocation)))
+        object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy: pure, deterministic for the same snapshot and params."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[Any]]
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision: ...
+
+
+class UnknownPolicyError(KeyError):
+    """A policy name that no registered policy carries."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = tuple(known)
+
+    def __str__(self) -> str:
+        return f"unknown policy {self.name!r} (known: {', '.join(self.known)})"
+
+
+_REGISTRY: dict[str, Policy] = {}
+
+
+def register(policy: Policy) -> Policy:
+    """Add ``policy`` to the registry under its name; a second policy with the same name fails."""
+    if policy.name in _REGISTRY and _REGISTRY[policy.name] is not policy:
+        raise ValueError(f"policy {policy.name!r} is already registered")
+    _REGISTRY[policy.name] = policy
+    return policy
+
+
+def get_policy(name: str) -> Policy:
+    _load_builtin_policies()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicyError(name, policy_names()) from None
+
+
+def policy_names() -> tuple[str, ...]:
+    _load_builtin_policies()
+    return tuple(_REGISTRY)
+
+
+def make_params(policy: Policy, overrides: Mapping[str, Any] | None = None) -> Any:
+    """The policy's default params with ``overrides`` applied (unknown keys are an error)."""
+    params_type = policy.Params
+    fields = getattr(params_type, "__dataclass_fields__", {})
+    unknown = sorted(set(overrides or {}) - set(fields))
+    if unknown:
+        raise ValueError(f"policy {policy.name!r} has no parameter(s) {', '.join(unknown)}")
+    return params_type(**dict(overrides or {}))
+
+
+def _load_builtin_policies() -> None:
+    import shockwave.policies  # noqa: F401  (registers the built-in policies on import)

@@ -1,0 +1,114 @@
+"""What a policy may see: the snapshot of the cluster and its active jobs at a round boundary.
+
+A snapshot holds only what a real scheduler knows: each job's declared spec, the epochs it has
+finished, the batch size it runs at now, the regimes it has already left behind (learnt from its
+scaling events), the epoch times measured so far and the service it has had. It never holds a
+job's future trajectory. The simulator and the service build the same snapshot type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from shockwave.model import Cluster, JobSpec, Regime
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """Observed progress of one job.
+
+    ``epochs_done`` counts finished epochs (fractional where the shell reports within-epoch
+    progress). ``observed_regimes`` are the regimes the job has completed, in order; the current
+    regime, at ``batch_size``, started at epoch ``sum(r.epochs for r in observed_regimes)``.
+    ``attained_s`` is the wall time the job has held its GPUs doing useful work;
+    ``executed_last_round_s`` the useful seconds it got in the round just ended;
+    ``gpus`` the global GPU indices it held in that round (empty when it did not run).
+    """
+
+    batch_size: int
+    epochs_done: float = 0.0
+    observed_regimes: tuple[Regime, ...] = ()
+    measured_epoch_seconds: Mapping[int, float] = field(default_factory=dict)
+    attained_s: float = 0.0
+    executed_last_round_s: float = 0.0
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "measured_epoch_seconds", MappingProxyType(dict(self.measured_epoch_seconds))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveJob:
+    """An admitted, unfinished job: its spec and what has been observed of it."""
+
+    spec: JobSpec
+    progress: JobProgress
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def remaining_epochs(self) -> float:
+        return max(0.0, self.spec.epochs - self.progress.epochs_done)
+
+    @property
+    def running(self) -> bool:
+        """Whether the job held GPUs in the round that just ended."""
+        return bool(self.progress.gpus)
+
+    def epoch_seconds(self, batch_size: int | None = None) -> float | None:
+        """Seconds per epoch at ``batch_size`` (default: the current one), or None if unknown.
+
+        A measurement wins over the declared throughput profile: it is what the job really did.
+        """
+        bs = self.progress.batch_size if batch_size is None else batch_size
+        measured = self.progress.measured_epoch_seconds.get(bs)
+        if measured is not None:
+            return measured
+        if self.spec.throughput.knows(bs):
+            return self.spec.throughput.epoch_seconds(bs, self.spec.samples_per_epoch)
+        return None
+
+    def steps_per_second(self) -> float | None:
+        """Iterations per second at the current batch size (Gavel's throughput unit)."""
+        seconds = self.epoch_seconds()
+        if seconds is None:
+            return None
+        return self.steps_per_epoch() / seconds
+
+    def steps_per_epoch(self, batch_size: int | None = None) -> int:
+        bs = self.progress.batch_size if batch_size is None else batch_size
+        return -(-self.spec.samples_per_epoch // bs)
+
+    def remaining_seconds_at_current_rate(self) -> float | None:
+        """Remaining time if the job kept its current batch size (what reactive policies assume)."""
+        seconds = self.epoch_seconds()
+        return None if seconds is None else self.remaining_epochs * seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The input of every policy at a round boundary.
+
+    ``jobs`` are the active jobs in arrival order. ``policy_state`` is whatever the same policy
+    returned in its previous :class:`~shockwave.policy.Decision` (None at the first round), so
+    that a policy with memory (priorities, plans) stays a pure function.
+    """
+
+    now: float
+    round_index: int
+    round_seconds: float
+    cluster: Cluster
+    jobs: tuple[ActiveJob, ...]
+    policy_state: object | None = None
+
+    def job(self, job_id: str) -> ActiveJob:
+        for job in self.jobs:
+            if job.job_id == job_id:
+                return job
+        raise KeyError(job_id)
