@@ -52,7 +52,9 @@ class AdaptationMode(StrEnum):
             return cls(value.strip().lower())
         except ValueError:
             allowed = ", ".join(m.value for m in cls)
-            raise ValidationError(field, f"unknown adaptation mode {value!r} (one of {allowed})")
+            raise ValidationError(
+                field, f"unknown adaptation mode {value!r} (one of {allowed})"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +83,13 @@ class ThroughputProfile:
         for bs, rate in self.samples_per_second.items():
             _require_positive_int(f"throughput[{bs}]", bs)
             if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
-                raise ValidationError(f"throughput[{bs}]", f"must be a positive number, got {rate!r}")
+                raise ValidationError(
+                    f"throughput[{bs}]", f"must be a positive number, got {rate!r}"
+                )
         object.__setattr__(
-            self, "samples_per_second", MappingProxyType(dict(sorted(self.samples_per_second.items())))
+            self,
+            "samples_per_second",
+            MappingProxyType(dict(sorted(self.samples_per_second.items()))),
         )
 
     def knows(self, batch_size: int) -> bool:
@@ -130,7 +136,9 @@ class JobSpec:
             _require_positive_int(f"batch_sizes[{i}]", bs)
         if self.mode is AdaptationMode.CUSTOM:
             if not self.batch_sizes:
-                raise ValidationError("batch_sizes", "custom mode needs the declared list of batch sizes")
+                raise ValidationError(
+                    "batch_sizes", "custom mode needs the declared list of batch sizes"
+                )
             if self.batch_sizes[0] != self.initial_batch_size:
                 raise ValidationError(
                     "batch_sizes", "custom mode's list must start with the initial batch size"
@@ -139,7 +147,9 @@ class JobSpec:
             raise ValidationError("arrival_s", f"must be a finite number, got {self.arrival_s!r}")
         if self.arrival_s < 0:
             raise ValidationError("arrival_s", f"must be >= 0, got {self.arrival_s!r}")
-        if not (isinstance(self.budget, int | float) and math.isfinite(self.budget) and self.budget > 0):
+        if not (
+            isinstance(self.budget, int | float) and math.isfinite(self.budget) and self.budget > 0
+        ):
             raise ValidationError("budget", f"must be a positive number, got {self.budget!r}")
 
     @property

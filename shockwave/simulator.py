@@ -330,9 +330,7 @@ def simulate(
     )
 
 
-def _checked_jobs(
-    decision: Decision, active: Mapping[str, _JobRun], cluster: Cluster
-) -> list[str]:
+def _checked_jobs(decision: Decision, active: Mapping[str, _JobRun], cluster: Cluster) -> list[str]:
     """The decision's jobs, after checking the policy kept the interface's promises."""
     seen: set[str] = set()
     width = 0

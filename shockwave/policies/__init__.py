@@ -12,7 +12,15 @@ from shockwave.policy import register
 BASELINES = ("fifo", "gavel", "mst", "themis", "allox", "gandiva_fair", "ossp")
 """The paper's baselines (plus FIFO), in the order tables list them."""
 
-for _policy in (Fifo(), MaxMinFairness(), MaxSumThroughput(), Themis(), Allox(), GandivaFair(), Ossp()):
+for _policy in (
+    Fifo(),
+    MaxMinFairness(),
+    MaxSumThroughput(),
+    Themis(),
+    Allox(),
+    GandivaFair(),
+    Ossp(),
+):
     register(_policy)
 
 __all__ = ["BASELINES"]

@@ -28,7 +28,9 @@ class MaxMinFairnessParams:
     mechanism: TimeFractionParams = field(default_factory=TimeFractionParams)
 
 
-def water_fill(demands: Mapping[str, float], weights: Mapping[str, float], capacity: float) -> dict[str, float]:
+def water_fill(
+    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> dict[str, float]:
     """Max-min fair shares: share_j = min(demand_j, weight_j * level), summing to the capacity.
 
     ``demands`` caps each share (a job cannot use more GPUs than it asks for). When the demands

@@ -40,7 +40,10 @@ class ThemisParams:
 
 
 def min_max_ftf_shares(
-    jobs: Sequence[AllocationJob], total_gpus: int, denominators: Mapping[str, float], tolerance: float
+    jobs: Sequence[AllocationJob],
+    total_gpus: int,
+    denominators: Mapping[str, float],
+    tolerance: float,
 ) -> tuple[dict[str, float], float]:
     """Time fractions minimizing the worst (age + rem / (thr x)) / D; returns (x, worst rho)."""
     if not jobs:

@@ -73,8 +73,8 @@ class TimeFractionParams:
     """Knobs of the round mechanism, with the reference simulator's values as defaults.
 
     ``min_seconds_between_allocations``: Gavel's gate between allocation recomputes (1000 s).
-    ``initial_credit_s``: the credit T_j starts from (half a 120 s round). ``absent_jobs_hold_gpus``:
-    see the module docstring.
+    ``initial_credit_s``: the credit T_j starts from (half a 120 s round).
+    ``absent_jobs_hold_gpus``: see the module docstring.
     """
 
     min_seconds_between_allocations: float = 1000.0
@@ -158,7 +158,9 @@ class TimeFractionPolicy:
             after_start = after_start or now > 0
             job_set = active_ids
 
-        chosen, reasons = _greedy_round(snapshot.jobs, allocation, received, deficit, snapshot, knobs)
+        chosen, reasons = _greedy_round(
+            snapshot.jobs, allocation, received, deficit, snapshot, knobs
+        )
         new_state = PriorityState(
             allocation=MappingProxyType(dict(allocation)),
             recomputed_at=recomputed_at,

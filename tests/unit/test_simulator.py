@@ -1,0 +1,173 @@
+"""Simulator mechanics on hand-computed cases: rounds, restart overhead, regimes, metrics."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from shockwave.metrics import contention_ftf, reference_ftf, summarize
+from shockwave.policy import Decision, get_policy, make_params
+from shockwave.simulator import PolicyContractError, SimSettings, simulate
+from shockwave.snapshot import Snapshot
+from tests.builders import cluster, sim_job, workload
+
+
+class Recorder:
+    """A policy that runs every job that fits, in arrival order, and keeps the snapshots."""
+
+    name: ClassVar[str] = "recorder"
+    Params: ClassVar[type[Any]] = dict
+
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        self.snapshots.append(snapshot)
+        free = snapshot.cluster.total_gpus
+        chosen = []
+        for job in snapshot.jobs:
+            if job.spec.gpus <= free:
+                free -= job.spec.gpus
+                chosen.append(job.job_id)
+        return Decision(jobs=tuple(chosen))
+
+
+def run(jobs: Any, gpus: int, **settings: Any) -> Any:
+    return simulate(workload(*jobs), cluster(gpus), Recorder(), {}, SimSettings(**settings))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "overhead", "finish"),
+    [
+        # 300 s of work: 100 useful (20 s restart) + 120 + 80 -> ends at 240 + 80.
+        (300.0, 20.0, 320.0),
+        # Fits in one round but needs more than round - guard: charged; the round ends when its
+        # task does (118 s) and the remaining 20 s run next round.
+        (118.0, 20.0, 118.0 + 20.0),
+        # A short job (<= 115 s) is never charged.
+        (100.0, 20.0, 100.0),
+        (300.0, 0.0, 300.0),
+    ],
+)
+def test_restart_overhead_rule(seconds: float, overhead: float, finish: float) -> None:
+    result = run([sim_job("a", [(32, 10, seconds / 10)])], 1, restart_overhead_s=overhead)
+    assert result.jobs[0].finish_s == pytest.approx(finish)
+    assert result.makespan_s == pytest.approx(finish)
+
+
+def test_two_jobs_fifo_on_one_gpu() -> None:
+    result = run([sim_job("a", [(32, 4, 60.0)]), sim_job("b", [(32, 1, 100.0)])], 1)
+    finishes = {j.job_id: j.finish_s for j in result.jobs}
+    assert finishes == {"a": pytest.approx(260.0), "b": pytest.approx(360.0)}
+    metrics = summarize(result)
+    assert metrics.avg_jct_s == pytest.approx(310.0)
+    assert metrics.utilization == pytest.approx(340.0 / 360.0)
+    # Reference FTF: N_trace / G = 2 -> rho_b = 360 / (100 * 2).
+    assert list(metrics.ftf) == [pytest.approx(260 / 480), pytest.approx(1.8)]
+    assert metrics.worst_ftf == pytest.approx(1.8)
+    assert metrics.unfair_fraction == pytest.approx(0.5)
+
+
+def test_policy_sees_regimes_only_after_they_happen() -> None:
+    job = sim_job("a", [(32, 2, 10.0), (64, 3, 5.0)])
+    policy = Recorder()
+    result = simulate(
+        workload(job), cluster(1), policy, {}, SimSettings(round_seconds=15, restart_overhead_s=0)
+    )
+    assert result.jobs[0].finish_s == pytest.approx(35.0)
+    seen = [s.jobs[0].progress for s in policy.snapshots]
+    assert [p.batch_size for p in seen] == [32, 32, 64]
+    assert [p.epochs_done for p in seen] == [pytest.approx(0), pytest.approx(1.5), pytest.approx(4)]
+    assert seen[1].observed_regimes == ()
+    assert [(r.batch_size, r.epochs) for r in seen[2].observed_regimes] == [(32, 2)]
+    assert dict(seen[0].measured_epoch_seconds) == {}
+    assert dict(seen[2].measured_epoch_seconds) == {32: 10.0, 64: 5.0}
+    assert [p.executed_last_round_s for p in seen] == [0.0, pytest.approx(15), pytest.approx(15)]
+
+
+def test_arrivals_are_admitted_at_round_boundaries() -> None:
+    jobs = [sim_job("a", [(32, 10, 30.0)]), sim_job("b", [(32, 1, 50.0)], arrival=50.0)]
+    policy = Recorder()
+    result = simulate(workload(*jobs), cluster(2), policy, {}, SimSettings())
+    assert [len(s.jobs) for s in policy.snapshots[:2]] == [1, 2]
+    b = result.jobs[1]
+    assert b.finish_s == pytest.approx(120.0 + 50.0)
+    assert b.jct_s == pytest.approx(120.0)
+
+
+def test_idle_cluster_jumps_to_next_arrival() -> None:
+    jobs = [sim_job("a", [(32, 1, 50.0)]), sim_job("b", [(32, 1, 50.0)], arrival=1000.0)]
+    result = run(jobs, 1)
+    assert [j.finish_s for j in result.jobs] == [pytest.approx(50.0), pytest.approx(1050.0)]
+
+
+def test_contention_ftf_uses_active_jobs_over_the_life() -> None:
+    jobs = [sim_job(str(i), [(32, 2, 60.0)]) for i in range(3)]
+    result = run(jobs, 1, restart_overhead_s=0)
+    by_id = {j.job_id: j for j in result.jobs}
+    # Job 2 waits two rounds with 3, then 2 active jobs, and runs its round alone: mean 2.
+    assert by_id["2"].mean_active_jobs == pytest.approx(2.0)
+    assert contention_ftf(by_id["2"], 1) == pytest.approx(360.0 / (120.0 * 2.0))
+    assert reference_ftf(by_id["2"], 3, 1) == pytest.approx(360.0 / (120.0 * 3.0))
+
+
+def test_makespan_lower_bound() -> None:
+    w = workload(sim_job("a", [(32, 1, 100.0)]), sim_job("b", [(32, 3, 100.0)], arrival=50.0))
+    assert w.makespan_lower_bound(2) == pytest.approx(350.0)
+    assert w.makespan_lower_bound(1) == pytest.approx(400.0)
+
+
+def test_decision_naming_an_unknown_job_is_a_contract_error() -> None:
+    class Rogue(Recorder):
+        def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+            return Decision(jobs=("ghost",))
+
+    with pytest.raises(PolicyContractError, match="ghost"):
+        simulate(workload(sim_job("a", [(32, 1, 10.0)])), cluster(1), Rogue(), {})
+
+
+def test_decision_over_capacity_is_a_contract_error() -> None:
+    class Greedy(Recorder):
+        def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+            return Decision(jobs=tuple(j.job_id for j in snapshot.jobs))
+
+    jobs = [sim_job("a", [(32, 1, 10.0)]), sim_job("b", [(32, 1, 10.0)])]
+    with pytest.raises(PolicyContractError, match="2 GPUs"):
+        simulate(workload(*jobs), cluster(1), Greedy(), {})
+
+
+def test_timer_measures_each_decision() -> None:
+    ticks = iter(range(1000))
+    result = simulate(
+        workload(sim_job("a", [(32, 3, 100.0)])),
+        cluster(1),
+        Recorder(),
+        {},
+        timer=lambda: float(next(ticks)),
+    )
+    assert [r.decision_seconds for r in result.rounds] == [1.0] * len(result.rounds)
+    assert summarize(result).decision_seconds.median == 1.0
+
+
+@pytest.mark.parametrize(
+    "name", ["fifo", "gavel", "mst", "themis", "allox", "gandiva_fair", "ossp"]
+)
+def test_every_baseline_finishes_a_mixed_workload(name: str) -> None:
+    jobs = [
+        sim_job(
+            str(i),
+            [(32, 2 + i % 3, 40.0 + 7 * i), (64, 1 + i % 2, 30.0)],
+            gpus=(1, 2, 4)[i % 3],
+            arrival=60.0 * i,
+        )
+        for i in range(12)
+    ]
+    w = workload(*jobs)
+    policy = get_policy(name)
+    result = simulate(w, cluster(8, 4), policy, make_params(policy))
+    assert result.completed == 12
+    assert result.makespan_s >= w.makespan_lower_bound(8) - 1e-6
+    for r in result.rounds:
+        used = [g for gpus in r.assignment.values() for g in gpus]
+        assert len(used) == len(set(used)) <= 8
