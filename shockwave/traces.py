@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeGuard
 
 from shockwave.model import (
     VALID_WIDTHS,
@@ -177,6 +178,10 @@ class TraceJob:
     arrival_s: float
 
     def __post_init__(self) -> None:
+        for name in ("priority_weight", "slo", "duration_s", "arrival_s"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if self.mode in TRACE_MODES:
+            object.__setattr__(self, "mode", AdaptationMode(self.mode))
         match = _JOB_TYPE.match(self.job_type)
         if match is None:
             raise _BrokenRule(
@@ -263,6 +268,7 @@ def _parse_trace_line(line: str, source: str, line_number: int) -> TraceJob:
             source,
             line_number,
             f"expected {len(TRACE_FIELDS)} tab-separated fields, got {len(cells)}",
+            field="line",
         )
 
     def cell(name: str) -> str:
@@ -403,7 +409,7 @@ def parse_throughputs(
         if job_type is None:
             continue
         rate = entry.get("null") if isinstance(entry, Mapping) else None
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate >= 0:
+        if not (_is_number(rate) and 0 <= rate < math.inf):
             raise FormatError(source, location, f"needs a rate >= 0 under 'null', got {rate!r}")
         if rate > 0:
             model, batch_size = job_type["model"], int(job_type["batch_size"])
@@ -480,10 +486,8 @@ def _parse_trajectory(entry: object, source: str, index: int) -> TrajectoryRecor
     for key, value in raw_seconds.items():
         if not (str(key).isdigit() and int(key) > 0):
             raise fail("epoch_seconds_at_bs", f"has a key that is no batch size: {key!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        if not (_is_number(value) and 0 < value < math.inf):
             raise fail(f"epoch_seconds_at_bs[{key}]", f"must be positive, got {value!r}")
-        if not math.isfinite(value):
-            raise fail(f"epoch_seconds_at_bs[{key}]", f"must be finite, got {value!r}")
         seconds[int(key)] = float(value)
     record = TrajectoryRecord(
         job=integer("job"),
@@ -506,9 +510,12 @@ def _parse_trajectory(entry: object, source: str, index: int) -> TrajectoryRecor
 
 
 def _optional_number(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return float(value) if _is_number(value) and math.isfinite(value) else None
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A JSON number (``true`` and ``false`` are not numbers here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # ------------------------------------------------------------------------------------ workload
