@@ -161,7 +161,9 @@ class JobSpec:
         """Raise when this job can never run on ``cluster`` (wider than the whole cluster)."""
         if self.gpus > cluster.total_gpus:
             raise ValidationError(
-                "gpus", f"job asks for {self.gpus} GPUs but the cluster has {cluster.total_gpus}"
+                "gpus",
+                f"job {self.job_id} asks for {self.gpus} GPUs but the cluster has "
+                f"{cluster.total_gpus}",
             )
 
 

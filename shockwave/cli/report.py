@@ -36,20 +36,20 @@ JOB_COLUMNS: tuple[str, ...] = (
 def comparison_table(runs: Sequence[RunMetrics]) -> Table:
     """One row per policy with the figures the paper compares (SPEC section 4)."""
     table = Table(title="Policy comparison", title_justify="left")
-    table.add_column("policy", style="bold")
+    table.add_column("policy", style="bold", no_wrap=True)
     for header in (
-        "makespan s",
-        "avg JCT s",
+        "makespan\ns",
+        "avg JCT\ns",
         "util",
-        "worst FTF",
+        "worst\nFTF",
         "FTF>1",
-        "worst FTF (cont.)",
-        "FTF>1 (cont.)",
-        "jobs done",
-        "decide median ms",
-        "makespan / LB",
+        "worst FTF\ncontention",
+        "FTF>1\ncontention",
+        "jobs\ndone",
+        "decide\nmedian ms",
+        "makespan\n/ bound",
     ):
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", no_wrap=True)
     for run in runs:
         over_bound = run.makespan_s / run.lower_bound_s if run.lower_bound_s > 0 else None
         table.add_row(
@@ -62,7 +62,7 @@ def comparison_table(runs: Sequence[RunMetrics]) -> Table:
             f"{run.worst_ftf_contention:.2f}",
             f"{run.unfair_fraction_contention:.1%}",
             f"{run.jobs_completed}/{run.jobs_total}",
-            f"{run.decision_seconds.median * 1000:.2f}",
+            f"{run.decision_seconds.median * 1000:.3g}",
             "-" if over_bound is None else f"{over_bound:.2f}",
         )
     return table
@@ -77,9 +77,7 @@ def write_jobs_csv(result: SimResult, run: RunMetrics, path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(JOB_COLUMNS)
-        for job, ftf, ftf_contention in zip(
-            result.jobs, run.ftf, run.ftf_contention, strict=True
-        ):
+        for job, ftf, ftf_contention in zip(result.jobs, run.ftf, run.ftf_contention, strict=True):
             writer.writerow(
                 (
                     job.job_id,

@@ -1,0 +1,277 @@
+"""``shockwave``: the command line of the trace-driven simulator.
+
+Commands: ``simulate`` (run policies on a trace or a generated workload, print a comparison
+table, write metrics.json, per-job CSVs and plots), ``generate`` (write a synthetic workload in
+the reference formats) and ``policies`` (list the registered policies).
+
+Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
+one red line naming the file, line or option, with exit code 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from shockwave.cli.inputs import (
+    InputError,
+    load_throughputs,
+    load_workload,
+    policy_params,
+    resolve_policies,
+)
+from shockwave.cli.plots import plot_ftf_cdf, plot_gantt, plot_utilization
+from shockwave.cli.report import comparison_table, write_jobs_csv, write_metrics_json
+from shockwave.generator import generate_workload
+from shockwave.metrics import RunMetrics, summarize
+from shockwave.model import Cluster, ValidationError
+from shockwave.policies import BASELINES
+from shockwave.policy import Policy, get_policy, policy_names
+from shockwave.simulator import SimResult, SimSettings, simulate
+from shockwave.traces import format_trace, format_trajectories
+from shockwave.workload import Workload
+
+app = typer.Typer(
+    help="Shockwave GPU-cluster scheduler: trace-driven simulator.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+INPUT_ERROR_EXIT = 2
+
+
+@app.command("simulate")
+def simulate_command(
+    throughputs: Annotated[
+        Path, typer.Option(help="Throughput table (reference JSON, e.g. tacc_throughputs.json).")
+    ],
+    gpus: Annotated[int, typer.Option(help="GPUs in the simulated cluster.")],
+    out: Annotated[Path, typer.Option(help="Directory for metrics.json, CSVs and plots.")],
+    trace: Annotated[
+        Path | None, typer.Option(help="Gavel-format trace (12 tab-separated fields a line).")
+    ] = None,
+    trajectories: Annotated[
+        Path | None, typer.Option(help="The trace's *.trajectories.json (true regimes).")
+    ] = None,
+    generate: Annotated[
+        int | None,
+        typer.Option(help="Without --trace: simulate N synthetic jobs made with --seed.", min=1),
+    ] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
+    round_seconds: Annotated[float, typer.Option(help="Round length in seconds.")] = 120.0,
+    restart_overhead: Annotated[
+        float, typer.Option(help="Checkpoint-restart cost of a start, resume or move (s).")
+    ] = 20.0,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for any randomness (--generate, seeded policies).")
+    ] = None,
+    mean_interarrival: Annotated[
+        float, typer.Option(help="With --generate: mean seconds between arrivals.")
+    ] = 100.0,
+    policy: Annotated[
+        str, typer.Option(help="Policy names, comma-separated, or 'all' (see `policies`).")
+    ] = "all",
+) -> None:
+    """Simulate policies on a workload; print a comparison table and write reports to --out."""
+    try:
+        policies = resolve_policies(policy)
+        cluster = _cluster(gpus, gpus_per_node)
+        settings = _settings(round_seconds, restart_overhead)
+        workload = _workload(trace, trajectories, generate, throughputs, seed, mean_interarrival)
+        _check_fits(workload, cluster)
+        _make_dir(out)
+    except InputError as error:
+        _fail(str(error))
+    lower_bound = workload.makespan_lower_bound(cluster.total_gpus)
+    errors.print(
+        f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
+        f"({cluster.nodes} nodes x {cluster.gpus_per_node}), "
+        f"rounds of {settings.round_seconds:g} s",
+        soft_wrap=True,
+    )
+    results = _run_all(workload, cluster, settings, policies, seed)
+    runs = [summarize(result) for result in results]
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    console.print(comparison_table(runs))
+    console.print(
+        f"Makespan lower bound: {lower_bound:,.0f} s "
+        "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
+    )
+    _write_reports(out, results, runs)
+    console.print(f"Reports written to {out}/ (metrics.json, jobs-*.csv, *.png)")
+
+
+@app.command("generate")
+def generate_command(
+    jobs: Annotated[int, typer.Option(help="Number of jobs.", min=1)],
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")],
+    throughputs: Annotated[Path, typer.Option(help="Throughput table (reference JSON).")],
+    out_trace: Annotated[Path, typer.Option(help="Where to write the Gavel-format trace.")],
+    out_trajectories: Annotated[Path, typer.Option(help="Where to write the trajectories JSON.")],
+    mean_interarrival: Annotated[
+        float, typer.Option(help="Mean seconds between arrivals (Poisson arrivals).")
+    ] = 100.0,
+) -> None:
+    """Write a synthetic workload as a trace and a trajectory file (the reference formats)."""
+    try:
+        workload = _generated(jobs, throughputs, seed, mean_interarrival)
+        for path in (out_trace, out_trajectories):
+            _make_dir(path.parent)
+        out_trace.write_text(format_trace(workload), encoding="utf-8")
+        out_trajectories.write_text(
+            json.dumps(format_trajectories(workload), indent=1) + "\n", encoding="utf-8"
+        )
+    except InputError as error:
+        _fail(str(error))
+    except OSError as error:
+        _fail(f"cannot write the workload: {error}")
+    console.print(f"Wrote {len(workload.jobs)} jobs to {out_trace} and {out_trajectories}")
+
+
+@app.command("policies")
+def policies_command() -> None:
+    """List the registered scheduling policies."""
+    table = Table(title="Registered policies", title_justify="left")
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("baseline")
+    table.add_column("description")
+    for name in policy_names():
+        table.add_row(name, "yes" if name in BASELINES else "", _summary(get_policy(name)))
+    console.print(table)
+
+
+def _run_all(
+    workload: Workload,
+    cluster: Cluster,
+    settings: SimSettings,
+    policies: Sequence[Policy],
+    seed: int | None,
+) -> list[SimResult]:
+    """Simulate each policy in turn, with a progress bar per policy advancing on finished jobs."""
+    results: list[SimResult] = []
+    columns = (
+        TextColumn("[bold]{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs  t={task.fields[now]:>9,.0f} s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=errors) as progress:
+        for policy in policies:
+            task = progress.add_task(policy.name, total=len(workload.jobs), now=0.0)
+
+            def on_round(now: float, finished: int, total: int, task_id: TaskID = task) -> None:
+                progress.update(task_id, completed=finished, now=now)
+
+            result = simulate(
+                workload,
+                cluster,
+                policy,
+                policy_params(policy, seed),
+                settings,
+                timer=time.perf_counter,
+                on_round=on_round,
+            )
+            results.append(result)
+    return results
+
+
+def _write_reports(out: Path, results: Sequence[SimResult], runs: Sequence[RunMetrics]) -> None:
+    write_metrics_json(runs, out / "metrics.json")
+    for result, run in zip(results, runs, strict=True):
+        write_jobs_csv(result, run, out / f"jobs-{result.policy}.csv")
+        plot_gantt(result, out / f"{result.policy}-gantt.png")
+    plot_ftf_cdf(runs, out / "ftf-cdf.png")
+    plot_utilization(results, out / "utilization.png")
+
+
+def _workload(
+    trace: Path | None,
+    trajectories: Path | None,
+    generate: int | None,
+    throughputs: Path,
+    seed: int | None,
+    mean_interarrival: float,
+) -> Workload:
+    if trace is not None:
+        if generate is not None:
+            raise InputError("give either --trace or --generate, not both")
+        if trajectories is None:
+            raise InputError("--trace needs --trajectories (the trace's *.trajectories.json)")
+        return load_workload(trace, trajectories, load_throughputs(throughputs))
+    if generate is None:
+        raise InputError("give --trace and --trajectories, or --generate N")
+    return _generated(generate, throughputs, 0 if seed is None else seed, mean_interarrival)
+
+
+def _generated(jobs: int, throughputs: Path, seed: int, mean_interarrival: float) -> Workload:
+    table = load_throughputs(throughputs)
+    try:
+        return generate_workload(
+            jobs, seed=seed, throughputs=table, mean_interarrival_s=mean_interarrival
+        )
+    except ValueError as error:
+        raise InputError(f"cannot generate the workload: {error}") from None
+
+
+def _cluster(gpus: int, gpus_per_node: int) -> Cluster:
+    try:
+        return Cluster.of_gpus(gpus, gpus_per_node)
+    except ValidationError as error:
+        raise InputError(f"--{error.field.replace('_', '-')}: {error.message}") from None
+
+
+def _settings(round_seconds: float, restart_overhead: float) -> SimSettings:
+    try:
+        return SimSettings(round_seconds=round_seconds, restart_overhead_s=restart_overhead)
+    except ValueError as error:
+        raise InputError(f"--round-seconds/--restart-overhead: {error}") from None
+
+
+def _check_fits(workload: Workload, cluster: Cluster) -> None:
+    for job in workload.jobs:
+        try:
+            job.spec.check_fits(cluster)
+        except ValidationError as error:
+            raise InputError(
+                f"{workload.name} job {job.spec.job_id}: {error.message} (raise --gpus)"
+            ) from None
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"cannot create directory {path}: {error}") from None
+
+
+def _summary(policy: Policy) -> str:
+    """First line of the policy class's own docstring, else of its module's."""
+    doc = type(policy).__dict__.get("__doc__") or sys.modules[type(policy).__module__].__doc__
+    return (doc or "").strip().splitlines()[0].replace("``", "") if doc else ""
+
+
+def _fail(message: str) -> NoReturn:
+    errors.print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
+    raise typer.Exit(INPUT_ERROR_EXIT)
