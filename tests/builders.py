@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shockwave.model import AdaptationMode, Cluster, JobSpec, Regime, ThroughputProfile
+from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.workload import SimJob, Workload
 
 SAMPLES = 1000
@@ -45,3 +46,58 @@ def workload(*jobs: SimJob) -> Workload:
 
 def cluster(gpus: int, per_node: int | None = None) -> Cluster:
     return Cluster.of_gpus(gpus, per_node or gpus)
+
+
+BATCH = 10
+"""Batch size of :func:`active_job`: with ``SAMPLES`` per epoch, one epoch is 100 steps."""
+
+
+def active_job(
+    job_id: str,
+    *,
+    gpus: int = 1,
+    steps_per_second: float = 1.0,
+    epochs: int = 10,
+    epochs_done: float = 0.0,
+    arrival: float = 0.0,
+    executed_last_round: float = 0.0,
+    budget: float = 1.0,
+) -> ActiveJob:
+    """An active static job of 100 steps per epoch running at ``steps_per_second`` (whole gang)."""
+    spec = JobSpec(
+        job_id=job_id,
+        gpus=gpus,
+        epochs=epochs,
+        samples_per_epoch=SAMPLES,
+        initial_batch_size=BATCH,
+        throughput=ThroughputProfile({BATCH: steps_per_second * BATCH}),
+        arrival_s=arrival,
+        budget=budget,
+    )
+    progress = JobProgress(
+        batch_size=BATCH,
+        epochs_done=epochs_done,
+        executed_last_round_s=executed_last_round,
+        gpus=tuple(range(gpus)) if executed_last_round > 0 else (),
+    )
+    return ActiveJob(spec=spec, progress=progress)
+
+
+def snapshot(
+    jobs: Sequence[ActiveJob],
+    *,
+    gpus: int = 4,
+    per_node: int | None = None,
+    now: float = 0.0,
+    state: object | None = None,
+    round_seconds: float = 120.0,
+) -> Snapshot:
+    """The snapshot at ``now`` of ``jobs`` (in arrival order) on a cluster of ``gpus`` GPUs."""
+    return Snapshot(
+        now=now,
+        round_index=int(now // round_seconds),
+        round_seconds=round_seconds,
+        cluster=cluster(gpus, per_node),
+        jobs=tuple(jobs),
+        policy_state=state,
+    )

@@ -1,0 +1,306 @@
+"""Gavel's round mechanism: when allocations are recomputed, how jobs are ranked and walked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import pytest
+
+from shockwave.policies.gavel import MaxMinFairness, MaxMinFairnessParams
+from shockwave.policies.time_fraction import (
+    AllocationJob,
+    PriorityState,
+    TimeFractionParams,
+    TimeFractionPolicy,
+)
+from shockwave.policy import Decision
+from shockwave.snapshot import ActiveJob
+from tests.builders import active_job, snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class FixedSharesParams:
+    shares: Mapping[str, float] = field(default_factory=dict)
+    mechanism: TimeFractionParams = field(default_factory=TimeFractionParams)
+
+
+class FixedShares(TimeFractionPolicy):
+    """An allocator that returns the shares it is given, to test the mechanism alone."""
+
+    name: ClassVar[str] = "fixed-shares-test"
+    Params: ClassVar[type[Any]] = FixedSharesParams
+
+    def allocate(
+        self,
+        jobs: Sequence[AllocationJob],
+        total_gpus: int,
+        previous: Mapping[str, float],
+        memory: Mapping[str, Any],
+        params: Any,
+    ) -> tuple[dict[str, float], Mapping[str, Any]]:
+        return {j.job_id: params.shares[j.job_id] for j in jobs}, memory
+
+
+def jobs_of(spec: str, *, executed: Mapping[str, float] | None = None) -> list[ActiveJob]:
+    """``"a b:4 c"`` -> 1-GPU a, 4-GPU b, 1-GPU c, in that arrival order."""
+    ran = executed or {}
+    out = []
+    for index, item in enumerate(spec.split()):
+        job_id, _, width = item.partition(":")
+        out.append(
+            active_job(
+                job_id,
+                gpus=int(width or 1),
+                arrival=float(index),
+                executed_last_round=ran.get(job_id, 0.0),
+            )
+        )
+    return out
+
+
+def state_at(
+    shares: Mapping[str, float],
+    *,
+    recomputed_at: float = 0.0,
+    after_start: bool = False,
+    received: Mapping[str, float] | None = None,
+    deficit: Mapping[str, float] | None = None,
+) -> PriorityState:
+    """The mechanism's memory right after a recompute that gave ``shares``."""
+    return PriorityState(
+        allocation=MappingProxyType(dict(shares)),
+        recomputed_at=recomputed_at,
+        recomputed_after_start=after_start,
+        job_set=frozenset(shares),
+        received=MappingProxyType({k: 60.0 for k in shares} | dict(received or {})),
+        deficit=MappingProxyType({k: 0.0 for k in shares} | dict(deficit or {})),
+    )
+
+
+def priority_state(decision: Decision) -> PriorityState:
+    assert isinstance(decision.state, PriorityState)
+    return decision.state
+
+
+def gavel_params(**knobs: Any) -> MaxMinFairnessParams:
+    return MaxMinFairnessParams(mechanism=TimeFractionParams(**knobs))
+
+
+# --- when the allocation is recomputed --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected_recomputed_at"),
+    [
+        pytest.param(
+            [(0, "a"), (120, "a b"), (240, "a b c"), (1200, "a b c")],
+            [0, 120, 120, 1200],
+            id="start-first-after-start-gate-then-open",
+        ),
+        pytest.param(
+            [(0, "a"), (120, "a"), (1200, "a"), (2400, "a")],
+            [0, 0, 0, 0],
+            id="no-change-no-recompute",
+        ),
+        pytest.param(
+            [(0, "a b"), (120, "a b"), (240, "a")],
+            [0, 0, 240],
+            id="first-change-after-start-passes-gate",
+        ),
+        pytest.param(
+            [(0, "a"), (120, "a b"), (1119, "a"), (1120, "a")],
+            [0, 120, 120, 1120],
+            id="gate-is-1000s-inclusive",
+        ),
+        pytest.param(
+            [(0, "a"), (120, "a b"), (1080, "a b c"), (1100, "a b c d"), (1200, "a b c d")],
+            [0, 120, 120, 120, 1200],
+            id="changes-wait-for-the-gate",
+        ),
+        pytest.param(
+            [(0, ""), (240, "a"), (360, "a b")],
+            [None, 240, 240],
+            id="first-recompute-after-start-closes-gate",
+        ),
+    ],
+)
+def test_recompute_only_on_change_and_past_the_gate(
+    steps: list[tuple[float, str]], expected_recomputed_at: list[float | None]
+) -> None:
+    policy, params = MaxMinFairness(), gavel_params()
+    state: object | None = None
+    got: list[float | None] = []
+    for now, spec in steps:
+        jobs = jobs_of(spec)
+        decision = policy.decide(snapshot(jobs, gpus=4, now=now, state=state), params)
+        state = priority_state(decision)
+        got.append(state.recomputed_at)
+        if state.recomputed_at == now:
+            assert state.job_set == {j.job_id for j in jobs}
+            assert set(decision.allocation) == {j.job_id for j in jobs}
+    assert got == expected_recomputed_at
+
+
+def test_job_arriving_behind_the_gate_waits_without_a_share() -> None:
+    policy, params = MaxMinFairness(), gavel_params()
+    state: object | None = None
+    for now, spec in [(0, "a"), (120, "a b")]:
+        state = policy.decide(snapshot(jobs_of(spec), now=now, state=state), params).state
+    decision = policy.decide(snapshot(jobs_of("a b c"), now=240, state=state), params)
+    assert "c" not in decision.allocation
+    assert decision.jobs == ("a", "b")
+    assert "arrived after the last allocation" in decision.reasons["c"]
+
+
+def test_recompute_folds_service_into_deficit_and_resets_credit() -> None:
+    policy, params = MaxMinFairness(), gavel_params()
+    first = policy.decide(snapshot(jobs_of("a b"), gpus=1, now=0), params)
+    assert dict(first.allocation) == {"a": 0.5, "b": 0.5}
+    # a ran the whole round; c's arrival at 120 triggers the first recompute after the start.
+    jobs = jobs_of("a b c", executed={"a": 120.0})
+    state = priority_state(
+        policy.decide(snapshot(jobs, gpus=1, now=120, state=first.state), params)
+    )
+    assert state.recomputed_at == 120
+    # deficit_j += x_j * 120 - (T_j - 60): a got 120 s against 60 owed, b nothing.
+    assert dict(state.deficit) == pytest.approx({"a": -60.0, "b": 60.0, "c": 0.0})
+    assert dict(state.received) == {"a": 60.0, "b": 60.0, "c": 60.0}
+
+
+def test_received_accumulates_between_recomputes() -> None:
+    policy, params = MaxMinFairness(), gavel_params()
+    state = policy.decide(snapshot(jobs_of("a b"), now=0), params).state
+    for now in (120, 240):
+        jobs = jobs_of("a b", executed={"a": 120.0, "b": 30.0})
+        state = policy.decide(snapshot(jobs, now=now, state=state), params).state
+    assert isinstance(state, PriorityState)
+    assert dict(state.received) == {"a": 300.0, "b": 120.0}
+
+
+# --- ranking by x / T -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shares", "received", "deficit", "executed", "expected_order"),
+    [
+        pytest.param({"a": 0.5, "b": 0.5}, {}, {}, {}, ("a", "b"), id="ties-in-arrival-order"),
+        pytest.param(
+            {"a": 0.5, "b": 0.5}, {}, {}, {"a": 120.0}, ("b", "a"), id="ran-last-round-ranks-below"
+        ),
+        pytest.param({"a": 0.25, "b": 0.5}, {}, {}, {}, ("b", "a"), id="larger-share-first"),
+        pytest.param(
+            {"a": 1.0, "b": 0.5}, {}, {}, {"a": 120.0}, ("b", "a"), id="share-over-time-received"
+        ),
+        pytest.param(
+            {"a": 0.5, "b": 0.5},
+            {},
+            {"a": -10.0, "b": 5.0},
+            {},
+            ("b", "a"),
+            id="deficit-breaks-tie",
+        ),
+        pytest.param({"a": 0.5, "b": 1.0}, {"b": 120.0}, {}, {}, ("b", "a"), id="share-breaks-tie"),
+        pytest.param({"a": 0.0, "b": 0.1}, {}, {}, {}, ("b", "a"), id="zero-share-ranks-last"),
+        pytest.param(
+            {"a": 0.0, "b": 0.0}, {}, {"a": -60.0}, {}, ("b", "a"), id="zero-shares-by-deficit"
+        ),
+    ],
+)
+def test_jobs_rank_by_share_over_time_received(
+    shares: dict[str, float],
+    received: dict[str, float],
+    deficit: dict[str, float],
+    executed: dict[str, float],
+    expected_order: tuple[str, ...],
+) -> None:
+    state = state_at(shares, received=received, deficit=deficit)
+    snap = snapshot(jobs_of("a b", executed=executed), gpus=4, now=120, state=state)
+    decision = FixedShares().decide(snap, FixedSharesParams(shares=shares))
+    assert priority_state(decision).recomputed_at == 0, "the test meant no recompute"
+    assert decision.jobs == expected_order
+
+
+@pytest.mark.parametrize(
+    ("ran_last_round", "expected"),
+    [
+        pytest.param({}, ("a",), id="fresh-tie-arrival-order"),
+        pytest.param({"a": 120.0}, ("b",), id="a-ran-so-b-runs"),
+        pytest.param({"b": 120.0}, ("a",), id="b-ran-so-a-runs"),
+    ],
+)
+def test_gavel_alternates_equal_shares_on_one_gpu(
+    ran_last_round: dict[str, float], expected: tuple[str, ...]
+) -> None:
+    policy, params = MaxMinFairness(), gavel_params()
+    first = policy.decide(snapshot(jobs_of("a b"), gpus=1, now=0), params)
+    assert first.jobs == ("a",)
+    jobs = jobs_of("a b", executed=ran_last_round)
+    decision = policy.decide(snapshot(jobs, gpus=1, now=120, state=first.state), params)
+    assert decision.jobs == expected
+    assert set(decision.reasons) == {"a", "b"} - set(expected)
+
+
+# --- the greedy walk --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "shares", "expected", "waiting"),
+    [
+        pytest.param(
+            "a w:4 n",
+            {"a": 1.0, "w": 1.0, "n": 0.5},
+            ("a", "n"),
+            {"w": "needs 4 GPUs, 3 left"},
+            id="wide-skipped-narrow-backfills",
+        ),
+        pytest.param(
+            "a w:4 n",
+            {"a": 0.5, "w": 1.0, "n": 0.25},
+            ("w",),
+            {"a": "needs 1 GPUs, 0 left", "n": "needs 1 GPUs, 0 left"},
+            id="wide-first-takes-all",
+        ),
+        pytest.param(
+            "a:2 b:4 c:2 d",
+            {"a": 1.0, "b": 0.9, "c": 0.8, "d": 0.7},
+            ("a", "c"),
+            {"b": "needs 4 GPUs, 2 left", "d": "needs 1 GPUs, 0 left"},
+            id="two-wide-fill-cluster",
+        ),
+    ],
+)
+def test_greedy_walk_skips_gangs_that_do_not_fit(
+    spec: str, shares: dict[str, float], expected: tuple[str, ...], waiting: dict[str, str]
+) -> None:
+    decision = FixedShares().decide(snapshot(jobs_of(spec), gpus=4), FixedSharesParams(shares))
+    assert decision.jobs == expected
+    assert set(decision.reasons) == set(waiting)
+    for job_id, reason in waiting.items():
+        assert reason in decision.reasons[job_id]
+
+
+@pytest.mark.parametrize(
+    ("hold", "expected"),
+    [
+        pytest.param(True, ("a",), id="absent-job-holds-its-gpu"),
+        pytest.param(False, ("a", "b"), id="absent-job-gpu-goes-to-others"),
+    ],
+)
+def test_absent_job_is_never_chosen(hold: bool, expected: tuple[str, ...]) -> None:
+    # b has no share and ran more than owed (negative deficit), so c, new since the last
+    # recompute at 120 and behind the gate, ranks above it.
+    state = state_at({"a": 1.0, "b": 0.0}, recomputed_at=120, after_start=True, deficit={"b": -60})
+    snap = snapshot(jobs_of("a b c"), gpus=2, now=240, state=state)
+    params = FixedSharesParams(
+        shares={"a": 1.0, "b": 0.0, "c": 1.0},
+        mechanism=TimeFractionParams(absent_jobs_hold_gpus=hold),
+    )
+    decision = FixedShares().decide(snap, params)
+    assert priority_state(decision).recomputed_at == 120
+    assert decision.jobs == expected
+    assert "c" not in decision.jobs
+    assert "arrived after the last allocation" in decision.reasons["c"]
+    assert set(decision.reasons) == {"a", "b", "c"} - set(expected)
