@@ -30,7 +30,7 @@ from typing import Any
 from shockwave.model import Cluster, Regime
 from shockwave.placement import place
 from shockwave.policy import Decision, Policy
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
 from shockwave.workload import SimJob, Workload
 
 _EPS = 1e-9
@@ -45,6 +45,8 @@ class SimSettings:
     the overhead is charged only when the job runs more than ``round_seconds - guard`` in that
     round (reference: 5 s). ``charge_on_move``: also charge a continuing job whose GPUs changed.
     ``max_rounds``: a safety stop for a policy that never finishes the workload.
+    ``reveal_trajectories``: hand the policy every job's true trajectory (oracle experiments
+    only, to measure what prediction costs).
     """
 
     round_seconds: float = 120.0
@@ -52,6 +54,7 @@ class SimSettings:
     overhead_guard_s: float = 5.0
     charge_on_move: bool = True
     max_rounds: int = 200_000
+    reveal_trajectories: bool = False
 
     def __post_init__(self) -> None:
         if not self.round_seconds > 0:
@@ -244,6 +247,7 @@ def simulate(
             cluster=cluster,
             jobs=tuple(run.view() for run in active),
             policy_state=state,
+            revealed=_revealed(active) if settings.reveal_trajectories else {},
         )
         started = timer() if timer else 0.0
         decision = policy.decide(snapshot, params)
@@ -328,6 +332,12 @@ def simulate(
         jobs=outcomes,
         rounds=tuple(rounds),
     )
+
+
+def _revealed(active: list[_JobRun]) -> dict[str, RevealedTrajectory]:
+    return {
+        run.job_id: RevealedTrajectory(run.sim.trajectory, run.sim.epoch_seconds) for run in active
+    }
 
 
 def _checked_jobs(decision: Decision, active: Mapping[str, _JobRun], cluster: Cluster) -> list[str]:

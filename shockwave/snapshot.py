@@ -92,12 +92,25 @@ class ActiveJob:
 
 
 @dataclass(frozen=True, slots=True)
+class RevealedTrajectory:
+    """A job's true future, for oracle experiments in the simulator only.
+
+    A real scheduler never has this; the simulator hands it over only when asked
+    (``SimSettings.reveal_trajectories``), to measure how much prediction costs.
+    """
+
+    trajectory: tuple[Regime, ...]
+    epoch_seconds: Mapping[int, float]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The input of every policy at a round boundary.
 
     ``jobs`` are the active jobs in arrival order. ``policy_state`` is whatever the same policy
     returned in its previous :class:`~shockwave.policy.Decision` (None at the first round), so
-    that a policy with memory (priorities, plans) stays a pure function.
+    that a policy with memory (priorities, plans) stays a pure function. ``revealed`` is empty
+    except in oracle experiments (see :class:`RevealedTrajectory`).
     """
 
     now: float
@@ -106,6 +119,7 @@ class Snapshot:
     cluster: Cluster
     jobs: tuple[ActiveJob, ...]
     policy_state: object | None = None
+    revealed: Mapping[str, RevealedTrajectory] = field(default_factory=dict)
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

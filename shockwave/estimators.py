@@ -1,0 +1,45 @@
+"""Long-term fairness and efficiency estimators (paper appendix "Shockwave design details").
+
+- Finish-time fairness estimate of job j:
+
+      rho_hat = (L + W + R_hat * N_avg) / (P_hat * N_avg)
+
+  L attained service, W waiting time (so L + W is the job's age), P_hat the predicted total
+  exclusive run time, R_hat the predicted remaining one, N_avg the contention factor: the number
+  of jobs requesting GPUs per GPU in the cluster, averaged over the rounds the job has been in
+  the system, and at least 1. rho_hat > 1 says the job is on course to finish later than under an
+  equal share of the cluster.
+- Makespan lower bound of the remaining work (Coffman et al.):
+
+      H = max(sum_j R_j / M, max_j R_j)
+
+  with R_j the remaining run time of job j, M the GPUs. For a plan, R_j is what remains after the
+  planning window; the planner keeps H as a regularizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def finish_time_fairness(
+    age_s: float, remaining_s: float, total_s: float, contention: float
+) -> float:
+    """rho_hat = (age + R_hat N) / (P_hat N); ``contention`` is floored at 1."""
+    n = max(1.0, contention)
+    if total_s <= 0:
+        return 1.0
+    return (max(0.0, age_s) + max(0.0, remaining_s) * n) / (total_s * n)
+
+
+def contention_factor(active_jobs: int, total_gpus: int) -> float:
+    """Jobs requesting GPUs per GPU of the cluster, at least 1 (paper appendix)."""
+    return max(1.0, active_jobs / total_gpus)
+
+
+def makespan_lower_bound(remaining_s: Iterable[float], total_gpus: int) -> float:
+    """H = max(sum R / M, max R) over the jobs' remaining run times (0 for no job)."""
+    values = [max(0.0, r) for r in remaining_s]
+    if not values:
+        return 0.0
+    return max(sum(values) / total_gpus, max(values))

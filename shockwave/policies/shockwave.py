@@ -1,0 +1,281 @@
+"""Shockwave (``shockwave``): a volatile Fisher market planned over a window of rounds.
+
+Each decision, in order:
+
+1. Contention: add this round's requested GPUs per GPU to every active job's running average.
+2. Predict: each job's posterior-mean trajectory (:mod:`shockwave.predictor`), or the truth in
+   oracle experiments; optionally perturbed by +/- p% (the paper's resilience experiment).
+3. Estimate: finish-time fairness rho_hat and remaining time (:mod:`shockwave.estimators`).
+4. Re-plan when due (reactive: a job arrived, finished or changed batch size, or the plan ran
+   out or is ``replan_every_rounds`` old; lazy: only the last two), else follow the cached plan.
+   A plan maximizes the generalized Nash social welfare (:mod:`shockwave.planner`).
+5. Take the plan's next round and fill idle GPUs with waiting jobs, most predicted work first
+   (work conservation).
+
+The plan and the contention history live in :class:`ShockwaveState`, handed back each round.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shockwave.estimators import contention_factor, finish_time_fairness
+from shockwave.planner import Plan, PlanJob, PlannerParams, plan
+from shockwave.policy import Decision
+from shockwave.predictor import Prediction, PredictorParams, predict, predict_from_truth
+from shockwave.snapshot import ActiveJob, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class ShockwaveParams:
+    """Every knob of the policy, with its default.
+
+    ``planner``: window T, lambda, solver limits (see PlannerParams). ``fairness_exponent``: k in
+    w_j = B_j rho_hat^k. ``replan``: "reactive" or "lazy". ``replan_every_rounds``: re-plan at
+    least this often. ``restart_overhead_s``: what the planner expects a start or resume to cost.
+    ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
+    relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
+    ``error_seed``.
+    """
+
+    planner: PlannerParams = field(default_factory=PlannerParams)
+    predictor: PredictorParams = field(default_factory=PredictorParams)
+    fairness_exponent: float = 5.0
+    replan: str = "reactive"
+    replan_every_rounds: int = 8
+    restart_overhead_s: float = 20.0
+    oracle: bool = False
+    prediction_error: float = 0.0
+    error_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replan not in ("reactive", "lazy"):
+            raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
+        if self.replan_every_rounds <= 0:
+            raise ValueError("replan_every_rounds must be > 0")
+        if not 0 <= self.prediction_error < 1:
+            raise ValueError("prediction_error must be in [0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSummary:
+    """What the last solve reported, for metrics and explanations."""
+
+    objective: float = 0.0
+    bound: float = 0.0
+    gain_gap: float = 0.0
+    gap: float = 0.0
+    status: str = "empty"
+    solver: str = "none"
+    solves: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShockwaveState:
+    plan_rounds: tuple[tuple[str, ...], ...] = ()
+    planned_at_round: int = 0
+    job_set: frozenset[str] = frozenset()
+    regimes_seen: Mapping[str, int] = field(default_factory=dict)
+    contention_sum: Mapping[str, float] = field(default_factory=dict)
+    contention_rounds: Mapping[str, int] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    last: PlanSummary = field(default_factory=PlanSummary)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutlook:
+    """Prediction and estimates of one job at this decision."""
+
+    prediction: Prediction
+    remaining_s: float
+    total_s: float
+    rho: float
+    error_factor: float
+
+
+class Shockwave:
+    name: ClassVar[str] = "shockwave"
+    Params: ClassVar[type[Any]] = ShockwaveParams
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        state = snapshot.policy_state
+        if not isinstance(state, ShockwaveState):
+            state = ShockwaveState()
+        contention_sum, contention_rounds = _update_contention(snapshot, state)
+        outlooks = {
+            job.job_id: self.outlook(snapshot, job, params, contention_sum, contention_rounds)
+            for job in snapshot.jobs
+        }
+        active = frozenset(outlooks)
+        regimes_seen = {j.job_id: len(j.progress.observed_regimes) for j in snapshot.jobs}
+        offset = snapshot.round_index - state.planned_at_round
+        due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
+        rounds, counts, last = state.plan_rounds, state.counts, state.last
+        planned_at = state.planned_at_round
+        if due:
+            solved = self.solve(snapshot, params, outlooks)
+            rounds, counts, planned_at, offset = (
+                solved.rounds,
+                solved.counts,
+                snapshot.round_index,
+                0,
+            )
+            last = PlanSummary(
+                objective=solved.objective,
+                bound=solved.bound,
+                gain_gap=solved.gain_gap,
+                gap=solved.gap,
+                status=solved.status.value,
+                solver=solved.solver,
+                solves=state.last.solves + 1,
+            )
+        column = rounds[offset] if offset < len(rounds) else ()
+        chosen, reasons = _fill(snapshot, [j for j in column if j in active], outlooks)
+        new_state = ShockwaveState(
+            plan_rounds=rounds,
+            planned_at_round=planned_at,
+            job_set=active if due else state.job_set,
+            regimes_seen=MappingProxyType(regimes_seen) if due else state.regimes_seen,
+            contention_sum=MappingProxyType(contention_sum),
+            contention_rounds=MappingProxyType(contention_rounds),
+            counts=MappingProxyType(dict(counts)),
+            last=last,
+        )
+        window = max(1, len(rounds))
+        allocation = {j: counts.get(j, 0) / window for j in active}
+        return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+
+    def outlook(
+        self,
+        snapshot: Snapshot,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        contention_sum: Mapping[str, float],
+        contention_rounds: Mapping[str, int],
+    ) -> JobOutlook:
+        revealed = snapshot.revealed.get(job.job_id)
+        if params.oracle:
+            if revealed is None:
+                raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
+            prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+        else:
+            prediction = predict(job, params.predictor)
+        factor = _error_factor(job.job_id, params)
+        remaining = prediction.remaining_seconds * factor
+        total = prediction.total_seconds - prediction.remaining_seconds + remaining
+        rounds = contention_rounds.get(job.job_id, 0)
+        contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
+        age = snapshot.now - job.spec.arrival_s
+        rho = finish_time_fairness(age, remaining, total, contention)
+        return JobOutlook(prediction, remaining, total, rho, factor)
+
+    def solve(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> Plan:
+        window = params.planner.rounds
+        length = snapshot.round_seconds
+        jobs = []
+        priority = []
+        for job in snapshot.jobs:
+            look = outlooks[job.job_id]
+            jobs.append(_plan_job(job, look, params, window, length))
+            priority.append(look.rho)
+        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
+
+
+def _plan_job(
+    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+) -> PlanJob:
+    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window."""
+    overhead = 0.0 if job.running else params.restart_overhead_s
+    cap = min(window, max(1, math.ceil((look.remaining_s + overhead) / length)))
+    epochs = job.spec.epochs
+    base = min(1.0, job.progress.epochs_done / epochs)
+    utility = [base]
+    remaining = [look.remaining_s]
+    for n in range(1, cap + 1):
+        useful = max(0.0, n * length - overhead) / look.error_factor
+        utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
+        remaining.append(max(0.0, look.remaining_s - n * length))
+    weight = job.spec.budget * look.rho**params.fairness_exponent
+    return PlanJob(
+        job_id=job.job_id,
+        gpus=job.spec.gpus,
+        weight=weight,
+        utility=tuple(utility),
+        remaining=tuple(remaining),
+        running=job.running,
+    )
+
+
+def _update_contention(
+    snapshot: Snapshot, state: ShockwaveState
+) -> tuple[dict[str, float], dict[str, int]]:
+    factor = contention_factor(len(snapshot.jobs), snapshot.cluster.total_gpus)
+    sums = {j.job_id: state.contention_sum.get(j.job_id, 0.0) + factor for j in snapshot.jobs}
+    counts = {j.job_id: state.contention_rounds.get(j.job_id, 0) + 1 for j in snapshot.jobs}
+    return sums, counts
+
+
+def _replan_due(
+    snapshot: Snapshot,
+    state: ShockwaveState,
+    params: ShockwaveParams,
+    active: frozenset[str],
+    regimes_seen: Mapping[str, int],
+    offset: int,
+) -> bool:
+    if not state.plan_rounds or offset >= len(state.plan_rounds):
+        return True
+    if offset >= params.replan_every_rounds:
+        return True
+    if params.replan == "lazy":
+        return False
+    if active != state.job_set:
+        return True
+    return any(state.regimes_seen.get(j, -1) != n for j, n in regimes_seen.items())
+
+
+def _fill(
+    snapshot: Snapshot, planned: Sequence[str], outlooks: Mapping[str, JobOutlook]
+) -> tuple[list[str], dict[str, str]]:
+    """The planned round, then idle GPUs filled with the jobs that have most work left."""
+    by_id = {j.job_id: j for j in snapshot.jobs}
+    free = snapshot.cluster.total_gpus
+    chosen: list[str] = []
+    for job_id in planned:
+        width = by_id[job_id].spec.gpus
+        if width <= free:
+            chosen.append(job_id)
+            free -= width
+    reasons: dict[str, str] = {}
+    waiting = sorted(
+        (j for j in snapshot.jobs if j.job_id not in set(chosen)),
+        key=lambda j: -outlooks[j.job_id].remaining_s,
+    )
+    for job in waiting:
+        if job.spec.gpus <= free:
+            chosen.append(job.job_id)
+            free -= job.spec.gpus
+        else:
+            look = outlooks[job.job_id]
+            reasons[job.job_id] = (
+                f"not planned for this round (predicted FTF {look.rho:.2f}, "
+                f"{look.remaining_s:.0f} s left); no idle GPUs to fill"
+            )
+    return chosen, reasons
+
+
+def _error_factor(job_id: str, params: ShockwaveParams) -> float:
+    """1 + e, e uniform in [-p, p], fixed per job and seed (no global random state)."""
+    if params.prediction_error <= 0:
+        return 1.0
+    rng = np.random.default_rng([params.error_seed, zlib.crc32(job_id.encode())])
+    return 1.0 + float(rng.uniform(-params.prediction_error, params.prediction_error))
