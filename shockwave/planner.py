@@ -8,21 +8,34 @@ over binary X[j, t], t = 1..T, with per-round capacity sum_j g_j X[j, t] <= M. U
 job's progress fraction after the window, w_j = B_j rho_hat_j^k its market weight, H the makespan
 lower bound of the work left after the window and Z0 the total predicted remaining time.
 
-Structure we exploit (docs/policy.md): rounds are identical, so a job's utility and its remaining
-time depend only on how many rounds n_j it gets, not which (regimes included: they run in order
-whatever rounds are chosen). The problem becomes one over counts,
+Structure we exploit: rounds are identical, so a job's utility and remaining time depend only on
+how many rounds n_j it gets, not which (regimes included: they run in order whatever rounds are
+chosen). The problem becomes one over counts, separable per job:
 
-    maximize  sum_j phi_j(n_j) - c max(0, max_j r_j(n_j) - sum_j r_j(n_j) / M)
-    s.t.      sum_j g_j n_j <= M T,   0 <= n_j <= cap_j,
+    maximize  sum_j phi_j(n_j)   s.t.  sum_j g_j n_j <= M T,   0 <= n_j <= cap_j,
 
-with phi_j(n) = w_j log u_j(n) / (N M) - c r_j(n) / M and c = lambda / Z0. We solve it by a greedy
-on marginal gain per GPU-round over each phi_j's upper concave envelope. The fractional greedy on
-the envelopes solves the relaxation exactly, so it bounds the optimum and certifies the integer
-plan's gap. The max term, active only when one job's remainder exceeds the average load, is
-handled by trying a few levels L and forcing every job's remainder down to L. When the
-certified gap is above the target, :mod:`shockwave.planner_scip` solves the exact MIP with SCIP,
-warm-started from the greedy plan. Counts are then packed into rounds: running jobs first
-(keeping their GPUs), then by weight, each in the earliest rounds with room.
+    phi_j(n) = w_j log(u_j(n) + eps) / (N M)
+               - (lambda / Z0) (g_j r_j(n) / M + (r_j(n) - (theta H_0 - T D))^+)
+               - (mu / Z0) g_j (Pbar / P_j) late_j(n)
+
+Where and why this departs from the paper (measured in docs/policy.md):
+
+- H's max term becomes a sum of per-job excesses over the current bound H_0 (scaled by the
+  margin theta) less the window: it upper-bounds how far a plan pushes the makespan bound past
+  H_0, stays separable and convex, and protects every job on the critical path rather than only
+  the longest one (with the max, the second-longest job gets no push until it is the longest).
+- The deadline term (weight mu): late_j(n) is how far job j would finish past its fairness
+  deadline (arrival + N_avg P_hat, where rho_hat = 1) if it got n rounds, finishing inside the
+  window when n covers its remaining work, else after it. Counts alone cannot tell a job that
+  finishes now from one that finishes in an hour; this term can, and it carries the FTF
+  estimator's own deadline. It is relative (Pbar / P_j: a minute late matters more to a short
+  job) and GPU-weighted (so wide jobs compete per GPU on equal terms).
+
+We solve the count problem by a greedy on marginal gain per GPU-round over each phi_j's upper
+concave envelope. The fractional greedy on the envelopes solves the relaxation exactly, so it
+bounds the optimum and certifies the integer plan's gap. When the certified gap is above the
+target, :mod:`shockwave.planner_scip` solves the exact MIP with SCIP, warm-started from the greedy
+plan. Counts are then packed into rounds (:func:`pack_rounds`).
 """
 
 from __future__ import annotations
@@ -58,6 +71,9 @@ class PlanJob:
     ``utility[n]``: UTIL_j after n scheduled rounds (n = 0..cap), i.e. the progress fraction
     F_j / E_j plus what n rounds add. ``remaining[n]``: predicted run time left after n rounds.
     ``weight``: w_j = B_j rho_hat^k. ``running``: holds GPUs now (packed first, keeps its GPUs).
+    ``overdue[n]``: seconds the job would finish past its fairness deadline after n rounds
+    (empty: no deadline). ``fair_share_s``: its fair completion time N_avg P_hat, which scales
+    lateness to a relative figure.
     """
 
     job_id: str
@@ -66,6 +82,8 @@ class PlanJob:
     utility: tuple[float, ...]
     remaining: tuple[float, ...]
     running: bool = False
+    overdue: tuple[float, ...] = ()
+    fair_share_s: float = 1.0
 
     @property
     def cap(self) -> int:
@@ -76,21 +94,23 @@ class PlanJob:
 class PlannerParams:
     """Knobs of one solve.
 
-    ``rounds``: T, the planning window. ``makespan_weight``: lambda. ``utility_floor``: log is
-    taken of max(UTIL, floor) so a job with no progress yet has a finite welfare.
+    ``rounds``: T, the planning window. ``makespan_weight``: lambda. ``utility_floor``: eps in
+    log(UTIL + eps), so a job with no progress yet has a finite welfare. ``horizon_margin``:
+    theta, the share of the current makespan bound past which a job's remainder counts as late.
+    ``deadline_weight``: mu, the weight of finishing past the fairness deadline.
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
     """
 
     rounds: int = 30
-    makespan_weight: float = 1e-3
+    makespan_weight: float = 1000.0
     utility_floor: float = 1e-3
     relative_gap: float = 1e-3
     time_limit_s: float = 15.0
     use_scip: str = "auto"
-    makespan_form: str = "quadratic"
     horizon_margin: float = 1.0
+    deadline_weight: float = 10.0
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -154,7 +174,10 @@ class Problem:
 def build_problem(
     jobs: Sequence[PlanJob], total_gpus: int, params: PlannerParams, round_seconds: float
 ) -> Problem:
-    """Tabulate phi_j and r_j for n = 0..T (n above a job's cap repeats its last value)."""
+    """Tabulate phi_j and r_j for n = 0..T (n above a job's cap repeats its last value).
+
+    Shapes: ``value`` and ``rem`` are N x (T + 1) arrays, ``caps`` the per-job round limits.
+    """
     t = params.rounds
     count = len(jobs)
     z0 = sum(j.remaining[0] for j in jobs) or 1.0
@@ -167,7 +190,9 @@ def build_problem(
         sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
         max((j.remaining[0] for j in jobs), default=0.0),
     )
-    slack = params.horizon_margin * horizon - t * round_seconds
+    window_s = t * round_seconds
+    mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
+    slack = params.horizon_margin * horizon - window_s
     for i, job in enumerate(jobs):
         cap = min(job.cap, t)
         util = np.array(job.utility[: cap + 1], dtype=float)
@@ -175,13 +200,12 @@ def build_problem(
         util = np.pad(util, (0, t - cap), mode="edge")
         left = np.pad(left, (0, t - cap), mode="edge")
         value[i] = job.weight * scale * np.log(util + params.utility_floor)
-        if params.makespan_form == "lateness":
-            penalty = left * job.gpus / total_gpus + np.maximum(0.0, left - slack)
-        else:
-            penalty = left * job.gpus / total_gpus + job.gpus * left**2 / (
-                total_gpus * max(horizon, 1.0)
-            )
-        value[i] -= coupling * penalty
+        late = np.maximum(0.0, left - slack)
+        late_by = np.array(job.overdue[: cap + 1] or [0.0] * (cap + 1), dtype=float)
+        overdue = np.pad(late_by, (0, t - cap), mode="edge") * mean_fair / job.fair_share_s
+        penalty = params.makespan_weight * (left * job.gpus / total_gpus + late)
+        penalty += params.deadline_weight * job.gpus * overdue
+        value[i] -= penalty / z0
         rem[i] = left
         caps[i] = cap
     gpus = np.array([j.gpus for j in jobs], dtype=float)
@@ -265,11 +289,15 @@ def solve_counts(problem: Problem) -> tuple[npt.NDArray[np.int64], float, float]
 def pack_rounds(
     problem: Problem, counts: npt.NDArray[np.int64], priority: Sequence[float]
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
-    """Turn counts into rounds: running jobs first, then by ``priority``, earliest rounds first.
+    """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
-    Each job takes a contiguous block from the earliest round where one fits (so a running job
-    keeps running and a resumed one pays one restart), else the earliest rounds with room.
-    Returns the rounds and the number of job-rounds that found no room.
+    Packing order: jobs planned for every round of the window first (they must be in round 0
+    anyway), then running jobs and jobs past their deadline (``priority`` > 0: negative laxity),
+    then the rest, each group by ``priority`` (most urgent first). Each job takes a contiguous
+    block from the earliest round where one fits (a running job keeps running, a resumed one
+    pays one restart), else the earliest rounds with room. Keeping running jobs ahead of waiting
+    ones that are not yet late avoids needless preemption. Returns the rounds and the number of
+    job-rounds that found no room.
     """
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
@@ -278,7 +306,7 @@ def pack_rounds(
         range(len(problem.jobs)),
         key=lambda i: (
             int(counts[i]) < problem.rounds,
-            not problem.jobs[i].running,
+            not problem.jobs[i].running and priority[i] < 0,
             -priority[i],
             i,
         ),

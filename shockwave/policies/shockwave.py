@@ -5,10 +5,12 @@ Each decision, in order:
 1. Contention: add this round's requested GPUs per GPU to every active job's running average.
 2. Predict: each job's posterior-mean trajectory (:mod:`shockwave.predictor`), or the truth in
    oracle experiments; optionally perturbed by +/- p% (the paper's resilience experiment).
-3. Estimate: finish-time fairness rho_hat and remaining time (:mod:`shockwave.estimators`).
+3. Estimate: finish-time fairness rho_hat, remaining time (:mod:`shockwave.estimators`) and the
+   fairness deadline arrival + N_avg P_hat (where rho_hat would reach 1).
 4. Re-plan when due (reactive: a job arrived, finished or changed batch size, or the plan ran
    out or is ``replan_every_rounds`` old; lazy: only the last two), else follow the cached plan.
-   A plan maximizes the generalized Nash social welfare (:mod:`shockwave.planner`).
+   A plan maximizes the generalized Nash social welfare with the makespan and deadline
+   regularizers (:mod:`shockwave.planner`).
 5. Take the plan's next round and fill idle GPUs with waiting jobs, most predicted work first
    (work conservation).
 
@@ -40,6 +42,8 @@ class ShockwaveParams:
     ``planner``: window T, lambda, solver limits (see PlannerParams). ``fairness_exponent``: k in
     w_j = B_j rho_hat^k. ``replan``: "reactive" or "lazy". ``replan_every_rounds``: re-plan at
     least this often. ``restart_overhead_s``: what the planner expects a start or resume to cost.
+    ``deadline_contention``: N in each job's fairness deadline arrival + N P_hat; None (default)
+    uses the job's observed contention factor N_avg, as rho_hat does.
     ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
     relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
     ``error_seed``.
@@ -51,6 +55,7 @@ class ShockwaveParams:
     replan: str = "reactive"
     replan_every_rounds: int = 8
     restart_overhead_s: float = 20.0
+    deadline_contention: float | None = None
     oracle: bool = False
     prediction_error: float = 0.0
     error_seed: int = 0
@@ -98,6 +103,13 @@ class JobOutlook:
     total_s: float
     rho: float
     error_factor: float
+    deadline_s: float
+    fair_share_s: float
+
+    @property
+    def laxity_s(self) -> float:
+        """Seconds to spare before the job misses its fairness deadline at full speed."""
+        return self.deadline_s - self.remaining_s
 
 
 class Shockwave:
@@ -174,7 +186,9 @@ class Shockwave:
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
         age = snapshot.now - job.spec.arrival_s
         rho = finish_time_fairness(age, remaining, total, contention)
-        return JobOutlook(prediction, remaining, total, rho, factor)
+        share = params.deadline_contention or max(1.0, contention)
+        deadline = job.spec.arrival_s + share * total - snapshot.now
+        return JobOutlook(prediction, remaining, total, rho, factor, deadline, share * total)
 
     def solve(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
@@ -186,7 +200,7 @@ class Shockwave:
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
             jobs.append(_plan_job(job, look, params, window, length))
-            priority.append(look.rho)
+            priority.append(-look.laxity_s)
         return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
 
 
@@ -200,10 +214,14 @@ def _plan_job(
     base = min(1.0, job.progress.epochs_done / epochs)
     utility = [base]
     remaining = [look.remaining_s]
+    overdue = [max(0.0, window * length + look.remaining_s - look.deadline_s)]
     for n in range(1, cap + 1):
         useful = max(0.0, n * length - overhead) / look.error_factor
         utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
-        remaining.append(max(0.0, look.remaining_s - n * length))
+        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead))
+        remaining.append(left)
+        finish = n * length if left <= 0 else window * length + left
+        overdue.append(max(0.0, finish - look.deadline_s))
     weight = job.spec.budget * look.rho**params.fairness_exponent
     return PlanJob(
         job_id=job.job_id,
@@ -212,6 +230,8 @@ def _plan_job(
         utility=tuple(utility),
         remaining=tuple(remaining),
         running=job.running,
+        overdue=tuple(overdue),
+        fair_share_s=max(1.0, look.fair_share_s),
     )
 
 
