@@ -73,7 +73,8 @@ class PlanJob:
     ``weight``: w_j = B_j rho_hat^k. ``running``: holds GPUs now (packed first, keeps its GPUs).
     ``overdue[n]``: seconds the job would finish past its fairness deadline after n rounds
     (empty: no deadline). ``fair_share_s``: its fair completion time N_avg P_hat, which scales
-    lateness to a relative figure.
+    lateness to a relative figure. ``critical_remaining_s``: a cautious remaining time (no
+    speed-up counted on) for judging whether the job is on the critical path.
     """
 
     job_id: str
@@ -84,6 +85,7 @@ class PlanJob:
     running: bool = False
     overdue: tuple[float, ...] = ()
     fair_share_s: float = 1.0
+    critical_remaining_s: float = 0.0
 
     @property
     def cap(self) -> int:
@@ -127,7 +129,8 @@ class Plan:
     ``empty_objective``: the objective when nothing is scheduled (a constant no decision
     changes); ``gain_gap``: (bound - objective) / (bound - empty_objective); ``gap``: the plain
     relative gap (bound - objective) / |objective|. ``unpacked``: rounds the packing could not
-    place (should stay 0 with gang widths 1/2/4/8).
+    place: the count model bounds capacity over the window, not per round, so a few counts may
+    not be realisable (docs/policy.md); only round 0 runs before the next re-plan.
     """
 
     counts: dict[str, int]
@@ -188,7 +191,7 @@ def build_problem(
     caps = np.zeros(count, dtype=np.int64)
     horizon = max(
         sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
-        max((j.remaining[0] for j in jobs), default=0.0),
+        max((j.critical_remaining_s for j in jobs), default=0.0),
     )
     window_s = t * round_seconds
     mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
@@ -200,7 +203,8 @@ def build_problem(
         util = np.pad(util, (0, t - cap), mode="edge")
         left = np.pad(left, (0, t - cap), mode="edge")
         value[i] = job.weight * scale * np.log(util + params.utility_floor)
-        late = np.maximum(0.0, left - slack)
+        extra = max(0.0, job.critical_remaining_s - job.remaining[0])
+        late = np.maximum(0.0, np.where(left > 0, left + extra, 0.0) - slack)
         late_by = np.array(job.overdue[: cap + 1] or [0.0] * (cap + 1), dtype=float)
         overdue = np.pad(late_by, (0, t - cap), mode="edge") * mean_fair / job.fair_share_s
         penalty = params.makespan_weight * (left * job.gpus / total_gpus + late)
@@ -324,7 +328,8 @@ def pack_rounds(
         if len(starts):
             chosen = list(range(int(starts[0]), int(starts[0]) + n))
         else:
-            chosen = [int(r) for r in np.nonzero(fits)[0][:n]]
+            roomiest = sorted(np.nonzero(fits)[0].tolist(), key=lambda r: (-free[r], r))
+            chosen = [int(r) for r in roomiest[:n]]
             lost += n - len(chosen)
         for r in chosen:
             free[r] -= job.gpus

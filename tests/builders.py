@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shockwave.model import AdaptationMode, Cluster, JobSpec, Regime, ThroughputProfile
+from shockwave.planner import PlanJob
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.workload import SimJob, Workload
 
@@ -100,4 +101,64 @@ def snapshot(
         cluster=cluster(gpus, per_node),
         jobs=tuple(jobs),
         policy_state=state,
+    )
+
+
+def adaptive_job(
+    job_id: str = "j",
+    *,
+    mode: AdaptationMode = AdaptationMode.STATIC,
+    initial: int = 32,
+    batch_sizes: Sequence[int] = (),
+    epochs: int = 100,
+    epochs_done: float = 0.0,
+    observed: Sequence[tuple[int, int]] = (),
+    batch_size: int | None = None,
+    profile: Mapping[int, float] | None = None,
+    measured: Mapping[int, float] | None = None,
+    gpus: int = 1,
+) -> ActiveJob:
+    """An active job with its adaptation ``mode`` and what has been observed of it.
+
+    ``observed``: finished regimes as (batch size, epochs); ``batch_size``: the current one
+    (default ``initial``); ``profile``/``measured``: seconds per epoch by batch size, declared
+    (as a throughput profile) and measured.
+    """
+    spec = JobSpec(
+        job_id=job_id,
+        gpus=gpus,
+        epochs=epochs,
+        samples_per_epoch=SAMPLES,
+        initial_batch_size=initial,
+        mode=mode,
+        batch_sizes=tuple(batch_sizes),
+        throughput=ThroughputProfile({bs: SAMPLES / s for bs, s in (profile or {}).items()}),
+    )
+    progress = JobProgress(
+        batch_size=initial if batch_size is None else batch_size,
+        epochs_done=epochs_done,
+        observed_regimes=tuple(Regime(bs, e) for bs, e in observed),
+        measured_epoch_seconds=dict(measured or {}),
+    )
+    return ActiveJob(spec=spec, progress=progress)
+
+
+def plan_job(
+    job_id: str,
+    utility: Sequence[float],
+    *,
+    gpus: int = 1,
+    weight: float = 1.0,
+    running: bool = False,
+    round_seconds: float = 60.0,
+) -> PlanJob:
+    """A planner job whose run time left drops by ``round_seconds`` per scheduled round."""
+    cap = len(utility) - 1
+    return PlanJob(
+        job_id=job_id,
+        gpus=gpus,
+        weight=weight,
+        utility=tuple(utility),
+        remaining=tuple(round_seconds * (cap - n) for n in range(cap + 1)),
+        running=running,
     )

@@ -31,7 +31,13 @@ import numpy as np
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policy import Decision
-from shockwave.predictor import Prediction, PredictorParams, predict, predict_from_truth
+from shockwave.predictor import (
+    Prediction,
+    PredictorParams,
+    predict,
+    predict_from_truth,
+    predict_greedy,
+)
 from shockwave.snapshot import ActiveJob, Snapshot
 
 
@@ -105,6 +111,7 @@ class JobOutlook:
     error_factor: float
     deadline_s: float
     fair_share_s: float
+    cautious_remaining_s: float
 
     @property
     def laxity_s(self) -> float:
@@ -188,7 +195,10 @@ class Shockwave:
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
-        return JobOutlook(prediction, remaining, total, rho, factor, deadline, share * total)
+        cautious = predict_greedy(job, params.predictor).remaining_seconds * factor
+        return JobOutlook(
+            prediction, remaining, total, rho, factor, deadline, share * total, cautious
+        )
 
     def solve(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
@@ -231,6 +241,7 @@ def _plan_job(
         remaining=tuple(remaining),
         running=job.running,
         overdue=tuple(overdue),
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
         fair_share_s=max(1.0, look.fair_share_s),
     )
 

@@ -1,0 +1,68 @@
+"""The long-term estimators on literal inputs: finish-time fairness, contention, makespan bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from shockwave.estimators import contention_factor, finish_time_fairness, makespan_lower_bound
+
+
+@pytest.mark.parametrize(
+    ("age", "remaining", "total", "contention", "rho"),
+    [
+        pytest.param(0.0, 100.0, 100.0, 1.0, 1.0, id="fresh-job"),
+        pytest.param(0.0, 100.0, 100.0, 4.0, 1.0, id="fresh-job-under-contention"),
+        pytest.param(100.0, 100.0, 100.0, 1.0, 2.0, id="waited-its-whole-run"),
+        pytest.param(100.0, 100.0, 100.0, 2.0, 1.5, id="waiting-counts-less-when-contended"),
+        pytest.param(50.0, 50.0, 100.0, 1.0, 1.0, id="ran-alone-half-way"),
+        pytest.param(50.0, 50.0, 100.0, 2.0, 0.75, id="ahead-of-its-fair-share"),
+        pytest.param(100.0, 100.0, 100.0, 0.5, 2.0, id="contention-floored-at-1"),
+        pytest.param(-10.0, 100.0, 100.0, 1.0, 1.0, id="negative-age-is-zero"),
+        pytest.param(0.0, -5.0, 100.0, 1.0, 0.0, id="negative-remaining-is-zero"),
+        pytest.param(30.0, 0.0, 0.0, 1.0, 1.0, id="no-predicted-time"),
+    ],
+)
+def test_finish_time_fairness(
+    age: float, remaining: float, total: float, contention: float, rho: float
+) -> None:
+    assert finish_time_fairness(age, remaining, total, contention) == pytest.approx(rho)
+
+
+@pytest.mark.parametrize("age", [0.0, 10.0, 100.0, 1000.0])
+def test_waiting_raises_rho(age: float) -> None:
+    before = finish_time_fairness(age, 100.0, 200.0, 2.0)
+    after = finish_time_fairness(age + 60.0, 100.0, 200.0, 2.0)
+    assert after > before
+
+
+@pytest.mark.parametrize(
+    ("jobs", "gpus", "factor"),
+    [
+        pytest.param(8, 4, 2.0, id="two-jobs-per-gpu"),
+        pytest.param(6, 4, 1.5, id="fractional"),
+        pytest.param(4, 4, 1.0, id="one-per-gpu"),
+        pytest.param(2, 4, 1.0, id="idle-gpus-floored"),
+        pytest.param(0, 4, 1.0, id="no-jobs"),
+    ],
+)
+def test_contention_factor(jobs: int, gpus: int, factor: float) -> None:
+    assert contention_factor(jobs, gpus) == pytest.approx(factor)
+
+
+@pytest.mark.parametrize(
+    ("remaining", "gpus", "bound"),
+    [
+        pytest.param([], 4, 0.0, id="no-job"),
+        pytest.param([10.0, 10.0, 10.0, 10.0], 2, 20.0, id="average-load"),
+        pytest.param([10.0, 10.0], 4, 10.0, id="longest-job"),
+        pytest.param([100.0, 1.0, 1.0], 4, 100.0, id="one-long-job"),
+        pytest.param([30.0, 30.0, 30.0], 2, 45.0, id="load-above-longest"),
+        pytest.param([-5.0, 8.0], 1, 8.0, id="negative-remaining-is-zero"),
+    ],
+)
+def test_makespan_lower_bound(remaining: list[float], gpus: int, bound: float) -> None:
+    assert makespan_lower_bound(remaining, gpus) == pytest.approx(bound)
+
+
+def test_makespan_lower_bound_reads_any_iterable() -> None:
+    assert makespan_lower_bound((r for r in [3.0, 5.0]), 1) == pytest.approx(8.0)
