@@ -310,7 +310,7 @@ def pack_rounds(
         range(len(problem.jobs)),
         key=lambda i: (
             int(counts[i]) < problem.rounds,
-            not problem.jobs[i].running and priority[i] < 0,
+            not (problem.jobs[i].running or priority[i] > 0),
             -priority[i],
             i,
         ),
