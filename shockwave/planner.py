@@ -119,6 +119,14 @@ class PlannerParams:
             raise ValueError("rounds must be > 0")
         if self.use_scip not in ("auto", "always", "never"):
             raise ValueError(f"use_scip must be auto, always or never, got {self.use_scip!r}")
+        for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.utility_floor) and self.utility_floor > 0):
+            raise ValueError(f"utility_floor must be > 0, got {self.utility_floor!r}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,11 @@ class JobOutcome:
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Everything a run produced; :mod:`shockwave.metrics` turns it into figures."""
+    """Everything a run produced; :mod:`shockwave.metrics` turns it into figures.
+
+    ``final_state``: the policy state of the last decision (the policy's own type, e.g. a plan
+    and its solver summary), for reports; None for a policy without state.
+    """
 
     policy: str
     workload: str
@@ -113,6 +117,7 @@ class SimResult:
     jobs: tuple[JobOutcome, ...]
     rounds: tuple[RoundRecord, ...]
     notes: Mapping[str, Any] = field(default_factory=dict)
+    final_state: object | None = None
 
     @property
     def completed(self) -> int:
@@ -331,6 +336,7 @@ def simulate(
         lower_bound_s=workload.makespan_lower_bound(cluster.total_gpus),
         jobs=outcomes,
         rounds=tuple(rounds),
+        final_state=state,
     )
 
 

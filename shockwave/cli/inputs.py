@@ -10,14 +10,16 @@ into a red line and exit code 2.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from shockwave.model import ValidationError
+from shockwave.model import AdaptationMode, ValidationError
 from shockwave.policies import BASELINES
 from shockwave.policy import Policy, UnknownPolicyError, get_policy, make_params, policy_names
 from shockwave.traces import (
+    TRACE_MODES,
     ThroughputTable,
     build_workload,
     parse_throughputs,
@@ -108,6 +110,28 @@ def policy_params(policy: Policy, seed: int | None) -> Any:
     params_type = policy.Params
     takes_seed = is_dataclass(params_type) and any(f.name == "seed" for f in fields(params_type))
     return make_params(policy, {"seed": seed} if takes_seed and seed is not None else None)
+
+
+def parse_mode_mix(text: str) -> dict[AdaptationMode, float]:
+    """``--mode-mix``: shares of static, accordion and gns jobs, e.g. ``"0.5,0.25,0.25"``.
+
+    Three finite shares >= 0 that sum to 1, in the trace's mode order; anything else is an
+    :class:`InputError` that shows the expected shape.
+    """
+    order = ",".join(m.value for m in TRACE_MODES)
+    expected = f"expected {len(TRACE_MODES)} shares {order} summing to 1, e.g. 0.5,0.25,0.25"
+    cells = [cell.strip() for cell in text.split(",")]
+    if len(cells) != len(TRACE_MODES):
+        raise InputError(f"--mode-mix: {expected}; got {text!r}")
+    try:
+        shares = [float(cell) for cell in cells]
+    except ValueError:
+        raise InputError(f"--mode-mix: {expected}; got {text!r}") from None
+    if not all(math.isfinite(share) and share >= 0 for share in shares):
+        raise InputError(f"--mode-mix: shares must be finite and >= 0; got {text!r}")
+    if not math.isclose(sum(shares), 1.0, abs_tol=1e-9):
+        raise InputError(f"--mode-mix: shares must sum to 1, got {sum(shares):g} from {text!r}")
+    return dict(zip(TRACE_MODES, shares, strict=True))
 
 
 def _located(error: ValidationError, path: Path) -> str:

@@ -1,8 +1,10 @@
 """``shockwave``: the command line of the trace-driven simulator.
 
 Commands: ``simulate`` (run policies on a trace or a generated workload, print a comparison
-table, write metrics.json, per-job CSVs and plots), ``generate`` (write a synthetic workload in
-the reference formats) and ``policies`` (list the registered policies).
+table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs are options too),
+``generate`` (write a synthetic workload in the reference formats), ``predict-report`` (how well
+the regime predictor knows each job's future, the paper's modeling-error figure) and
+``policies`` (list the registered policies).
 
 Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
 one red line naming the file, line or option, with exit code 2 and no traceback.
@@ -13,9 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,22 +33,33 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shockwave.cli import knobs
 from shockwave.cli.inputs import (
     InputError,
     load_throughputs,
     load_workload,
+    parse_mode_mix,
     policy_params,
     resolve_policies,
 )
-from shockwave.cli.plots import plot_ftf_cdf, plot_gantt, plot_utilization
-from shockwave.cli.report import comparison_table, write_jobs_csv, write_metrics_json
-from shockwave.generator import generate_workload
+from shockwave.cli.knobs import ShockwaveKnobs, apply_knobs
+from shockwave.cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
+from shockwave.cli.report import (
+    comparison_table,
+    prediction_table,
+    run_record,
+    write_jobs_csv,
+    write_json,
+)
+from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.metrics import RunMetrics, summarize
-from shockwave.model import Cluster, ValidationError
+from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.policies import BASELINES
+from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.policy import Policy, get_policy, policy_names
+from shockwave.prediction_report import prediction_report
 from shockwave.simulator import SimResult, SimSettings, simulate
-from shockwave.traces import format_trace, format_trajectories
+from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
 
 app = typer.Typer(
@@ -58,6 +72,23 @@ console = Console()
 errors = Console(stderr=True)
 
 INPUT_ERROR_EXIT = 2
+
+ModeMix = Annotated[
+    str | None,
+    typer.Option(
+        help="Shares of static,accordion,gns jobs, e.g. 0.5,0.25,0.25 "
+        f"(default {','.join(f'{MODE_MIX.get(mode, 0.0):g}' for mode in TRACE_MODES)}).",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySetup:
+    """One simulation to run: the policy, its params and the simulated system's settings."""
+
+    policy: Policy
+    params: Any
+    settings: SimSettings
 
 
 @app.command("simulate")
@@ -83,7 +114,10 @@ def simulate_command(
         float, typer.Option(help="Checkpoint-restart cost of a start, resume or move (s).")
     ] = 20.0,
     seed: Annotated[
-        int | None, typer.Option(help="Seed for any randomness (--generate, seeded policies).")
+        int | None,
+        typer.Option(
+            help="Seed for any randomness (--generate, seeded policies, --prediction-error)."
+        ),
     ] = None,
     mean_interarrival: Annotated[
         float, typer.Option(help="With --generate: mean seconds between arrivals.")
@@ -91,13 +125,47 @@ def simulate_command(
     policy: Annotated[
         str, typer.Option(help="Policy names, comma-separated, or 'all' (see `policies`).")
     ] = "all",
+    mode_mix: ModeMix = None,
+    window_rounds: knobs.WindowRounds = None,
+    makespan_weight: knobs.MakespanWeight = None,
+    deadline_weight: knobs.DeadlineWeight = None,
+    horizon_margin: knobs.HorizonMargin = None,
+    fairness_exponent: knobs.FairnessExponent = None,
+    replan: knobs.Replan = None,
+    replan_every: knobs.ReplanEvery = None,
+    solver_time_limit: knobs.SolverTimeLimit = None,
+    solver_gap: knobs.SolverGap = None,
+    use_scip: knobs.UseScip = None,
+    oracle: knobs.Oracle = False,
+    prediction_error: knobs.PredictionError = None,
 ) -> None:
-    """Simulate policies on a workload; print a comparison table and write reports to --out."""
+    """Simulate policies on a workload; print a comparison table and write reports to --out.
+
+    Options marked "Shockwave:" tune the shockwave policy only (defaults in parentheses).
+    """
+    tuning = ShockwaveKnobs(
+        window_rounds=window_rounds,
+        makespan_weight=makespan_weight,
+        deadline_weight=deadline_weight,
+        horizon_margin=horizon_margin,
+        fairness_exponent=fairness_exponent,
+        replan=replan,
+        replan_every=replan_every,
+        solver_time_limit=solver_time_limit,
+        solver_gap=solver_gap,
+        use_scip=use_scip,
+        oracle=oracle,
+        prediction_error=prediction_error,
+    )
     try:
         policies = resolve_policies(policy)
         cluster = _cluster(gpus, gpus_per_node)
         settings = _settings(round_seconds, restart_overhead)
-        workload = _workload(trace, trajectories, generate, throughputs, seed, mean_interarrival)
+        setups = _policy_setups(policies, seed, settings, tuning)
+        mix = _mode_mix(mode_mix, generate)
+        workload = _workload(
+            trace, trajectories, generate, throughputs, seed, mean_interarrival, mix
+        )
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
@@ -109,7 +177,7 @@ def simulate_command(
         f"rounds of {settings.round_seconds:g} s",
         soft_wrap=True,
     )
-    results = _run_all(workload, cluster, settings, policies, seed)
+    results = _run_all(workload, cluster, setups)
     runs = [summarize(result) for result in results]
     if not console.is_terminal:
         console.width = max(console.width, 120)
@@ -118,7 +186,7 @@ def simulate_command(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
-    _write_reports(out, results, runs)
+    _write_reports(out, setups, results, runs)
     console.print(f"Reports written to {out}/ (metrics.json, jobs-*.csv, *.png)")
 
 
@@ -132,10 +200,12 @@ def generate_command(
     mean_interarrival: Annotated[
         float, typer.Option(help="Mean seconds between arrivals (Poisson arrivals).")
     ] = 100.0,
+    mode_mix: ModeMix = None,
 ) -> None:
     """Write a synthetic workload as a trace and a trajectory file (the reference formats)."""
     try:
-        workload = _generated(jobs, throughputs, seed, mean_interarrival)
+        mix = MODE_MIX if mode_mix is None else parse_mode_mix(mode_mix)
+        workload = _generated(jobs, throughputs, seed, mean_interarrival, mix)
         for path in (out_trace, out_trajectories):
             _make_dir(path.parent)
         out_trace.write_text(format_trace(workload), encoding="utf-8")
@@ -147,6 +217,44 @@ def generate_command(
     except OSError as error:
         _fail(f"cannot write the workload: {error}")
     console.print(f"Wrote {len(workload.jobs)} jobs to {out_trace} and {out_trajectories}")
+
+
+@app.command("predict-report")
+def predict_report_command(
+    trace: Annotated[Path, typer.Option(help="Gavel-format trace.")],
+    trajectories: Annotated[Path, typer.Option(help="The trace's *.trajectories.json.")],
+    throughputs: Annotated[Path, typer.Option(help="Throughput table (reference JSON).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Directory for prediction.json and prediction.png.")
+    ] = None,
+) -> None:
+    """How well regimes and run times are predicted at 0%, 10%, ..., 90% of each dynamic job.
+
+    Compares the restatement-rule predictor with the greedy latest-throughput guess (and the
+    oracle as a sanity check) against the true trajectories.
+    """
+    try:
+        workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+        if out is not None:
+            _make_dir(out)
+    except InputError as error:
+        _fail(str(error))
+    report = prediction_report(workload)
+    if report.jobs == 0:
+        _fail(f"{trace}: no job adapts its batch size (mode accordion or gns); nothing to predict")
+    if not console.is_terminal:
+        console.width = max(console.width, 100)
+    console.print(prediction_table(report))
+    oracle = report.overall_oracle()
+    console.print(
+        f"Oracle (sanity check): regime error {oracle.regime_error:.1%}, "
+        f"run-time accuracy {oracle.runtime_accuracy:.1%}. "
+        "Paper: about 6% regime error, 84% run-time accuracy on average."
+    )
+    if out is not None:
+        write_json(report.as_dict(), out / "prediction.json")
+        plot_prediction(report, out / "prediction.png")
+        console.print(f"Reports written to {out}/ (prediction.json, prediction.png)")
 
 
 @app.command("policies")
@@ -161,12 +269,32 @@ def policies_command() -> None:
     console.print(table)
 
 
+def _policy_setups(
+    policies: Sequence[Policy], seed: int | None, settings: SimSettings, tuning: ShockwaveKnobs
+) -> list[PolicySetup]:
+    """Each policy with its params: defaults, ``seed`` where they take one, and the Shockwave
+    knobs for the policy whose params are ShockwaveParams (its run alone sees the true
+    trajectories under ``--oracle``)."""
+    setups: list[PolicySetup] = []
+    for policy in policies:
+        params = policy_params(policy, seed)
+        if isinstance(params, ShockwaveParams):
+            params = apply_knobs(params, tuning, seed)
+            params = replace(params, restart_overhead_s=settings.restart_overhead_s)
+            reveal = replace(settings, reveal_trajectories=params.oracle)
+            setups.append(PolicySetup(policy, params, reveal))
+        else:
+            setups.append(PolicySetup(policy, params, settings))
+    given = tuning.given()
+    if given and not any(isinstance(s.params, ShockwaveParams) for s in setups):
+        raise InputError(
+            f"{', '.join(given)} tune the shockwave policy only, and --policy does not select it"
+        )
+    return setups
+
+
 def _run_all(
-    workload: Workload,
-    cluster: Cluster,
-    settings: SimSettings,
-    policies: Sequence[Policy],
-    seed: int | None,
+    workload: Workload, cluster: Cluster, setups: Sequence[PolicySetup]
 ) -> list[SimResult]:
     """Simulate each policy in turn, with a progress bar per policy advancing on finished jobs."""
     results: list[SimResult] = []
@@ -178,8 +306,8 @@ def _run_all(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=errors) as progress:
-        for policy in policies:
-            task = progress.add_task(policy.name, total=len(workload.jobs), now=0.0)
+        for setup in setups:
+            task = progress.add_task(setup.policy.name, total=len(workload.jobs), now=0.0)
 
             def on_round(now: float, finished: int, total: int, task_id: TaskID = task) -> None:
                 progress.update(task_id, completed=finished, now=now)
@@ -187,9 +315,9 @@ def _run_all(
             result = simulate(
                 workload,
                 cluster,
-                policy,
-                policy_params(policy, seed),
-                settings,
+                setup.policy,
+                setup.params,
+                setup.settings,
                 timer=time.perf_counter,
                 on_round=on_round,
             )
@@ -197,8 +325,17 @@ def _run_all(
     return results
 
 
-def _write_reports(out: Path, results: Sequence[SimResult], runs: Sequence[RunMetrics]) -> None:
-    write_metrics_json(runs, out / "metrics.json")
+def _write_reports(
+    out: Path,
+    setups: Sequence[PolicySetup],
+    results: Sequence[SimResult],
+    runs: Sequence[RunMetrics],
+) -> None:
+    records = [
+        run_record(result, run, setup.params)
+        for setup, result, run in zip(setups, results, runs, strict=True)
+    ]
+    write_json(records, out / "metrics.json")
     for result, run in zip(results, runs, strict=True):
         write_jobs_csv(result, run, out / f"jobs-{result.policy}.csv")
         plot_gantt(result, out / f"{result.policy}-gantt.png")
@@ -213,6 +350,7 @@ def _workload(
     throughputs: Path,
     seed: int | None,
     mean_interarrival: float,
+    mode_mix: Mapping[AdaptationMode, float],
 ) -> Workload:
     if trace is not None:
         if generate is not None:
@@ -222,14 +360,33 @@ def _workload(
         return load_workload(trace, trajectories, load_throughputs(throughputs))
     if generate is None:
         raise InputError("give --trace and --trajectories, or --generate N")
-    return _generated(generate, throughputs, 0 if seed is None else seed, mean_interarrival)
+    seed = 0 if seed is None else seed
+    return _generated(generate, throughputs, seed, mean_interarrival, mode_mix)
 
 
-def _generated(jobs: int, throughputs: Path, seed: int, mean_interarrival: float) -> Workload:
+def _mode_mix(text: str | None, generate: int | None) -> Mapping[AdaptationMode, float]:
+    if text is None:
+        return MODE_MIX
+    if generate is None:
+        raise InputError("--mode-mix shapes a generated workload: use it with --generate N")
+    return parse_mode_mix(text)
+
+
+def _generated(
+    jobs: int,
+    throughputs: Path,
+    seed: int,
+    mean_interarrival: float,
+    mode_mix: Mapping[AdaptationMode, float],
+) -> Workload:
     table = load_throughputs(throughputs)
     try:
         return generate_workload(
-            jobs, seed=seed, throughputs=table, mean_interarrival_s=mean_interarrival
+            jobs,
+            seed=seed,
+            throughputs=table,
+            mean_interarrival_s=mean_interarrival,
+            mode_mix=mode_mix,
         )
     except ValueError as error:
         raise InputError(f"cannot generate the workload: {error}") from None

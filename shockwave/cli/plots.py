@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from shockwave.metrics import RunMetrics, utilization_over_time
+from shockwave.prediction_report import PredictionReport, Predictor
 from shockwave.simulator import SimResult
 
 WIDTH_COLORS: dict[int, str] = {1: "tab:blue", 2: "tab:green", 4: "tab:orange", 8: "tab:red"}
@@ -87,6 +88,39 @@ def plot_utilization(results: Sequence[SimResult], path: Path) -> None:
     axes.set_ylim(0, 1.05)
     axes.set_title("Cluster utilization per round")
     axes.legend(fontsize=8)
+    _save(figure, path)
+
+
+def plot_prediction(report: PredictionReport, path: Path) -> None:
+    """Regime-length error and run-time accuracy by progress, one line a predictor (left and
+    right panels), dashed lines at the paper's averages (6% and 84%)."""
+    figure = _figure(width=10.0, height=4.0)
+    error_axes, accuracy_axes = figure.subplots(1, 2)
+    percents = [row.percent for row in report.rows]
+    for predictor in Predictor:
+        style = ":" if predictor is Predictor.ORACLE else "-"
+        error_axes.plot(
+            percents,
+            [100 * row.accuracy[predictor].regime_error for row in report.rows],
+            style,
+            marker="o",
+            label=str(predictor),
+        )
+        accuracy_axes.plot(
+            percents,
+            [100 * row.accuracy[predictor].runtime_accuracy for row in report.rows],
+            style,
+            marker="o",
+            label=str(predictor),
+        )
+    error_axes.axhline(6.0, color="0.5", linestyle="--", linewidth=0.8, label="paper (6%)")
+    accuracy_axes.axhline(84.0, color="0.5", linestyle="--", linewidth=0.8, label="paper (84%)")
+    error_axes.set_ylabel("regime-length error (% of epochs)")
+    accuracy_axes.set_ylabel("run-time accuracy (%)")
+    for axes in (error_axes, accuracy_axes):
+        axes.set_xlabel("job progress (% of epochs)")
+        axes.legend(fontsize=8)
+    figure.suptitle(f"Prediction accuracy: {report.jobs} dynamic jobs of {report.workload}")
     _save(figure, path)
 
 

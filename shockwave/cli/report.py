@@ -1,13 +1,18 @@
-"""The simulator's reports: the comparison table, ``metrics.json`` and per-job CSV files.
+"""The simulator's reports: the comparison table, ``metrics.json`` and per-job CSV files, and
+the prediction-accuracy table.
 
 Shapes:
 
-- ``metrics.json``: a JSON list with one object per policy, :meth:`RunMetrics.as_dict` as-is
-  (``policy``, ``makespan_s``, ``avg_jct_s``, ``utilization``, ``worst_ftf``, ``unfair_fraction``,
-  ``worst_ftf_contention``, ``unfair_fraction_contention``, ``jobs_completed``,
-  ``decision_seconds{median,p99,max}``, ...).
+- ``metrics.json``: a JSON list with one object per policy (:func:`run_record`):
+  :meth:`RunMetrics.as_dict` (``policy``, ``makespan_s``, ``avg_jct_s``, ``utilization``,
+  ``worst_ftf``, ``unfair_fraction``, ``worst_ftf_contention``, ``unfair_fraction_contention``,
+  ``jobs_completed``, ``decision_seconds{median,p99,max}``, ...), plus ``params`` (the policy's
+  params as run, nested dataclasses as objects) and, for the shockwave policy, ``solver``:
+  ``{solves, last_solve{status, solver, objective, bound, gain_gap, gap}}`` (``solves``: plans
+  solved over the run; ``last_solve``: what the last one reported).
 - ``jobs-<policy>.csv``: one row per job in workload order with ``job_id, arrival, finish, jct,
   t_exclusive, ftf, ftf_contention`` (seconds; empty cells for a job that did not finish).
+- ``prediction.json``: :meth:`PredictionReport.as_dict`.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from rich.table import Table
 
 from shockwave.metrics import RunMetrics
+from shockwave.policies.shockwave import ShockwaveState
+from shockwave.prediction_report import PredictionReport, Predictor
 from shockwave.simulator import SimResult
 
 JOB_COLUMNS: tuple[str, ...] = (
@@ -68,8 +76,72 @@ def comparison_table(runs: Sequence[RunMetrics]) -> Table:
     return table
 
 
-def write_metrics_json(runs: Sequence[RunMetrics], path: Path) -> None:
-    path.write_text(json.dumps([run.as_dict() for run in runs], indent=2) + "\n", encoding="utf-8")
+def run_record(result: SimResult, run: RunMetrics, params: object) -> dict[str, object]:
+    """The ``metrics.json`` object of one run; ``run`` is ``summarize(result)``, ``params`` what
+    the policy ran with."""
+    record = run.as_dict()
+    if is_dataclass(params) and not isinstance(params, type):
+        record["params"] = asdict(params)
+    solver = solver_summary(result.final_state)
+    if solver is not None:
+        record["solver"] = solver
+    return record
+
+
+def solver_summary(state: object) -> dict[str, object] | None:
+    """What the Shockwave planner reported, from the run's last policy state; None for a
+    policy that plans nothing."""
+    if not isinstance(state, ShockwaveState):
+        return None
+    last = state.last
+    return {
+        "solves": last.solves,
+        "last_solve": {
+            "status": last.status,
+            "solver": last.solver,
+            "objective": last.objective,
+            "bound": last.bound,
+            "gain_gap": last.gain_gap,
+            "gap": last.gap,
+        },
+    }
+
+
+def write_json(obj: object, path: Path) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def prediction_table(report: PredictionReport) -> Table:
+    """Per progress point, regime-length error and run-time accuracy of the restatement rule
+    against the greedy latest-throughput guess, then the overall means."""
+    table = Table(
+        title=f"Prediction accuracy: {report.jobs} dynamic jobs of {report.workload} "
+        f"({report.adapting_jobs} change batch size)",
+        title_justify="left",
+    )
+    table.add_column("progress", justify="right", no_wrap=True)
+    for header in (
+        "regime error\nrestatement",
+        "regime error\ngreedy",
+        "run-time accuracy\nrestatement",
+        "run-time accuracy\ngreedy",
+    ):
+        table.add_column(header, justify="right", no_wrap=True)
+    points = [(f"{row.percent}%", row.accuracy) for row in report.rows]
+    means = [("mean", report.overall), (f"mean, {report.adapting_jobs} adapting", report.adapting)]
+    for index, (label, accuracy) in enumerate([*points, *means]):
+        if not accuracy:
+            continue
+        restatement, greedy = accuracy[Predictor.RESTATEMENT], accuracy[Predictor.GREEDY]
+        table.add_row(
+            label,
+            f"{restatement.regime_error:.1%}",
+            f"{greedy.regime_error:.1%}",
+            f"{restatement.runtime_accuracy:.1%}",
+            f"{greedy.runtime_accuracy:.1%}",
+            end_section=index == len(points) - 1,
+        )
+    return table
 
 
 def write_jobs_csv(result: SimResult, run: RunMetrics, path: Path) -> None:

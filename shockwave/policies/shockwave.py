@@ -73,6 +73,12 @@ class ShockwaveParams:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
             raise ValueError("prediction_error must be in [0, 1)")
+        if not (math.isfinite(self.fairness_exponent) and self.fairness_exponent >= 0):
+            raise ValueError("fairness_exponent must be a finite number >= 0")
+        if not (math.isfinite(self.restart_overhead_s) and self.restart_overhead_s >= 0):
+            raise ValueError("restart_overhead_s must be a finite number >= 0")
+        if self.deadline_contention is not None and not self.deadline_contention >= 1:
+            raise ValueError("deadline_contention must be >= 1 (or None for the observed one)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from typer.testing import CliRunner, Result
 
 from shockwave.cli.main import INPUT_ERROR_EXIT, app
 from shockwave.policies import BASELINES
+from shockwave.policies.shockwave import ShockwaveParams
+from shockwave.traces import TRACE_FIELDS
 
 runner = CliRunner()
 
@@ -214,3 +217,251 @@ def test_cluster_that_does_not_divide_into_nodes_is_rejected(
     result = invoke(*args)
 
     assert_input_error(result, "--gpus", "6 GPUs")
+
+
+# --- the Shockwave policy's knobs -------------------------------------------------------------
+
+
+def generated_simulate_args(throughputs: Path, out: Path, *extra: str) -> list[str]:
+    """``simulate`` on 6 generated jobs (seed 3) on 8 GPUs, plus ``extra`` options."""
+    return [
+        "simulate",
+        *("--generate", "6", "--seed", "3", "--throughputs", str(throughputs)),
+        *("--gpus", "8", "--out", str(out)),
+        *extra,
+    ]
+
+
+def metrics_of(out: Path, policy: str) -> dict[str, object]:
+    rows = json.loads((out / "metrics.json").read_text())
+    (row,) = [r for r in rows if r["policy"] == policy]
+    assert isinstance(row, dict)
+    return row
+
+
+def test_shockwave_knobs_reach_the_policy_and_solver_stats_are_recorded(
+    throughputs: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = generated_simulate_args(
+        throughputs,
+        out,
+        *("--policy", "shockwave,fifo", "--window-rounds", "5", "--use-scip", "never"),
+        *("--makespan-weight", "50", "--replan", "lazy", "--fairness-exponent", "2"),
+    )
+
+    result = invoke(*args)
+
+    assert result.exit_code == 0, result.output
+    row = metrics_of(out, "shockwave")
+    assert row["jobs_completed"] == 6
+    params = row["params"]
+    assert isinstance(params, dict)
+    assert params["planner"]["rounds"] == 5
+    assert params["planner"]["use_scip"] == "never"
+    assert params["planner"]["makespan_weight"] == 50
+    assert params["planner"]["time_limit_s"] == 15.0
+    assert (params["replan"], params["fairness_exponent"]) == ("lazy", 2)
+    assert (params["oracle"], params["prediction_error"]) == (False, 0.0)
+    solver = row["solver"]
+    assert isinstance(solver, dict)
+    assert solver["solves"] >= 1
+    assert solver["last_solve"]["solver"] == "greedy"
+    fifo = metrics_of(out, "fifo")
+    assert "solver" not in fifo
+    assert fifo["params"] == {"backfill": False}
+
+
+def test_shockwave_defaults_come_from_its_params(throughputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    result = invoke(*generated_simulate_args(throughputs, out, "--policy", "shockwave"))
+
+    assert result.exit_code == 0, result.output
+    params = metrics_of(out, "shockwave")["params"]
+    assert params == asdict(replace(ShockwaveParams(), error_seed=3))
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "value"),
+    [
+        pytest.param(("--oracle",), "oracle", True, id="oracle"),
+        pytest.param(("--prediction-error", "0.5"), "prediction_error", 0.5, id="error"),
+    ],
+)
+def test_oracle_and_prediction_error_runs(
+    throughputs: Path, tmp_path: Path, extra: tuple[str, ...], field: str, value: object
+) -> None:
+    out = tmp_path / "out"
+    args = generated_simulate_args(
+        throughputs, out, "--policy", "shockwave", "--use-scip", "never", *extra
+    )
+
+    result = invoke(*args)
+
+    assert result.exit_code == 0, result.output
+    row = metrics_of(out, "shockwave")
+    assert row["jobs_completed"] == 6
+    params = row["params"]
+    assert isinstance(params, dict)
+    assert params[field] == value
+    assert params["error_seed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        pytest.param(("--replan", "eager"), ("--replan", "'eager'"), id="replan"),
+        pytest.param(("--use-scip", "maybe"), ("--use-scip", "'maybe'"), id="use-scip"),
+        pytest.param(("--window-rounds", "0"), ("--window-rounds", "> 0"), id="window"),
+        pytest.param(("--replan-every", "-2"), ("--replan-every", "> 0"), id="replan-every"),
+        pytest.param(("--prediction-error", "1.5"), ("--prediction-error",), id="error"),
+        pytest.param(("--makespan-weight", "-1"), ("--makespan-weight", ">= 0"), id="lambda"),
+        pytest.param(("--deadline-weight", "-1"), ("--deadline-weight", ">= 0"), id="mu"),
+        pytest.param(("--solver-time-limit", "0"), ("--solver-time-limit", "> 0"), id="limit"),
+        pytest.param(("--solver-gap", "nan"), ("--solver-gap", "finite"), id="gap-nan"),
+        pytest.param(("--fairness-exponent", "-1"), ("--fairness-exponent",), id="k"),
+    ],
+)
+def test_invalid_shockwave_knob_is_named(
+    throughputs: Path, tmp_path: Path, extra: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+
+    result = invoke(*generated_simulate_args(throughputs, out, "--policy", "shockwave", *extra))
+
+    assert_input_error(result, *fragments)
+    assert not (out / "metrics.json").exists()
+
+
+def test_shockwave_knob_without_the_shockwave_policy_is_an_error(
+    throughputs: Path, tmp_path: Path
+) -> None:
+    args = generated_simulate_args(
+        throughputs, tmp_path / "o", "--policy", "fifo", "--window-rounds", "5", "--oracle"
+    )
+
+    result = invoke(*args)
+
+    assert_input_error(result, "--window-rounds, --oracle", "shockwave")
+
+
+# --- the mode mix of generated workloads ------------------------------------------------------
+
+
+def generate_args(throughputs: Path, trace: Path, jobs: int, *extra: str) -> list[str]:
+    return [
+        "generate",
+        *("--jobs", str(jobs), "--seed", "5", "--throughputs", str(throughputs)),
+        *("--out-trace", str(trace), "--out-trajectories", str(trace.with_suffix(".json"))),
+        *extra,
+    ]
+
+
+def trace_modes(trace: Path) -> set[str]:
+    column = TRACE_FIELDS.index("mode")
+    return {line.split("\t")[column] for line in trace.read_text().splitlines()}
+
+
+@pytest.mark.parametrize(
+    ("mix", "modes"),
+    [
+        ("1,0,0", {"static"}),
+        ("0,1,0", {"accordion"}),
+        ("0, 0, 1", {"gns"}),
+        (None, {"accordion", "gns"}),
+    ],
+)
+def test_generate_mode_mix(
+    throughputs: Path, tmp_path: Path, mix: str | None, modes: set[str]
+) -> None:
+    trace = tmp_path / "mix.trace"
+    extra = () if mix is None else ("--mode-mix", mix)
+
+    result = invoke(*generate_args(throughputs, trace, 30, *extra))
+
+    assert result.exit_code == 0, result.output
+    assert trace_modes(trace) == modes
+    if mix == "1,0,0":
+        jobs = json.loads(trace.with_suffix(".json").read_text())["jobs"]
+        assert all(len(job["regimes"]) == 1 for job in jobs)
+
+
+@pytest.mark.parametrize(
+    ("mix", "fragment"),
+    [
+        ("0.5,0.5", "expected 3 shares"),
+        ("a,b,c", "expected 3 shares"),
+        ("", "expected 3 shares"),
+        ("0.5,0.5,0.5", "sum to 1"),
+        ("0.5,-0.5,1", ">= 0"),
+        ("inf,0,0", "finite"),
+    ],
+)
+def test_malformed_mode_mix_is_a_clean_error(
+    throughputs: Path, tmp_path: Path, mix: str, fragment: str
+) -> None:
+    trace = tmp_path / "mix.trace"
+
+    result = invoke(*generate_args(throughputs, trace, 3, "--mode-mix", mix))
+
+    assert_input_error(result, "--mode-mix", fragment)
+    assert not trace.exists()
+
+
+def test_simulate_generate_takes_the_mode_mix(throughputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = generated_simulate_args(throughputs, out, "--policy", "fifo", "--mode-mix", "1,0,0")
+
+    result = invoke(*args)
+
+    assert result.exit_code == 0, result.output
+    assert metrics_of(out, "fifo")["jobs_completed"] == 6
+
+
+def test_mode_mix_with_a_trace_is_an_error(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    args = [*simulate_args(*generated, throughputs, tmp_path / "o", "fifo"), "--mode-mix", "1,0,0"]
+
+    result = invoke(*args)
+
+    assert_input_error(result, "--mode-mix", "--generate")
+
+
+# --- predict-report ---------------------------------------------------------------------------
+
+
+def test_predict_report_prints_the_table_and_writes_json_and_plot(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    trace, trajectories = generated
+    out = tmp_path / "pred"
+
+    result = invoke(
+        "predict-report",
+        *("--trace", str(trace), "--trajectories", str(trajectories)),
+        *("--throughputs", str(throughputs), "--out", str(out)),
+    )
+
+    assert result.exit_code == 0, result.output
+    for fragment in ("0%", "90%", "restatement", "greedy", "mean", "Oracle"):
+        assert fragment in result.output
+    report = json.loads((out / "prediction.json").read_text())
+    assert report["jobs"] == JOBS
+    assert [row["percent"] for row in report["progress"]] == list(range(0, 100, 10))
+    assert report["overall"]["oracle"] == {"regime_error": 0.0, "runtime_accuracy": 1.0}
+    assert (out / "prediction.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_predict_report_without_dynamic_jobs_is_an_error(throughputs: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "static.trace"
+    assert invoke(*generate_args(throughputs, trace, 4, "--mode-mix", "1,0,0")).exit_code == 0
+
+    result = invoke(
+        "predict-report",
+        *("--trace", str(trace), "--trajectories", str(trace.with_suffix(".json"))),
+        *("--throughputs", str(throughputs)),
+    )
+
+    assert_input_error(result, str(trace), "accordion or gns")

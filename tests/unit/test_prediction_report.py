@@ -1,0 +1,243 @@
+"""The prediction-accuracy report: what a scheduler sees at each progress point, the two
+measures worked by hand on small jobs, and the oracle as a sanity check."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from shockwave.generator import generate_workload
+from shockwave.model import VALID_WIDTHS, AdaptationMode, Regime, ThroughputProfile
+from shockwave.prediction_report import (
+    PROGRESS_PERCENTS,
+    Predictor,
+    observed_job,
+    prediction_report,
+    regime_length_error,
+    runtime_accuracy,
+    score_job,
+)
+from shockwave.traces import ThroughputTable
+from shockwave.workload import SimJob
+from tests.builders import SAMPLES, sim_job, workload
+
+ACCORDION = AdaptationMode.ACCORDION
+GNS = AdaptationMode.GNS
+RESTATEMENT = Predictor.RESTATEMENT
+GREEDY = Predictor.GREEDY
+ORACLE = Predictor.ORACLE
+
+# Accordion, E = 100: 20 epochs at batch size 32 (2 s each), then 80 at 128 (1 s each).
+# P = 20 * 2 + 80 * 1 = 120 s. The prior (K = 2) splits the epochs 50/50.
+TWO_REGIMES = sim_job("acc", [(32, 20, 2.0), (128, 80, 1.0)], mode=ACCORDION)
+
+# GNS up the ladder 16 -> 32 -> 64, E = 100: 20 epochs at 4 s, 30 at 2 s, 50 at 1 s.
+# P = 80 + 60 + 50 = 190 s. The prior (K = 3, from the ladder) splits the epochs in thirds.
+THREE_REGIMES = sim_job("gns", [(16, 20, 4.0), (32, 30, 2.0), (64, 50, 1.0)], mode=GNS)
+
+STATIC = sim_job("static", [(32, 10, 1.0)])
+
+
+def regimes(*rows: tuple[int, int]) -> tuple[Regime, ...]:
+    return tuple(Regime(bs, e) for bs, e in rows)
+
+
+@pytest.mark.parametrize(
+    ("epochs_done", "observed", "batch_size", "measured"),
+    [
+        pytest.param(0.0, (), 16, {}, id="start-nothing-measured"),
+        pytest.param(10.0, (), 16, {16: 4.0}, id="inside-regime-1"),
+        pytest.param(20.0, ((16, 20),), 32, {16: 4.0}, id="regime-1-just-ended"),
+        pytest.param(25.0, ((16, 20),), 32, {16: 4.0, 32: 2.0}, id="inside-regime-2"),
+        pytest.param(50.0, ((16, 20), (32, 30)), 64, {16: 4.0, 32: 2.0}, id="regime-2-ended"),
+        pytest.param(99.5, ((16, 20), (32, 30)), 64, {16: 4.0, 32: 2.0, 64: 1.0}, id="near-end"),
+    ],
+)
+def test_observed_job_is_what_the_simulator_shows(
+    epochs_done: float,
+    observed: tuple[tuple[int, int], ...],
+    batch_size: int,
+    measured: Mapping[int, float],
+) -> None:
+    view = observed_job(THREE_REGIMES, epochs_done)
+
+    assert view.spec is THREE_REGIMES.spec
+    assert view.progress.epochs_done == epochs_done
+    assert view.progress.observed_regimes == regimes(*observed)
+    assert view.progress.batch_size == batch_size
+    assert dict(view.progress.measured_epoch_seconds) == measured
+
+
+@pytest.mark.parametrize("epochs_done", [-1.0, 100.0, 120.0])
+def test_observed_job_refuses_points_off_the_run(epochs_done: float) -> None:
+    with pytest.raises(ValueError, match="epochs_done"):
+        observed_job(THREE_REGIMES, epochs_done)
+
+
+@pytest.mark.parametrize(
+    ("predicted", "true", "expected"),
+    [
+        pytest.param([20.0, 80.0], [20, 80], 0.0, id="exact"),
+        pytest.param([50.0, 50.0], [20, 80], (30 + 30) / 2 / 100, id="prior-split"),
+        pytest.param([100.0], [20, 80], (80 + 80) / 2 / 100, id="missing-regime-counts-whole"),
+        pytest.param([50.0, 25.0, 25.0], [50, 50], (0 + 25) / 2 / 100, id="extra-regime-no-term"),
+    ],
+)
+def test_regime_length_error(predicted: list[float], true: list[int], expected: float) -> None:
+    assert regime_length_error(predicted, true, 100) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("predicted_s", "true_s", "expected"),
+    [(120.0, 120.0, 1.0), (150.0, 120.0, 0.75), (90.0, 120.0, 0.75), (300.0, 100.0, -1.0)],
+)
+def test_runtime_accuracy_is_one_minus_relative_error_unclipped(
+    predicted_s: float, true_s: float, expected: float
+) -> None:
+    assert runtime_accuracy(predicted_s, true_s) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("job", "percent", "predictor", "regime_error", "accuracy"),
+    [
+        # 0%: restatement predicts 50/50 epochs, P_hat = 50*2 + 50*1 = 150 s.
+        pytest.param(TWO_REGIMES, 0, RESTATEMENT, 0.30, 1 - 30 / 120, id="2r-0%-restatement"),
+        # 0%: greedy runs all 100 epochs at 32 (2 s): P_hat = 200 s; regime 2 is missing.
+        pytest.param(TWO_REGIMES, 0, GREEDY, 0.80, 1 - 80 / 120, id="2r-0%-greedy"),
+        # 10%: the ongoing regime has not outrun its share (50): nothing changes.
+        pytest.param(TWO_REGIMES, 10, RESTATEMENT, 0.30, 1 - 30 / 120, id="2r-10%-restatement"),
+        # 20%: regime 1 is observed; restatement gives the rest to regime 2: exact.
+        pytest.param(TWO_REGIMES, 20, RESTATEMENT, 0.0, 1.0, id="2r-20%-restatement"),
+        pytest.param(TWO_REGIMES, 20, GREEDY, 0.0, 1.0, id="2r-20%-greedy"),
+        pytest.param(TWO_REGIMES, 0, ORACLE, 0.0, 1.0, id="2r-0%-oracle"),
+        # 0%: thirds of 100 epochs; P_hat = (100/3) * (4 + 2 + 1) = 700/3 s.
+        pytest.param(
+            THREE_REGIMES,
+            0,
+            RESTATEMENT,
+            (40 / 3 + 10 / 3 + 50 / 3) / 3 / 100,
+            1 - (700 / 3 - 190) / 190,
+            id="3r-0%-restatement",
+        ),
+        # 0%: greedy: 100 epochs at 4 s = 400 s, more than twice P: accuracy below 0.
+        pytest.param(
+            THREE_REGIMES, 0, GREEDY, (80 + 30 + 50) / 3 / 100, 1 - 210 / 190, id="3r-0%-greedy"
+        ),
+        # 20%: regime 1 exact, the 80 left split 40/40: P_hat = 80 + 40*2 + 40*1 = 200 s.
+        pytest.param(
+            THREE_REGIMES,
+            20,
+            RESTATEMENT,
+            (0 + 10 + 10) / 3 / 100,
+            1 - 10 / 190,
+            id="3r-20%-restatement",
+        ),
+        # 20%: greedy: the 80 left at 32 (2 s): P_hat = 80 + 160 = 240 s; regime 3 missing.
+        pytest.param(
+            THREE_REGIMES, 20, GREEDY, (0 + 50 + 50) / 3 / 100, 1 - 50 / 190, id="3r-20%-greedy"
+        ),
+        pytest.param(THREE_REGIMES, 20, ORACLE, 0.0, 1.0, id="3r-20%-oracle"),
+    ],
+)
+def test_scores_worked_by_hand(
+    job: SimJob, percent: int, predictor: Predictor, regime_error: float, accuracy: float
+) -> None:
+    got = score_job(job, percent)[predictor]
+
+    assert got.regime_error == pytest.approx(regime_error)
+    assert got.runtime_accuracy == pytest.approx(accuracy)
+
+
+def test_report_averages_dynamic_jobs_per_point_and_overall() -> None:
+    report = prediction_report(workload(TWO_REGIMES, STATIC, THREE_REGIMES), percents=(0, 20))
+
+    assert (report.workload, report.jobs, report.adapting_jobs) == ("test", 2, 2)
+    assert [(row.percent, row.jobs) for row in report.rows] == [(0, 2), (20, 2)]
+    start = report.rows[0].accuracy
+    assert start[RESTATEMENT].regime_error == pytest.approx((0.30 + 100 / 900) / 2)
+    assert start[GREEDY].regime_error == pytest.approx((0.80 + 160 / 300) / 2)
+    for predictor in Predictor:
+        per_point = [row.accuracy[predictor] for row in report.rows]
+        assert report.overall[predictor].regime_error == pytest.approx(
+            sum(a.regime_error for a in per_point) / 2
+        )
+        assert report.overall[predictor].runtime_accuracy == pytest.approx(
+            sum(a.runtime_accuracy for a in per_point) / 2
+        )
+    assert report.adapting == report.overall
+    assert set(report.by_mode) == {ACCORDION, GNS}
+    assert report.by_mode[GNS][GREEDY].regime_error == pytest.approx((160 / 300 + 100 / 300) / 2)
+
+
+def test_restatement_and_greedy_differ_and_restatement_wins_early() -> None:
+    report = prediction_report(workload(TWO_REGIMES, THREE_REGIMES))
+    start = report.rows[0].accuracy
+
+    assert start[RESTATEMENT] != start[GREEDY]
+    assert start[RESTATEMENT].regime_error < start[GREEDY].regime_error
+    assert start[RESTATEMENT].runtime_accuracy > start[GREEDY].runtime_accuracy
+
+
+def test_a_job_that_never_adapts_counts_but_not_as_adapting() -> None:
+    # Declares accordion up to 128 (0.5 s an epoch) but stays at 32 (1 s) for all 100 epochs:
+    # restatement still expects two 50-epoch regimes (error 0.5, P_hat = 75 s for P = 100 s).
+    flat = sim_job("flat", [(32, 100, 1.0)], mode=ACCORDION)
+    ladder = ThroughputProfile({32: SAMPLES / 1.0, 128: SAMPLES / 0.5})
+    flat = replace(flat, spec=replace(flat.spec, batch_sizes=(32, 128), throughput=ladder))
+
+    report = prediction_report(workload(flat, TWO_REGIMES), percents=(0,))
+
+    assert (report.jobs, report.adapting_jobs) == (2, 1)
+    assert report.overall[RESTATEMENT].regime_error == pytest.approx((0.5 + 0.30) / 2)
+    assert report.overall[RESTATEMENT].runtime_accuracy == pytest.approx((0.75 + 0.75) / 2)
+    assert report.overall[GREEDY].regime_error == pytest.approx((0.0 + 0.80) / 2)
+    assert report.adapting[RESTATEMENT] == score_job(TWO_REGIMES, 0)[RESTATEMENT]
+
+
+def test_a_workload_without_dynamic_jobs_gives_an_empty_report() -> None:
+    report = prediction_report(workload(STATIC))
+
+    assert (report.jobs, report.rows, dict(report.overall)) == (0, (), {})
+
+
+def test_oracle_is_exact_on_a_generated_workload() -> None:
+    rates = {
+        ("ResNet-18", bs, width): 40.0 * width / 1.6**rung
+        for width in VALID_WIDTHS
+        for rung, bs in enumerate((16, 32, 64, 128, 256))
+    }
+    generated = generate_workload(
+        40, seed=5, throughputs=ThroughputTable(rates), models=("ResNet-18",)
+    )
+
+    report = prediction_report(generated)
+
+    assert report.jobs == 40
+    assert report.adapting_jobs > 0
+    assert [row.percent for row in report.rows] == list(PROGRESS_PERCENTS)
+    for row in report.rows:
+        assert row.accuracy[ORACLE].regime_error == pytest.approx(0.0, abs=1e-12)
+        assert row.accuracy[ORACLE].runtime_accuracy == pytest.approx(1.0)
+    oracle = report.overall_oracle()
+    assert (oracle.regime_error, oracle.runtime_accuracy) == pytest.approx((0.0, 1.0), abs=1e-12)
+    assert report.overall[RESTATEMENT] != report.overall[ORACLE]
+
+
+def test_report_dict_is_json_ready() -> None:
+    as_dict = prediction_report(workload(TWO_REGIMES), percents=(0, 20)).as_dict()
+
+    assert as_dict["jobs"] == 1
+    progress = as_dict["progress"]
+    assert isinstance(progress, list)
+    assert progress[0]["percent"] == 0
+    assert progress[0]["greedy"] == {
+        "regime_error": pytest.approx(0.8),
+        "runtime_accuracy": pytest.approx(1 / 3),
+    }
+    overall = as_dict["overall"]
+    assert isinstance(overall, dict)
+    assert set(overall) == {"restatement", "greedy", "oracle"}
+    json.dumps(as_dict)
