@@ -15,9 +15,11 @@ those fractions into a concrete job set per round, the way the reference simulat
    ties in arrival order, and walk the list greedily: a gang that does not fit the GPUs left is
    skipped so that smaller jobs behind it can backfill.
 
-A job admitted after the last recompute has no share yet. The reference still walks it through
-the greedy pass, where it takes GPUs that then stay idle; ``absent_jobs_hold_gpus`` (on by
-default, to match the recorded figures) keeps that behaviour, documented in docs/simulator.md.
+A job admitted after the last recompute has no share yet, so it cannot run until the next
+recompute (this is what shapes the reference's figures). The reference also walks it through the
+greedy pass, where it takes GPUs that then stay idle; ``absent_jobs_hold_gpus`` (on by default)
+keeps that too, though on the reference traces it changes nothing: such jobs rank last, so no job
+behind them could have used those GPUs (docs/simulator.md).
 
 All state is carried in :class:`PriorityState`, returned in the decision and handed back in the
 next snapshot, so ``decide`` stays a pure function.
