@@ -1,0 +1,1 @@
+"""FastAPI shell of the Shockwave service: routes, settings, tables, repository, errors."""

@@ -1,0 +1,114 @@
+"""One mapper from errors to RFC 9457 problem details (application/problem+json).
+
+Every 4xx and 5xx leaves the API through here: validation errors name the field at fault,
+domain errors map to their status, and anything unexpected becomes a 500 without a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shockwave.lifecycle import IllegalTransition
+from shockwave.model import ValidationError
+
+log = logging.getLogger("shockwave.api")
+
+PROBLEM = "application/problem+json"
+
+
+class Problem(Exception):
+    """An error with an HTTP status, raised by routes and the repository."""
+
+    def __init__(
+        self, status: int, title: str, detail: str, *, field: str | None = None, **extra: Any
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.field = field
+        self.extra = extra
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"https://shockwave.dev/problems/{title.lower().replace(' ', '-')}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": request.url.path,
+    }
+    if errors:
+        body["errors"] = errors
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        errors = [{"field": exc.field, "message": exc.detail}] if exc.field else None
+        return problem_response(
+            request, exc.status, exc.title, exc.detail, errors=errors, **exc.extra
+        )
+
+    @app.exception_handler(ValidationError)
+    async def _domain_validation(request: Request, exc: ValidationError) -> JSONResponse:
+        return problem_response(
+            request,
+            422,
+            "Invalid job",
+            str(exc),
+            errors=[{"field": exc.field, "message": exc.message}],
+        )
+
+    @app.exception_handler(IllegalTransition)
+    async def _conflict(request: Request, exc: IllegalTransition) -> JSONResponse:
+        return problem_response(request, 409, "Illegal transition", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = []
+        for error in exc.errors():
+            location = [str(part) for part in error.get("loc", ()) if part != "body"]
+            errors.append({"field": ".".join(location) or "body", "message": error.get("msg", "")})
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
+        return problem_response(request, 422, "Invalid request", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = {
+            401: "Unauthorized",
+            403: "Forbidden",
+            404: "Not found",
+            405: "Method not allowed",
+            413: "Request too large",
+            429: "Too many requests",
+        }.get(exc.status_code, "HTTP error")
+        return problem_response(
+            request, exc.status_code, title, str(exc.detail), headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
+        return problem_response(
+            request, 500, "Internal error", "the server failed; the request was not applied"
+        )

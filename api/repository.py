@@ -1,0 +1,247 @@
+"""Queries and writes, kept out of the routes. Every write that a request makes happens in one
+transaction, so a request either applies fully or not at all."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from api.auth import Principal, Role
+from api.errors import Problem
+from api.schemas import JobCreate, JobPublic
+from api.tables import IdempotencyRow, JobEventRow, JobRow, utcnow
+from shockwave.lifecycle import JobState, transition
+from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
+
+Response = tuple[int, dict[str, Any], str | None]
+
+
+def spec_of(data: JobCreate, job_id: str = "new") -> JobSpec:
+    """The core's model of a submission: raises ValidationError naming the field at fault."""
+    return JobSpec(
+        job_id=job_id,
+        gpus=data.gpus,
+        epochs=data.epochs,
+        samples_per_epoch=data.samples_per_epoch,
+        initial_batch_size=data.initial_batch_size,
+        mode=AdaptationMode.parse(data.mode),
+        batch_sizes=tuple(data.batch_sizes),
+        throughput=ThroughputProfile(dict(data.throughput)),
+        budget=data.budget,
+        model=data.model,
+    )
+
+
+def public(row: JobRow) -> JobPublic:
+    return JobPublic.model_validate(row, from_attributes=True)
+
+
+def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
+    """Move ``row`` through the state machine and record the change as an event."""
+    current = JobState(row.state)
+    transition(current, target)
+    row.state = target.value
+    row.updated_at = utcnow()
+    session.add(row)
+    session.add(
+        JobEventRow(
+            job_id=row.id,
+            kind="state",
+            payload={"from": current.value, "to": target.value},
+            reason=reason,
+        )
+    )
+
+
+def create_job(session: Session, principal: Principal, data: JobCreate) -> JobRow:
+    if principal.role not in (Role.ADMIN, Role.USER):
+        raise Problem(403, "Forbidden", "only users and admins submit jobs")
+    if principal.role is Role.USER:
+        if data.tenant is not None and data.tenant != principal.tenant:
+            raise Problem(
+                403, "Forbidden", "a user submits jobs only to its own tenant", field="tenant"
+            )
+        tenant = principal.tenant or ""
+    else:
+        tenant = data.tenant or "default"
+    spec = spec_of(data)
+    row = JobRow(
+        id=str(uuid.uuid4()),
+        tenant=tenant,
+        name=data.name,
+        state=JobState.PENDING.value,
+        gpus=spec.gpus,
+        epochs=spec.epochs,
+        samples_per_epoch=spec.samples_per_epoch,
+        initial_batch_size=spec.initial_batch_size,
+        mode=spec.mode.value,
+        batch_sizes=list(spec.batch_sizes),
+        throughput={str(k): float(v) for k, v in spec.throughput.samples_per_second.items()},
+        budget=spec.budget,
+        model=spec.model,
+        batch_size=spec.initial_batch_size,
+    )
+    session.add(row)
+    session.flush()
+    session.add(
+        JobEventRow(
+            job_id=row.id, kind="state", payload={"to": JobState.PENDING.value}, reason="submitted"
+        )
+    )
+    return row
+
+
+def visible_job(session: Session, principal: Principal, job_id: str) -> JobRow:
+    """The job if the caller may see it, else 404 (never 403: existence must not leak)."""
+    row = session.get(JobRow, job_id)
+    if row is None or not _sees(principal, row):
+        raise Problem(404, "Not found", f"no job {job_id}")
+    return row
+
+
+def _sees(principal: Principal, row: JobRow) -> bool:
+    if principal.role is Role.ADMIN:
+        return True
+    if principal.role is Role.USER:
+        return principal.tenant == row.tenant
+    if principal.role is Role.JOB:
+        return principal.job_id == row.id
+    return False
+
+
+def encode_page_token(created_at: datetime, job_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), job_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> tuple[datetime, str]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(created), str(job_id)
+    except (ValueError, TypeError, json.JSONDecodeError) as error:
+        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error
+
+
+def list_jobs(
+    session: Session,
+    principal: Principal,
+    *,
+    page_size: int,
+    page_token: str | None,
+    state: JobState | None,
+    tenant: str | None,
+    name: str | None,
+) -> tuple[list[JobRow], str | None]:
+    query = select(JobRow)
+    if principal.role is Role.USER:
+        if tenant is not None and tenant != principal.tenant:
+            return [], None
+        query = query.where(JobRow.tenant == principal.tenant)
+    elif principal.role is Role.ADMIN:
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+    elif principal.role is Role.JOB:
+        query = query.where(JobRow.id == principal.job_id)
+    else:
+        return [], None
+    if state is not None:
+        query = query.where(JobRow.state == state.value)
+    if name is not None:
+        query = query.where(JobRow.name == name)
+    if page_token:
+        created, last_id = decode_page_token(page_token)
+        query = query.where(
+            or_(
+                col(JobRow.created_at) > created,
+                and_(col(JobRow.created_at) == created, col(JobRow.id) > last_id),
+            )
+        )
+    query = query.order_by(col(JobRow.created_at), col(JobRow.id)).limit(page_size + 1)
+    rows = list(session.exec(query).all())
+    next_token = None
+    if len(rows) > page_size:
+        rows = rows[:page_size]
+        next_token = encode_page_token(rows[-1].created_at, rows[-1].id)
+    return rows, next_token
+
+
+def cancel_job(session: Session, principal: Principal, job_id: str) -> JobRow:
+    row = visible_job(session, principal, job_id)
+    if principal.role not in (Role.ADMIN, Role.USER):
+        raise Problem(403, "Forbidden", "only users and admins cancel jobs")
+    record_state(session, row, JobState.CANCELLED, "cancelled by request")
+    return row
+
+
+def idempotent(
+    session: Session,
+    principal: Principal,
+    key: str | None,
+    body: Any,
+    act: Callable[[], Response],
+) -> Response:
+    """Run ``act`` once per (caller, key); replay its response on retries with the same body.
+
+    The key row is inserted in the same transaction as the action, so a concurrent retry blocks
+    on the unique constraint until the first commits, then replays its response. A different
+    body under the same key is a 422. Without a key, ``act`` simply runs.
+    """
+    if key is None:
+        result = act()
+        session.commit()
+        return result
+    if not 1 <= len(key) <= 255:
+        raise Problem(
+            422,
+            "Invalid request",
+            "Idempotency-Key must be 1-255 characters",
+            field="Idempotency-Key",
+        )
+    digest = _digest(body)
+    record = IdempotencyRow(principal=principal.key, key=key, request_hash=digest)
+    session.add(record)
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        return _replay(session, principal, key, digest)
+    status, payload, location = act()
+    record.status_code = status
+    record.response = payload
+    record.location = location
+    session.add(record)
+    session.commit()
+    return status, payload, location
+
+
+def _replay(session: Session, principal: Principal, key: str, digest: str) -> Response:
+    row = session.exec(
+        select(IdempotencyRow).where(
+            IdempotencyRow.principal == principal.key, IdempotencyRow.key == key
+        )
+    ).first()
+    if row is None or row.status_code is None or row.response is None:
+        raise Problem(409, "Conflict", "a request with this Idempotency-Key is still in progress")
+    if row.request_hash != digest:
+        raise Problem(
+            422,
+            "Idempotency key reused",
+            "this Idempotency-Key was used with a different request body",
+            field="Idempotency-Key",
+        )
+    return row.status_code, row.response, row.location
+
+
+def _digest(body: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

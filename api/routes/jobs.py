@@ -1,0 +1,104 @@
+"""/v1/jobs: submit, list, get, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+
+from api import repository
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.schemas import JobCreate, JobPublic, Page
+from shockwave.lifecycle import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retry-safe key: the same key and body replay the first response.",
+    ),
+]
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
+    code: {"description": text, "content": {"application/problem+json": {}}}
+    for code, text in (
+        (401, "Missing or unknown token"),
+        (403, "Role not allowed"),
+        (404, "No such job (or not visible to the caller)"),
+        (409, "Illegal state transition"),
+        (413, "Request body too large"),
+        (422, "Invalid input; names the field"),
+    )
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    responses=PROBLEM_RESPONSES,
+    summary="Submit a job",
+)
+def submit_job(
+    data: JobCreate,
+    request: Request,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    def act() -> repository.Response:
+        row = repository.create_job(session, principal, data)
+        session.flush()
+        body = repository.public(row).model_dump(mode="json")
+        return 201, body, f"/v1/jobs/{row.id}"
+
+    status, body, location = repository.idempotent(
+        session, principal, idempotency_key, data.model_dump(mode="json"), act
+    )
+    headers = {"Location": location} if location else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@router.get("", response_model=Page[JobPublic], responses=PROBLEM_RESPONSES, summary="List jobs")
+def list_jobs(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    settings: SettingsDep,
+    page_size: Annotated[int | None, Query(ge=1, le=500)] = None,
+    page_token: Annotated[str | None, Query(max_length=512)] = None,
+    state: JobState | None = None,
+    tenant: Annotated[str | None, Query(max_length=64)] = None,
+    name: Annotated[str | None, Query(max_length=128)] = None,
+) -> Page[JobPublic]:
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    rows, token = repository.list_jobs(
+        session,
+        principal,
+        page_size=size,
+        page_token=page_token,
+        state=state,
+        tenant=tenant,
+        name=name,
+    )
+    return Page[JobPublic](items=[repository.public(r) for r in rows], next_page_token=token)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=PROBLEM_RESPONSES, summary="Get a job")
+def get_job(job_id: str, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
+    return repository.public(repository.visible_job(session, principal, job_id))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses=PROBLEM_RESPONSES,
+    summary="Cancel a job",
+)
+def cancel_job(job_id: str, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
+    row = repository.cancel_job(session, principal, job_id)
+    session.commit()
+    session.refresh(row)
+    return repository.public(row)

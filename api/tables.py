@@ -1,0 +1,93 @@
+"""Tables (SQLModel). The schema changes only through the Alembic migrations in migrations/.
+
+- ``jobs``: one row per submitted job: its spec, tenant, state and observed progress.
+- ``job_events``: everything that happened to a job, in order: client events (epoch progress,
+  batch-size scaling) carry the client's per-job sequence number, unique per job, so a
+  duplicate or reordered post is harmless; state changes are server events with a reason.
+- ``tokens``: bearer tokens, stored as SHA-256 hashes, with a role and its scope.
+- ``idempotency_keys``: the first response to each (token, key), replayed on retry; the
+  unique constraint, not a read-then-write, makes concurrent retries safe.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(**kwargs: Any) -> Any:
+    return Field(default_factory=utcnow, sa_type=DateTime(timezone=True), **kwargs)
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    tenant: str = Field(index=True, max_length=64)
+    name: str = Field(index=True, max_length=128)
+    state: str = Field(index=True, max_length=16)
+    gpus: int
+    epochs: int
+    samples_per_epoch: int
+    initial_batch_size: int
+    mode: str = Field(max_length=16)
+    batch_sizes: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    throughput: dict[str, float] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False)
+    )
+    budget: float = 1.0
+    model: str = Field(default="", max_length=128)
+    epochs_done: float = 0.0
+    batch_size: int
+    attained_s: float = 0.0
+    last_seq: int = 0
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class JobEventRow(SQLModel, table=True):
+    __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=36, ondelete="CASCADE")
+    seq: int | None = None
+    kind: str = Field(max_length=16)
+    payload: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    reason: str = Field(default="", max_length=256)
+    created_at: datetime = _ts()
+
+
+class TokenRow(SQLModel, table=True):
+    __tablename__ = "tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    token_hash: str = Field(unique=True, max_length=64)
+    role: str = Field(max_length=16)
+    tenant: str | None = Field(default=None, max_length=64)
+    node: str | None = Field(default=None, max_length=128)
+    job_id: str | None = Field(default=None, max_length=36)
+    name: str = Field(default="", max_length=128)
+    created_at: datetime = _ts()
+
+
+class IdempotencyRow(SQLModel, table=True):
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("principal", "key", name="uq_idempotency_principal_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    principal: str = Field(max_length=64)
+    key: str = Field(max_length=255)
+    request_hash: str = Field(max_length=64)
+    status_code: int | None = None
+    response: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    location: str | None = Field(default=None, max_length=512)
+    created_at: datetime = _ts()
