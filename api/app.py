@@ -8,7 +8,8 @@ from sqlalchemy.engine import Engine
 
 from api import errors
 from api.db import make_engine
-from api.routes import health, jobs
+from api.observability import ApiMetrics, HttpMetricsMiddleware
+from api.routes import cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
 
 
@@ -24,7 +25,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         ),
     )
     app.state.settings = settings
-    app.state.engine = engine or make_engine(settings.database_url)
+    app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
     errors.install(app)
 
     @app.middleware("http")
@@ -40,6 +41,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         response: Response = await call_next(request)
         return response
 
+    app.state.metrics = ApiMetrics(app.state.engine)
+    app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
+
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(events.router)
+    app.include_router(prediction.router)
+    app.include_router(cluster.router)
+    app.include_router(metrics.router)
     return app

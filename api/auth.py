@@ -9,6 +9,7 @@ only) treats requests without a token as an admin.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
@@ -91,7 +92,7 @@ def authenticate(request: Request, session: Session, open_mode: bool) -> Princip
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
-        if open_mode:
+        if open_mode and _local(request):
             return OPEN
         raise HTTPException(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
     if scheme.lower() != "bearer" or not token.strip():
@@ -110,6 +111,17 @@ def authenticate(request: Request, session: Session, open_mode: bool) -> Princip
         node=row.node,
         job_id=row.job_id,
     )
+
+
+def _local(request: Request) -> bool:
+    """Whether the caller is on this machine: open mode never serves anyone else.
+
+    A client that is not an IP address is an in-process caller (an ASGI test client)."""
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def require(principal: Principal, *roles: Role) -> None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``: Postgres through psycopg 3, or SQLite with foreign keys on."""
+
+def make_engine(url: str, schema: str | None = None) -> Engine:
+    """An engine for ``url``: Postgres through psycopg 3, or SQLite with foreign keys on.
+
+    ``schema`` (Postgres only) becomes every connection's search_path, so the same tables can
+    live in a schema of their own (see :func:`api.migrate.upgrade`)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False})
 
@@ -25,7 +31,14 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    connect_args: dict[str, str] = {}
+    if schema is not None:
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(f"not a plain schema name: {schema!r}")
+        connect_args["options"] = f"-csearch_path={schema}"
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args
+    )
 
 
 def sessions(engine: Engine) -> Iterator[Session]:

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shockwave.lifecycle import IllegalTransition
@@ -34,6 +35,11 @@ class Problem(Exception):
         self.detail = detail
         self.field = field
         self.extra = extra
+
+
+def openapi_problems(*responses: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for problem+json answers: ``(status, description)``."""
+    return {status: {"description": text, "content": {PROBLEM: {}}} for status, text in responses}
 
 
 def problem_response(
@@ -104,6 +110,12 @@ def install(app: FastAPI) -> None:
         }.get(exc.status_code, "HTTP error")
         return problem_response(
             request, exc.status_code, title, str(exc.detail), headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(DataError)
+    async def _data(request: Request, exc: DataError) -> JSONResponse:
+        return problem_response(
+            request, 422, "Invalid request", "a value cannot be stored (out of range or invalid)"
         )
 
     @app.exception_handler(Exception)

@@ -19,11 +19,12 @@ def _config(url: str, schema: str | None) -> Config:
     return config
 
 
-def upgrade(url: str, schema: str | None = None) -> None:
-    """Migrate the database at ``url`` (and Postgres ``schema``, if given) to the latest schema."""
-    command.upgrade(_config(url, schema), "head")
+def upgrade(url: str, schema: str | None = None, revision: str = "head") -> None:
+    """Migrate the database at ``url`` (and Postgres ``schema``, if given) to ``revision``
+    (default: the latest schema)."""
+    command.upgrade(_config(url, schema), revision)
 
 
-def downgrade(url: str, schema: str | None = None) -> None:
-    """Remove every table the migrations created."""
-    command.downgrade(_config(url, schema), "base")
+def downgrade(url: str, schema: str | None = None, revision: str = "base") -> None:
+    """Undo migrations down to ``revision`` (default: remove every table they created)."""
+    command.downgrade(_config(url, schema), revision)

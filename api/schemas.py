@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from shockwave.lifecycle import JobState
@@ -55,6 +56,7 @@ class JobPublic(BaseModel):
     epochs_done: float
     batch_size: int
     attained_s: float
+    measured_epoch_seconds: dict[str, float] = {}
     created_at: datetime
     updated_at: datetime
 
@@ -69,6 +71,11 @@ class EventPublic(BaseModel):
     created_at: datetime
 
 
+JobIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]
+"""A job id as a path segment: bounded, and without NUL (which Postgres text refuses)."""
+
+SafeText = Annotated[str, Field(max_length=128, pattern=r"^[^\x00]*$")]
+
 T = TypeVar("T")
 
 
@@ -77,3 +84,109 @@ class Page(BaseModel, Generic[T]):
 
     items: list[T]
     next_page_token: str | None = None
+
+
+INT4_MAX = 2**31 - 1
+Seq = Annotated[int, Field(ge=1, le=INT4_MAX, description="The client's per-job sequence number")]
+Positive = Annotated[int, Field(ge=1, le=INT4_MAX)]
+
+
+class ProgressEventCreate(BaseModel):
+    """An epoch finished: ``epoch`` is the 1-based index of the finished epoch, ``samples`` the
+    samples it processed, ``seconds`` the wall time it took at ``batch_size``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: Seq
+    kind: Literal["progress"]
+    epoch: Positive
+    samples: Annotated[int, Field(ge=0, le=INT4_MAX)]
+    seconds: Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+    batch_size: Positive
+
+
+class ScalingEventCreate(BaseModel):
+    """The job changed its batch size: it trains at ``batch_size`` from epoch ``epoch`` on
+    (0 = from the start)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: Seq
+    kind: Literal["scaling"]
+    batch_size: Positive
+    epoch: Annotated[int, Field(ge=0, le=INT4_MAX)]
+
+
+EventCreate = Annotated[ProgressEventCreate | ScalingEventCreate, Field(discriminator="kind")]
+
+
+class RegimePublic(BaseModel):
+    """One regime of the predicted trajectory. ``phase``: past (observed), current, future
+    (predicted). ``epoch_seconds_source``: measured from the job's events, declared in its
+    throughput profile, or estimated (the latest measurement, else a default guess)."""
+
+    batch_size: int
+    epochs: float
+    epoch_seconds: float
+    phase: Literal["past", "current", "future"]
+    epoch_seconds_source: Literal["measured", "declared", "estimated"]
+
+
+class PredictionPublic(BaseModel):
+    """ "Why am I waiting": the job's predicted regimes, remaining and total exclusive run time
+    (seconds), its finish-time-fairness estimate rho_hat (> 1: on course to finish later than
+    under an equal share) and the contention factor used, and the rounds the current plan gives
+    it (``planned_rounds``, round indices) with the ``reason`` in words."""
+
+    job_id: str
+    state: JobState
+    epochs: int
+    epochs_done: float
+    batch_size: int
+    regimes: list[RegimePublic]
+    remaining_seconds: float
+    total_seconds: float
+    attained_s: float
+    age_s: float
+    ftf_estimate: float
+    contention: float
+    planned_rounds: list[int]
+    reason: str
+
+
+class NodeSummary(BaseModel):
+    """What every caller may see of a node."""
+
+    id: str
+    gpus: int
+    state: Literal["READY", "LOST"]
+
+
+class NodePublic(NodeSummary):
+    """A node as admins and agents see it."""
+
+    hostname: str
+    gpu_type: str
+    last_heartbeat_at: datetime | None
+    registered_at: datetime
+
+
+class ClusterPublic(BaseModel):
+    """Capacity and load. ``total_gpus``: GPUs of all registered nodes; ``ready_gpus``: of the
+    READY ones. ``nodes``: node counts by state (None for users). ``jobs``: job counts by state,
+    of ``tenant`` only when it is set (a user sees its own tenant's jobs), else of everyone."""
+
+    total_gpus: int
+    ready_gpus: int
+    nodes: dict[str, int] | None
+    jobs: dict[str, int]
+    tenant: str | None
+
+
+class SchedulePublic(BaseModel):
+    """The current round (index) and its plan; both None, with a ``reason``, before any round
+    driver has run."""
+
+    round: int | None
+    plan: dict[str, Any] | None
+    reason: str

@@ -7,6 +7,7 @@
 - ``tokens``: bearer tokens, stored as SHA-256 hashes, with a role and its scope.
 - ``idempotency_keys``: the first response to each (token, key), replayed on retry; the
   unique constraint, not a read-then-write, makes concurrent retries safe.
+- ``nodes``: GPU machines registered by their agents (READY, or LOST once heartbeats stop).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, CheckConstraint, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 
@@ -22,8 +24,31 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware timestamp on every database: stored in UTC, read back with UTC attached.
+
+    Postgres keeps the zone itself; SQLite has no timestamp type and would hand back naive
+    values, which are not RFC 3339 date-times.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
 def _ts(**kwargs: Any) -> Any:
-    return Field(default_factory=utcnow, sa_type=DateTime(timezone=True), **kwargs)
+    return Field(default_factory=utcnow, sa_type=UTCDateTime, **kwargs)
 
 
 class JobRow(SQLModel, table=True):
@@ -48,6 +73,9 @@ class JobRow(SQLModel, table=True):
     epochs_done: float = 0.0
     batch_size: int
     attained_s: float = 0.0
+    measured_epoch_seconds: dict[str, float] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     last_seq: int = 0
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
@@ -91,3 +119,22 @@ class IdempotencyRow(SQLModel, table=True):
     response: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     location: str | None = Field(default=None, max_length=512)
     created_at: datetime = _ts()
+
+
+class NodeRow(SQLModel, table=True):
+    """A GPU machine. ``state``: READY (heartbeating) or LOST (heartbeats stopped for the TTL);
+    ``last_heartbeat_at`` is None until the agent's first heartbeat."""
+
+    __tablename__ = "nodes"
+    __table_args__ = (
+        CheckConstraint("gpus >= 1 AND gpus <= 1024", name="ck_nodes_gpus"),
+        CheckConstraint("state IN ('READY', 'LOST')", name="ck_nodes_state"),
+    )
+
+    id: str = Field(primary_key=True, max_length=128)
+    hostname: str = Field(max_length=255)
+    gpus: int
+    gpu_type: str = Field(default="", max_length=64)
+    state: str = Field(default="READY", index=True, max_length=16)
+    last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    registered_at: datetime = _ts()

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from api import repository
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.schemas import JobCreate, JobPublic, Page
+from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -68,10 +68,10 @@ def list_jobs(
     principal: CurrentPrincipal,
     settings: SettingsDep,
     page_size: Annotated[int | None, Query(ge=1, le=500)] = None,
-    page_token: Annotated[str | None, Query(max_length=512)] = None,
+    page_token: Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_=-]*$")] = None,
     state: JobState | None = None,
-    tenant: Annotated[str | None, Query(max_length=64)] = None,
-    name: Annotated[str | None, Query(max_length=128)] = None,
+    tenant: Annotated[str | None, Query(max_length=64, pattern=r"^[^\x00]*$")] = None,
+    name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
 ) -> Page[JobPublic]:
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     rows, token = repository.list_jobs(
@@ -87,7 +87,7 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=PROBLEM_RESPONSES, summary="Get a job")
-def get_job(job_id: str, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
+def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
     return repository.public(repository.visible_job(session, principal, job_id))
 
 
@@ -97,7 +97,7 @@ def get_job(job_id: str, session: SessionDep, principal: CurrentPrincipal) -> Jo
     responses=PROBLEM_RESPONSES,
     summary="Cancel a job",
 )
-def cancel_job(job_id: str, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
+def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
     row = repository.cancel_job(session, principal, job_id)
     session.commit()
     session.refresh(row)

@@ -4,7 +4,8 @@ Commands: ``simulate`` (run policies on a trace or a generated workload, print a
 table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs are options too),
 ``generate`` (write a synthetic workload in the reference formats), ``predict-report`` (how well
 the regime predictor knows each job's future, the paper's modeling-error figure) and
-``policies`` (list the registered policies).
+``policies`` (list the registered policies). ``api``, ``admin`` and ``jobs`` serve and use the
+REST API (shockwave/cli/api_commands.py, jobs_commands.py).
 
 Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
 one red line naming the file, line or option, with exit code 2 and no traceback.
@@ -34,6 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shockwave.cli import knobs
+from shockwave.cli.api_commands import admin_app, api_command
 from shockwave.cli.inputs import (
     InputError,
     load_throughputs,
@@ -42,6 +44,7 @@ from shockwave.cli.inputs import (
     policy_params,
     resolve_policies,
 )
+from shockwave.cli.jobs_commands import jobs_app
 from shockwave.cli.knobs import ShockwaveKnobs, apply_knobs
 from shockwave.cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
 from shockwave.cli.report import (
@@ -63,7 +66,7 @@ from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
 
 app = typer.Typer(
-    help="Shockwave GPU-cluster scheduler: trace-driven simulator.",
+    help="Shockwave GPU-cluster scheduler: trace-driven simulator, REST API and its CLI.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -432,3 +435,8 @@ def _summary(policy: Policy) -> str:
 def _fail(message: str) -> NoReturn:
     errors.print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
     raise typer.Exit(INPUT_ERROR_EXIT)
+
+
+app.command("api")(api_command)
+app.add_typer(admin_app, name="admin")
+app.add_typer(jobs_app, name="jobs")

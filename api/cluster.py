@@ -1,0 +1,134 @@
+"""Capacity and load, read from the database: the nodes and their GPUs, the jobs by state.
+
+Nodes are written by the agent endpoints (register, heartbeat); here they are only read.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from api.auth import Principal, Role, require
+from api.errors import Problem
+from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page
+from api.tables import JobRow, NodeRow
+from shockwave.estimators import contention_factor
+from shockwave.lifecycle import JobState
+
+NODE_STATES = ("READY", "LOST")
+ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
+"""Jobs that request GPUs: admitted and not finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """``total_gpus`` of all registered nodes, ``ready_gpus`` of the READY ones, node counts
+    by state."""
+
+    total_gpus: int
+    ready_gpus: int
+    nodes: dict[str, int]
+
+
+def capacity(session: Session) -> Capacity:
+    rows = session.exec(
+        select(NodeRow.state, func.count(), func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
+            NodeRow.state
+        )
+    ).all()
+    nodes = dict.fromkeys(NODE_STATES, 0)
+    gpus = dict.fromkeys(NODE_STATES, 0)
+    for state, count, state_gpus in rows:
+        nodes[state] = int(count)
+        gpus[state] = int(state_gpus)
+    return Capacity(total_gpus=sum(gpus.values()), ready_gpus=gpus["READY"], nodes=nodes)
+
+
+def jobs_by_state(session: Session, tenant: str | None = None) -> dict[str, int]:
+    """Job counts for every state (zeros included), of ``tenant`` only if given."""
+    query = select(JobRow.state, func.count()).group_by(JobRow.state)
+    if tenant is not None:
+        query = query.where(JobRow.tenant == tenant)
+    counts = {state.value: 0 for state in JobState}
+    for state, count in session.exec(query).all():
+        counts[state] = int(count)
+    return counts
+
+
+def contention(session: Session) -> float:
+    """The contention factor now: active jobs per READY GPU, at least 1 (one GPU is assumed
+    while no node is registered, so the factor is defined from the first job on)."""
+    active = session.exec(
+        select(func.count()).select_from(JobRow).where(col(JobRow.state).in_(ACTIVE_STATES))
+    ).one()
+    return contention_factor(int(active), max(1, capacity(session).ready_gpus))
+
+
+def cluster_view(session: Session, principal: Principal) -> ClusterPublic:
+    """Admins and agents see everything; a user sees GPU totals and its own tenant's jobs."""
+    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
+    cap = capacity(session)
+    if principal.role is Role.USER:
+        return ClusterPublic(
+            total_gpus=cap.total_gpus,
+            ready_gpus=cap.ready_gpus,
+            nodes=None,
+            jobs=jobs_by_state(session, principal.tenant or ""),
+            tenant=principal.tenant,
+        )
+    return ClusterPublic(
+        total_gpus=cap.total_gpus,
+        ready_gpus=cap.ready_gpus,
+        nodes=cap.nodes,
+        jobs=jobs_by_state(session),
+        tenant=None,
+    )
+
+
+def list_nodes(
+    session: Session,
+    principal: Principal,
+    *,
+    page_size: int,
+    page_token: str | None,
+    state: str | None,
+) -> Page[NodePublic] | Page[NodeSummary]:
+    """One page of nodes ordered by id; users get only :class:`NodeSummary` (id, GPUs, state)."""
+    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
+    query = select(NodeRow)
+    if state is not None:
+        query = query.where(NodeRow.state == state)
+    if page_token:
+        query = query.where(col(NodeRow.id) > _decode_token(page_token))
+    rows = list(session.exec(query.order_by(col(NodeRow.id)).limit(page_size + 1)).all())
+    next_token = None
+    if len(rows) > page_size:
+        rows = rows[:page_size]
+        next_token = _encode_token(rows[-1].id)
+    if principal.role is Role.USER:
+        return Page[NodeSummary](
+            items=[NodeSummary.model_validate(r, from_attributes=True) for r in rows],
+            next_page_token=next_token,
+        )
+    return Page[NodePublic](
+        items=[NodePublic.model_validate(r, from_attributes=True) for r in rows],
+        next_page_token=next_token,
+    )
+
+
+def _encode_token(last_id: str) -> str:
+    return base64.urlsafe_b64encode(f"node:{last_id}".encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()).decode()
+    except (ValueError, UnicodeDecodeError) as error:
+        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error
+    prefix, _, last_id = raw.partition(":")
+    if prefix != "node" or not last_id or "\x00" in last_id:
+        raise Problem(422, "Invalid request", "malformed page_token", field="page_token")
+    return last_id

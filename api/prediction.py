@@ -1,0 +1,88 @@
+""" "Why am I waiting": a job's predicted trajectory, remaining time and fairness, from the core.
+
+The shell gathers the job's row, its client events and the cluster's load, builds the same
+:class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (paper
+section 5) and finish-time-fairness estimator (paper appendix). Two simplifications, stated so
+nobody reads more into the numbers than there is:
+
+- the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
+  the job's life, which needs the round history the round driver will keep;
+- ``planned_rounds`` is empty and ``reason`` says so until a solver service stores plans: this
+  endpoint does not invent a schedule.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from sqlmodel import Session
+
+from api import cluster, progress
+from api.schemas import PredictionPublic, RegimePublic
+from api.tables import JobRow
+from shockwave.estimators import finish_time_fairness
+from shockwave.lifecycle import JobState
+from shockwave.predictor import PredictorParams, predict
+from shockwave.snapshot import ActiveJob
+
+NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
+
+Source = Literal["measured", "declared", "estimated"]
+
+
+def explain(
+    session: Session, row: JobRow, now: datetime, params: PredictorParams | None = None
+) -> PredictionPublic:
+    """The prediction for the job in ``row`` at time ``now`` (timezone-aware)."""
+    state = progress.observed_state(session, row)
+    job = progress.active_job(row, state)
+    prediction = predict(job, params)
+    job_state = JobState(row.state)
+    finished = job_state.terminal
+    remaining = 0.0 if finished else prediction.remaining_seconds
+    end = progress.as_utc(row.updated_at) if finished else now
+    age = max(0.0, (end - progress.as_utc(row.created_at)).total_seconds())
+    factor = cluster.contention(session)
+    regimes = [
+        RegimePublic(
+            batch_size=r.batch_size,
+            epochs=r.epochs,
+            epoch_seconds=r.epoch_seconds,
+            phase=_phase(i, prediction.current),
+            epoch_seconds_source=_source(job, r.batch_size),
+        )
+        for i, r in enumerate(prediction.regimes)
+    ]
+    return PredictionPublic(
+        job_id=row.id,
+        state=job_state,
+        epochs=row.epochs,
+        epochs_done=prediction.epochs_done,
+        batch_size=job.progress.batch_size,
+        regimes=regimes,
+        remaining_seconds=remaining,
+        total_seconds=prediction.total_seconds,
+        attained_s=job.progress.attained_s,
+        age_s=age,
+        ftf_estimate=finish_time_fairness(age, remaining, prediction.total_seconds, factor),
+        contention=factor,
+        planned_rounds=[],
+        reason=f"the job is {job_state.value}: nothing left to plan"
+        if finished
+        else NO_PLAN_REASON,
+    )
+
+
+def _phase(index: int, current: int) -> Literal["past", "current", "future"]:
+    if index < current:
+        return "past"
+    return "current" if index == current else "future"
+
+
+def _source(job: ActiveJob, batch_size: int) -> Source:
+    if batch_size in job.progress.measured_epoch_seconds:
+        return "measured"
+    if job.spec.throughput.knows(batch_size):
+        return "declared"
+    return "estimated"

@@ -1,0 +1,298 @@
+"""A job's client events (epoch progress, batch-size scaling) and the state observed from them.
+
+Training programs report through ``POST /v1/jobs/{id}/events``. Each event carries the client's
+per-job sequence number ``seq``, unique per job in ``job_events``, so that retries and
+reordering are harmless:
+
+- a duplicate (same seq, same body) replays the stored event; the same seq with another body is
+  a conflict;
+- the job's observed state is recomputed from all of its stored client events after every new
+  one, so it does not depend on arrival order and a late, older event never moves it backwards:
+
+  - ``epochs_done``: the highest finished epoch of any progress event;
+  - ``batch_size``: that of the scaling event with the highest epoch (ties: the highest seq),
+    else the job's initial batch size;
+  - ``attained_s``: the sum of the progress events' seconds (one per seq);
+  - ``measured_epoch_seconds``: the mean seconds of the progress events at each batch size;
+  - ``observed_regimes``: the regimes the job has left behind, cut where its batch size changed.
+
+Writes happen in the caller's transaction; the job row is locked first (``FOR UPDATE`` on
+Postgres; SQLite has one writer at a time) so concurrent posts to one job serialize, and the
+unique (job_id, seq) constraint settles concurrent duplicates.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from api import repository
+from api.auth import Principal, Role, require
+from api.errors import Problem
+from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEventCreate
+from api.tables import JobEventRow, JobRow, utcnow
+from shockwave.lifecycle import JobState
+from shockwave.model import AdaptationMode, JobSpec, Regime, ThroughputProfile
+from shockwave.snapshot import ActiveJob, JobProgress
+
+CLIENT_KINDS = ("progress", "scaling")
+EventKind = Literal["progress", "scaling", "state"]
+ClientEventCreate = ProgressEventCreate | ScalingEventCreate
+REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
+"""Roles that may post and read a job's events (users of its tenant, the job's own token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientEvent:
+    """A stored client event: ``payload`` is its body without ``seq`` and ``kind``."""
+
+    seq: int
+    kind: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedState:
+    """What a job's client events say about it (see the module docstring)."""
+
+    epochs_done: int
+    batch_size: int
+    attained_s: float
+    measured_epoch_seconds: Mapping[int, float]
+    observed_regimes: tuple[Regime, ...]
+    last_seq: int
+
+
+def observe(initial_batch_size: int, events: Iterable[ClientEvent]) -> ObservedState:
+    """The observed state of a job that started at ``initial_batch_size``, from its client
+    events in any order."""
+    epochs_done, attained, last_seq = 0, 0.0, 0
+    seconds_at: dict[int, list[float]] = defaultdict(list)
+    scalings: list[tuple[int, int, int]] = []
+    for event in events:
+        last_seq = max(last_seq, event.seq)
+        if event.kind == "progress":
+            epochs_done = max(epochs_done, int(event.payload["epoch"]))
+            seconds = float(event.payload["seconds"])
+            attained += seconds
+            seconds_at[int(event.payload["batch_size"])].append(seconds)
+        elif event.kind == "scaling":
+            scalings.append(
+                (int(event.payload["epoch"]), event.seq, int(event.payload["batch_size"]))
+            )
+    regimes, batch_size = regimes_of(initial_batch_size, scalings)
+    return ObservedState(
+        epochs_done=epochs_done,
+        batch_size=batch_size,
+        attained_s=attained,
+        measured_epoch_seconds={bs: sum(s) / len(s) for bs, s in sorted(seconds_at.items())},
+        observed_regimes=regimes,
+        last_seq=last_seq,
+    )
+
+
+def regimes_of(
+    initial_batch_size: int, scalings: Iterable[tuple[int, int, int]]
+) -> tuple[tuple[Regime, ...], int]:
+    """The finished regimes and the current batch size, from scaling events given as
+    ``(epoch, seq, batch_size)``: a regime ends where the batch size changes; several changes
+    at one epoch count as the last of them (highest seq)."""
+    regimes: list[Regime] = []
+    current, start = initial_batch_size, 0
+    for epoch, _seq, batch_size in sorted(scalings):
+        if batch_size == current:
+            continue
+        if epoch > start:
+            regimes.append(Regime(current, epoch - start))
+            start = epoch
+        elif regimes and regimes[-1].batch_size == batch_size:
+            start -= regimes.pop().epochs
+        current = batch_size
+    return tuple(regimes), current
+
+
+def client_events(session: Session, job_id: str) -> list[ClientEvent]:
+    rows = session.exec(
+        select(JobEventRow)
+        .where(JobEventRow.job_id == job_id, col(JobEventRow.kind).in_(CLIENT_KINDS))
+        .order_by(col(JobEventRow.seq))
+    ).all()
+    return [ClientEvent(r.seq or 0, r.kind, r.payload) for r in rows]
+
+
+def observed_state(session: Session, row: JobRow) -> ObservedState:
+    return observe(row.initial_batch_size, client_events(session, row.id))
+
+
+def spec_of_row(row: JobRow) -> JobSpec:
+    """The core's model of a stored job (the row was validated by the core on submission)."""
+    return JobSpec(
+        job_id=row.id,
+        gpus=row.gpus,
+        epochs=row.epochs,
+        samples_per_epoch=row.samples_per_epoch,
+        initial_batch_size=row.initial_batch_size,
+        mode=AdaptationMode.parse(row.mode),
+        batch_sizes=tuple(row.batch_sizes),
+        throughput=ThroughputProfile({int(bs): float(v) for bs, v in row.throughput.items()}),
+        budget=row.budget,
+        model=row.model,
+    )
+
+
+def active_job(row: JobRow, state: ObservedState) -> ActiveJob:
+    """The snapshot view of a job: its spec and what its events say (no future, no GPUs)."""
+    return ActiveJob(
+        spec=spec_of_row(row),
+        progress=JobProgress(
+            batch_size=state.batch_size,
+            epochs_done=float(state.epochs_done),
+            observed_regimes=state.observed_regimes,
+            measured_epoch_seconds=state.measured_epoch_seconds,
+            attained_s=state.attained_s,
+        ),
+    )
+
+
+def event_public(row: JobEventRow) -> EventPublic:
+    event = EventPublic.model_validate(row, from_attributes=True)
+    event.created_at = as_utc(event.created_at)
+    return event
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` with its zone: SQLite hands timestamps back without one (written in UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def record_event(
+    session: Session, principal: Principal, job_id: str, event: ClientEventCreate
+) -> tuple[int, JobEventRow]:
+    """Store ``event`` for the job and update its observed state; (201, new event) or, for a
+    duplicate, (200, the stored event). Raises 403, 404, 409 (conflicting duplicate, finished
+    job) or 422 (an epoch beyond the job's length) as :class:`Problem`."""
+    require(principal, *REPORTERS)
+    row = repository.visible_job(session, principal, job_id)
+    session.refresh(row, with_for_update=True)
+    payload = event.model_dump(mode="json", exclude={"seq", "kind"})
+    stored = _event_at(session, job_id, event.seq)
+    if stored is not None:
+        return 200, _same_or_conflict(stored, event.kind, payload)
+    if JobState(row.state).terminal:
+        raise Problem(409, "Conflict", f"job {job_id} is {row.state}; it takes no more events")
+    _check_epoch(row, event)
+    new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
+    session.add(new)
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        stored = _event_at(session, job_id, event.seq)
+        if stored is None:
+            raise
+        return 200, _same_or_conflict(stored, event.kind, payload)
+    _apply(row, observed_state(session, row))
+    session.add(row)
+    return 201, new
+
+
+def _event_at(session: Session, job_id: str, seq: int) -> JobEventRow | None:
+    return session.exec(
+        select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.seq == seq)
+    ).first()
+
+
+def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -> JobEventRow:
+    if stored.kind != kind or stored.payload != payload:
+        raise Problem(
+            409,
+            "Conflict",
+            f"event seq {stored.seq} was already recorded with a different body",
+            field="seq",
+        )
+    return stored
+
+
+def _check_epoch(row: JobRow, event: ClientEventCreate) -> None:
+    if isinstance(event, ProgressEventCreate) and event.epoch > row.epochs:
+        raise Problem(
+            422,
+            "Invalid event",
+            f"epoch {event.epoch} is beyond the job's {row.epochs} epochs",
+            field=f"{event.kind}.epoch",
+        )
+    if isinstance(event, ScalingEventCreate) and event.epoch >= row.epochs:
+        raise Problem(
+            422,
+            "Invalid event",
+            f"a batch size change must start before the job's last epoch ({row.epochs})",
+            field=f"{event.kind}.epoch",
+        )
+
+
+def _apply(row: JobRow, state: ObservedState) -> None:
+    row.epochs_done = float(state.epochs_done)
+    row.batch_size = state.batch_size
+    row.attained_s = state.attained_s
+    row.measured_epoch_seconds = {str(bs): s for bs, s in state.measured_epoch_seconds.items()}
+    row.last_seq = state.last_seq
+    row.updated_at = utcnow()
+
+
+def visible_event(
+    session: Session, principal: Principal, job_id: str, event_id: int
+) -> JobEventRow:
+    require(principal, *REPORTERS)
+    repository.visible_job(session, principal, job_id)
+    row = session.get(JobEventRow, event_id)
+    if row is None or row.job_id != job_id:
+        raise Problem(404, "Not found", f"no event {event_id} of job {job_id}")
+    return row
+
+
+def list_events(
+    session: Session,
+    principal: Principal,
+    job_id: str,
+    *,
+    page_size: int,
+    page_token: str | None,
+    kind: EventKind | None,
+) -> tuple[list[JobEventRow], str | None]:
+    """One page of the job's events (client and state changes) in the order they were stored."""
+    require(principal, *REPORTERS)
+    repository.visible_job(session, principal, job_id)
+    query = select(JobEventRow).where(JobEventRow.job_id == job_id)
+    if kind is not None:
+        query = query.where(JobEventRow.kind == kind)
+    if page_token:
+        query = query.where(col(JobEventRow.id) > _decode_token(page_token))
+    query = query.order_by(col(JobEventRow.id)).limit(page_size + 1)
+    rows = list(session.exec(query).all())
+    next_token = None
+    if len(rows) > page_size:
+        rows = rows[:page_size]
+        next_token = _encode_token(rows[-1].id or 0)
+    return rows, next_token
+
+
+def _encode_token(last_id: int) -> str:
+    return base64.urlsafe_b64encode(f"event:{last_id}".encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()).decode()
+        prefix, _, number = raw.partition(":")
+        if prefix != "event" or not number.isdigit() or int(number) > INT4_MAX:
+            raise ValueError(raw)
+        return int(number)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error

@@ -1,0 +1,61 @@
+"""/v1/cluster, /v1/nodes, /v1/schedule: capacity, load and the current plan."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from api import cluster
+from api.auth import Role, require
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.errors import openapi_problems
+from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
+
+router = APIRouter(prefix="/v1", tags=["cluster"])
+
+PROBLEMS = openapi_problems(
+    (401, "Missing or unknown token"),
+    (403, "Role not allowed"),
+    (422, "Invalid input; names the field"),
+)
+
+NO_ROUND_REASON = "no round driver has run yet"
+
+
+@router.get("/cluster", response_model=ClusterPublic, responses=PROBLEMS, summary="Cluster")
+def get_cluster(session: SessionDep, principal: CurrentPrincipal) -> ClusterPublic:
+    """GPU totals, node counts by state and job counts by state; a user sees only its own
+    tenant's job counts and no node counts."""
+    return cluster.cluster_view(session, principal)
+
+
+@router.get(
+    "/nodes",
+    response_model=Page[NodePublic] | Page[NodeSummary],
+    responses=PROBLEMS,
+    summary="List nodes",
+)
+def list_nodes(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    settings: SettingsDep,
+    page_size: Annotated[int | None, Query(ge=1, le=500)] = None,
+    page_token: Annotated[str | None, Query(max_length=512)] = None,
+    state: Literal["READY", "LOST"] | None = None,
+) -> Page[NodePublic] | Page[NodeSummary]:
+    """Nodes ordered by id. Admins and agents get every field; users get id, GPUs and state."""
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    return cluster.list_nodes(
+        session, principal, page_size=size, page_token=page_token, state=state
+    )
+
+
+@router.get(
+    "/schedule", response_model=SchedulePublic, responses=PROBLEMS, summary="Current round and plan"
+)
+def get_schedule(principal: CurrentPrincipal) -> SchedulePublic:
+    """The current round and its plan. Until a round driver runs (it stores rounds and plans),
+    both are null and ``reason`` says why; this endpoint never invents a schedule."""
+    require(principal, Role.ADMIN, Role.USER, Role.AGENT)
+    return SchedulePublic(round=None, plan=None, reason=NO_ROUND_REASON)

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures; each file runs as a script (``python bench/NAME.py``)."""

@@ -1,0 +1,260 @@
+"""``shockwave api`` (serve the REST API under uvicorn) and ``shockwave admin`` (tokens and
+migrations, straight on the database).
+
+Both read their settings once, from the environment (SHOCKWAVE_DATABASE_URL chooses the
+database: ``sqlite:///path`` embedded, or ``postgresql+psycopg://...``). The API, uvicorn and
+SQLAlchemy are imported only when one of these commands runs, so the simulator's commands start
+as fast as before.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from api.settings import Settings
+
+USAGE_ERROR_EXIT = 2
+DATABASE_ERROR_EXIT = 1
+ROLES = ("admin", "user", "agent", "job")
+SCOPES = {"user": "tenant", "agent": "node", "job": "job"}
+"""The one scope option each role needs (admin needs none and takes none)."""
+
+console = Console()
+errors = Console(stderr=True)
+
+admin_app = typer.Typer(
+    help="Administer the service's database directly (SHOCKWAVE_DATABASE_URL): tokens, migrations.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def api_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8000,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.", min=1)] = 1,
+    migrate: Annotated[
+        bool, typer.Option(help="Apply the database migrations before serving.")
+    ] = True,
+    open_mode: Annotated[
+        bool,
+        typer.Option(
+            "--open",
+            help="Open mode: requests without a token act as admin. Loopback hosts only "
+            "(also SHOCKWAVE_OPEN_MODE=1).",
+        ),
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug.")
+    ] = "info",
+) -> None:
+    """Serve the REST API under uvicorn (docs at /docs), migrating its database first.
+
+    SHOCKWAVE_DATABASE_URL names the database: sqlite:///path (default ./shockwave.db) or
+    postgresql+psycopg://user@host/db.
+    """
+    import uvicorn
+
+    settings = _settings()
+    open_mode = open_mode or settings.open_mode
+    if open_mode and not is_loopback(host):
+        _fail(
+            f"open mode serves every request as an admin, so it listens on loopback addresses "
+            f"only (127.0.0.1, ::1, localhost), not {host!r}: drop --open/SHOCKWAVE_OPEN_MODE "
+            "and use tokens (`shockwave admin create-token`)",
+            USAGE_ERROR_EXIT,
+        )
+    settings = settings.model_copy(update={"open_mode": open_mode, "host": host, "port": port})
+    database = _shown_url(settings.database_url)
+    if migrate:
+        _migrate(settings.database_url, settings.database_schema)
+    base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    auth = (
+        "OPEN MODE, requests without a token act as admin (loopback only)"
+        if open_mode
+        else "bearer tokens (create one with `shockwave admin create-token --role admin`)"
+    )
+    for line in (
+        f"Shockwave API: {base}  (docs: {base}/docs, OpenAPI: {base}/openapi.json)",
+        f"Database: {database}{_schema_note(settings.database_schema)}"
+        f"{' (migrated to head)' if migrate else ''}",
+        f"Auth: {auth}",
+    ):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    if workers == 1:
+        from api.app import create_app
+
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        return
+    os.environ.update(
+        SHOCKWAVE_OPEN_MODE="1" if open_mode else "0",
+        SHOCKWAVE_HOST=host,
+        SHOCKWAVE_PORT=str(port),
+    )
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+    )
+
+
+@admin_app.command("create-token")
+def create_token_command(
+    role: Annotated[str, typer.Option(help=f"One of {', '.join(ROLES)}.", show_default=False)],
+    tenant: Annotated[str | None, typer.Option(help="The tenant a user token acts for.")] = None,
+    node: Annotated[str | None, typer.Option(help="The node an agent token acts for.")] = None,
+    job: Annotated[str | None, typer.Option(help="The job id a job token reports for.")] = None,
+    name: Annotated[str, typer.Option(help="A label, to tell tokens apart.")] = "",
+) -> None:
+    """Create a bearer token and print it once on stdout (it is stored only as a hash).
+
+    A user token needs --tenant, an agent token --node, a job token --job (an existing job);
+    an admin token takes none of them. The database is migrated first.
+    """
+    from pydantic import TypeAdapter
+    from pydantic import ValidationError as PydanticError
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from api.auth import Role, create_token
+    from api.db import make_engine
+    from api.schemas import Tenant
+    from api.tables import JobRow
+
+    _check_scope(role, {"tenant": tenant, "node": node, "job": job})
+    if tenant is not None:
+        try:
+            TypeAdapter(Tenant).validate_python(tenant)
+        except PydanticError:
+            _fail(
+                f"--tenant: {tenant!r} is not a tenant name (letters, digits, '.', '_', '-'; "
+                "at most 64)",
+                USAGE_ERROR_EXIT,
+            )
+    if len(name) > 128:
+        _fail("--name: at most 128 characters", USAGE_ERROR_EXIT)
+    settings = _settings()
+    url = settings.database_url
+    _migrate(url, settings.database_schema)
+    engine = make_engine(url, settings.database_schema)
+    try:
+        with Session(engine) as session:
+            if job is not None and session.get(JobRow, job) is None:
+                _fail(f"--job: no job {job!r} in {_shown_url(url)}", USAGE_ERROR_EXIT)
+            token = create_token(
+                session, Role(role), tenant=tenant, node=node, job_id=job, name=name
+            )
+    except ValueError as error:
+        _fail(str(error), USAGE_ERROR_EXIT)
+    except SQLAlchemyError as error:
+        _fail(_database_error(url, error), DATABASE_ERROR_EXIT)
+    finally:
+        engine.dispose()
+    typer.echo(token)
+    label = f" {name!r}" if name else ""
+    errors.print(f"Created {_article(role)} {role} token{label}; it is shown only once.")
+
+
+@admin_app.command("migrate")
+def migrate_command() -> None:
+    """Upgrade the database that SHOCKWAVE_DATABASE_URL names to the latest schema."""
+    settings = _settings()
+    url = settings.database_url
+    _migrate(url, settings.database_schema)
+    console.print(
+        f"Database {_shown_url(url)}{_schema_note(settings.database_schema)} is at the latest "
+        "schema (head).",
+        soft_wrap=True,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``): open mode's only hosts."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_scope(role: str, scopes: dict[str, str | None]) -> None:
+    if role not in ROLES:
+        _fail(f"--role: expected one of {', '.join(ROLES)}, got {role!r}", USAGE_ERROR_EXIT)
+    needed = SCOPES.get(role)
+    if needed is not None and not scopes[needed]:
+        _fail(f"{_article(role)} {role} token needs --{needed}", USAGE_ERROR_EXIT)
+    extra = [option for option, value in scopes.items() if value and option != needed]
+    if extra:
+        _fail(
+            f"--{extra[0]} does not apply to {_article(role)} {role} token"
+            + (f" (it takes --{needed} only)" if needed else ""),
+            USAGE_ERROR_EXIT,
+        )
+
+
+def _schema_note(schema: str | None) -> str:
+    return f", schema {schema}" if schema else ""
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError as PydanticError
+
+    from api.settings import Settings
+
+    try:
+        return Settings()
+    except PydanticError as error:
+        first = error.errors()[0]
+        where = "SHOCKWAVE_" + "_".join(str(part) for part in first["loc"]).upper()
+        _fail(f"{where}: {first['msg']}", USAGE_ERROR_EXIT)
+
+
+def _migrate(url: str, schema: str | None) -> None:
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from api.migrate import upgrade
+
+    try:
+        upgrade(url, schema)
+    except ArgumentError:
+        _fail(f"SHOCKWAVE_DATABASE_URL: cannot parse {url!r}", USAGE_ERROR_EXIT)
+    except SQLAlchemyError as error:
+        _fail(_database_error(url, error), DATABASE_ERROR_EXIT)
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with any password masked."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        _fail(f"SHOCKWAVE_DATABASE_URL: cannot parse {url!r}", USAGE_ERROR_EXIT)
+
+
+def _database_error(url: str, error: Exception) -> str:
+    cause = getattr(error, "orig", None) or error
+    lines = str(cause).strip().splitlines()
+    return f"cannot use the database {_shown_url(url)}: {lines[0] if lines else type(cause)}"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    errors.print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
+    raise typer.Exit(code)

@@ -1,0 +1,141 @@
+"""How the ``shockwave jobs`` commands show what the API returns: rich tables for people,
+JSON or YAML for scripts (the API's own fields, unchanged)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STATE_STYLES = {
+    "PENDING": "yellow",
+    "RUNNING": "bold green",
+    "SUSPENDED": "magenta",
+    "SUCCEEDED": "green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
+}
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+def dump(document: Any, output: OutputFormat, *, compact: bool = False) -> str:
+    """``document`` as JSON (indented, or one line when ``compact``) or as a YAML document."""
+    if output is OutputFormat.YAML:
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+        return f"---\n{text}" if compact else text.rstrip("\n")
+    if compact:
+        return json.dumps(document, separators=(",", ":"))
+    return json.dumps(document, indent=2)
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def short_time(stamp: str | None) -> str:
+    """An ISO timestamp from the API as local ``YYYY-MM-DD HH:MM:SS``."""
+    if not stamp:
+        return ""
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    if moment.tzinfo is not None:
+        moment = moment.astimezone()
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _progress(job: Mapping[str, Any]) -> str:
+    done = float(job.get("epochs_done", 0.0))
+    return f"{done:g}/{job.get('epochs', '?')}"
+
+
+def jobs_table(jobs: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
+    """One row per job: id, name, tenant, state, GPUs, mode, batch size, epochs, created."""
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    table.add_column("id", no_wrap=True, style="cyan", min_width=36)
+    table.add_column("name", overflow="fold", min_width=8)
+    table.add_column("tenant", overflow="fold", min_width=6)
+    table.add_column("state", no_wrap=True, min_width=9)
+    table.add_column("gpus", justify="right", no_wrap=True)
+    table.add_column("mode", no_wrap=True)
+    table.add_column("batch", justify="right", no_wrap=True)
+    table.add_column("epochs", justify="right", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    for job in jobs:
+        table.add_row(
+            str(job.get("id", "")),
+            str(job.get("name", "")),
+            str(job.get("tenant", "")),
+            state_text(str(job.get("state", ""))),
+            str(job.get("gpus", "")),
+            str(job.get("mode", "")),
+            str(job.get("batch_size", "")),
+            _progress(job),
+            short_time(job.get("created_at")),
+        )
+    return table
+
+
+def job_detail(job: Mapping[str, Any]) -> Table:
+    """Every field of one job, one per line."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, value in job.items():
+        if key == "state":
+            table.add_row(key, state_text(str(value)))
+        elif key in ("created_at", "updated_at"):
+            table.add_row(key, short_time(value))
+        elif isinstance(value, dict | list):
+            table.add_row(key, json.dumps(value) if value else "-")
+        else:
+            table.add_row(key, str(value))
+    return table
+
+
+def events_table(events: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
+    """One row per event: time, kind, client sequence number, reason, payload."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("time", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("seq", justify="right")
+    table.add_column("reason", overflow="fold")
+    table.add_column("payload", overflow="fold")
+    for event in events:
+        seq = event.get("seq")
+        payload = event.get("payload")
+        table.add_row(
+            short_time(event.get("created_at")),
+            str(event.get("kind", "")),
+            "" if seq is None else str(seq),
+            str(event.get("reason", "")),
+            json.dumps(payload, separators=(", ", ": ")) if payload else "",
+        )
+    return table
+
+
+def state_summary(jobs: Sequence[Mapping[str, Any]]) -> str:
+    """``"2 RUNNING, 5 PENDING"``: counts by state, in state-machine order."""
+    counts = Counter(str(job.get("state", "")) for job in jobs)
+    order = [s for s in STATE_STYLES if counts[s]] + sorted(set(counts) - set(STATE_STYLES))
+    return ", ".join(f"{counts[s]} {s}" for s in order) or "no jobs"
+
+
+def print_document(console: Console, document: Any, output: OutputFormat) -> None:
+    """JSON or YAML to stdout, unwrapped and without markup."""
+    console.file.write(dump(document, output) + "\n")
+    console.file.flush()

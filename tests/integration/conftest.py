@@ -1,0 +1,168 @@
+"""Fixtures for the integration tier: the API on a real PostgreSQL and on SQLite.
+
+Each test session migrates one Postgres schema of its own (``it_<random>``, dropped at the end)
+and one temporary SQLite file, both through the Alembic migrations. Tests that take ``database``
+(or ``app``, ``client``, ``tokens``) run once on each. Tables are emptied before every test.
+
+PostgreSQL must answer at ``SHOCKWAVE_TEST_POSTGRES_URL`` (default: the local server that
+``scripts/services.sh`` starts); if it does not, the tests fail, they are never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import MetaData, Table, create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session
+
+from api import migrate
+from api.app import create_app
+from api.auth import Role, create_token
+from api.db import make_engine
+from api.settings import Settings
+
+POSTGRES_URL = os.environ.get(
+    "SHOCKWAVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+TENANT_A = "tenant-a"
+TENANT_B = "tenant-b"
+NODE = "node-1"
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test session uses: ``<prefix>_<8 hex digits>``."""
+    return f"{prefix}_{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class Database:
+    """A migrated database the API can run on. ``url`` and ``schema`` are what the API's
+    settings get; ``engine`` (on that schema) is shared by every app built on it."""
+
+    kind: str
+    url: str
+    engine: Engine
+    schema: str | None = None
+
+    @cached_property
+    def tables(self) -> list[Table]:
+        """The migrated tables but ``alembic_version``, parents before children."""
+        metadata = MetaData()
+        metadata.reflect(self.engine)
+        return [t for t in metadata.sorted_tables if t.name != "alembic_version"]
+
+    def empty(self) -> None:
+        """Delete every row of every table, children first."""
+        with self.engine.begin() as connection:
+            for table in reversed(self.tables):
+                connection.execute(table.delete())
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Engine]:
+    """An autocommit engine on the Postgres server (for CREATE/DROP SCHEMA and DATABASE)."""
+    engine = create_engine(
+        POSTGRES_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+    )
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except OperationalError as error:
+        engine.dispose()
+        pytest.fail(
+            f"PostgreSQL is not reachable at {POSTGRES_URL} ({error.orig}). The integration "
+            "tests need it: run scripts/services.sh (CI does), or point "
+            "SHOCKWAVE_TEST_POSTGRES_URL at a server.",
+            pytrace=False,
+        )
+    yield engine
+    engine.dispose()
+
+
+@contextmanager
+def postgres_schema(server: Engine, prefix: str = "it") -> Iterator[str]:
+    """The name of a schema that is dropped (with everything in it) on exit."""
+    schema = unique_name(prefix)
+    try:
+        yield schema
+    finally:
+        with server.connect() as connection:
+            connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+
+
+@pytest.fixture(scope="session", params=["postgres", "sqlite"])
+def database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    if request.param == "postgres":
+        server: Engine = request.getfixturevalue("postgres_server")
+        with postgres_schema(server) as schema:
+            migrate.upgrade(POSTGRES_URL, schema=schema)
+            engine = make_engine(POSTGRES_URL, schema)
+            yield Database("postgres", POSTGRES_URL, engine, schema)
+            engine.dispose()
+    else:
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'shockwave.db'}"
+        migrate.upgrade(url)
+        engine = make_engine(url)
+        yield Database("sqlite", url, engine)
+        engine.dispose()
+
+
+def build_app(database: Database, *, open_mode: bool = False) -> FastAPI:
+    settings = Settings(
+        database_url=database.url, database_schema=database.schema, open_mode=open_mode
+    )
+    return create_app(settings, engine=database.engine)
+
+
+@pytest.fixture
+def app(database: Database) -> FastAPI:
+    """The API on ``database``, emptied, requiring tokens."""
+    database.empty()
+    return build_app(database)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    """A client that reports server errors as responses (tests assert there are none)."""
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Bearer tokens of each role: an admin, a user of tenant A, a user of tenant B, the agent
+    of node ``NODE``; :meth:`job` makes a job-scoped token."""
+
+    engine: Engine
+    admin: str
+    user_a: str
+    user_b: str
+    agent: str
+
+    def job(self, job_id: str) -> str:
+        with Session(self.engine) as session:
+            return create_token(session, Role.JOB, job_id=job_id, name=f"job {job_id}")
+
+
+@pytest.fixture
+def tokens(app: FastAPI, database: Database) -> Tokens:
+    with Session(database.engine) as session:
+        return Tokens(
+            engine=database.engine,
+            admin=create_token(session, Role.ADMIN, name="admin"),
+            user_a=create_token(session, Role.USER, tenant=TENANT_A, name="alice"),
+            user_b=create_token(session, Role.USER, tenant=TENANT_B, name="bob"),
+            agent=create_token(session, Role.AGENT, node=NODE, name="agent"),
+        )
