@@ -138,3 +138,86 @@ class NodeRow(SQLModel, table=True):
     state: str = Field(default="READY", index=True, max_length=16)
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     registered_at: datetime = _ts()
+
+
+class ClusterRow(SQLModel, table=True):
+    """The one scheduled cluster (id "default"): its policy, round length and where it stands.
+
+    ``state_version`` is bumped by every change a plan depends on (a job arrives or finishes,
+    a scaling event, a node joins or is lost); a plan made at an older version is stale.
+    ``policy_state`` is the policy's memory between solves (shockwave.state_codec JSON).
+    ``current_round`` is the round whose leases are out, -1 before the first.
+    """
+
+    __tablename__ = "clusters"
+
+    id: str = Field(primary_key=True, max_length=64)
+    policy: str = Field(default="shockwave", max_length=64)
+    replan: str = Field(default="reactive", max_length=16)
+    round_seconds: float = 120.0
+    state_version: int = 0
+    policy_state: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    current_round: int = -1
+    round_started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    round_ends_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    updated_at: datetime = _ts()
+
+
+class PlanRow(SQLModel, table=True):
+    """A solved plan: ``rounds[t]`` are the job ids for round ``base_round + t``."""
+
+    __tablename__ = "plans"
+    __table_args__ = (
+        UniqueConstraint("cluster_id", "state_version", "base_round", name="uq_plans_version"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: str = Field(foreign_key="clusters.id", index=True, max_length=64)
+    state_version: int
+    base_round: int
+    policy: str = Field(max_length=64)
+    rounds: list[list[str]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    objective: float | None = None
+    bound: float | None = None
+    gain_gap: float | None = None
+    status: str = Field(default="", max_length=32)
+    solver: str = Field(default="", max_length=32)
+    solve_seconds: float = 0.0
+    created_at: datetime = _ts()
+
+
+class RoundRow(SQLModel, table=True):
+    """A round the driver issued. ``source``: plan (the freshest plan), previous_plan (its next
+    column) or greedy (no plan at all): the fallbacks are counted from here."""
+
+    __tablename__ = "rounds"
+
+    cluster_id: str = Field(foreign_key="clusters.id", primary_key=True, max_length=64)
+    index: int = Field(primary_key=True)
+    plan_id: int | None = Field(default=None, foreign_key="plans.id")
+    source: str = Field(max_length=16)
+    jobs: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    started_at: datetime = _ts()
+    ends_at: datetime = _ts()
+
+
+class LeaseRow(SQLModel, table=True):
+    """One attempt to run a job on a node's GPUs for a round (the id is the attempt id).
+
+    ``state``: ISSUED -> STARTED -> RUNNING -> CHECKPOINTED | EXITED, or REVOKED (the driver
+    took it back) / LOST (the node stopped heartbeating). ``gpus`` are local GPU indices.
+    """
+
+    __tablename__ = "leases"
+    __table_args__ = (Index("ix_leases_node_state", "node_id", "state"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=36, ondelete="CASCADE")
+    node_id: str = Field(foreign_key="nodes.id", max_length=128)
+    round_index: int = Field(index=True)
+    gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    state: str = Field(default="ISSUED", max_length=16)
+    exit_code: int | None = None
+    issued_at: datetime = _ts()
+    ends_at: datetime = _ts()
+    updated_at: datetime = _ts()

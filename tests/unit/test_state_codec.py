@@ -1,0 +1,75 @@
+"""Policy state survives a trip through JSON: a worker that stores it between solves decides
+exactly as a process that kept it in memory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import pytest
+
+from shockwave.policy import Decision, Policy, get_policy, make_params
+from shockwave.simulator import simulate
+from shockwave.snapshot import Snapshot
+from shockwave.state_codec import StateCodecError, decode, encode
+from tests.builders import cluster, sim_job, workload
+
+
+class ThroughJson:
+    """Wraps a policy; hands it back its state only after encoding it to JSON text and back."""
+
+    name: ClassVar[str] = "through-json"
+    Params: ClassVar[type[Any]] = dict
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        decision = self.inner.decide(snapshot, params)
+        stored = json.loads(json.dumps(encode(decision.state)))
+        return replace(decision, state=decode(stored))
+
+
+def mixed_workload() -> Any:
+    return workload(
+        *(
+            sim_job(
+                str(i),
+                [(32, 2 + i % 3, 40.0 + 9 * i), (64, 1 + i % 2, 30.0)],
+                gpus=(1, 2, 4)[i % 3],
+                arrival=50.0 * i,
+            )
+            for i in range(10)
+        )
+    )
+
+
+@pytest.mark.parametrize("name", ["shockwave", "gavel", "themis", "allox", "ossp", "fifo"])
+def test_decisions_do_not_change_when_state_goes_through_json(name: str) -> None:
+    policy = get_policy(name)
+    params = make_params(policy)
+    direct = simulate(mixed_workload(), cluster(8, 4), policy, params)
+    stored = simulate(mixed_workload(), cluster(8, 4), ThroughJson(policy), params)
+    rounds = [dict(r.assignment) for r in stored.rounds]
+    assert rounds == [dict(r.assignment) for r in direct.rounds]
+    assert stored.makespan_s == direct.makespan_s
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"__t": "dc", "type": "os:system", "fields": {}},
+        {"__t": "dc", "type": "shockwave.nope:Missing", "fields": {}},
+        {"__t": "weird"},
+        {"plain": "object"},
+    ],
+)
+def test_stored_state_cannot_name_arbitrary_code(data: Any) -> None:
+    with pytest.raises(StateCodecError):
+        decode(data)
+
+
+def test_unencodable_values_are_refused() -> None:
+    with pytest.raises(StateCodecError, match="object"):
+        encode(object())
