@@ -9,7 +9,7 @@ from sqlalchemy.engine import Engine
 from api import errors
 from api.db import make_engine
 from api.observability import ApiMetrics, HttpMetricsMiddleware
-from api.routes import cluster, events, health, jobs, metrics, prediction
+from api.routes import agent, cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
 
 
@@ -50,4 +50,5 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(prediction.router)
     app.include_router(cluster.router)
     app.include_router(metrics.router)
+    app.include_router(agent.router)
     return app

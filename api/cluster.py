@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
@@ -14,7 +15,7 @@ from sqlmodel import Session, col, select
 from api.auth import Principal, Role, require
 from api.errors import Problem
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page
-from api.tables import JobRow, NodeRow
+from api.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import JobState
 
@@ -132,3 +133,48 @@ def _decode_token(token: str) -> str:
     if prefix != "node" or not last_id or "\x00" in last_id:
         raise Problem(422, "Invalid request", "malformed page_token", field="page_token")
     return last_id
+
+
+def schedule_view(session: Session, principal: Principal) -> dict[str, Any] | None:
+    """The current round (who runs, where its jobs came from) and the plan it used, or None
+    before the first round. A user sees only its own tenant's jobs; an agent sees counts."""
+    row = session.get(ClusterRow, "default")
+    if row is None or row.current_round < 0:
+        return None
+    current = session.get(RoundRow, ("default", row.current_round))
+    if current is None:
+        return None
+    jobs = list(current.jobs)
+    if principal.role is Role.USER:
+        own = set(
+            session.exec(
+                select(JobRow.id).where(col(JobRow.id).in_(jobs), JobRow.tenant == principal.tenant)
+            ).all()
+        )
+        jobs = [j for j in jobs if j in own]
+    elif principal.role is not Role.ADMIN:
+        jobs = []
+    plan = session.get(PlanRow, current.plan_id) if current.plan_id is not None else None
+    return {
+        "round": current.index,
+        "started_at": current.started_at.isoformat(),
+        "ends_at": current.ends_at.isoformat(),
+        "source": current.source,
+        "jobs": jobs,
+        "running_jobs": len(current.jobs),
+        "plan": None
+        if plan is None
+        else {
+            "id": plan.id,
+            "base_round": plan.base_round,
+            "state_version": plan.state_version,
+            "cluster_version": row.state_version,
+            "rounds_planned": len(plan.rounds),
+            "policy": plan.policy,
+            "status": plan.status,
+            "solver": plan.solver,
+            "objective": plan.objective,
+            "gain_gap": plan.gain_gap,
+            "solve_seconds": plan.solve_seconds,
+        },
+    }

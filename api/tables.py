@@ -188,7 +188,10 @@ class PlanRow(SQLModel, table=True):
 
 class RoundRow(SQLModel, table=True):
     """A round the driver issued. ``source``: plan (the freshest plan), previous_plan (its next
-    column) or greedy (no plan at all): the fallbacks are counted from here."""
+    column) or greedy (no plan at all): the fallbacks are counted from here. ``jobs``: the jobs
+    placed, highest priority first. ``plan_age_s``: how old the plan was at the boundary (None
+    for greedy). ``leases_*``: what the boundary did to leases (issued new attempts, extended
+    continuing ones, revoked the rest)."""
 
     __tablename__ = "rounds"
 
@@ -199,6 +202,10 @@ class RoundRow(SQLModel, table=True):
     jobs: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     started_at: datetime = _ts()
     ends_at: datetime = _ts()
+    plan_age_s: float | None = None
+    leases_issued: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    leases_extended: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    leases_revoked: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class LeaseRow(SQLModel, table=True):

@@ -54,8 +54,12 @@ def list_nodes(
 @router.get(
     "/schedule", response_model=SchedulePublic, responses=PROBLEMS, summary="Current round and plan"
 )
-def get_schedule(principal: CurrentPrincipal) -> SchedulePublic:
-    """The current round and its plan. Until a round driver runs (it stores rounds and plans),
-    both are null and ``reason`` says why; this endpoint never invents a schedule."""
+def get_schedule(principal: CurrentPrincipal, session: SessionDep) -> SchedulePublic:
+    """The current round: its jobs, where they came from (the fresh plan, the previous plan's
+    next round, or the greedy fallback) and the plan's solve figures. Before the round driver
+    has run, both are null and ``reason`` says why; this endpoint never invents a schedule."""
     require(principal, Role.ADMIN, Role.USER, Role.AGENT)
-    return SchedulePublic(round=None, plan=None, reason=NO_ROUND_REASON)
+    view = cluster.schedule_view(session, principal)
+    if view is None:
+        return SchedulePublic(round=None, plan=None, reason=NO_ROUND_REASON)
+    return SchedulePublic(round=view["round"], plan=view, reason=f"round from {view['source']}")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
-from api import progress, repository
+from api import planning_hooks, progress, repository
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.observability import MetricsDep
@@ -60,6 +60,8 @@ def post_event(
     def act() -> repository.Response:
         status, row = progress.record_event(session, principal, job_id, event)
         session.flush()
+        if status == 201 and event.kind == "scaling":
+            planning_hooks.bump_and_request(session, "batch size changed")
         body = progress.event_public(row).model_dump(mode="json")
         return status, body, f"/v1/jobs/{job_id}/events/{row.id}"
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from api import repository
+from api import planning_hooks, repository
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
@@ -52,6 +52,7 @@ def submit_job(
     def act() -> repository.Response:
         row = repository.create_job(session, principal, data)
         session.flush()
+        planning_hooks.bump_and_request(session, "job submitted")
         body = repository.public(row).model_dump(mode="json")
         return 201, body, f"/v1/jobs/{row.id}"
 
@@ -99,6 +100,7 @@ def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal)
 )
 def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
     row = repository.cancel_job(session, principal, job_id)
+    planning_hooks.bump_and_request(session, "job cancelled")
     session.commit()
     session.refresh(row)
     return repository.public(row)

@@ -5,7 +5,8 @@ table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs 
 ``generate`` (write a synthetic workload in the reference formats), ``predict-report`` (how well
 the regime predictor knows each job's future, the paper's modeling-error figure) and
 ``policies`` (list the registered policies). ``api``, ``admin`` and ``jobs`` serve and use the
-REST API (shockwave/cli/api_commands.py, jobs_commands.py).
+REST API (shockwave/cli/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
+(shockwave/cli/service_commands.py).
 
 Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
 one red line naming the file, line or option, with exit code 2 and no traceback.
@@ -54,6 +55,7 @@ from shockwave.cli.report import (
     write_jobs_csv,
     write_json,
 )
+from shockwave.cli.service_commands import driver_command, up_command, worker_command
 from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import AdaptationMode, Cluster, ValidationError
@@ -440,3 +442,6 @@ def _fail(message: str) -> NoReturn:
 app.command("api")(api_command)
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
+app.command("worker")(worker_command)
+app.command("driver")(driver_command)
+app.command("up")(up_command)

@@ -30,6 +30,7 @@ from api.app import create_app
 from api.auth import Role, create_token
 from api.db import make_engine
 from api.settings import Settings
+from solver_service import enqueue
 
 POSTGRES_URL = os.environ.get(
     "SHOCKWAVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -66,6 +67,31 @@ class Database:
         with self.engine.begin() as connection:
             for table in reversed(self.tables):
                 connection.execute(table.delete())
+
+
+class RecordedPlanRequests:
+    """A plan requester that records ``(cluster_id, state_version)`` instead of sending it."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int]] = []
+
+    def request(self, cluster_id: str, state_version: int) -> None:
+        self.requests.append((cluster_id, state_version))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def plan_requests() -> Iterator[RecordedPlanRequests]:
+    """The plan requests the API makes in a test, recorded rather than sent to a broker (tests
+    of the solver service install a real requester with ``enqueue.install``)."""
+    recorder = RecordedPlanRequests()
+    previous = enqueue.install(recorder)
+    try:
+        yield recorder
+    finally:
+        enqueue.install(previous)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,146 @@
+"""Bodies of the agent endpoints (/v1/agent): what a node agent sends and what it gets back.
+
+An agent acts for the node its token names; an admin may act for any node by naming it in
+``node``. Text is bounded and free of control characters, so nothing an agent sends can break a
+column (Postgres refuses NUL in text).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from api.schemas import INT4_MAX
+from shockwave.lifecycle import JobState
+
+NodeId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+"""A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
+
+Label = Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Hostname = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+ExitCode = Annotated[int, Field(ge=-(2**31), le=INT4_MAX)]
+
+AttemptIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]
+"""An attempt (lease) id as a path segment: bounded and without NUL."""
+
+LeaseState = Literal["ISSUED", "STARTED", "RUNNING", "CHECKPOINTED", "EXITED", "REVOKED", "LOST"]
+
+
+class NodeRegister(BaseModel):
+    """An agent announces its machine: ``gpus`` GPUs of ``gpu_type`` on ``hostname``.
+    Registering again updates the node and makes it READY."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: Annotated[int, Field(ge=1, le=1024)]
+    gpu_type: Label = ""
+    hostname: Hostname
+    node: NodeId | None = Field(default=None, description="Admins only: the node to act for.")
+
+
+class NodeHeartbeat(BaseModel):
+    """A sign of life. An empty body is fine for an agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: NodeId | None = Field(default=None, description="Admins only: the node to act for.")
+
+
+class NodeStatus(BaseModel):
+    """The node as the server sees it after a register or heartbeat, with the current round.
+    ``state_version``: the cluster's version after the call (a register bumps it)."""
+
+    id: str
+    hostname: str
+    gpus: int
+    gpu_type: str
+    state: Literal["READY", "LOST"]
+    last_heartbeat_at: datetime | None
+    registered_at: datetime
+    current_round: int
+    round_ends_at: datetime | None
+    state_version: int
+
+
+class LeasePublic(BaseModel):
+    """One attempt to run a job on this node until ``ends_at`` (the round's end).
+
+    ``gpus`` are local GPU indices. ``env`` is what the job's process needs to start (SPEC
+    section 6): CUDA_VISIBLE_DEVICES, SHOCKWAVE_JOB_ID, SHOCKWAVE_ATTEMPT_ID,
+    SHOCKWAVE_BATCH_SIZE and SHOCKWAVE_CHECKPOINT_DIR; the agent adds SHOCKWAVE_API_URL and the
+    job-scoped token (POST .../token). ``checkpoint_dir`` is a suggestion relative to the agent's
+    work directory, the same for every attempt of the job, so a resumed attempt finds the last
+    checkpoint (on several nodes it must be shared storage)."""
+
+    attempt_id: str
+    job_id: str
+    node: str
+    round_index: int
+    gpus: list[int]
+    ends_at: datetime
+    state: LeaseState
+    batch_size: int
+    checkpoint_dir: str
+    env: dict[str, str]
+
+
+class NodeLeases(BaseModel):
+    """What a node must run now (``leases``) and what it must stop (``stop``: attempt ids).
+
+    ``stop`` holds this node's attempts revoked or lost in the last rounds, and every attempt
+    the agent said it runs (``running``) that is not one of ``leases``: an agent reports what it
+    runs, the server answers with what must stop. Anything the agent runs that is not in
+    ``leases`` must stop too."""
+
+    node: str
+    current_round: int
+    round_ends_at: datetime | None
+    leases: list[LeasePublic]
+    stop: list[str]
+
+
+class LeaseStatusReport(BaseModel):
+    """What happened to an attempt: ``started`` (the process is up), ``running`` (still up),
+    ``checkpointed`` (it saved its state and stopped), ``exited`` (it ended with
+    ``exit_code``, required for ``exited`` only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: Literal["started", "running", "checkpointed", "exited"]
+    exit_code: ExitCode | None = Field(default=None, validate_default=True)
+
+    @field_validator("exit_code")
+    @classmethod
+    def _exit_code_with_exited(cls, value: int | None, info: ValidationInfo) -> int | None:
+        exited = info.data.get("state") == "exited"
+        if exited and value is None:
+            raise ValueError("required when state is 'exited'")
+        if not exited and value is not None:
+            raise ValueError("only allowed when state is 'exited'")
+        return value
+
+
+class LeaseStatusPublic(BaseModel):
+    """The attempt and its job after a report. ``stop``: the attempt must not run (it was
+    revoked or its job has finished); false while it may keep running until ``ends_at``."""
+
+    attempt_id: str
+    job_id: str
+    state: LeaseState
+    job_state: JobState
+    ends_at: datetime
+    stop: bool
+
+
+class JobTokenPublic(BaseModel):
+    """A token scoped to one job, for its training process (SHOCKWAVE_TOKEN): it may post
+    that job's events and read that job, nothing else. Shown once; stored hashed."""
+
+    attempt_id: str
+    job_id: str
+    token: str

@@ -1,0 +1,136 @@
+"""/v1/agent: node agents register, heartbeat, poll their leases and report on attempts.
+
+Every operation needs an agent token (acting for its own node) or an admin token (naming the
+node). See :mod:`api.agent` for what each one does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+
+from api import agent
+from api.agent_schemas import (
+    AttemptIdPath,
+    JobTokenPublic,
+    LeaseStatusPublic,
+    LeaseStatusReport,
+    NodeHeartbeat,
+    NodeLeases,
+    NodeRegister,
+    NodeStatus,
+)
+from api.deps import CurrentPrincipal, SessionDep
+from api.errors import Problem, openapi_problems
+
+router = APIRouter(prefix="/v1/agent", tags=["agent"])
+
+PROBLEMS = openapi_problems(
+    (401, "Missing or unknown token"),
+    (403, "Only agents and admins"),
+    (404, "No such node or attempt (or not the caller's node)"),
+    (413, "Request body too large"),
+    (422, "Invalid input; names the field"),
+)
+STALE: dict[int | str, dict[str, Any]] = {
+    **PROBLEMS,
+    **openapi_problems((409, "The attempt must stop (revoked, lost or its job finished)")),
+}
+
+
+@router.post("/register", response_model=NodeStatus, responses=PROBLEMS, summary="Register a node")
+def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipal) -> NodeStatus:
+    """Announce the node's GPUs, GPU type and hostname; the node is READY. Registering again
+    updates it. The cluster's capacity changed, so a new plan is requested."""
+    node_id = agent.acting_node(principal, data.node)
+    node = agent.register(session, node_id, data)
+    session.commit()
+    return agent.node_status(session, node)
+
+
+@router.post("/heartbeat", response_model=NodeStatus, responses=PROBLEMS, summary="Heartbeat")
+def heartbeat(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    data: Annotated[NodeHeartbeat | None, Body()] = None,
+) -> NodeStatus:
+    """A sign of life; send one every few seconds. A node silent for the round driver's TTL is
+    marked LOST and its jobs go back to the queue."""
+    node_id = agent.acting_node(principal, data.node if data else None)
+    node = agent.heartbeat(session, node_id)
+    session.commit()
+    return agent.node_status(session, node)
+
+
+@router.get("/leases", response_model=NodeLeases, responses=PROBLEMS, summary="Poll leases")
+def leases(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    node: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$",
+            description="Admins only: the node whose leases to read.",
+        ),
+    ] = None,
+    running: Annotated[
+        str | None,
+        Query(
+            max_length=8192,
+            pattern=r"^[A-Za-z0-9,-]*$",
+            description="Comma-separated attempt ids the agent runs now; those that must stop "
+            "come back in `stop`.",
+        ),
+    ] = None,
+) -> NodeLeases:
+    """The leases the node must run now and the attempts it must stop."""
+    node_id = agent.acting_node(principal, node)
+    attempts = [a for a in (running or "").split(",") if a]
+    return agent.node_leases(session, node_id, attempts)
+
+
+@router.post(
+    "/leases/{attempt_id}/status",
+    response_model=LeaseStatusPublic,
+    responses=STALE,
+    summary="Report an attempt's status",
+)
+def report_status(
+    attempt_id: AttemptIdPath,
+    report: LeaseStatusReport,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+) -> LeaseStatusPublic:
+    """Report that the attempt started, is running, checkpointed, or exited with a code. A
+    report for an attempt that must not run is a 409 problem with ``stop: true``. The same
+    report twice gets the same answer."""
+    outcome = agent.report_status(session, principal, attempt_id, report)
+    session.commit()
+    if outcome.refused is not None:
+        raise Problem(
+            409,
+            "Stale attempt",
+            f"{outcome.refused}: stop it",
+            stop=True,
+            attempt_id=attempt_id,
+            job_state=outcome.status.job_state.value,
+        )
+    return outcome.status
+
+
+@router.post(
+    "/leases/{attempt_id}/token",
+    status_code=201,
+    response_model=JobTokenPublic,
+    responses=STALE,
+    summary="Get a job-scoped token for an attempt",
+)
+def job_token(
+    attempt_id: AttemptIdPath, session: SessionDep, principal: CurrentPrincipal
+) -> JobTokenPublic:
+    """A new token for the attempt's job (its SHOCKWAVE_TOKEN): it may post that job's events
+    and read the job, nothing else. Shown once."""
+    return agent.job_token(session, principal, attempt_id)

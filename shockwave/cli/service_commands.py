@@ -1,0 +1,232 @@
+"""The service's long-running processes: ``shockwave worker`` (a solver worker) and its peers.
+
+Each command reads its settings once, from the environment, and imports the service (Celery,
+SQLAlchemy, the API) only when it runs, so the simulator's commands start as fast as before.
+One section per command; main.py registers each with ``app.command(name)(function)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# --- shockwave worker ------------------------------------------------------------------------
+
+
+def worker_command(
+    concurrency: Annotated[
+        int, typer.Option(help="Worker processes: plans solved at the same time.", min=1)
+    ] = 1,
+    log_level: Annotated[
+        str, typer.Option(help="Log level: critical, error, warning, info, debug.")
+    ] = "info",
+) -> None:
+    """Run a solver worker: a Celery worker on the solver queue that plans clusters.
+
+    SHOCKWAVE_BROKER_URL names the broker (default redis://127.0.0.1:6379/0),
+    SHOCKWAVE_DATABASE_URL the database plans are read from and written to, and
+    SHOCKWAVE_SOLVER_QUEUE the queue (default solver). Start as many workers as you like.
+    """
+    from solver_service.celery_app import app
+    from solver_service.settings import SolverSettings
+
+    settings = SolverSettings()
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            settings.solver_queue,
+            "--concurrency",
+            str(concurrency),
+            "--prefetch-multiplier",
+            "1",
+            "--loglevel",
+            log_level,
+            "--hostname",
+            f"solver-{os.getpid()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+# --- shockwave driver ------------------------------------------------------------------------
+
+
+def driver_command(
+    round_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="Round length in seconds, set on the cluster (default: the cluster's).", min=0.01
+        ),
+    ] = None,
+    node_ttl: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds without a heartbeat before a node is LOST (default 30).", min=0.01
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve Prometheus metrics on this port (0: off).", min=0, max=65535)
+    ] = 0,
+    log_level: Annotated[
+        str, typer.Option(help="Log level: critical, error, warning, info, debug.")
+    ] = "info",
+) -> None:
+    """Run the round driver: at every round boundary it turns the freshest plan into leases
+    (previous plan or greedy as fallbacks), half-way through a round it asks for the next plan,
+    and it marks silent nodes LOST.
+
+    Start two for a standby: on Postgres one holds an advisory lock and drives, the other
+    waits and takes over within a round if the first dies. SHOCKWAVE_DATABASE_URL names the
+    database (migrated: `shockwave admin migrate`); plans are requested through the solver
+    service (SHOCKWAVE_SOLVER_MODE, SHOCKWAVE_BROKER_URL, as for `shockwave worker`).
+    """
+    import logging
+    import signal
+    import threading
+
+    from pydantic import ValidationError as PydanticError
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from api.db import make_engine
+    from solver_service.driver import DriverSettings, RoundDriver
+    from solver_service.enqueue import request_plan, shutdown
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = DriverSettings()
+    except PydanticError as error:
+        first = error.errors()[0]
+        where = "SHOCKWAVE_" + "_".join(str(part) for part in first["loc"]).upper()
+        typer.echo(f"error: {where}: {first['msg']}", err=True)
+        raise typer.Exit(2) from None
+    overrides = {"round_seconds": round_seconds, "node_ttl_s": node_ttl}
+    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    engine = make_engine(settings.database_url, settings.database_schema)
+    try:
+        migrated = inspect(engine).has_table("rounds")
+    except SQLAlchemyError:
+        migrated = True  # unreachable for now: the driver retries until it answers
+    if not migrated:
+        typer.echo("error: the database is not migrated: run `shockwave admin migrate`", err=True)
+        raise typer.Exit(1)
+    driver = RoundDriver(engine, settings, request_plan=request_plan)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=driver.metrics.registry)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    standby = " (a standby until it holds the lock)" if engine.dialect.name == "postgresql" else ""
+    typer.echo(
+        f"Round driver on {engine.url.render_as_string(hide_password=True)}"
+        f"{f', metrics on :{metrics_port}' if metrics_port else ''}{standby}",
+        err=True,
+    )
+    try:
+        driver.run(stop)
+    finally:
+        shutdown()
+        engine.dispose()
+
+
+# --- shockwave up ----------------------------------------------------------------------------
+
+
+def up_command(
+    port: Annotated[int, typer.Option(help="Port the API listens on.", min=1, max=65535)] = 8000,
+    db: Annotated[
+        Path, typer.Option(help="SQLite file (created and migrated if new).", dir_okay=False)
+    ] = Path("shockwave.db"),
+    round_seconds: Annotated[
+        float, typer.Option(help="Round length in seconds.", min=0.1, max=86400)
+    ] = 120.0,
+    policy: Annotated[
+        str, typer.Option(help="Scheduling policy (`shockwave policies` lists them).")
+    ] = "shockwave",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (loopback only in open mode).")
+    ] = "127.0.0.1",
+    open_mode: Annotated[
+        bool,
+        typer.Option(
+            "--open/--no-open",
+            help="Open mode: requests without a token act as admin (loopback hosts only). "
+            "--no-open requires tokens (`shockwave admin create-token`).",
+        ),
+    ] = True,
+    log_level: Annotated[
+        str, typer.Option(help="Log level: critical, error, warning, info, debug.")
+    ] = "info",
+) -> None:
+    """Run the whole service in one process: the API, the round driver and the solver, on a
+    SQLite file, with no Redis or Postgres. Stop it with Ctrl-C (or SIGTERM).
+
+    Open mode (the default) serves requests without a token as an admin, so it listens on
+    loopback addresses only. The implementation is solver_service/embedded.py.
+    """
+    import logging
+    import signal
+
+    from shockwave.cli.api_commands import _fail, _migrate, is_loopback
+    from shockwave.policy import UnknownPolicyError, get_policy
+
+    if open_mode and not is_loopback(host):
+        _fail(
+            f"open mode serves every request as an admin, so it listens on loopback addresses "
+            f"only (127.0.0.1, ::1, localhost), not {host!r}: use --no-open and tokens "
+            "(`shockwave admin create-token`) to listen elsewhere",
+            2,
+        )
+    try:
+        get_policy(policy)
+    except UnknownPolicyError as error:
+        _fail(f"--policy: {error}", 2)
+    if not db.parent.is_dir():
+        _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
+
+    from solver_service import embedded
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if log_level.lower() != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    config = embedded.EmbeddedConfig(
+        database=db,
+        host=host,
+        port=port,
+        round_seconds=round_seconds,
+        policy=policy,
+        open_mode=open_mode,
+        log_level=log_level.lower(),
+    )
+    service = None
+    try:
+        with embedded.claim(config) as listener:
+            _migrate(config.database_url, None)
+            service = embedded.Embedded(config)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: service.stop.set() if service else None)
+            service.start(listener)
+            for line in embedded.banner(config):
+                typer.echo(line)
+            died = service.wait()
+            typer.echo("Stopping: API, round driver, solver ...", err=True)
+            service.close()
+            if died is not None:
+                _fail(f"{died} stopped unexpectedly", 1)
+    except embedded.CannotStart as error:
+        _fail(str(error), 1)
+    finally:
+        if service is not None:
+            service.close()
+    typer.echo("Stopped.", err=True)

@@ -1,0 +1,371 @@
+"""The round driver: the clock of the cluster. It turns plans into leases, one round at a time.
+
+Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
+
+1. Lead or stand by. On Postgres exactly one driver is active: it holds a session-level
+   advisory lock (``pg_try_advisory_lock``) on a dedicated connection for as long as it runs.
+   Any other instance stands by, trying the lock every step; when the active one dies its
+   connection closes, Postgres releases the lock, and a standby takes over at its next step
+   (``tick_s``, well within a round). On SQLite (the embedded deployment, one process) there
+   is no lock: the process runs one driver.
+2. Mark nodes LOST whose last heartbeat is older than ``node_ttl_s``; their jobs go back to
+   the queue and a plan is requested at the cluster's new version.
+3. At the round boundary (the current round's end, or at once before the first round and
+   after a takeover that missed one) materialize round ``current_round + 1``
+   (:func:`solver_service.leases.start_round`). Rounds are never skipped: a late boundary
+   starts the next round now, with a full round's length.
+4. Half-way through a round, ask for the next round's plan (``request_plan``), once a round.
+
+Time comes from the injected ``clock`` and waiting from the injected ``sleep``, so tests run
+rounds of milliseconds by calling :meth:`step` with the times they choose.
+
+Metrics (Prometheus, on the driver's own registry, ``shockwave_driver_`` prefix): rounds by
+source (``plan``, ``previous_plan``, ``greedy``: the last two are fallbacks), leases issued,
+extended and revoked, nodes lost, plan requests, the plan's age at the last boundary, the solve
+time and gap of the plan used, the current round and whether this instance leads. The same
+figures per round are stored in ``rounds`` for the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+from sqlmodel import Session
+
+from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
+from api.tables import ClusterRow
+from solver_service import leases
+from solver_service.leases import SOURCES, LostNodes, RoundOutcome
+
+log = logging.getLogger(__name__)
+
+SLACK_S = 1e-3
+"""Times are stored to the microsecond: a step this close to a due time counts as on time."""
+
+PlanRequest = Callable[[str, int], None]
+"""``request_plan(cluster_id, state_version)``: ask for a plan; must not block for long."""
+
+
+def no_plan_requests(cluster_id: str, state_version: int) -> None:
+    """A ``request_plan`` that asks nobody (rounds then come from the greedy fallback)."""
+    log.debug("no solver: plan %s@%s not requested", cluster_id, state_version)
+
+
+class DriverSettings(BaseSettings):
+    """``round_seconds``: when set, the cluster's round length is set to it at start (else the
+    cluster's own, 120 s by default). ``node_ttl_s``: a node silent for longer is LOST.
+    ``tick_s``: the longest the loop sleeps between steps (a standby tries the lock this
+    often). ``database_url`` / ``database_schema``: as for the API (prefix SHOCKWAVE_)."""
+
+    model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
+
+    database_url: str = "sqlite:///./shockwave.db"
+    database_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    round_seconds: float | None = Field(default=None, gt=0, le=86400)
+    node_ttl_s: float = Field(default=30.0, gt=0)
+    tick_s: float = Field(default=0.5, gt=0, le=60)
+
+
+class DriverMetrics:
+    """The driver's Prometheus metrics on ``registry`` (a new one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.rounds = Counter(
+            "shockwave_driver_rounds",
+            "Rounds started, by source: plan (fresh), previous_plan and greedy (fallbacks).",
+            ["source"],
+            registry=r,
+        )
+        self.leases = Counter(
+            "shockwave_driver_leases",
+            "Leases at round boundaries, by action: issued, extended, revoked.",
+            ["action"],
+            registry=r,
+        )
+        self.nodes_lost = Counter(
+            "shockwave_driver_nodes_lost", "Nodes marked LOST for silence.", registry=r
+        )
+        self.plan_requests = Counter(
+            "shockwave_driver_plan_requests", "Plans asked for half-way through rounds.", registry=r
+        )
+        self.plan_age = Gauge(
+            "shockwave_driver_plan_age_seconds",
+            "Age of the plan used at the last boundary (NaN when greedy).",
+            registry=r,
+        )
+        self.plan_solve = Gauge(
+            "shockwave_driver_plan_solve_seconds",
+            "Solve time of the plan used at the last boundary (NaN when greedy).",
+            registry=r,
+        )
+        self.plan_gap = Gauge(
+            "shockwave_driver_plan_gap",
+            "Relative gap of the plan used at the last boundary (NaN when unknown).",
+            registry=r,
+        )
+        self.current_round = Gauge(
+            "shockwave_driver_current_round", "The round whose leases are out.", registry=r
+        )
+        self.leader = Gauge(
+            "shockwave_driver_leader", "1 while this instance is the active driver.", registry=r
+        )
+        for source in SOURCES:
+            self.rounds.labels(source)
+        for action in ("issued", "extended", "revoked"):
+            self.leases.labels(action)
+
+    def observe_round(self, outcome: RoundOutcome) -> None:
+        self.rounds.labels(outcome.source).inc()
+        self.leases.labels("issued").inc(outcome.issued)
+        self.leases.labels("extended").inc(outcome.extended)
+        self.leases.labels("revoked").inc(outcome.revoked)
+        self.plan_age.set(_or_nan(outcome.plan_age_s))
+        self.plan_solve.set(_or_nan(outcome.plan_solve_s))
+        self.plan_gap.set(_or_nan(outcome.plan_gap))
+        self.current_round.set(outcome.index)
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+class LeaderLock:
+    """A Postgres session-level advisory lock on a connection of its own (no pool: closing it
+    really ends the session, and with it the lock)."""
+
+    def __init__(self, engine: Engine, key: int) -> None:
+        self._engine = create_engine(engine.url, poolclass=NullPool)
+        self._key = key
+        self._connection: Connection | None = None
+        self._held = False
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def hold(self) -> bool:
+        """Whether this instance holds the lock now: checks a held lock's connection is alive,
+        else tries to take the lock."""
+        try:
+            if self._connection is None:
+                self._connection = self._engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT"
+                )
+            if self._held:
+                self._connection.execute(text("SELECT 1"))
+                return True
+            taken = self._connection.execute(
+                text("SELECT pg_try_advisory_lock(:key)"), {"key": self._key}
+            ).scalar_one()
+            self._held = bool(taken)
+        except SQLAlchemyError as error:
+            if self._held:
+                log.warning("round driver: lost the leader lock's connection (%s)", error)
+            self.release()
+        return self._held
+
+    def release(self) -> None:
+        """Give the lock up by closing its connection."""
+        connection, self._connection, self._held = self._connection, None, False
+        if connection is not None:
+            try:
+                connection.close()
+            except SQLAlchemyError as error:
+                log.debug("round driver: closing the lock connection failed: %s", error)
+
+    def close(self) -> None:
+        self.release()
+        self._engine.dispose()
+
+
+def lock_key(cluster_id: str, schema: str | None) -> int:
+    """The advisory lock's 64-bit key: one per cluster and database schema."""
+    digest = hashlib.sha256(f"shockwave-round-driver:{schema or ''}:{cluster_id}".encode())
+    return int.from_bytes(digest.digest()[:8], "big", signed=True)
+
+
+class RoundDriver:
+    """Runs the rounds of one cluster (module docstring). ``request_plan`` asks the solver
+    service for a plan; ``registry`` receives the metrics (``self.metrics.registry``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DriverSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        request_plan: PlanRequest = no_plan_requests,
+        cluster_id: str = DEFAULT_CLUSTER,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.cluster_id = cluster_id
+        self.metrics = DriverMetrics(registry)
+        self._clock = clock
+        self._sleep = sleep
+        self._request_plan = request_plan
+        self._lock: LeaderLock | None = None
+        if engine.dialect.name == "postgresql":
+            self._lock = LeaderLock(engine, lock_key(cluster_id, settings.database_schema))
+        self._leading = False
+        self._requested_round: int | None = None
+        self.last_round: RoundOutcome | None = None
+        self.last_lost: LostNodes | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading
+
+    def step(self, now: float) -> bool:
+        """Do whatever is due at ``now``; whether anything was done (a standby does nothing)."""
+        if not self._lead():
+            return False
+        did = False
+        lost = self._mark_lost(now)
+        did = lost is not None
+        cluster = self._cluster()
+        if _boundary_due(cluster, now):
+            outcome = self._start_round(now)
+            did = True
+            log.info(
+                "round %s (%s): %s jobs, leases %s issued, %s extended, %s revoked",
+                outcome.index,
+                outcome.source,
+                len(outcome.jobs),
+                outcome.issued,
+                outcome.extended,
+                outcome.revoked,
+            )
+            cluster = self._cluster()
+        if _halfway_due(cluster, now) and self._requested_round != cluster.current_round:
+            self._requested_round = cluster.current_round
+            self._ask(cluster.state_version)
+            did = True
+        return did
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until ``stop`` is set, sleeping until the next thing is due (at most
+        ``tick_s``); a database outage is logged and retried. Releases the lock at the end."""
+        try:
+            while not stop.is_set():
+                now = self._clock()
+                try:
+                    self.step(now)
+                    pause = self._pause(now)
+                except SQLAlchemyError as error:
+                    log.warning("round driver: database error, retrying: %s", error)
+                    pause = self.settings.tick_s
+                if not stop.is_set():
+                    self._sleep(pause)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop leading: release the lock (a standby takes over)."""
+        self._set_leading(False)
+        if self._lock is not None:
+            self._lock.close()
+
+    def _lead(self) -> bool:
+        leading = self._lock.hold() if self._lock is not None else True
+        if leading and not self._leading:
+            self._take_office()
+        self._set_leading(leading)
+        return leading
+
+    def _set_leading(self, leading: bool) -> None:
+        self._leading = leading
+        self.metrics.leader.set(1 if leading else 0)
+
+    def _take_office(self) -> None:
+        """On becoming the active driver: make sure the cluster exists, apply the configured
+        round length, and forget what an earlier term asked for."""
+        with Session(self.engine) as session:
+            ensure_cluster(session, self.cluster_id)
+            if self.settings.round_seconds is not None:
+                cluster = session.get(ClusterRow, self.cluster_id)
+                assert cluster is not None
+                cluster.round_seconds = self.settings.round_seconds
+                session.add(cluster)
+            session.commit()
+        self._requested_round = None
+        log.info("round driver: active for cluster %s", self.cluster_id)
+
+    def _mark_lost(self, now: float) -> LostNodes | None:
+        with Session(self.engine) as session:
+            lost = leases.mark_lost_nodes(session, self.cluster_id, now, self.settings.node_ttl_s)
+        if lost is not None:
+            self.last_lost = lost
+            self.metrics.nodes_lost.inc(len(lost.nodes))
+            log.warning(
+                "nodes lost: %s; jobs back to the queue: %s",
+                ", ".join(lost.nodes),
+                ", ".join(lost.requeued) or "none",
+            )
+            self._ask(lost.state_version)
+        return lost
+
+    def _start_round(self, now: float) -> RoundOutcome:
+        with Session(self.engine) as session:
+            outcome = leases.start_round(session, self.cluster_id, now)
+        self.last_round = outcome
+        self.metrics.observe_round(outcome)
+        return outcome
+
+    def _cluster(self) -> ClusterRow:
+        with Session(self.engine, expire_on_commit=False) as session:
+            cluster = session.get(ClusterRow, self.cluster_id)
+            if cluster is None:
+                ensure_cluster(session, self.cluster_id)
+                session.commit()
+                cluster = session.get(ClusterRow, self.cluster_id)
+            assert cluster is not None
+            session.expunge(cluster)
+            return cluster
+
+    def _ask(self, state_version: int) -> None:
+        self.metrics.plan_requests.inc()
+        try:
+            self._request_plan(self.cluster_id, state_version)
+        except Exception:
+            log.exception("plan request %s@%s failed", self.cluster_id, state_version)
+
+    def _pause(self, now: float) -> float:
+        """Seconds until the next thing is due, at most ``tick_s`` (a standby: ``tick_s``)."""
+        if not self._leading:
+            return self.settings.tick_s
+        cluster = self._cluster()
+        due = [self.settings.tick_s]
+        if cluster.round_ends_at is not None and cluster.round_started_at is not None:
+            ends = cluster.round_ends_at.timestamp()
+            due.append(ends - now)
+            if self._requested_round != cluster.current_round:
+                due.append((cluster.round_started_at.timestamp() + ends) / 2 - now)
+        return max(0.001, min(due))
+
+
+def _boundary_due(cluster: ClusterRow, now: float) -> bool:
+    return cluster.round_ends_at is None or now >= cluster.round_ends_at.timestamp() - SLACK_S
+
+
+def _halfway_due(cluster: ClusterRow, now: float) -> bool:
+    if cluster.round_started_at is None or cluster.round_ends_at is None:
+        return False
+    start, end = cluster.round_started_at.timestamp(), cluster.round_ends_at.timestamp()
+    return now >= (start + end) / 2 - SLACK_S

@@ -1,0 +1,151 @@
+"""Ask for a plan: ``request_plan(cluster_id, state_version)``, from the API or the round driver.
+
+Two modes (``SHOCKWAVE_SOLVER_MODE``):
+
+- ``celery`` (distributed): send the task ``solver_service.tasks.plan`` to the solver queue.
+  Redis is only a broker: when it is unreachable the request is dropped with a warning after at
+  most about ``broker_timeout_s``, and nothing is lost, because the database already holds
+  everything a plan is made from and the round driver asks for a plan every round.
+- ``inline`` (the embedded ``shockwave up``): run the plan in a background thread of this
+  process, one plan at a time, each with its own database session.
+
+Callers send a request only after the transaction that made it necessary has committed, so a
+worker never plans from data that is not there yet. The process's requester is built from the
+environment on first use, or explicitly with :func:`configure` at the entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Protocol
+
+from kombu.exceptions import KombuError
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from api.db import make_engine
+from solver_service.celery_app import PLAN_TASK, make_app, producer_options
+from solver_service.settings import SolverSettings
+
+log = logging.getLogger(__name__)
+
+
+class PlanRequester(Protocol):
+    def request(self, cluster_id: str, state_version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CeleryRequester:
+    """Sends plan requests to the solver queue; gives up fast when the broker is away."""
+
+    def __init__(self, settings: SolverSettings) -> None:
+        self._app = make_app(settings)
+        self._app.conf.update(producer_options(settings))
+        self._queue = settings.solver_queue
+
+    def request(self, cluster_id: str, state_version: int) -> None:
+        try:
+            self._app.send_task(
+                PLAN_TASK, args=(cluster_id, state_version), queue=self._queue, retry=False
+            )
+        except (KombuError, OSError) as error:
+            log.warning(
+                "plan request %s@%s not sent, the broker is unreachable (%s); "
+                "the round driver will ask again",
+                cluster_id,
+                state_version,
+                error,
+            )
+
+    def close(self) -> None:
+        self._app.close()
+
+
+class InlineRequester:
+    """Plans in a background thread of this process, one plan at a time."""
+
+    def __init__(self, settings: SolverSettings, engine: Engine | None = None) -> None:
+        self._settings = settings
+        self._engine = engine or make_engine(settings.database_url, settings.database_schema)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shockwave-solver")
+
+    def request(self, cluster_id: str, state_version: int) -> None:
+        self._pool.submit(self._plan, cluster_id, state_version)
+
+    def close(self) -> None:
+        """Wait for the plan in progress; drop the queued ones (the driver asks again)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _plan(self, cluster_id: str, state_version: int) -> None:
+        from solver_service.planning import plan_cluster
+
+        try:
+            with Session(self._engine) as session:
+                plan_cluster(
+                    session,
+                    cluster_id,
+                    state_version,
+                    now=datetime.now(UTC),
+                    solver_time_limit_s=self._settings.solver_time_limit_s,
+                )
+        except Exception:
+            log.exception("plan %s@%s failed", cluster_id, state_version)
+
+
+def make_requester(settings: SolverSettings, engine: Engine | None = None) -> PlanRequester:
+    """The requester for ``settings.solver_mode`` (``engine``: the inline solver's database,
+    default one built from the settings)."""
+    if settings.solver_mode == "inline":
+        return InlineRequester(settings, engine)
+    return CeleryRequester(settings)
+
+
+_lock = threading.Lock()
+_requester: PlanRequester | None = None
+
+
+def configure(
+    settings: SolverSettings | None = None, *, engine: Engine | None = None
+) -> PlanRequester:
+    """Install this process's requester (default settings: from the environment), closing the
+    previous one."""
+    global _requester
+    new = make_requester(settings or SolverSettings(), engine)
+    with _lock:
+        old, _requester = _requester, new
+    if old is not None:
+        old.close()
+    return new
+
+
+def install(requester: PlanRequester | None) -> PlanRequester | None:
+    """Make ``requester`` this process's requester (None: build one from the environment on
+    the next request); returns the previous one, not closed (embedding, tests)."""
+    global _requester
+    with _lock:
+        old, _requester = _requester, requester
+    return old
+
+
+def shutdown() -> None:
+    """Close this process's requester (an inline one finishes its current plan first)."""
+    global _requester
+    with _lock:
+        old, _requester = _requester, None
+    if old is not None:
+        old.close()
+
+
+def request_plan(cluster_id: str, state_version: int) -> None:
+    """Ask for a plan of ``cluster_id`` at ``state_version``; never raises for a broker outage
+    and returns within about ``broker_timeout_s``."""
+    global _requester
+    with _lock:
+        if _requester is None:
+            _requester = make_requester(SolverSettings())
+        requester = _requester
+    requester.request(cluster_id, state_version)

@@ -1,0 +1,219 @@
+"""Plan one cluster: snapshot from the database -> the cluster's policy -> a stored plan.
+
+:func:`plan_cluster` is what a solver worker (or the embedded in-process solver) runs for a
+request ``(cluster, state_version)``. In order:
+
+1. Skip the request if it is stale (the cluster has moved past ``state_version``) or if a plan
+   for the cluster's current version and the next round already exists (a redelivered or
+   duplicate request).
+2. Read the snapshot for round ``current_round + 1`` (:mod:`solver_service.snapshot`) and end
+   the read transaction, so no lock or connection is held while the policy runs.
+3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
+   timed with the injected ``timer``.
+4. Store the plan, holding the cluster row (``SELECT ... FOR UPDATE`` on Postgres; SQLite has
+   one writer at a time): if another worker stored the same plan meanwhile, keep theirs. The
+   policy's new memory is saved on the cluster row only while the row is still at the version
+   and round the snapshot was taken at; otherwise the plan is still stored (it is the freshest
+   one for its version) and a newer request, already queued by whoever moved the row, plans
+   from the stored memory. The unique (cluster, version, base round) constraint settles races
+   the lock cannot see.
+
+A plan's ``rounds[t]`` are the jobs of round ``base_round + t``. ``rounds[0]`` is exactly the
+policy's decision (``Decision.jobs``, work-conserving fill included). For a policy that plans
+ahead (:class:`~shockwave.policies.shockwave.ShockwaveState`), ``rounds[1:]`` are the rest of
+its planned window as solved, restricted to the jobs in the snapshot and not yet filled with
+waiting jobs; other policies decide one round at a time, so their plans have one round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from api.tables import ClusterRow, PlanRow, utcnow
+from shockwave import state_codec
+from shockwave.planner import PlannerParams
+from shockwave.policies.shockwave import ShockwaveState
+from shockwave.policy import Decision, Policy, get_policy, make_params
+from shockwave.snapshot import Snapshot
+from solver_service.snapshot import NoCapacity, load_snapshot
+
+log = logging.getLogger(__name__)
+
+REPLAN_MODES = ("reactive", "lazy")
+
+
+def plan_cluster(
+    session: Session,
+    cluster_id: str,
+    state_version: int | None,
+    *,
+    now: datetime,
+    timer: Callable[[], float] = time.perf_counter,
+    params: Any | None = None,
+    solver_time_limit_s: float | None = None,
+) -> PlanRow | None:
+    """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
+    the cluster is at). Returns the stored plan, the plan that already existed for this version
+    and round, or None when there is nothing to do (stale request, unknown cluster, no READY
+    node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
+    mode and ``solver_time_limit_s`` where the policy has those knobs). Commits ``session``."""
+    cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
+    if cluster is None:
+        log.info("plan %s@%s: no such cluster", cluster_id, state_version)
+        session.rollback()
+        return None
+    if _stale(state_version, cluster.state_version):
+        log.info(
+            "plan %s@%s: stale (cluster at %s)", cluster_id, state_version, cluster.state_version
+        )
+        session.rollback()
+        return None
+    base_round = cluster.current_round + 1
+    existing = plan_at(session, cluster_id, cluster.state_version, base_round)
+    if existing is not None:
+        log.info("plan %s@%s round %s: already planned", cluster_id, state_version, base_round)
+        return _release(session, existing)
+    policy = get_policy(cluster.policy)
+    if params is None:
+        params = policy_params(
+            policy, replan=cluster.replan, solver_time_limit_s=solver_time_limit_s
+        )
+    try:
+        snapshot, version = load_snapshot(session, cluster_id, base_round, now)
+    except NoCapacity:
+        log.info("plan %s@%s: no READY node, nothing to plan", cluster_id, state_version)
+        session.rollback()
+        return None
+    session.rollback()
+
+    started = timer()
+    decision = policy.decide(snapshot, params)
+    seconds = timer() - started
+
+    plan = PlanRow(
+        cluster_id=cluster_id,
+        state_version=version,
+        base_round=base_round,
+        policy=policy.name,
+        rounds=plan_rounds(snapshot, decision),
+        solve_seconds=seconds,
+        **solve_summary(decision.state),
+    )
+    return _store(session, plan, decision.state)
+
+
+def plan_at(
+    session: Session, cluster_id: str, state_version: int, base_round: int
+) -> PlanRow | None:
+    """The stored plan for this cluster, version and base round, if any."""
+    return session.exec(
+        select(PlanRow).where(
+            PlanRow.cluster_id == cluster_id,
+            PlanRow.state_version == state_version,
+            PlanRow.base_round == base_round,
+        )
+    ).first()
+
+
+def plan_rounds(snapshot: Snapshot, decision: Decision) -> list[list[str]]:
+    """The plan's rounds: the decision's jobs first, then any later planned columns (see the
+    module docstring)."""
+    first = list(decision.jobs)
+    state = decision.state
+    if not isinstance(state, ShockwaveState):
+        return [first]
+    active = {job.job_id for job in snapshot.jobs}
+    offset = snapshot.round_index - state.planned_at_round
+    later = [[j for j in column if j in active] for column in state.plan_rounds[offset + 1 :]]
+    return [first, *later]
+
+
+def solve_summary(state: object | None) -> dict[str, Any]:
+    """objective, bound, gain_gap, status and solver of the policy's last solve, where the
+    policy solves one (empty status and solver otherwise)."""
+    if not isinstance(state, ShockwaveState):
+        return {}
+    last = state.last
+    return {
+        "objective": last.objective,
+        "bound": last.bound,
+        "gain_gap": last.gain_gap,
+        "status": last.status,
+        "solver": last.solver,
+    }
+
+
+def policy_params(policy: Policy, *, replan: str, solver_time_limit_s: float | None) -> Any:
+    """The policy's default params, with the service's re-plan mode and solver time limit
+    wherever the policy has such knobs (a ``replan`` field, a ``planner`` of PlannerParams)."""
+    params = make_params(policy)
+    if not dataclasses.is_dataclass(params) or isinstance(params, type):
+        return params
+    names = {f.name for f in dataclasses.fields(params)}
+    changes: dict[str, Any] = {}
+    if "replan" in names and replan in REPLAN_MODES:
+        changes["replan"] = replan
+    planner = getattr(params, "planner", None)
+    if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
+        changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)
+    return dataclasses.replace(params, **changes) if changes else params
+
+
+def _stale(requested: int | None, current: int) -> bool:
+    return requested is not None and requested < current
+
+
+def _store(session: Session, plan: PlanRow, policy_state: object | None) -> PlanRow | None:
+    cluster = session.get(ClusterRow, plan.cluster_id, with_for_update=True, populate_existing=True)
+    if cluster is None:
+        session.rollback()
+        return None
+    existing = plan_at(session, plan.cluster_id, plan.state_version, plan.base_round)
+    if existing is not None:
+        return _release(session, existing)
+    session.add(plan)
+    current = (
+        cluster.state_version == plan.state_version and cluster.current_round + 1 == plan.base_round
+    )
+    if current:
+        cluster.policy_state = state_codec.encode(policy_state)
+        cluster.updated_at = utcnow()
+        session.add(cluster)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return _release(
+            session, plan_at(session, plan.cluster_id, plan.state_version, plan.base_round)
+        )
+    session.refresh(plan)
+    log.info(
+        "plan %s@%s round %s: %s jobs now, %s rounds, %s %s in %.3f s%s",
+        plan.cluster_id,
+        plan.state_version,
+        plan.base_round,
+        len(plan.rounds[0]) if plan.rounds else 0,
+        len(plan.rounds),
+        plan.solver or plan.policy,
+        plan.status,
+        plan.solve_seconds,
+        "" if current else " (cluster moved on; policy state not saved)",
+    )
+    return _release(session, plan)
+
+
+def _release(session: Session, plan: PlanRow | None) -> PlanRow | None:
+    """End the session's transaction and hand ``plan`` back loaded and detached, so that it
+    stays readable after the caller closes the session."""
+    if plan is not None:
+        session.expunge(plan)
+    session.rollback()
+    return plan

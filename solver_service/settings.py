@@ -1,0 +1,43 @@
+"""Settings of the solver service, read once from the environment (prefix SHOCKWAVE_)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shockwave.planner import PlannerParams
+
+SolverMode = Literal["celery", "inline"]
+
+
+class SolverSettings(BaseSettings):
+    """``database_url`` / ``database_schema``: the database plans are read from and written to
+    (the same variables the API reads). ``broker_url``: the Celery broker (Redis); it carries
+    only plan requests, never data. ``solver_mode``: ``celery`` sends each plan request to the
+    ``solver_queue``; ``inline`` runs it in a background thread of the requesting process (the
+    embedded ``shockwave up``). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
+    policies that solve a program). The task's soft time limit is that plus
+    ``task_time_margin_s``, its hard limit that plus the margin again.
+    ``broker_timeout_s``: how long a request may wait on the broker before it gives up (the API
+    answers meanwhile, so this bounds what an unreachable Redis adds to a request)."""
+
+    model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
+
+    database_url: str = "sqlite:///./shockwave.db"
+    database_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    solver_mode: SolverMode = "celery"
+    solver_queue: str = Field(default="solver", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    solver_time_limit_s: float = Field(default=PlannerParams().time_limit_s, gt=0)
+    task_time_margin_s: float = Field(default=30.0, gt=0)
+    broker_timeout_s: float = Field(default=0.5, gt=0, le=10)
+
+    @property
+    def soft_time_limit_s(self) -> float:
+        return self.solver_time_limit_s + self.task_time_margin_s
+
+    @property
+    def hard_time_limit_s(self) -> float:
+        return self.soft_time_limit_s + self.task_time_margin_s

@@ -1,0 +1,193 @@
+"""The core's :class:`~shockwave.snapshot.Snapshot` of a cluster, read from the database.
+
+What the snapshot for planning round ``r`` holds, and where it comes from:
+
+- ``jobs``: the admitted, unfinished jobs (PENDING, RUNNING, SUSPENDED) in arrival order, each
+  with its spec and the progress its client events show (:mod:`api.progress`, the same view the
+  prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the Unix epoch, so
+  ages and deadlines are real wall-clock spans.
+- ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
+  ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
+- ``cluster``: the READY nodes, assumed identical (the core's :class:`~shockwave.model.Cluster`
+  is homogeneous): ``Cluster(nodes=n, gpus_per_node=min GPUs of a READY node)``. GPUs a larger
+  node has beyond that minimum are not scheduled. READY nodes are numbered by id, so global GPU
+  ``g`` is local GPU ``g % gpus_per_node`` of the ``g // gpus_per_node``-th node.
+- ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
+  the cluster's row.
+
+With no READY node there is nothing to plan on (a cluster of zero nodes cannot be built):
+:func:`load_snapshot` raises :class:`NoCapacity`, and callers skip planning until a node
+registers (which bumps the cluster's state version and so asks for a plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from api import progress
+from api.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
+from shockwave import state_codec
+from shockwave.lifecycle import JobState
+from shockwave.model import Cluster
+from shockwave.snapshot import ActiveJob, Snapshot
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.SUSPENDED.value)
+LIVE_LEASE_STATES = ("ISSUED", "STARTED", "RUNNING")
+"""Lease states in which a job still holds its GPUs."""
+
+
+class UnknownCluster(LookupError):
+    """No cluster row with this id."""
+
+    def __init__(self, cluster_id: str) -> None:
+        super().__init__(f"no cluster {cluster_id!r}")
+        self.cluster_id = cluster_id
+
+
+class NoCapacity(RuntimeError):
+    """The cluster has no READY node, so there is nothing to plan on."""
+
+    def __init__(self, cluster_id: str) -> None:
+        super().__init__(f"cluster {cluster_id!r} has no READY node")
+        self.cluster_id = cluster_id
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuLayout:
+    """The READY nodes in id order and the GPUs the core sees on each."""
+
+    node_ids: tuple[str, ...]
+    gpus_per_node: int
+
+    @property
+    def cluster(self) -> Cluster:
+        return Cluster(nodes=len(self.node_ids), gpus_per_node=self.gpus_per_node)
+
+    def global_gpus(self, node_id: str, local: Sequence[int]) -> tuple[int, ...]:
+        """Global indices of ``local`` GPUs of ``node_id``; () if the node is not READY, and
+        without the local GPUs past the homogeneous width."""
+        if node_id not in self.node_ids:
+            return ()
+        base = self.node_ids.index(node_id) * self.gpus_per_node
+        return tuple(base + g for g in sorted(local) if 0 <= g < self.gpus_per_node)
+
+
+def load_snapshot(
+    session: Session, cluster_id: str, round_index: int, now: datetime
+) -> tuple[Snapshot, int]:
+    """The snapshot for planning round ``round_index`` at ``now`` (timezone-aware), and the
+    cluster's state version it reflects (read first: the jobs read after it are at least that
+    new). Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
+    cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
+    if cluster is None:
+        raise UnknownCluster(cluster_id)
+    version = cluster.state_version
+    layout = gpu_layout(session)
+    if layout is None:
+        raise NoCapacity(cluster_id)
+    rows = active_job_rows(session)
+    events = _client_events(session, [r.id for r in rows])
+    held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
+    jobs = tuple(_active_job(r, events.get(r.id, ()), held.get(r.id, ())) for r in rows)
+    snapshot = Snapshot(
+        now=now.timestamp(),
+        round_index=round_index,
+        round_seconds=cluster.round_seconds,
+        cluster=layout.cluster,
+        jobs=jobs,
+        policy_state=decode_policy_state(cluster),
+    )
+    return snapshot, version
+
+
+def gpu_layout(session: Session) -> GpuLayout | None:
+    """The READY nodes as the core sees them, or None when there is none."""
+    nodes = session.exec(
+        select(NodeRow).where(NodeRow.state == "READY").order_by(col(NodeRow.id))
+    ).all()
+    if not nodes:
+        return None
+    return GpuLayout(tuple(n.id for n in nodes), min(n.gpus for n in nodes))
+
+
+def active_job_rows(session: Session) -> list[JobRow]:
+    """Admitted, unfinished jobs in arrival order (ties by id)."""
+    query = (
+        select(JobRow)
+        .where(col(JobRow.state).in_(ACTIVE_STATES))
+        .order_by(col(JobRow.created_at), col(JobRow.id))
+    )
+    return list(session.exec(query).all())
+
+
+def decode_policy_state(cluster: ClusterRow) -> object | None:
+    """The policy's stored memory; None (a fresh start) when there is none or it is unreadable,
+    which costs the policy its history but never blocks planning."""
+    if cluster.policy_state is None:
+        return None
+    try:
+        state: object = state_codec.decode(cluster.policy_state)
+        return state
+    except (state_codec.StateCodecError, TypeError, KeyError) as error:
+        log.warning("cluster %s: discarding unreadable policy state: %s", cluster.id, error)
+        return None
+
+
+def _running(row: JobRow) -> bool:
+    return row.state == JobState.RUNNING.value
+
+
+def _client_events(
+    session: Session, job_ids: Sequence[str]
+) -> Mapping[str, list[progress.ClientEvent]]:
+    if not job_ids:
+        return {}
+    rows = session.exec(
+        select(JobEventRow).where(
+            col(JobEventRow.job_id).in_(job_ids),
+            col(JobEventRow.kind).in_(progress.CLIENT_KINDS),
+        )
+    ).all()
+    by_job: dict[str, list[progress.ClientEvent]] = defaultdict(list)
+    for r in rows:
+        by_job[r.job_id].append(progress.ClientEvent(r.seq or 0, r.kind, r.payload))
+    return by_job
+
+
+def _held_gpus(
+    session: Session, layout: GpuLayout, round_index: int, job_ids: Sequence[str]
+) -> Mapping[str, tuple[int, ...]]:
+    if not job_ids or round_index < 0:
+        return {}
+    leases = session.exec(
+        select(LeaseRow).where(
+            LeaseRow.round_index == round_index,
+            col(LeaseRow.job_id).in_(job_ids),
+            col(LeaseRow.state).in_(LIVE_LEASE_STATES),
+        )
+    ).all()
+    held: dict[str, tuple[int, ...]] = {}
+    for lease in leases:
+        held[lease.job_id] = held.get(lease.job_id, ()) + layout.global_gpus(
+            lease.node_id, lease.gpus
+        )
+    return held
+
+
+def _active_job(
+    row: JobRow, events: Sequence[progress.ClientEvent], gpus: tuple[int, ...]
+) -> ActiveJob:
+    job = progress.active_job(row, progress.observe(row.initial_batch_size, events))
+    arrival = progress.as_utc(row.created_at).timestamp()
+    return ActiveJob(
+        spec=dataclasses.replace(job.spec, arrival_s=arrival),
+        progress=dataclasses.replace(job.progress, gpus=tuple(sorted(gpus))),
+    )

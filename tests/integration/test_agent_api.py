@@ -1,0 +1,317 @@
+"""/v1/agent on Postgres and SQLite: register, heartbeat, poll leases, report attempts, with the
+round driver issuing the leases. Attempt fencing (a stale attempt is told to stop), the job
+state machine driven by reports, and an agent never seeing another node's leases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from api.tables import NodeRow
+from tests.integration.api_calls import assert_problem, bearer, job_body
+from tests.integration.conftest import NODE, Database, RecordedPlanRequests, Tokens
+from tests.integration.driving import (
+    ROUND_S,
+    agent_token,
+    driver_on,
+    job_state,
+    leases,
+    now,
+    post_status,
+    register,
+    report,
+    store_plan,
+    submit,
+    version,
+)
+
+
+def poll(client: TestClient, token: str, **params: str) -> dict[str, Any]:
+    response = client.get("/v1/agent/leases", params=params, headers=bearer(token))
+    assert response.status_code == 200, response.json()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def one_lease(client: TestClient, tokens: Tokens, database: Database) -> tuple[str, str]:
+    """A registered node-1, one 1-GPU job and a round that leases it there: (job, attempt)."""
+    register(client, tokens.agent)
+    job = submit(client, tokens.admin)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    (lease,) = leases(database)
+    return job, lease.id
+
+
+def test_register_creates_a_ready_node_bumps_the_version_and_asks_for_a_plan(
+    client: TestClient, tokens: Tokens, database: Database, plan_requests: RecordedPlanRequests
+) -> None:
+    before = version(database)
+    node = register(client, tokens.agent, gpus=8)
+    assert (node["id"], node["gpus"], node["gpu_type"], node["state"]) == (NODE, 8, "A100", "READY")
+    assert node["last_heartbeat_at"] is not None
+    assert node["state_version"] == version(database) == before + 1
+    assert plan_requests.requests[-1] == ("default", before + 1)
+
+    again = register(client, tokens.agent, gpus=4, hostname="renamed.local")
+    assert (again["gpus"], again["hostname"]) == (4, "renamed.local")
+    assert again["state_version"] == before + 2
+    listed = client.get("/v1/nodes", headers=bearer(tokens.admin)).json()["items"]
+    assert [(n["id"], n["gpus"]) for n in listed] == [(NODE, 4)]
+
+
+def test_heartbeat_records_life_and_a_lost_node_comes_back_ready(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    unregistered = client.post("/v1/agent/heartbeat", headers=bearer(tokens.agent))
+    assert_problem(unregistered, 404, path="/v1/agent/heartbeat")
+
+    first = register(client, tokens.agent)
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None
+        node.state = "LOST"
+        session.add(node)
+        session.commit()
+    beat = client.post("/v1/agent/heartbeat", headers=bearer(tokens.agent))
+    assert beat.status_code == 200, beat.json()
+    assert beat.json()["state"] == "READY"
+    assert beat.json()["last_heartbeat_at"] >= first["last_heartbeat_at"]
+    assert beat.json()["state_version"] == first["state_version"] + 1, "capacity came back"
+
+
+def test_admins_act_for_a_named_node_and_agents_only_for_their_own(
+    client: TestClient, tokens: Tokens
+) -> None:
+    unnamed = client.post(
+        "/v1/agent/register", json={"gpus": 2, "hostname": "h"}, headers=bearer(tokens.admin)
+    )
+    assert_problem(unnamed, 422, field="node")
+    named = register(client, tokens.admin, node="node-9")
+    assert named["id"] == "node-9"
+    assert poll(client, tokens.admin, node="node-9")["leases"] == []
+
+    other = client.post(
+        "/v1/agent/register",
+        json={"gpus": 2, "hostname": "h", "node": "node-9"},
+        headers=bearer(tokens.agent),
+    )
+    assert_problem(other, 404)
+    for token in (tokens.user_a, tokens.job(submit(client, tokens.admin))):
+        refused = client.get("/v1/agent/leases", headers=bearer(token))
+        assert_problem(refused, 403)
+
+
+def test_a_poll_returns_the_lease_with_what_the_job_needs_to_start(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    body = poll(client, tokens.agent)
+    assert (body["node"], body["current_round"], body["stop"]) == (NODE, 0, [])
+    (lease,) = body["leases"]
+    assert (lease["attempt_id"], lease["job_id"], lease["round_index"]) == (attempt, job, 0)
+    assert lease["gpus"] == [0] and lease["state"] == "ISSUED"
+    assert lease["ends_at"] == body["round_ends_at"]
+    assert lease["batch_size"] == job_body()["initial_batch_size"]
+    assert lease["env"] == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "SHOCKWAVE_JOB_ID": job,
+        "SHOCKWAVE_ATTEMPT_ID": attempt,
+        "SHOCKWAVE_BATCH_SIZE": "32",
+        "SHOCKWAVE_CHECKPOINT_DIR": lease["checkpoint_dir"],
+    }
+    assert job in lease["checkpoint_dir"]
+
+
+def test_an_agent_never_sees_or_touches_another_nodes_leases(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    _, attempt = one_lease(client, tokens, database)
+    stranger = agent_token(database, "node-2")
+    register(client, stranger)
+
+    assert poll(client, stranger)["leases"] == []
+    assert attempt in poll(client, stranger, running=attempt)["stop"], "not its attempt: stop"
+    assert_problem(
+        client.get("/v1/agent/leases", params={"node": NODE}, headers=bearer(stranger)), 404
+    )
+    assert_problem(post_status(client, stranger, attempt, "started"), 404)
+    assert_problem(client.post(f"/v1/agent/leases/{attempt}/token", headers=bearer(stranger)), 404)
+    assert job_state_of_lease(client, tokens, attempt) == "ISSUED"
+
+
+def job_state_of_lease(client: TestClient, tokens: Tokens, attempt: str) -> str:
+    (lease,) = [le for le in poll(client, tokens.agent)["leases"] if le["attempt_id"] == attempt]
+    state: str = lease["state"]
+    return state
+
+
+def test_reports_drive_the_job_to_success_and_are_idempotent(
+    client: TestClient, tokens: Tokens, database: Database, plan_requests: RecordedPlanRequests
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    started = report(client, tokens.agent, attempt, "started")
+    assert (started["state"], started["job_state"], started["stop"]) == (
+        "STARTED",
+        "RUNNING",
+        False,
+    )
+    assert report(client, tokens.agent, attempt, "running")["state"] == "RUNNING"
+    assert report(client, tokens.agent, attempt, "started")["state"] == "RUNNING", "no way back"
+    before = version(database)
+
+    done = report(client, tokens.agent, attempt, "exited", 0)
+    assert (done["state"], done["job_state"], done["stop"]) == ("EXITED", "SUCCEEDED", True)
+    assert version(database) == before + 1 and plan_requests.requests[-1][1] == before + 1
+    assert report(client, tokens.agent, attempt, "exited", 0) == done, "a retry, same answer"
+    stale = post_status(client, tokens.agent, attempt, "running")
+    assert_problem(stale, 409)
+    assert stale.json()["stop"] is True
+    assert poll(client, tokens.agent)["leases"] == []
+    states = [
+        e["payload"]["to"]
+        for e in client.get(f"/v1/jobs/{job}/events", headers=bearer(tokens.admin)).json()["items"]
+        if e["kind"] == "state"
+    ]
+    assert states == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_nonzero_exit_fails_the_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    report(client, tokens.agent, attempt, "started")
+    failed = report(client, tokens.agent, attempt, "exited", 3)
+    assert failed["job_state"] == "FAILED" == job_state(database, job)
+    assert_problem(post_status(client, tokens.agent, attempt, "exited", 4), 409)
+
+
+def test_a_revoked_attempt_is_fenced_and_its_checkpoint_suspends_the_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=1)
+    first, second = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[first], [second]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (attempt,) = (le.id for le in leases(database))
+        report(client, tokens.agent, attempt, "started")
+        driver.step(t0 + ROUND_S)
+
+    body = poll(client, tokens.agent, running=attempt)
+    assert body["stop"] == [attempt]
+    assert [le["job_id"] for le in body["leases"]] == [second]
+    refused = post_status(client, tokens.agent, attempt, "running")
+    problem = assert_problem(refused, 409)
+    assert problem["stop"] is True and problem["attempt_id"] == attempt
+    assert job_state(database, first) == "RUNNING", "until its attempt confirms a checkpoint"
+
+    stopped = report(client, tokens.agent, attempt, "checkpointed")
+    assert (stopped["state"], stopped["job_state"], stopped["stop"]) == (
+        "CHECKPOINTED",
+        "SUSPENDED",
+        True,
+    )
+    assert attempt not in poll(client, tokens.agent)["stop"]
+
+
+def test_a_revoked_attempt_killed_after_its_grace_period_does_not_fail_the_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=1)
+    first, second = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[first], [second]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (attempt,) = (le.id for le in leases(database))
+        report(client, tokens.agent, attempt, "started")
+        driver.step(t0 + ROUND_S)
+    killed = report(client, tokens.agent, attempt, "exited", -9)
+    assert killed["job_state"] == "PENDING", "no checkpoint: back to the queue from the start"
+
+
+def test_a_preempted_job_whose_agent_never_confirms_is_suspended_a_round_later(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=1)
+    first, second = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[first], [second], [second]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (attempt,) = (le.id for le in leases(database))
+        report(client, tokens.agent, attempt, "started")
+        driver.step(t0 + ROUND_S)
+        assert job_state(database, first) == "RUNNING"
+        driver.step(t0 + 2 * ROUND_S)
+    assert job_state(database, first) == "PENDING"
+
+
+def test_a_cancelled_jobs_attempt_must_stop_at_once(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    report(client, tokens.agent, attempt, "started")
+    cancelled = client.post(f"/v1/jobs/{job}/cancel", headers=bearer(tokens.admin))
+    assert cancelled.status_code == 200
+
+    body = poll(client, tokens.agent, running=attempt)
+    assert (body["leases"], body["stop"]) == ([], [attempt])
+    assert post_status(client, tokens.agent, attempt, "running").json()["stop"] is True
+    assert report(client, tokens.agent, attempt, "checkpointed")["job_state"] == "CANCELLED"
+
+
+def test_unknown_running_attempts_come_back_in_stop(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    _, attempt = one_lease(client, tokens, database)
+    ghost = "0b5c3a4e-0000-4000-8000-000000000000"
+    body = poll(client, tokens.agent, running=f"{attempt},{ghost}")
+    assert body["stop"] == [ghost]
+    assert_problem(post_status(client, tokens.agent, ghost, "running"), 404)
+
+
+def test_exit_code_goes_with_exited_only(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    _, attempt = one_lease(client, tokens, database)
+    for body in ({"state": "exited"}, {"state": "running", "exit_code": 0}):
+        response = client.post(
+            f"/v1/agent/leases/{attempt}/status", json=body, headers=bearer(tokens.agent)
+        )
+        assert_problem(response, 422, field="exit_code")
+    assert_problem(
+        client.post(
+            f"/v1/agent/leases/{attempt}/status",
+            json={"state": "paused"},
+            headers=bearer(tokens.agent),
+        ),
+        422,
+        field="state",
+    )
+
+
+def test_a_live_attempt_gets_a_token_scoped_to_its_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    other = submit(client, tokens.admin)
+    issued = client.post(f"/v1/agent/leases/{attempt}/token", headers=bearer(tokens.agent))
+    assert issued.status_code == 201, issued.json()
+    token = issued.json()["token"]
+    assert issued.json()["job_id"] == job
+
+    event = {"seq": 1, "kind": "progress", "epoch": 1, "samples": 10, "seconds": 1.0}
+    posted = client.post(
+        f"/v1/jobs/{job}/events", json={**event, "batch_size": 32}, headers=bearer(token)
+    )
+    assert posted.status_code == 201, posted.json()
+    assert_problem(client.get(f"/v1/jobs/{other}", headers=bearer(token)), 404)
+
+    report(client, tokens.agent, attempt, "exited", 0)
+    stale = client.post(f"/v1/agent/leases/{attempt}/token", headers=bearer(tokens.agent))
+    assert_problem(stale, 409)

@@ -1,0 +1,467 @@
+"""The round driver on Postgres and SQLite, stepped with an injected clock (rounds of 50 ms):
+plans become leases on registered nodes, leases are extended or revoked at boundaries, the
+fallbacks are used and counted, silent nodes are lost, and on Postgres exactly one driver leads
+and a standby takes over when the leader dies (also a real process killed with SIGKILL)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from api import migrate
+from api.db import make_engine
+from api.tables import ClusterRow, NodeRow, RoundRow
+from solver_service.driver import DriverSettings, RoundDriver, lock_key
+from solver_service.leases import at
+from tests.integration.api_calls import bearer
+from tests.integration.conftest import NODE, POSTGRES_URL, Database, Tokens, postgres_schema
+from tests.integration.driving import (
+    ROUND_S,
+    agent_token,
+    driver_on,
+    job_state,
+    leases,
+    now,
+    register,
+    report,
+    round_row,
+    store_plan,
+    submit,
+    version,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def two_nodes(client: TestClient, tokens: Tokens, database: Database) -> str:
+    """node-1 (the tokens' agent) and node-2, 4 GPUs each; the node-2 agent's token."""
+    register(client, tokens.agent)
+    other = agent_token(database, "node-2")
+    register(client, other)
+    return other
+
+
+def sample(driver: RoundDriver, name: str, **labels: str) -> float | None:
+    return driver.metrics.registry.get_sample_value(name, labels)
+
+
+def rounds_of(source: str, driver: RoundDriver) -> float | None:
+    return sample(driver, "shockwave_driver_rounds_total", source=source)
+
+
+def assert_no_gpu_twice(database: Database) -> None:
+    held = [(lease.node_id, g) for lease in leases(database) for g in lease.gpus]
+    assert len(held) == len(set(held)), Counter(held).most_common(3)
+
+
+def test_a_boundary_issues_leases_for_the_plans_first_round_on_registered_nodes(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    two_nodes(client, tokens, database)
+    wide = submit(client, tokens.admin, gpus=4)
+    pair = submit(client, tokens.admin, gpus=2)
+    left_out = submit(client, tokens.admin, gpus=1)
+    plan_id = store_plan(database, [[pair, wide]])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        assert driver.step(t0)
+        assert rounds_of("plan", driver) == 1
+        assert sample(driver, "shockwave_driver_plan_solve_seconds") == 0.25
+        assert sample(driver, "shockwave_driver_leases_total", action="issued") == 2
+
+    row = round_row(database, 0)
+    assert (row.source, row.plan_id, row.jobs) == ("plan", plan_id, [pair, wide])
+    assert (row.leases_issued, row.leases_extended, row.leases_revoked) == (2, 0, 0)
+    assert row.plan_age_s is not None and row.plan_age_s >= 0
+    issued = {lease.job_id: lease for lease in leases(database)}
+    assert set(issued) == {pair, wide}, "the plan's first column as decided, nothing added"
+    assert left_out not in issued
+    assert {lease.state for lease in issued.values()} == {"ISSUED"}
+    assert issued[wide].gpus == [0, 1, 2, 3], "a node-wide gang takes a whole node"
+    assert len(issued[pair].gpus) == 2 and issued[pair].node_id != issued[wide].node_id
+    assert {lease.round_index for lease in issued.values()} == {0}
+    assert_no_gpu_twice(database)
+    with Session(database.engine) as session:
+        cluster = session.get(ClusterRow, "default")
+        assert cluster is not None
+        assert cluster.current_round == 0 and cluster.round_seconds == ROUND_S
+        assert cluster.round_ends_at is not None
+        assert abs(cluster.round_ends_at.timestamp() - (t0 + ROUND_S)) < 1e-3
+    assert all(abs(le.ends_at.timestamp() - (t0 + ROUND_S)) < 1e-3 for le in issued.values())
+
+
+def test_schedule_shows_the_current_round_its_source_and_plan_per_role(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    assert client.get("/v1/schedule", headers=bearer(tokens.admin)).json()["round"] is None
+    two_nodes(client, tokens, database)
+    mine = submit(client, tokens.user_a)
+    theirs = submit(client, tokens.user_b)
+    plan_id = store_plan(database, [[mine, theirs]])
+    with driver_on(database) as (driver, _):
+        assert driver.step(now())
+
+    admin = client.get("/v1/schedule", headers=bearer(tokens.admin)).json()
+    assert admin["round"] == 0
+    assert admin["plan"]["source"] == "plan" and admin["plan"]["plan"]["id"] == plan_id
+    assert sorted(admin["plan"]["jobs"]) == sorted([mine, theirs])
+    user = client.get("/v1/schedule", headers=bearer(tokens.user_a)).json()
+    assert user["plan"]["jobs"] == [mine], "a user sees only its own tenant's jobs"
+    assert user["plan"]["running_jobs"] == 2
+
+
+def test_a_gang_wider_than_a_node_gets_one_attempt_per_node_and_keeps_them(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    two_nodes(client, tokens, database)
+    gang = submit(client, tokens.admin, gpus=8)
+    store_plan(database, [[gang], [gang]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        first = leases(database)
+        driver.step(t0 + ROUND_S)
+    assert sorted((le.node_id, le.gpus) for le in first) == [
+        ("node-1", [0, 1, 2, 3]),
+        ("node-2", [0, 1, 2, 3]),
+    ]
+    second = leases(database)
+    assert {le.id for le in second} == {le.id for le in first}
+    assert {le.round_index for le in second} == {1}
+    assert round_row(database, 1).leases_extended == 2
+
+
+def test_continuing_jobs_keep_attempts_and_gpus_and_dropped_jobs_are_revoked(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    two_nodes(client, tokens, database)
+    a, b, c = (submit(client, tokens.admin, gpus=4, name=n) for n in "abc")
+    store_plan(database, [[a, b], [a, c]])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        first = {lease.job_id: lease for lease in leases(database)}
+        assert set(first) == {a, b}
+        assert not driver.step(t0 + ROUND_S * 0.2), "nothing is due early in a round"
+        assert driver.step(t0 + ROUND_S)
+
+    second = {lease.job_id: lease for lease in leases(database)}
+    assert set(second) == {a, c}
+    assert second[a].id == first[a].id, "a continuing job keeps its attempt"
+    assert (second[a].node_id, second[a].gpus) == (first[a].node_id, first[a].gpus)
+    assert second[a].round_index == 1
+    assert second[a].ends_at > first[a].ends_at
+    assert second[c].id not in {lease.id for lease in first.values()}
+    assert second[c].node_id == first[b].node_id, "c takes the node b left"
+    revoked = leases(database, states=("REVOKED",))
+    assert [lease.id for lease in revoked] == [first[b].id]
+    row = round_row(database, 1)
+    assert (row.leases_issued, row.leases_extended, row.leases_revoked) == (1, 1, 1)
+    assert sample(driver, "shockwave_driver_leases_total", action="extended") == 1
+    assert_no_gpu_twice(database)
+
+
+def test_without_a_plan_a_greedy_round_fills_the_gpus_and_counts_as_a_fallback(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=4)
+    first = submit(client, tokens.admin, gpus=2)
+    blocked = submit(client, tokens.admin, gpus=4)
+    backfill = submit(client, tokens.admin, gpus=2)
+
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+        assert rounds_of("greedy", driver) == 1
+        assert rounds_of("plan", driver) == rounds_of("previous_plan", driver) == 0
+        assert math.isnan(sample(driver, "shockwave_driver_plan_age_seconds") or 0.0)
+
+    row = round_row(database, 0)
+    assert (row.source, row.plan_id, row.plan_age_s) == ("greedy", None, None)
+    assert row.jobs == [first, backfill], "arrival order; a later narrow job backfills"
+    assert blocked not in {lease.job_id for lease in leases(database)}
+    assert_no_gpu_twice(database)
+
+
+def test_a_stale_plan_gives_its_column_for_the_round_filled_with_waiting_jobs(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=4)
+    a, b = submit(client, tokens.admin, gpus=2), submit(client, tokens.admin, gpus=1)
+    plan_id = store_plan(database, [[b]])
+    late = submit(client, tokens.admin, gpus=1)
+    assert version(database) > 0
+
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+        assert rounds_of("previous_plan", driver) == 1
+
+    row = round_row(database, 0)
+    assert (row.source, row.plan_id) == ("previous_plan", plan_id)
+    assert row.jobs == [b, a, late], "the plan's column first, then waiting jobs that fit"
+
+
+def test_a_fresh_plan_beats_an_older_one_and_later_columns_are_used_in_turn(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=1)
+    a, b = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[a], [a], [a]], at=version(database) - 1)
+    fresh = store_plan(database, [[b], [a]])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + ROUND_S)
+        driver.step(t0 + 2 * ROUND_S)
+
+    assert [round_row(database, r).jobs for r in range(3)] == [[b], [a], [a]]
+    assert [round_row(database, r).source for r in range(3)] == ["plan", "plan", "previous_plan"]
+    assert round_row(database, 1).plan_id == fresh
+
+
+def test_the_driver_asks_for_the_next_plan_once_half_way_through_a_round(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent)
+    submit(client, tokens.admin)
+    with driver_on(database, round_s=10.0) as (driver, requests):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + 4.9)
+        assert requests.calls == []
+        assert driver.step(t0 + 5.0)
+        assert requests.calls == [("default", version(database))]
+        assert not driver.step(t0 + 6.0)
+        assert len(requests.calls) == 1
+
+
+def test_a_late_boundary_starts_the_next_round_now_and_never_skips_one(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        late = t0 + 40 * ROUND_S
+        driver.step(late)
+    row = round_row(database, 1)
+    assert abs(row.started_at.timestamp() - late) < 1e-3
+    assert abs(row.ends_at.timestamp() - (late + ROUND_S)) < 1e-3
+    with Session(database.engine) as session:
+        assert len(session.exec(select(RoundRow)).all()) == 2
+
+
+def test_a_silent_node_is_lost_and_its_jobs_go_back_to_the_queue(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=2)
+    resumable, fresh = submit(client, tokens.admin), submit(client, tokens.admin)
+    with driver_on(database, ttl_s=30.0) as (driver, requests):
+        t0 = now()
+        driver.step(t0)
+        first = {lease.job_id: lease.id for lease in leases(database)}
+        assert set(first) == {resumable, fresh}
+        for attempt in first.values():
+            report(client, tokens.agent, attempt, "started")
+        report(client, tokens.agent, first[resumable], "checkpointed")
+        assert job_state(database, resumable) == "SUSPENDED"
+        driver.step(t0 + ROUND_S)
+        restarted = next(le.id for le in leases(database) if le.job_id == resumable)
+        report(client, tokens.agent, restarted, "running")
+        assert job_state(database, resumable) == job_state(database, fresh) == "RUNNING"
+        before = version(database)
+
+        assert driver.step(t0 + ROUND_S * 1.2 + 31.0)
+
+        assert requests.calls[-1] == ("default", before + 1)
+    assert version(database) == before + 1
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None and node.state == "LOST"
+    assert leases(database) == []
+    assert {lease.id for lease in leases(database, states=("LOST",))} == {
+        restarted,
+        first[fresh],
+    }
+    assert job_state(database, resumable) == "SUSPENDED", "resumes from its checkpoint"
+    assert job_state(database, fresh) == "PENDING", "no checkpoint: starts over"
+    assert sample(driver, "shockwave_driver_nodes_lost_total") == 1
+
+
+def test_heartbeats_keep_a_node_ready_until_they_stop_for_the_ttl(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent)
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None
+        node.last_heartbeat_at = at(now() - 60)
+        session.add(node)
+        session.commit()
+    assert client.post("/v1/agent/heartbeat", headers=bearer(tokens.agent)).status_code == 200
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.step(now() + 25)
+        assert node_state(database) == "READY"
+        driver.step(now() + 31)
+        assert node_state(database) == "LOST"
+
+
+def node_state(database: Database) -> str:
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None
+        return node.state
+
+
+# --- one active driver (Postgres) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres_database(postgres_server: Engine) -> Iterator[Database]:
+    """A migrated Postgres schema of this module's own: only Postgres has the advisory lock
+    (the embedded SQLite deployment runs one driver in one process)."""
+    with postgres_schema(postgres_server, "it_drv") as schema:
+        migrate.upgrade(POSTGRES_URL, schema=schema)
+        engine = make_engine(POSTGRES_URL, schema)
+        try:
+            yield Database("postgres", POSTGRES_URL, engine, schema)
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def postgres(postgres_database: Database) -> Database:
+    postgres_database.empty()
+    return postgres_database
+
+
+def lock_holder(database: Database) -> int | None:
+    """The backend pid holding the driver's advisory lock, if any."""
+    key = lock_key("default", database.schema) & 0xFFFFFFFFFFFFFFFF
+    with database.engine.connect() as connection:
+        return connection.execute(
+            text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND classid = :high AND objid = :low AND objsubid = 1"
+            ),
+            {"high": key >> 32, "low": key & 0xFFFFFFFF},
+        ).scalar()
+
+
+def test_two_drivers_one_leads_and_the_standby_takes_over_when_its_connection_dies(
+    postgres: Database,
+) -> None:
+    with driver_on(postgres) as (first, _), driver_on(postgres) as (second, _):
+        t0 = now()
+        assert first.step(t0) and first.is_leader
+        assert not second.step(t0) and not second.is_leader
+        assert not second.step(t0 + ROUND_S), "a standby never starts a round"
+        assert sample(second, "shockwave_driver_leader") == 0
+        assert sample(first, "shockwave_driver_leader") == 1
+        holder = lock_holder(postgres)
+        assert holder is not None
+
+        with postgres.engine.connect() as connection:
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": holder})
+            connection.commit()
+        deadline = time.monotonic() + 5
+        while lock_holder(postgres) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        assert second.step(t0 + ROUND_S) and second.is_leader
+        assert not first.step(t0 + ROUND_S) and not first.is_leader
+    assert [round_row(postgres, r).index for r in (0, 1)] == [0, 1]
+
+
+def test_a_standby_takes_over_within_two_rounds_when_the_driver_process_is_killed(
+    postgres: Database, tmp_path: Path
+) -> None:
+    """A real `shockwave driver` (rounds of 1 s) killed with SIGKILL mid-round."""
+    round_s = 1.0
+    env = {
+        **os.environ,
+        "SHOCKWAVE_DATABASE_URL": postgres.url,
+        "SHOCKWAVE_DATABASE_SCHEMA": postgres.schema or "",
+        "SHOCKWAVE_SOLVER_MODE": "inline",
+        "SHOCKWAVE_TICK_S": "0.05",
+    }
+    command = [str(Path(sys.executable).with_name("shockwave")), "driver", "--round-seconds", "1"]
+    log = (tmp_path / "driver.log").open("w+b")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    stop = threading.Event()
+    standby_thread: threading.Thread | None = None
+    try:
+        wait_for(lambda: count_rounds(postgres) >= 2, 20, process, log)
+        settings = DriverSettings(
+            database_url=postgres.url, database_schema=postgres.schema, tick_s=0.05
+        )
+        standby = RoundDriver(postgres.engine, settings)
+        standby_thread = threading.Thread(target=standby.run, args=(stop,), daemon=True)
+        standby_thread.start()
+        time.sleep(0.3)
+        assert not standby.is_leader
+        led = count_rounds(postgres)
+
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(5)
+        killed_at = time.time()
+
+        wait_for(lambda: count_rounds(postgres) > led, 2 * round_s)
+        assert standby.is_leader
+        assert time.time() - killed_at <= 2 * round_s
+    finally:
+        stop.set()
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+        if standby_thread is not None:
+            standby_thread.join(5)
+        log.close()
+    indices = sorted(r.index for r in all_rounds(postgres))
+    assert indices == list(range(len(indices))), "no round skipped or repeated"
+
+
+def count_rounds(database: Database) -> int:
+    return len(all_rounds(database))
+
+
+def all_rounds(database: Database) -> list[RoundRow]:
+    with Session(database.engine) as session:
+        return list(session.exec(select(RoundRow).order_by(col(RoundRow.index))).all())
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    process: subprocess.Popen[bytes] | None = None,
+    log: BinaryIO | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if process is not None and process.poll() is not None:
+            output = ""
+            if log is not None:
+                log.seek(0)
+                output = log.read().decode(errors="replace")
+            pytest.fail(f"the driver exited with {process.returncode}: {output}")
+        time.sleep(0.02)
+    pytest.fail(f"not within {timeout} s")

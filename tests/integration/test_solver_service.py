@@ -1,0 +1,465 @@
+"""The solver service on the real Postgres and Redis, with a real Celery worker process.
+
+Tests that need no broker run on both databases (``database``); the rest use a Postgres schema
+of their own and a worker started with ``shockwave worker`` on a queue of its own, so nothing
+here sees another test session's plans or messages. Every subprocess is killed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from api import migrate
+from api.auth import Role, create_token
+from api.db import make_engine
+from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
+from api.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow
+from shockwave.policy import get_policy
+from solver_service import enqueue
+from solver_service.planning import plan_cluster, policy_params
+from solver_service.settings import SolverSettings
+from solver_service.snapshot import NoCapacity, load_snapshot
+from tests.integration.api_calls import bearer, job_body
+from tests.integration.conftest import (
+    POSTGRES_URL,
+    Database,
+    RecordedPlanRequests,
+    Tokens,
+    build_app,
+    postgres_schema,
+    unique_name,
+)
+
+REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+SHOCKWAVE = Path(sys.executable).with_name("shockwave")
+WORKER_START_S = 30.0
+PLAN_WAIT_S = 30.0
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def wait_for(what: str, found: Callable[[], Any], timeout: float, log: Path | None = None) -> Any:
+    """Poll ``found`` until it returns something truthy; fail naming ``what`` (and showing the
+    worker's log) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.05)
+    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    pytest.fail(f"no {what} within {timeout:.0f} s\n{tail}", pytrace=False)
+
+
+def add_nodes(engine: Engine, *nodes: tuple[str, int]) -> None:
+    with Session(engine) as session:
+        for node_id, gpus in nodes:
+            session.add(NodeRow(id=node_id, hostname=node_id, gpus=gpus, state="READY"))
+        session.commit()
+
+
+def submit(client: TestClient, token: str, **overrides: Any) -> str:
+    response = client.post("/v1/jobs", json=job_body(**overrides), headers=bearer(token))
+    assert response.status_code == 201, response.json()
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def cluster_row(engine: Engine) -> ClusterRow:
+    with Session(engine) as session:
+        row = session.get(ClusterRow, DEFAULT_CLUSTER)
+        assert row is not None
+        return row
+
+
+def plans(engine: Engine, state_version: int | None = None) -> list[PlanRow]:
+    with Session(engine) as session:
+        query = select(PlanRow).order_by(col(PlanRow.id))
+        if state_version is not None:
+            query = query.where(PlanRow.state_version == state_version)
+        return list(session.exec(query).all())
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Service:
+    """A Postgres schema, the API on it and a solver worker on ``queue``."""
+
+    database: Database
+    queue: str
+    log: Path
+    settings: SolverSettings
+
+    def requester(self, **changes: Any) -> enqueue.PlanRequester:
+        return enqueue.make_requester(self.settings.model_copy(update=changes))
+
+
+@pytest.fixture(scope="module")
+def redis_broker() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        pytest.fail(
+            f"Redis is not reachable at {REDIS_URL} ({error}). Run scripts/services.sh, or "
+            "point SHOCKWAVE_TEST_REDIS_URL at a server.",
+            pytrace=False,
+        )
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def service(
+    postgres_server: Engine,
+    redis_broker: redis.Redis,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Service]:
+    """A migrated schema and a ``shockwave worker`` process serving a queue of its own."""
+    queue = unique_name("solver_it")
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with postgres_schema(postgres_server, "solver_it") as schema:
+        migrate.upgrade(POSTGRES_URL, schema=schema)
+        engine = make_engine(POSTGRES_URL, schema)
+        settings = SolverSettings(
+            database_url=POSTGRES_URL,
+            database_schema=schema,
+            broker_url=REDIS_URL,
+            solver_queue=queue,
+            solver_mode="celery",
+        )
+        env = {
+            **os.environ,
+            "SHOCKWAVE_DATABASE_URL": POSTGRES_URL,
+            "SHOCKWAVE_DATABASE_SCHEMA": schema,
+            "SHOCKWAVE_BROKER_URL": REDIS_URL,
+            "SHOCKWAVE_SOLVER_QUEUE": queue,
+        }
+        with log.open("wb") as output:
+            worker = subprocess.Popen(
+                [str(SHOCKWAVE), "worker", "--concurrency", "1", "--log-level", "info"],
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_for("ready worker", lambda: b" ready." in log.read_bytes(), WORKER_START_S, log)
+            yield Service(Database("postgres", POSTGRES_URL, engine, schema), queue, log, settings)
+        finally:
+            _stop(worker)
+            engine.dispose()
+            for key in redis_broker.scan_iter(match=f"*{queue}*"):
+                redis_broker.delete(key)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the worker's process group (the worker and its pool), SIGKILL if it lingers."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def pg_client(service: Service) -> Iterator[tuple[TestClient, str]]:
+    """A client of the API on the service's schema (emptied) and an admin token."""
+    service.database.empty()
+    with Session(service.database.engine) as session:
+        admin = create_token(session, Role.ADMIN, name="admin")
+    with TestClient(build_app(service.database), raise_server_exceptions=False) as client:
+        yield client, admin
+
+
+@pytest.fixture
+def live_requests(service: Service) -> Iterator[enqueue.PlanRequester]:
+    """Plan requests go to the real broker and the service's worker."""
+    requester = service.requester()
+    previous = enqueue.install(requester)
+    try:
+        yield requester
+    finally:
+        enqueue.install(previous)
+        requester.close()
+
+
+# --- with a real worker ------------------------------------------------------------------------
+
+
+def test_submitted_jobs_are_planned_by_the_worker(
+    service: Service,
+    pg_client: tuple[TestClient, str],
+    live_requests: enqueue.PlanRequester,
+) -> None:
+    client, admin = pg_client
+    engine = service.database.engine
+    add_nodes(engine, ("n1", 4), ("n2", 4))
+    jobs = [submit(client, admin, gpus=g, name=f"w{g}") for g in (1, 2, 4)]
+    version = cluster_row(engine).state_version
+    assert version == 3
+
+    plan = wait_for("plan", lambda: plans(engine, version), PLAN_WAIT_S, service.log)[0]
+
+    assert plan.base_round == 0
+    assert plan.policy == "shockwave"
+    assert sorted(plan.rounds[0]) == sorted(jobs), "7 of 8 GPUs: every job runs"
+    assert plan.status and plan.solver
+    assert plan.solve_seconds > 0
+    assert cluster_row(engine).policy_state is not None, "the policy's memory is kept"
+
+
+def test_duplicate_deliveries_make_one_plan(
+    service: Service,
+    pg_client: tuple[TestClient, str],
+    live_requests: enqueue.PlanRequester,
+) -> None:
+    client, admin = pg_client
+    engine = service.database.engine
+    add_nodes(engine, ("n1", 4))
+    first = submit(client, admin)
+    version = cluster_row(engine).state_version
+    wait_for("first plan", lambda: plans(engine, version), PLAN_WAIT_S, service.log)
+    for _ in range(3):
+        live_requests.request(DEFAULT_CLUSTER, version)
+    response = client.post(f"/v1/jobs/{first}/cancel", headers=bearer(admin))
+    assert response.status_code == 200
+    newer = cluster_row(engine).state_version
+    assert newer == version + 1
+    # One worker process takes messages in order: once the cancel's plan is there, the
+    # duplicates sent before it have been handled.
+    after = wait_for("plan after cancel", lambda: plans(engine, newer), PLAN_WAIT_S, service.log)
+
+    assert len(plans(engine, version)) == 1
+    assert after[0].rounds and not any(after[0].rounds), "the cancelled job is planned no more"
+
+
+def test_api_accepts_jobs_quickly_with_the_broker_down(
+    service: Service, pg_client: tuple[TestClient, str]
+) -> None:
+    client, admin = pg_client
+    engine = service.database.engine
+    add_nodes(engine, ("n1", 8))
+    down = service.requester(broker_url=f"redis://127.0.0.1:{closed_port()}/0")
+    previous = enqueue.install(down)
+    try:
+        jobs = []
+        for i in range(5):
+            started = time.perf_counter()
+            jobs.append(submit(client, admin, name=f"down{i}"))
+            assert time.perf_counter() - started < 2.0
+    finally:
+        enqueue.install(previous)
+        down.close()
+
+    with Session(engine) as session:
+        stored = session.exec(select(JobRow.id)).all()
+        assert sorted(stored) == sorted(jobs), "every acknowledged job is committed"
+        assert cluster_row(engine).state_version == 5
+        assert plans(engine) == [], "no request reached a worker"
+        plan = plan_cluster(session, DEFAULT_CLUSTER, 5, now=datetime.now(UTC))
+    assert plan is not None
+    assert sorted(plan.rounds[0]) == sorted(jobs), "once planning resumes, nothing is missing"
+
+
+def test_a_silent_broker_delays_a_request_by_at_most_its_timeout(service: Service) -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        requester = service.requester(broker_url=f"redis://127.0.0.1:{port}/0")
+        try:
+            started = time.perf_counter()
+            requester.request(DEFAULT_CLUSTER, 1)
+            elapsed = time.perf_counter() - started
+        finally:
+            requester.close()
+    assert elapsed < service.settings.broker_timeout_s + 0.5
+
+
+# --- on both databases, without a broker ---------------------------------------------------------
+
+
+def test_requests_follow_the_replan_mode(
+    database: Database, client: TestClient, tokens: Tokens, plan_requests: RecordedPlanRequests
+) -> None:
+    job = submit(client, tokens.admin)
+    assert plan_requests.requests == [(DEFAULT_CLUSTER, 1)]
+    scaling = {"seq": 1, "kind": "scaling", "batch_size": 64, "epoch": 1}
+    progress = {"seq": 2, "kind": "progress", "epoch": 1, "samples": 1000, "seconds": 3.0}
+    for event in (scaling, scaling, {**progress, "batch_size": 32}):
+        response = client.post(f"/v1/jobs/{job}/events", json=event, headers=bearer(tokens.admin))
+        assert response.status_code in (200, 201), response.json()
+    assert plan_requests.requests[1:] == [(DEFAULT_CLUSTER, 2)], (
+        "a scaling event asks for a plan; its replay and progress events do not"
+    )
+
+    with Session(database.engine) as session:
+        row = session.get(ClusterRow, DEFAULT_CLUSTER)
+        assert row is not None
+        row.replan = "lazy"
+        session.add(row)
+        session.commit()
+    assert client.post(f"/v1/jobs/{job}/cancel", headers=bearer(tokens.admin)).status_code == 200
+    assert len(plan_requests.requests) == 2, "lazy mode only bumps the version"
+    assert cluster_row(database.engine).state_version == 3
+
+
+def test_stale_and_repeated_requests_are_no_ops(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    add_nodes(database.engine, ("n1", 4))
+    for _ in range(2):
+        submit(client, tokens.admin)
+    with Session(database.engine) as session:
+        assert plan_cluster(session, DEFAULT_CLUSTER, 1, now=NOW) is None
+        assert plans(database.engine) == []
+        first = plan_cluster(session, DEFAULT_CLUSTER, 2, now=NOW)
+        again = plan_cluster(session, DEFAULT_CLUSTER, 2, now=NOW)
+    assert first is not None and again is not None
+    assert again.id == first.id
+    assert [p.id for p in plans(database.engine)] == [first.id]
+
+
+def test_concurrent_workers_on_one_version_store_one_plan(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    add_nodes(database.engine, ("n1", 4))
+    submit(client, tokens.admin)
+    both_loaded = threading.Barrier(2, timeout=10)
+    results: dict[str, int | None] = {}
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        calls = iter(range(2))
+
+        def timer() -> float:
+            if next(calls) == 0:
+                both_loaded.wait()
+            return time.perf_counter()
+
+        try:
+            with Session(database.engine) as session:
+                plan = plan_cluster(session, DEFAULT_CLUSTER, 1, now=NOW, timer=timer)
+                results[name] = None if plan is None else plan.id
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert not errors, errors
+    stored = plans(database.engine)
+    assert len(stored) == 1
+    assert results == {"a": stored[0].id, "b": stored[0].id}
+
+
+@pytest.mark.parametrize("policy", ["shockwave", "gavel", "fifo"])
+def test_plan_starts_with_what_the_core_decides(
+    database: Database, client: TestClient, tokens: Tokens, policy: str
+) -> None:
+    add_nodes(database.engine, ("n1", 4), ("n2", 4))
+    shapes = [(4, 30, 100.0), (2, 5, 400.0), (2, 50, 50.0), (4, 10, 200.0), (1, 20, 80.0)]
+    jobs = [
+        submit(client, tokens.admin, gpus=g, epochs=e, throughput={"32": tp}) for g, e, tp in shapes
+    ]
+    with Session(database.engine) as session:
+        ensure_cluster(session)
+        cluster = session.get(ClusterRow, DEFAULT_CLUSTER)
+        assert cluster is not None
+        cluster.policy = policy
+        cluster.current_round = 3
+        running = session.get(JobRow, jobs[1])
+        assert running is not None
+        running.state = "RUNNING"
+        session.add_all([cluster, running])
+        session.add(
+            LeaseRow(id="lease-1", job_id=jobs[1], node_id="n2", round_index=3, gpus=[2, 3])
+        )
+        session.commit()
+
+        snapshot, version = load_snapshot(session, DEFAULT_CLUSTER, 4, NOW)
+        session.rollback()
+        core = get_policy(policy)
+        decision = core.decide(
+            snapshot, policy_params(core, replan="reactive", solver_time_limit_s=None)
+        )
+        plan = plan_cluster(session, DEFAULT_CLUSTER, version, now=NOW)
+
+    assert [j.job_id for j in snapshot.jobs] == jobs
+    assert snapshot.job(jobs[1]).progress.gpus == (6, 7), "n2's local GPUs 2, 3 are global 6, 7"
+    assert all(not snapshot.job(j).running for j in jobs if j != jobs[1])
+    assert snapshot.cluster.total_gpus == 8
+    assert plan is not None
+    assert plan.base_round == 4
+    assert plan.state_version == version == 5
+    assert plan.rounds[0] == list(decision.jobs)
+    assert 0 < sum(g for (g, _, _), j in zip(shapes, jobs, strict=True) if j in plan.rounds[0]) <= 8
+    if policy == "shockwave":
+        assert len(plan.rounds) > 1, "Shockwave plans a window of rounds"
+        assert plan.status and plan.objective is not None
+    else:
+        assert len(plan.rounds) == 1
+
+
+def test_no_ready_node_means_no_plan(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    submit(client, tokens.admin)
+    with Session(database.engine) as session:
+        session.add(NodeRow(id="gone", hostname="gone", gpus=4, state="LOST"))
+        session.commit()
+        with pytest.raises(NoCapacity):
+            load_snapshot(session, DEFAULT_CLUSTER, 0, NOW)
+        session.rollback()
+        assert plan_cluster(session, DEFAULT_CLUSTER, None, now=NOW) is None
+    assert plans(database.engine) == []
+
+
+def test_inline_mode_plans_in_process(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    add_nodes(database.engine, ("n1", 4))
+    inline = enqueue.make_requester(SolverSettings(solver_mode="inline"), database.engine)
+    previous = enqueue.install(inline)
+    try:
+        jobs = [submit(client, tokens.admin, gpus=2) for _ in range(3)]
+        plan = wait_for("inline plan", lambda: plans(database.engine, 3), PLAN_WAIT_S)[0]
+    finally:
+        enqueue.install(previous)
+        inline.close()
+    assert len(plan.rounds[0]) == 2 and set(plan.rounds[0]) <= set(jobs), "4 GPUs: two jobs run"
