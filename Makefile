@@ -8,7 +8,7 @@ REFERENCE := ../shared/data/reference
 TRACE_NAME := 120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic
 RUN_OUT := out/120jobs
 
-.PHONY: venv run test lint
+.PHONY: venv run test e2e lint
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ run: venv
 test: venv
 	scripts/services.sh
 	$(BIN)/python -m pytest
+
+# The end-to-end tests alone (real processes; `make test` runs them too).
+e2e: venv
+	scripts/services.sh
+	$(BIN)/python -m pytest tests/e2e
 
 lint: venv
 	$(BIN)/ruff check .
