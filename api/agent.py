@@ -298,6 +298,8 @@ def _lease_public(lease: LeaseRow, job: JobRow) -> LeasePublic:
             "SHOCKWAVE_BATCH_SIZE": str(job.batch_size),
             "SHOCKWAVE_CHECKPOINT_DIR": directory,
         },
+        command=list(job.command),
+        image=job.image,
     )
 
 

@@ -75,7 +75,9 @@ class LeasePublic(BaseModel):
     SHOCKWAVE_BATCH_SIZE and SHOCKWAVE_CHECKPOINT_DIR; the agent adds SHOCKWAVE_API_URL and the
     job-scoped token (POST .../token). ``checkpoint_dir`` is a suggestion relative to the agent's
     work directory, the same for every attempt of the job, so a resumed attempt finds the last
-    checkpoint (on several nodes it must be shared storage)."""
+    checkpoint (on several nodes it must be shared storage). ``command`` (argv) and ``image``
+    are the job's: what to run, and the container image to run it in where the agent runs
+    Docker."""
 
     attempt_id: str
     job_id: str
@@ -87,6 +89,8 @@ class LeasePublic(BaseModel):
     batch_size: int
     checkpoint_dir: str
     env: dict[str, str]
+    command: list[str] = []
+    image: str | None = None
 
 
 class NodeLeases(BaseModel):

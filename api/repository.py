@@ -88,6 +88,8 @@ def create_job(session: Session, principal: Principal, data: JobCreate) -> JobRo
         budget=spec.budget,
         model=spec.model,
         batch_size=spec.initial_batch_size,
+        command=list(data.command),
+        image=data.image,
     )
     session.add(row)
     session.flush()

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shockwave.lifecycle import JobState
 
@@ -17,12 +17,31 @@ Name = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/ -]*$")
 ]
 Tenant = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Argument = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
+Command = Annotated[
+    list[Argument],
+    Field(
+        max_length=256,
+        description="What an agent runs for the job (argv, no shell); empty: none given.",
+    ),
+]
+Image = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\x00-\x20\x7f]+$",
+        description="Container image an agent with a Docker engine runs ``command`` in.",
+    ),
+]
 
 
 class JobCreate(BaseModel):
     """A job submission (SPEC section 3.1). ``throughput``: samples per second of the whole
     gang at each batch size, if known. ``tenant``: only an admin may set it; a user's jobs
-    belong to the user's tenant."""
+    belong to the user's tenant. ``command`` (argv) is what a node agent runs for the job, in
+    the container ``image`` where the agent runs Docker; a job without one is planned but no
+    agent can run it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -37,6 +56,15 @@ class JobCreate(BaseModel):
     throughput: Annotated[dict[BigInt, Finite], Field(max_length=64)] = {}
     budget: Finite = 1.0
     model: Annotated[str, Field(max_length=128)] = ""
+    command: Command = []
+    image: Image | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _program_named(cls, value: list[str]) -> list[str]:
+        if value and not value[0]:
+            raise ValueError("the first argument names the program: it must not be empty")
+        return value
 
 
 class JobPublic(BaseModel):
@@ -57,6 +85,8 @@ class JobPublic(BaseModel):
     batch_size: int
     attained_s: float
     measured_epoch_seconds: dict[str, float] = {}
+    command: list[str] = []
+    image: str | None = None
     created_at: datetime
     updated_at: datetime
 

@@ -77,6 +77,10 @@ class JobRow(SQLModel, table=True):
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
     last_seq: int = 0
+    command: list[str] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")
+    )
+    image: str | None = Field(default=None, max_length=255)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 

@@ -55,7 +55,12 @@ from shockwave.cli.report import (
     write_jobs_csv,
     write_json,
 )
-from shockwave.cli.service_commands import driver_command, up_command, worker_command
+from shockwave.cli.service_commands import (
+    agent_command,
+    driver_command,
+    up_command,
+    worker_command,
+)
 from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import AdaptationMode, Cluster, ValidationError
@@ -445,3 +450,4 @@ app.add_typer(jobs_app, name="jobs")
 app.command("worker")(worker_command)
 app.command("driver")(driver_command)
 app.command("up")(up_command)
+app.command("agent")(agent_command)

@@ -230,3 +230,114 @@ def up_command(
         if service is not None:
             service.close()
     typer.echo("Stopped.", err=True)
+
+
+# --- shockwave agent -------------------------------------------------------------------------
+
+
+def agent_command(
+    api: Annotated[
+        str, typer.Option("--api", help="The Shockwave API's base URL.")
+    ] = "http://127.0.0.1:8000",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SHOCKWAVE_AGENT_TOKEN",
+            help="An agent token (`shockwave admin create-token --role agent --node N`); "
+            "none in open mode. Prefer the variable or --token-file to the command line.",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="Read the token from this file.", dir_okay=False, exists=True),
+    ] = None,
+    gpus: Annotated[
+        str,
+        typer.Option(help="GPUs to offer: auto (every one nvidia-smi lists) or a number of slots."),
+    ] = "auto",
+    runtime: Annotated[
+        str,
+        typer.Option(help="auto (docker where `docker info` answers), process or docker."),
+    ] = "auto",
+    node_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The node to act for (open mode and admin tokens; default: the hostname "
+            "without a token, the token's node with one).",
+            show_default=False,
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path,
+        typer.Option(
+            help="Holds the state file, attempt logs and checkpoints/<job>.", file_okay=False
+        ),
+    ] = Path("shockwave-agent"),
+    poll_interval: Annotated[
+        float, typer.Option(help="Seconds between lease polls.", min=0.05, max=60)
+    ] = 1.0,
+    heartbeat_interval: Annotated[
+        float, typer.Option(help="Seconds between heartbeats.", min=0.1, max=600)
+    ] = 3.0,
+    grace_seconds: Annotated[
+        float,
+        typer.Option(help="Seconds a job has to checkpoint and exit after SIGTERM.", min=0),
+    ] = 10.0,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds before a request to the API counts as failed.", min=0.1)
+    ] = 3.0,
+    lease_slack: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a lease may run past its end with no word from the server.", min=0
+        ),
+    ] = 5.0,
+    log_level: Annotated[
+        str, typer.Option(help="Log level: critical, error, warning, info, debug.")
+    ] = "info",
+) -> None:
+    """Run a node agent: register this machine, heartbeat, poll its leases and run each lease's
+    job as a process (or a Docker container), with CUDA_VISIBLE_DEVICES and the SHOCKWAVE_*
+    environment; stop jobs with SIGTERM, a grace period, then SIGKILL; report every attempt.
+
+    A server outage never stops a job early: it runs to the end of its lease. A restarted
+    agent re-attaches to the jobs it had started (state in --work-dir). Ctrl-C or SIGTERM stops
+    every job cleanly; twice exits at once, leaving them to the next agent. See docs/agent.md.
+    """
+    import logging
+    from typing import Literal, cast
+
+    from agent.main import Options, UsageError, WorkDirBusy, configure, serve
+    from shockwave.cli.api_commands import _fail
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if log_level.lower() != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    if token_file is not None:
+        token = token_file.read_text().strip() or None
+    if gpus != "auto" and not (gpus.isdigit() and 1 <= int(gpus) <= 1024):
+        _fail(f"--gpus: expected auto or a number from 1 to 1024, got {gpus!r}", 2)
+    if runtime not in ("auto", "process", "docker"):
+        _fail(f"--runtime: expected auto, process or docker, got {runtime!r}", 2)
+    options = Options(
+        api_url=api,
+        token=token,
+        node=node_name,
+        gpus=None if gpus == "auto" else int(gpus),
+        runtime=cast(Literal["auto", "process", "docker"], runtime),
+        work_dir=work_dir,
+        poll_interval_s=poll_interval,
+        heartbeat_interval_s=heartbeat_interval,
+        grace_s=grace_seconds,
+        lease_slack_s=lease_slack,
+        request_timeout_s=request_timeout,
+    )
+    try:
+        serve(configure(options))
+    except UsageError as error:
+        _fail(str(error), 2)
+    except WorkDirBusy as error:
+        _fail(f"{error}: one agent per work directory", 1)

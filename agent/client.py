@@ -1,0 +1,203 @@
+"""The /v1/agent API over HTTP (docs/service.md, "Agent endpoints"), and the backoff between
+failed contacts.
+
+Every call is one request with a short timeout; it never retries on its own, so a call never
+holds the agent loop longer than the timeout. What failed is told apart:
+
+- :class:`ApiUnavailable`: no answer, a timeout, a 5xx or a 429. Transient: the loop keeps
+  every process running and tries again after :class:`Backoff`'s delay.
+- :class:`ApiRefused`: a 4xx problem. The server answered; ``stop`` says it wants the attempt
+  stopped (attempt fencing, a 409 with ``stop: true``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from agent.config import Machine
+
+ReportState = Literal["started", "running", "checkpointed", "exited"]
+
+
+class ApiUnavailable(Exception):
+    """The API did not answer usefully (connection refused, timeout, 5xx, 429)."""
+
+
+class ApiRefused(Exception):
+    """The API answered with a 4xx problem: ``status`` and the problem body."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        detail = problem.get("detail") or problem.get("title") or ""
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.problem = problem
+
+    @property
+    def stop(self) -> bool:
+        """The server says the attempt must stop (a 409 with ``stop: true``)."""
+        return self.status == 409 and self.problem.get("stop") is True
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One lease as polled: run ``command`` (in ``image`` with Docker) for ``job_id`` on the
+    local ``gpus`` until ``ends_at`` (seconds since the epoch). ``env`` is the server's part of
+    the job's environment; ``checkpoint_dir`` is relative to the agent's work directory."""
+
+    attempt_id: str
+    job_id: str
+    round_index: int
+    gpus: tuple[int, ...]
+    ends_at: float
+    batch_size: int
+    checkpoint_dir: str
+    env: dict[str, str]
+    command: tuple[str, ...]
+    image: str | None
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> Lease:
+        return cls(
+            attempt_id=str(body["attempt_id"]),
+            job_id=str(body["job_id"]),
+            round_index=int(body["round_index"]),
+            gpus=tuple(int(g) for g in body["gpus"]),
+            ends_at=parse_time(str(body["ends_at"])),
+            batch_size=int(body["batch_size"]),
+            checkpoint_dir=str(body["checkpoint_dir"]),
+            env={str(k): str(v) for k, v in body.get("env", {}).items()},
+            command=tuple(str(a) for a in body.get("command") or ()),
+            image=body.get("image") or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePoll:
+    """What the node must run (``leases``, by attempt id) and must stop (``stop``)."""
+
+    leases: dict[str, Lease]
+    stop: frozenset[str]
+
+
+def parse_time(text: str) -> float:
+    """An RFC 3339 timestamp as seconds since the epoch (UTC when it names no zone)."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC).timestamp()
+    return moment.timestamp()
+
+
+class AgentApi(Protocol):
+    """What the agent loop needs of the server (:class:`AgentClient`, or a fake in tests)."""
+
+    def register(self, machine: Machine, hostname: str) -> dict[str, Any]: ...
+
+    def heartbeat(self) -> dict[str, Any]: ...
+
+    def leases(self, running: list[str]) -> LeasePoll: ...
+
+    def report(
+        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+    ) -> dict[str, Any]: ...
+
+    def job_token(self, attempt_id: str) -> str: ...
+
+
+class AgentClient:
+    """The agent endpoints, acting with ``token`` (None: open mode) for ``node`` (sent when
+    set; an agent token's node is implied)."""
+
+    def __init__(
+        self,
+        api_url: str,
+        token: str | None,
+        node: str | None,
+        timeout_s: float,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.node = node
+        self._http = httpx.Client(
+            base_url=api_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def register(self, machine: Machine, hostname: str) -> dict[str, Any]:
+        body = {"gpus": machine.gpus, "gpu_type": machine.gpu_type, "hostname": hostname}
+        return self._call("POST", "/v1/agent/register", json=self._named(body))
+
+    def heartbeat(self) -> dict[str, Any]:
+        return self._call("POST", "/v1/agent/heartbeat", json=self._named({}))
+
+    def leases(self, running: list[str]) -> LeasePoll:
+        params = {"running": ",".join(running)}
+        if self.node is not None:
+            params["node"] = self.node
+        body = self._call("GET", "/v1/agent/leases", params=params)
+        try:
+            leases = [Lease.parse(item) for item in body["leases"]]
+            stop = frozenset(str(a) for a in body["stop"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ApiUnavailable(f"GET /v1/agent/leases: unexpected answer ({error!r})") from error
+        return LeasePoll(leases={lease.attempt_id: lease for lease in leases}, stop=stop)
+
+    def report(
+        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"state": state}
+        if state == "exited":
+            body["exit_code"] = exit_code
+        return self._call("POST", f"/v1/agent/leases/{attempt_id}/status", json=body)
+
+    def job_token(self, attempt_id: str) -> str:
+        return str(self._call("POST", f"/v1/agent/leases/{attempt_id}/token")["token"])
+
+    def _named(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "node": self.node} if self.node is not None else body
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise ApiUnavailable(f"{method} {path}: {type(error).__name__}: {error}") from error
+        if response.status_code >= 500 or response.status_code == 429:
+            raise ApiUnavailable(f"{method} {path}: HTTP {response.status_code}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        if response.status_code >= 400:
+            raise ApiRefused(response.status_code, body)
+        return body
+
+
+class Backoff:
+    """Exponential backoff with jitter between failed contacts: the n-th failure in a row
+    waits a random time in [d/2, d], d = min(cap, base * 2**(n-1)); a success resets it."""
+
+    def __init__(self, base_s: float, cap_s: float, rng: random.Random | None = None) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def failure(self) -> float:
+        """Record one more failure; the delay before the next try."""
+        self.failures += 1
+        delay = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 32))
+        return self._rng.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.failures = 0

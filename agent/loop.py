@@ -1,0 +1,367 @@
+"""The agent loop: supervise the local attempts, then (when due) talk to the server.
+
+Each :meth:`Agent.step`:
+
+1. **Supervise** (every tick, with or without the server): an attempt whose process ended is
+   reported (``checkpointed`` if it exited 0 after the agent asked it to stop, else ``exited``
+   with its code); one asked to stop that outlives the grace period is killed; one whose lease
+   ran out (``ends_at``, plus a little slack) without word of an extension is asked to stop.
+2. **Contact** (every poll interval; after failures, after the backoff's delay): register if
+   needed, deliver the reports owed, heartbeat when due, poll the leases (telling the server
+   what runs here) and reconcile: stop what is no longer leased or is listed in ``stop``,
+   extend what the next round keeps (same attempt id, new ``ends_at``), start what is new.
+3. **Persist** the state file when anything changed.
+
+Only the server's answers stop a job early; errors never do. While the server is unreachable
+the jobs run on to the end of their leases, then stop cleanly, and the reports wait in the
+state file until it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.client import AgentApi, ApiRefused, ApiUnavailable, Backoff, Lease, LeasePoll
+from agent.config import AgentConfig, RuntimeKind, safe_name
+from agent.runtime import Ended, Handle, Launch, Runtime
+from agent.state import (
+    FINISHED_KEEP_S,
+    AgentState,
+    AttemptRecord,
+    PendingReport,
+    load,
+    save,
+)
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.2
+NOT_RUN = 127
+"""The exit code reported for a lease the agent could not start (no command, launch error)."""
+
+
+class Agent:
+    """One node's agent. ``clock`` is wall time (leases end at wall-clock times)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: AgentApi,
+        runtimes: dict[RuntimeKind, Runtime],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.runtimes = runtimes
+        self.clock = clock
+        self.state: AgentState = load(config.state_file)
+        self.backoff = Backoff(base_s=0.5, cap_s=config.max_backoff_s)
+        self.booted_at = clock()
+        self.registered = False
+        self.next_contact = 0.0
+        self.next_heartbeat = 0.0
+        self.unreachable_since: float | None = None
+        self.dirty = False
+
+    # --- running -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Re-attach, then step until ``stop`` is set; then stop every job and deliver the
+        reports (:meth:`drain`)."""
+        self.reattach()
+        while not stop.is_set():
+            self.step()
+            stop.wait(min(TICK_S, self.config.poll_interval_s))
+        self.drain()
+
+    def step(self) -> None:
+        now = self.clock()
+        self.supervise(now)
+        if now >= self.next_contact:
+            self.contact(now)
+        self.persist()
+
+    def reattach(self) -> None:
+        """Find the processes of the attempts in the state file: the live ones are supervised
+        again, the ended ones reported, the ones that never started forgotten (their lease,
+        if still live, starts them anew)."""
+        for record in list(self.state.attempts.values()):
+            runtime = self.runtimes[record.handle.kind]
+            record.handle = runtime.recover(record.handle)
+            ended = runtime.poll(record.handle)
+            if ended is None:
+                log.info(
+                    "re-attached to attempt %s of job %s (pid %s)",
+                    record.attempt_id,
+                    record.job_id,
+                    record.handle.pid or record.handle.container,
+                )
+            elif ended.code is None and (record.handle.pid == 0 or record.handle.container):
+                log.warning("attempt %s never started: forgetting it", record.attempt_id)
+                del self.state.attempts[record.attempt_id]
+            else:
+                self.finish(record, ended, self.clock())
+        self.dirty = True
+        self.persist()
+
+    def drain(self, extra_s: float = 5.0) -> None:
+        """Stop every job (SIGTERM, grace, SIGKILL) and try to deliver the reports, for at
+        most the grace period plus ``extra_s``; what is not delivered stays in the state file."""
+        now = self.clock()
+        for record in self.state.attempts.values():
+            self.request_stop(record, now, "the agent is stopping")
+        deadline = now + self.config.grace_s + extra_s
+        while self.clock() < deadline and (self.state.attempts or self.state.outbox):
+            now = self.clock()
+            self.supervise(now)
+            if self.state.outbox and now >= self.next_contact:
+                self.guarded(now, self.flush_outbox)
+            self.persist()
+            time.sleep(TICK_S)
+        self.persist()
+
+    # --- supervising ---------------------------------------------------------------------
+
+    def supervise(self, now: float) -> None:
+        for record in list(self.state.attempts.values()):
+            runtime = self.runtimes[record.handle.kind]
+            ended = runtime.poll(record.handle)
+            if ended is not None:
+                self.finish(record, ended, now)
+            elif record.stop_requested_at is not None:
+                if not record.killed and now >= record.stop_requested_at + self.config.grace_s:
+                    log.warning("attempt %s outlived the grace period: SIGKILL", record.attempt_id)
+                    runtime.kill(record.handle)
+                    record.killed = True
+                    self.dirty = True
+            elif now > max(record.ends_at, self.booted_at) + self.config.lease_slack_s:
+                self.request_stop(record, now, "its lease ended with no word of an extension")
+
+    def request_stop(self, record: AttemptRecord, now: float, reason: str) -> None:
+        if record.stopping:
+            return
+        log.info("stopping attempt %s of job %s: %s", record.attempt_id, record.job_id, reason)
+        record.stop_requested_at = now
+        record.stop_reason = reason
+        self.runtimes[record.handle.kind].terminate(record.handle)
+        self.dirty = True
+
+    def finish(self, record: AttemptRecord, ended: Ended, now: float) -> None:
+        """Record the end of ``record`` and queue its report."""
+        code = ended.code
+        if code is None:
+            code = -int(signal.SIGKILL)
+            log.warning("attempt %s ended with no recorded status", record.attempt_id)
+        if record.stopping and code == 0:
+            report = PendingReport(record.attempt_id, "checkpointed")
+        else:
+            report = PendingReport(record.attempt_id, "exited", code)
+        outcome = "checkpointed" if report.state == "checkpointed" else f"exited {code}"
+        log.info("attempt %s of job %s ended: %s", record.attempt_id, record.job_id, outcome)
+        self.state.outbox.append(report)
+        del self.state.attempts[record.attempt_id]
+        self.state.finished[record.attempt_id] = now
+        self.state.forget_finished_before(now - FINISHED_KEEP_S)
+        self.dirty = True
+
+    # --- talking to the server -----------------------------------------------------------
+
+    def contact(self, now: float) -> None:
+        self.guarded(now, lambda: self.exchange(now))
+
+    def guarded(self, now: float, exchange: Callable[[], None]) -> None:
+        """Run ``exchange``; on success the next contact is one poll interval away, on
+        failure the backoff's delay away. Failures never stop a job."""
+        try:
+            exchange()
+        except ApiUnavailable as error:
+            self.unreachable(now, str(error))
+            return
+        except ApiRefused as error:
+            if error.status == 404 and self.registered:
+                log.warning("the server does not know this node (%s): registering again", error)
+                self.registered = False
+                self.next_contact = now
+                return
+            self.unreachable(now, f"refused: {error}")
+            return
+        if self.unreachable_since is not None:
+            log.info("the server answers again after %.1f s", now - self.unreachable_since)
+            self.unreachable_since = None
+        self.backoff.reset()
+        self.next_contact = now + self.config.poll_interval_s
+
+    def unreachable(self, now: float, why: str) -> None:
+        delay = self.backoff.failure()
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+            log.warning("cannot reach the server (%s); jobs keep their leases", why)
+        else:
+            log.debug("still cannot reach the server (%s); next try in %.1f s", why, delay)
+        self.next_contact = now + delay
+
+    def exchange(self, now: float) -> None:
+        if not self.registered:
+            node = self.client.register(self.config.machine, self.config.hostname)
+            log.info("registered node %s: %s GPUs (%s)", node["id"], node["gpus"], node["gpu_type"])
+            self.registered = True
+            self.next_heartbeat = now + self.config.heartbeat_interval_s
+        self.flush_outbox()
+        if now >= self.next_heartbeat:
+            self.client.heartbeat()
+            self.next_heartbeat = now + self.config.heartbeat_interval_s
+        poll = self.client.leases(sorted(self.state.attempts))
+        self.reconcile(poll, now)
+        self.flush_outbox()
+
+    def flush_outbox(self) -> None:
+        """Deliver the reports owed, oldest first; stop at the first that cannot be sent."""
+        while self.state.outbox:
+            report = self.state.outbox[0]
+            try:
+                answer = self.client.report(report.attempt_id, report.state, report.exit_code)
+                told_to_stop = bool(answer.get("stop"))
+            except ApiRefused as refused:
+                if not refused.stop and refused.status != 404:
+                    log.error("report %s refused: %s", report, refused)
+                told_to_stop = refused.stop
+            self.state.outbox.pop(0)
+            self.dirty = True
+            record = self.state.attempts.get(report.attempt_id)
+            if told_to_stop and record is not None:
+                self.request_stop(record, self.clock(), "the server says it must stop")
+
+    def reconcile(self, poll: LeasePoll, now: float) -> None:
+        for record in list(self.state.attempts.values()):
+            if record.stopping:
+                continue
+            lease = poll.leases.get(record.attempt_id)
+            if record.attempt_id in poll.stop:
+                self.request_stop(record, now, "the server says it must stop")
+            elif lease is None:
+                self.request_stop(record, now, "it is no longer leased")
+            elif lease.ends_at != record.ends_at:
+                record.ends_at = lease.ends_at
+                self.state.outbox.append(PendingReport(record.attempt_id, "running"))
+                self.dirty = True
+        for lease in poll.leases.values():
+            known = lease.attempt_id in self.state.attempts or lease.attempt_id in poll.stop
+            if known or lease.attempt_id in self.state.finished or self.blocked(lease):
+                continue
+            self.launch(lease, now)
+
+    def blocked(self, lease: Lease) -> bool:
+        """Whether a local attempt still holds the lease's job or one of its GPUs (it is
+        stopping): the lease starts once that one has ended."""
+        return any(
+            record.job_id == lease.job_id or set(record.gpus) & set(lease.gpus)
+            for record in self.state.attempts.values()
+        )
+
+    # --- starting ------------------------------------------------------------------------
+
+    def launch(self, lease: Lease, now: float) -> None:
+        """Start ``lease``'s job. The record is saved before the process starts, so an agent
+        killed at any point finds it again (:meth:`reattach`)."""
+        token = self.job_token(lease)
+        if token is None:
+            return
+        checkpoint = self.checkpoint_dir(lease)
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        folder = self.config.attempt_dir(lease.attempt_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        launch = Launch(
+            attempt_id=lease.attempt_id,
+            argv=lease.command,
+            image=lease.image,
+            env=self.job_env(lease, token, checkpoint),
+            gpus=lease.gpus,
+            log_file=folder / "output.log",
+            pid_file=folder / "wrapper.json",
+            status_file=folder / "exit-status.json",
+            checkpoint_dir=checkpoint,
+        )
+        if not lease.command:
+            self.not_run(lease, now, "its job has no command")
+            return
+        docker = self.config.runtime == "docker" and lease.image is not None
+        kind: RuntimeKind = "docker" if docker else "process"
+        record = AttemptRecord(
+            attempt_id=lease.attempt_id,
+            job_id=lease.job_id,
+            gpus=list(lease.gpus),
+            ends_at=lease.ends_at,
+            handle=Handle.planned(kind, launch),
+            started_at=now,
+        )
+        self.state.attempts[lease.attempt_id] = record
+        save(self.config.state_file, self.state)
+        try:
+            record.handle = self.runtimes[kind].start(launch)
+        except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as error:
+            del self.state.attempts[lease.attempt_id]
+            self.not_run(lease, now, f"it could not start: {error}")
+            return
+        log.info(
+            "started attempt %s of job %s on GPUs %s (%s %s)",
+            lease.attempt_id,
+            lease.job_id,
+            ",".join(str(g) for g in lease.gpus),
+            kind,
+            record.handle.pid or record.handle.container,
+        )
+        self.state.outbox.append(PendingReport(lease.attempt_id, "started"))
+        self.dirty = True
+        self.persist()
+
+    def job_token(self, lease: Lease) -> str | None:
+        try:
+            return self.client.job_token(lease.attempt_id)
+        except ApiRefused as refused:
+            log.info("no token for attempt %s (%s): not starting it", lease.attempt_id, refused)
+            return None
+
+    def not_run(self, lease: Lease, now: float, why: str) -> None:
+        log.error("cannot run attempt %s of job %s: %s", lease.attempt_id, lease.job_id, why)
+        self.state.outbox.append(PendingReport(lease.attempt_id, "exited", NOT_RUN))
+        self.state.finished[lease.attempt_id] = now
+        self.dirty = True
+
+    def checkpoint_dir(self, lease: Lease) -> Path:
+        """The job's checkpoint directory: the lease's, under the work directory (the same for
+        every attempt of the job); a path that would leave the work directory is not used."""
+        root = self.config.work_dir.resolve()
+        wanted = (root / lease.checkpoint_dir).resolve()
+        if wanted.is_relative_to(root) and wanted != root:
+            return wanted
+        return root / "checkpoints" / safe_name(lease.job_id)
+
+    def job_env(self, lease: Lease, token: str, checkpoint: Path) -> dict[str, str]:
+        """What the job's environment adds (SPEC section 6): the lease's ``env`` and what only
+        the agent knows (the API's URL, the job's token, the absolute checkpoint directory)."""
+        env = {"PYTHONUNBUFFERED": "1", **lease.env}
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in lease.gpus),
+                "SHOCKWAVE_JOB_ID": lease.job_id,
+                "SHOCKWAVE_ATTEMPT_ID": lease.attempt_id,
+                "SHOCKWAVE_BATCH_SIZE": str(lease.batch_size),
+                "SHOCKWAVE_API_URL": self.config.api_url,
+                "SHOCKWAVE_TOKEN": token,
+                "SHOCKWAVE_CHECKPOINT_DIR": str(checkpoint),
+                "SHOCKWAVE_ROUND_ENDS_AT": datetime.fromtimestamp(lease.ends_at, UTC).isoformat(),
+            }
+        )
+        return env
+
+    def persist(self) -> None:
+        if self.dirty:
+            save(self.config.state_file, self.state)
+            self.dirty = False

@@ -1,0 +1,290 @@
+"""Running a job: as a process (under :mod:`agent.wrap`, in a process group of its own) or as
+a Docker container, and watching, stopping and re-attaching to it.
+
+A :class:`Handle` is what the state file keeps of a running job: enough for an agent
+restarted in between to find the same process again (pid and its start time from
+``/proc/<pid>/stat``, so a recycled pid is never mistaken for it) or the same container (its
+name), and to learn how it ended (the wrapper's status file, the container's exit code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from contextlib import suppress
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent import wrap
+from agent.config import RuntimeKind, safe_name
+
+DOCKER_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One attempt to start: ``argv`` (in ``image`` for a container) with ``env`` on the local
+    ``gpus``; its output goes to ``log_file``, the wrapper's pid to ``pid_file`` and its exit
+    status to ``status_file``."""
+
+    attempt_id: str
+    argv: tuple[str, ...]
+    image: str | None
+    env: dict[str, str]
+    gpus: tuple[int, ...]
+    log_file: Path
+    pid_file: Path
+    status_file: Path
+    checkpoint_dir: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """A started job. ``pid``/``start_ticks``: the wrapper process (the group leader, so
+    ``pid`` is also the process group) and its start time in clock ticks since boot (0 where
+    ``/proc`` is missing), ``pid`` 0 until known; ``container``: the container's name (Docker).
+    """
+
+    kind: RuntimeKind
+    pid: int
+    start_ticks: int
+    pid_file: str
+    status_file: str
+    log_file: str
+    container: str | None = None
+
+    @classmethod
+    def planned(cls, kind: RuntimeKind, launch: Launch) -> Handle:
+        """The handle of a job about to start (saved before it starts)."""
+        container = f"shockwave-{safe_name(launch.attempt_id)}" if kind == "docker" else None
+        return cls(
+            kind=kind,
+            pid=0,
+            start_ticks=0,
+            pid_file=str(launch.pid_file),
+            status_file=str(launch.status_file),
+            log_file=str(launch.log_file),
+            container=container,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Handle:
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A job that is over: ``code`` is its exit status (-S: killed by signal S), None when
+    nothing recorded it (the wrapper itself was killed)."""
+
+    code: int | None
+
+
+class Runtime(Protocol):
+    def start(self, launch: Launch) -> Handle: ...
+
+    def recover(self, handle: Handle) -> Handle:
+        """``handle`` completed from what the job wrote itself (its pid), after a restart."""
+        ...
+
+    def poll(self, handle: Handle) -> Ended | None:
+        """How the job ended; None while it runs."""
+        ...
+
+    def terminate(self, handle: Handle) -> None:
+        """Ask the job to checkpoint and exit (SIGTERM)."""
+        ...
+
+    def kill(self, handle: Handle) -> None:
+        """End the job now (SIGKILL)."""
+        ...
+
+
+def read_status(path: str | Path) -> int | None:
+    """The exit code the wrapper recorded, None if it recorded none."""
+    try:
+        code = json.loads(Path(path).read_text())["exit_code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, int) else None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot, field 22 of
+    ``/proc/<pid>/stat``); None if it is gone or a zombie; 0 where ``/proc`` is missing and
+    the process exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        return 0 if _exists(pid) else None
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def inherited_env() -> dict[str, str]:
+    """The agent's environment without its own SHOCKWAVE_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ProcessRuntime:
+    """Jobs as local processes, each under the wrapper, in a new session (so its own process
+    group: a signal to the group reaches the job and everything it started). A job inherits
+    the agent's environment without its SHOCKWAVE_* settings (the agent's token among them),
+    plus the launch's."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, launch: Launch) -> Handle:
+        launch.log_file.parent.mkdir(parents=True, exist_ok=True)
+        launch.status_file.unlink(missing_ok=True)
+        launch.pid_file.unlink(missing_ok=True)
+        wrapper = [sys.executable, "-P", wrap.__file__, str(launch.pid_file)]
+        with launch.log_file.open("ab") as log:
+            child = subprocess.Popen(
+                [*wrapper, str(launch.status_file), *launch.argv],
+                env=inherited_env() | launch.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._children[child.pid] = child
+        planned = Handle.planned("process", launch)
+        return replace(planned, pid=child.pid, start_ticks=start_ticks(child.pid) or 0)
+
+    def recover(self, handle: Handle) -> Handle:
+        if handle.pid:
+            return handle
+        try:
+            written = json.loads(Path(handle.pid_file).read_text())
+            return replace(handle, pid=int(written["pid"]), start_ticks=int(written["start_ticks"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return handle
+
+    def alive(self, handle: Handle) -> bool:
+        """Whether ``handle``'s process still runs and is the one that was started."""
+        if handle.pid <= 0:
+            return False
+        child = self._children.get(handle.pid)
+        if child is not None:
+            return child.poll() is None
+        ticks = start_ticks(handle.pid)
+        return ticks is not None and (handle.start_ticks in (0, ticks))
+
+    def poll(self, handle: Handle) -> Ended | None:
+        child = self._children.get(handle.pid)
+        if child is not None:
+            returncode = child.poll()
+            if returncode is None:
+                return None
+            del self._children[handle.pid]
+            recorded = read_status(handle.status_file)
+            return Ended(recorded if recorded is not None else returncode)
+        if self.alive(handle):
+            return None
+        return Ended(read_status(handle.status_file))
+
+    def terminate(self, handle: Handle) -> None:
+        self._signal(handle, signal.SIGTERM)
+
+    def kill(self, handle: Handle) -> None:
+        self._signal(handle, signal.SIGKILL)
+
+    def _signal(self, handle: Handle, signum: signal.Signals) -> None:
+        if not self.alive(handle):
+            return
+        with suppress(ProcessLookupError):
+            os.killpg(handle.pid, signum)
+
+
+class DockerRuntime:
+    """Jobs as Docker containers named ``shockwave-<attempt>``, on the host network (the API
+    URL means the same inside), the checkpoint directory mounted at the same path, and the
+    lease's GPUs passed with ``--gpus`` (inside, they are numbered from 0)."""
+
+    def __init__(self, nvidia: bool) -> None:
+        self.nvidia = nvidia
+
+    def start(self, launch: Launch) -> Handle:
+        launch.log_file.parent.mkdir(parents=True, exist_ok=True)
+        name = f"shockwave-{safe_name(launch.attempt_id)}"
+        self._docker("rm", "--force", name, check=False)
+        env = dict(launch.env)
+        argv = ["run", "--detach", "--name", name, "--label", f"shockwave.attempt={name}"]
+        mount = f"{launch.checkpoint_dir}:{launch.checkpoint_dir}"
+        argv += ["--network", "host", "--volume", mount]
+        if self.nvidia and launch.gpus:
+            argv += ["--gpus", f'"device={",".join(str(g) for g in launch.gpus)}"']
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(launch.gpus)))
+        for key, value in sorted(env.items()):
+            argv += ["--env", f"{key}={value}"]
+        if launch.image is None:
+            raise ValueError("a container needs an image")
+        self._docker(*argv, launch.image, *launch.argv)
+        return Handle.planned("docker", launch)
+
+    def recover(self, handle: Handle) -> Handle:
+        return handle
+
+    def poll(self, handle: Handle) -> Ended | None:
+        name = handle.container or ""
+        inspected = self._docker(
+            "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False
+        )
+        if inspected.returncode != 0:
+            return Ended(read_status(handle.status_file))
+        status, _, code = inspected.stdout.strip().partition(" ")
+        if status in ("created", "running", "restarting", "paused"):
+            return None
+        logs = self._docker("logs", name, check=False)
+        with Path(handle.log_file).open("a") as log:
+            log.write(logs.stdout + logs.stderr)
+        wrap.write_status(Path(handle.status_file), int(code))
+        self._docker("rm", "--force", name, check=False)
+        return Ended(int(code))
+
+    def terminate(self, handle: Handle) -> None:
+        self._docker("kill", "--signal", "SIGTERM", handle.container or "", check=False)
+
+    def kill(self, handle: Handle) -> None:
+        self._docker("kill", handle.container or "", check=False)
+
+    def _docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            done = subprocess.run(
+                ["docker", *args],
+                capture_output=True,
+                text=True,
+                timeout=DOCKER_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            done = subprocess.CompletedProcess(["docker", *args], 127, "", str(error))
+        if check and done.returncode != 0:
+            raise RuntimeError(f"docker {args[0]}: {done.stderr.strip()}")
+        return done

@@ -1,0 +1,63 @@
+"""The Shockwave SDK for training programs (SPEC section 6, docs/sdk.md).
+
+A program started by a node agent reads :class:`JobEnvironment` once, reports each finished
+epoch and each batch-size change through :class:`ShockwaveClient`, saves and resumes from a
+:class:`CheckpointStore` in ``SHOCKWAVE_CHECKPOINT_DIR``, stops cleanly on SIGTERM with
+:class:`GracefulStop`, and lets :class:`Accordion` or :class:`GradientNoiseScale` decide from its
+own gradients when to change its batch size. Needs only NumPy and httpx; PyTorch tensors are
+accepted wherever gradients are, when torch is installed.
+"""
+
+from shockwave_sdk.checkpoint import ArrayCheckpoint, CheckpointStore, GracefulStop, atomic_write
+from shockwave_sdk.client import (
+    ApiUnavailable,
+    Delivery,
+    EventRejected,
+    JobFinished,
+    JobRecord,
+    RetryPolicy,
+    ShockwaveClient,
+    remembered_job,
+)
+from shockwave_sdk.environment import InvalidEnvironment, JobEnvironment
+from shockwave_sdk.outbox import EventOutbox
+from shockwave_sdk.scaling import (
+    Accordion,
+    GradientNoiseScale,
+    GradientNormTracker,
+    NoiseScaleSample,
+    ScalingDecision,
+    micro_batch_sample,
+    next_rung,
+    per_example_sample,
+    squared_norm,
+    two_batch_sample,
+)
+
+__all__ = [
+    "Accordion",
+    "ApiUnavailable",
+    "ArrayCheckpoint",
+    "CheckpointStore",
+    "Delivery",
+    "EventOutbox",
+    "EventRejected",
+    "GracefulStop",
+    "GradientNoiseScale",
+    "GradientNormTracker",
+    "InvalidEnvironment",
+    "JobEnvironment",
+    "JobFinished",
+    "JobRecord",
+    "NoiseScaleSample",
+    "RetryPolicy",
+    "ScalingDecision",
+    "ShockwaveClient",
+    "atomic_write",
+    "micro_batch_sample",
+    "next_rung",
+    "per_example_sample",
+    "remembered_job",
+    "squared_norm",
+    "two_batch_sample",
+]

@@ -1,0 +1,407 @@
+"""The node agent's pieces without a server: backoff, the exit-status wrapper, re-attaching to a
+process another runtime started, and the loop's decisions (driven by a fake server, a fake
+runtime and a fake clock): errors never stop a job before its lease ends, a stop is SIGTERM then
+SIGKILL after the grace period, an extension keeps the attempt, a new lease waits for the GPUs
+of a stopping one, and a restarted agent starts nothing twice."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from agent import wrap
+from agent.client import ApiRefused, ApiUnavailable, Backoff, Lease, LeasePoll, ReportState
+from agent.config import AgentConfig, Machine
+from agent.loop import NOT_RUN, Agent
+from agent.runtime import (
+    DockerRuntime,
+    Ended,
+    Handle,
+    Launch,
+    ProcessRuntime,
+    read_status,
+    start_ticks,
+)
+from agent.state import load
+from api.schemas import JobCreate
+
+GRACE_S = 10.0
+SLACK_S = 3.0
+
+
+def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
+    backoff = Backoff(base_s=0.5, cap_s=4.0, rng=random.Random(1))
+    delays = [backoff.failure() for _ in range(6)]
+    for delay, ceiling in zip(delays, [0.5, 1, 2, 4, 4, 4], strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    backoff.reset()
+    assert backoff.failure() <= 0.5
+
+
+def test_lease_parse_reads_times_and_the_command() -> None:
+    lease = Lease.parse(
+        {
+            "attempt_id": "a1",
+            "job_id": "j1",
+            "round_index": 3,
+            "gpus": [0, 1],
+            "ends_at": "2026-01-01T00:00:10Z",
+            "batch_size": 64,
+            "checkpoint_dir": "checkpoints/j1",
+            "env": {"SHOCKWAVE_JOB_ID": "j1"},
+            "command": ["python", "train.py"],
+            "image": None,
+        }
+    )
+    assert lease.ends_at == 1767225610.0
+    assert (lease.gpus, lease.command, lease.image) == ((0, 1), ("python", "train.py"), None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        ([sys.executable, "-c", "raise SystemExit(3)"], 3),
+        ([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], -15),
+        (["/nonexistent/program"], 127),
+    ],
+)
+def test_the_wrapper_records_how_its_child_ended(
+    tmp_path: Path, argv: list[str], code: int
+) -> None:
+    status, pid_file = tmp_path / "status.json", tmp_path / "pid.json"
+    done = subprocess.run(
+        [sys.executable, "-P", wrap.__file__, str(pid_file), str(status), *argv],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert json.loads(status.read_text()) == {"exit_code": code}
+    assert done.returncode == (code if code >= 0 else 128 - code)
+    assert json.loads(pid_file.read_text())["pid"] > 0
+
+
+def launch_of(tmp_path: Path, argv: tuple[str, ...]) -> Launch:
+    return Launch(
+        attempt_id="a1",
+        argv=argv,
+        image=None,
+        env={"SHOCKWAVE_JOB_ID": "j1"},
+        gpus=(0,),
+        log_file=tmp_path / "a1" / "output.log",
+        pid_file=tmp_path / "a1" / "wrapper.json",
+        status_file=tmp_path / "a1" / "exit-status.json",
+        checkpoint_dir=tmp_path / "checkpoints",
+    )
+
+
+def test_a_fresh_runtime_reattaches_to_a_process_it_did_not_start(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(15, lambda *_: sys.exit(0))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(60)"
+    )
+    first = ProcessRuntime()
+    handle = first.start(launch_of(tmp_path, (sys.executable, "-c", script)))
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        second = ProcessRuntime()
+        stored = Handle.from_json(json.loads(json.dumps(handle.to_json())))
+        assert second.poll(stored) is None
+        recycled = replace(stored, start_ticks=stored.start_ticks + 1)
+        assert second.poll(recycled) == Ended(None), "a recycled pid is not the same process"
+        planned = replace(stored, pid=0, start_ticks=0)
+        assert second.recover(planned) == stored, "the pid the wrapper wrote is found"
+
+        second.terminate(stored)
+        first.poll(handle)  # reap the zombie, as init would for an orphan
+        deadline = time.monotonic() + 10
+        while (ended := second.poll(stored)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            first.poll(handle)
+        assert ended == Ended(0)
+        assert start_ticks(stored.pid) is None
+    finally:
+        first.kill(handle)
+
+
+def test_a_job_command_is_bounded_argv() -> None:
+    base = {"gpus": 1, "epochs": 1, "samples_per_epoch": 10, "initial_batch_size": 1}
+    assert JobCreate.model_validate(base).command == []
+    job = JobCreate.model_validate({**base, "command": ["python", "-c", "print(1)\n"]})
+    assert job.command == ["python", "-c", "print(1)\n"]
+    for bad in (["", "x"], ["a\x00b"], ["x"] * 257, "python train.py"):
+        with pytest.raises(ValidationError):
+            JobCreate.model_validate({**base, "command": bad})
+    with pytest.raises(ValidationError):
+        JobCreate.model_validate({**base, "image": "has space"})
+
+
+# --- the loop, against fakes --------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeServer:
+    """Answers like /v1/agent; ``down`` makes every call fail as unreachable."""
+
+    leased: dict[str, Lease] = field(default_factory=dict)
+    stop: set[str] = field(default_factory=set)
+    down: bool = False
+    reports: list[tuple[str, str, int | None]] = field(default_factory=list)
+    polls: list[list[str]] = field(default_factory=list)
+
+    def _call(self) -> None:
+        if self.down:
+            raise ApiUnavailable("connection refused")
+
+    def register(self, machine: Machine, hostname: str) -> dict[str, Any]:
+        self._call()
+        return {"id": "n1", "gpus": machine.gpus, "gpu_type": machine.gpu_type}
+
+    def heartbeat(self) -> dict[str, Any]:
+        self._call()
+        return {}
+
+    def leases(self, running: list[str]) -> LeasePoll:
+        self._call()
+        self.polls.append(running)
+        return LeasePoll(leases=dict(self.leased), stop=frozenset(self.stop))
+
+    def report(
+        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+    ) -> dict[str, Any]:
+        self._call()
+        self.reports.append((attempt_id, state, exit_code))
+        if attempt_id in self.stop and state in ("started", "running"):
+            raise ApiRefused(409, {"stop": True, "detail": "revoked"})
+        return {"stop": False}
+
+    def job_token(self, attempt_id: str) -> str:
+        self._call()
+        return f"token-{attempt_id}"
+
+
+@dataclass
+class FakeRuntime:
+    """Jobs that run until signalled: SIGTERM ends one with ``on_term`` (None: it ignores
+    SIGTERM), SIGKILL with -9."""
+
+    on_term: int | None = 0
+    started: list[Launch] = field(default_factory=list)
+    signals: list[tuple[int, str]] = field(default_factory=list)
+    ended: dict[int, int] = field(default_factory=dict)
+
+    def start(self, launch: Launch) -> Handle:
+        self.started.append(launch)
+        return replace(Handle.planned("process", launch), pid=len(self.started))
+
+    def recover(self, handle: Handle) -> Handle:
+        return handle
+
+    def poll(self, handle: Handle) -> Ended | None:
+        return Ended(self.ended[handle.pid]) if handle.pid in self.ended else None
+
+    def terminate(self, handle: Handle) -> None:
+        self.signals.append((handle.pid, "TERM"))
+        if self.on_term is not None:
+            self.ended[handle.pid] = self.on_term
+
+    def kill(self, handle: Handle) -> None:
+        self.signals.append((handle.pid, "KILL"))
+        self.ended[handle.pid] = -int(signal.SIGKILL)
+
+
+def make_agent(tmp_path: Path, server: FakeServer, runtime: FakeRuntime, clock: Clock) -> Agent:
+    config = AgentConfig(
+        api_url="http://api",
+        token=None,
+        node="n1",
+        hostname="host",
+        machine=Machine(gpus=2, gpu_type="slot", nvidia=False),
+        runtime="process",
+        work_dir=tmp_path,
+        poll_interval_s=1.0,
+        grace_s=GRACE_S,
+        lease_slack_s=SLACK_S,
+    )
+    agent = Agent(config, server, {"process": runtime}, clock=clock)
+    agent.reattach()
+    return agent
+
+
+def lease(attempt: str, job: str, gpus: tuple[int, ...], ends_at: float) -> Lease:
+    return Lease(
+        attempt_id=attempt,
+        job_id=job,
+        round_index=1,
+        gpus=gpus,
+        ends_at=ends_at,
+        batch_size=32,
+        checkpoint_dir=f"checkpoints/{job}",
+        env={"SHOCKWAVE_JOB_ID": job},
+        command=("train",),
+        image=None,
+    )
+
+
+def run_for(agent: Agent, clock: Clock, seconds: float, tick: float = 0.5) -> None:
+    end = clock.now + seconds
+    while clock.now < end:
+        agent.step()
+        clock.now += tick
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[FakeServer, FakeRuntime, Clock]:
+    return FakeServer(), FakeRuntime(), Clock()
+
+
+def test_a_lease_starts_with_its_environment_and_reports(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": lease("a1", "j1", (1,), clock.now + 60)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 2)
+    (launch,) = runtime.started
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert launch.env["SHOCKWAVE_TOKEN"] == "token-a1"
+    assert launch.env["SHOCKWAVE_API_URL"] == "http://api"
+    assert launch.env["SHOCKWAVE_CHECKPOINT_DIR"] == str(tmp_path.resolve() / "checkpoints/j1")
+    assert server.reports == [("a1", "started", None)]
+    assert server.polls[-1] == ["a1"]
+
+
+def test_an_error_storm_never_stops_a_job_before_its_lease_ends(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    ends_at = clock.now + 30
+    server.leased = {"a1": lease("a1", "j1", (0,), ends_at)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1)
+    server.down = True
+    run_for(agent, clock, ends_at + SLACK_S - clock.now - 0.5)
+    assert runtime.signals == [], "no stop before the lease (and its slack) ends"
+    run_for(agent, clock, 2)
+    assert runtime.signals == [(1, "TERM")]
+    assert load(tmp_path / "agent-state.json").outbox[-1].state == "checkpointed"
+
+    server.down = False
+    server.leased = {}
+    run_for(agent, clock, 12)
+    assert server.reports[-1] == ("a1", "checkpointed", None)
+    assert len(runtime.started) == 1
+
+
+def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(tmp_path: Path, world: Any) -> None:
+    server, _, clock = world
+    runtime = FakeRuntime(on_term=None)
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 600)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1)
+    server.stop, server.leased = {"a1"}, {}
+    run_for(agent, clock, GRACE_S - 1)
+    assert runtime.signals == [(1, "TERM")]
+    run_for(agent, clock, 2)
+    assert runtime.signals == [(1, "TERM"), (1, "KILL")]
+    run_for(agent, clock, 2)
+    assert server.reports[-1] == ("a1", "exited", -9)
+
+
+def test_an_extension_keeps_the_attempt_and_reports_running(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 5)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    for _ in range(3):
+        run_for(agent, clock, 4)
+        server.leased = {"a1": replace(server.leased["a1"], ends_at=clock.now + 5)}
+    run_for(agent, clock, 2)
+    assert len(runtime.started) == 1 and runtime.signals == []
+    assert [r[1] for r in server.reports] == ["started", "running", "running", "running"]
+
+
+def test_a_new_lease_waits_for_the_gpus_of_a_stopping_attempt(tmp_path: Path, world: Any) -> None:
+    server, _, clock = world
+    runtime = FakeRuntime(on_term=None)
+    server.leased = {"a1": lease("a1", "j1", (0, 1), clock.now + 600)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1)
+    server.leased = {"b1": lease("b1", "j2", (1,), clock.now + 600)}
+    run_for(agent, clock, 3)
+    assert [launch.attempt_id for launch in runtime.started] == ["a1"]
+    runtime.ended[1] = 0
+    run_for(agent, clock, 2)
+    assert [launch.attempt_id for launch in runtime.started] == ["a1", "b1"]
+    assert ("a1", "checkpointed", None) in server.reports
+
+
+def test_a_restarted_agent_reattaches_and_starts_nothing_twice(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 600)}
+    run_for(make_agent(tmp_path, server, runtime, clock), clock, 2)
+    again = make_agent(tmp_path, server, runtime, clock)
+    run_for(again, clock, 3)
+    assert len(runtime.started) == 1 and server.polls[-1] == ["a1"]
+
+    runtime.ended[1] = 0
+    third = make_agent(tmp_path, server, runtime, clock)
+    assert third.state.attempts == {}
+    run_for(third, clock, 2)
+    assert server.reports[-1] == ("a1", "exited", 0)
+    assert len(runtime.started) == 1, "an ended attempt the server still lists is not rerun"
+
+
+def test_a_lease_without_a_command_is_reported_not_run(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": replace(lease("a1", "j1", (0,), clock.now + 60), command=())}
+    run_for(make_agent(tmp_path, server, runtime, clock), clock, 3)
+    assert runtime.started == [] and server.reports == [("a1", "exited", NOT_RUN)]
+
+
+def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against a stand-in ``docker`` (no engine here): the command lines it is given."""
+    calls = tmp_path / "calls.jsonl"
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "if sys.argv[1] == 'inspect':\n"
+        "    print('exited 3')\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    runtime = DockerRuntime(nvidia=True)
+    launch = replace(launch_of(tmp_path, ("python", "train.py")), image="trainer:1", gpus=(2, 3))
+    handle = runtime.start(launch)
+    assert runtime.poll(handle) == Ended(3)
+    runtime.terminate(handle)
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    run = next(a for a in argvs if a[0] == "run")
+    assert run[-3:] == ["trainer:1", "python", "train.py"]
+    assert run[run.index("--gpus") + 1] == '"device=2,3"'
+    assert "CUDA_VISIBLE_DEVICES=0,1" in run and "SHOCKWAVE_JOB_ID=j1" in run
+    assert run[run.index("--network") + 1] == "host"
+    assert ["kill", "--signal", "SIGTERM", handle.container] in argvs
+    assert read_status(handle.status_file) == 3
