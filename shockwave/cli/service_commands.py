@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from solver_service.demo import Demo
+    from solver_service.embedded import Embedded
 
 # --- shockwave worker ------------------------------------------------------------------------
 
@@ -142,6 +146,7 @@ def driver_command(
 
 
 def up_command(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port the API listens on.", min=1, max=65535)] = 8000,
     db: Annotated[
         Path, typer.Option(help="SQLite file (created and migrated if new).", dir_okay=False)
@@ -166,15 +171,29 @@ def up_command(
     log_level: Annotated[
         str, typer.Option(help="Log level: critical, error, warning, info, debug.")
     ] = "info",
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="Also run local agents and a small workload of real training jobs "
+            "(examples/numpy_linear.py), shown in a live table; exits when they are done. "
+            "Defaults then: a fresh database in a temporary directory, rounds of 4 s, "
+            "log level warning.",
+        ),
+    ] = False,
+    agents: Annotated[int, typer.Option(help="--demo: local agents (nodes).", min=1, max=8)] = 1,
+    slots: Annotated[int, typer.Option(help="--demo: GPU slots per agent.", min=1, max=16)] = 2,
 ) -> None:
     """Run the whole service in one process: the API, the round driver and the solver, on a
     SQLite file, with no Redis or Postgres. Stop it with Ctrl-C (or SIGTERM).
 
     Open mode (the default) serves requests without a token as an admin, so it listens on
-    loopback addresses only. The implementation is solver_service/embedded.py.
+    loopback addresses only. The implementation is solver_service/embedded.py; --demo's is
+    solver_service/demo.py.
     """
     import logging
     import signal
+    import tempfile
 
     from shockwave.cli.api_commands import _fail, _migrate, is_loopback
     from shockwave.policy import UnknownPolicyError, get_policy
@@ -190,6 +209,17 @@ def up_command(
         get_policy(policy)
     except UnknownPolicyError as error:
         _fail(f"--policy: {error}", 2)
+    demo_dir: Path | None = None
+    if demo:
+        if not open_mode:
+            _fail("--demo runs its agents and jobs in open mode: drop --no-open", 2)
+        demo_dir = Path(tempfile.mkdtemp(prefix="shockwave-demo-"))
+        if _defaulted(ctx, "db"):
+            db = demo_dir / "demo.db"
+        if _defaulted(ctx, "round_seconds"):
+            round_seconds = 4.0
+        if _defaulted(ctx, "log_level"):
+            log_level = "warning"
     if not db.parent.is_dir():
         _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
 
@@ -210,6 +240,7 @@ def up_command(
         log_level=log_level.lower(),
     )
     service = None
+    show = None
     try:
         with embedded.claim(config) as listener:
             _migrate(config.database_url, None)
@@ -219,17 +250,70 @@ def up_command(
             service.start(listener)
             for line in embedded.banner(config):
                 typer.echo(line)
+            if demo_dir is not None:
+                show = start_demo(service, config.base_url, demo_dir, agents, slots)
             died = service.wait()
+            if show is not None:
+                show.close()
             typer.echo("Stopping: API, round driver, solver ...", err=True)
             service.close()
             if died is not None:
                 _fail(f"{died} stopped unexpectedly", 1)
+            if show is not None and show.error is not None:
+                _fail(show.error, 1)
     except embedded.CannotStart as error:
         _fail(str(error), 1)
     finally:
+        if show is not None:
+            show.close()
         if service is not None:
             service.close()
     typer.echo("Stopped.", err=True)
+
+
+def _defaulted(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was left out of the command line (and its variable)."""
+    source = ctx.get_parameter_source(name)
+    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
+
+
+def start_demo(service: Embedded, api_url: str, work_dir: Path, agents: int, slots: int) -> Demo:
+    """Start ``--demo``'s agents and jobs, and its live table in a thread that stops the
+    service once every demo job is done."""
+    import threading
+
+    from rich.console import Console
+
+    from solver_service.demo import Demo, DemoError
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)  # a log file or a pipe: room for the table's columns
+    show = Demo(
+        api_url,
+        service.engine,
+        work_dir,
+        agents=agents,
+        slots=slots,
+        console=console,
+        round_seconds=service.config.round_seconds,
+    )
+    typer.echo(
+        f"Demo: {agents} agent(s) x {slots} slot(s), {len(show.jobs)} jobs; files in {work_dir}"
+    )
+    try:
+        show.start()
+    except DemoError as error:
+        show.error = str(error)
+    except Exception as error:  # an agent that cannot be spawned, an API that does not answer
+        show.error = f"the demo could not start: {error}"
+    if show.error is not None:
+        service.stop.set()  # `up` then stops what did start, and exits 1
+        return show
+    threading.Thread(
+        target=show.run, args=(service.stop,), name="shockwave-demo", daemon=True
+    ).start()
+    return show
 
 
 # --- shockwave agent -------------------------------------------------------------------------
