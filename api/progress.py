@@ -39,7 +39,7 @@ from api.errors import Problem
 from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEventCreate
 from api.tables import JobEventRow, JobRow, utcnow
 from shockwave.lifecycle import JobState
-from shockwave.model import AdaptationMode, JobSpec, Regime, ThroughputProfile
+from shockwave.model import JobSpec, Regime
 from shockwave.snapshot import ActiveJob, JobProgress
 
 CLIENT_KINDS = ("progress", "scaling")
@@ -132,19 +132,8 @@ def observed_state(session: Session, row: JobRow) -> ObservedState:
 
 
 def spec_of_row(row: JobRow) -> JobSpec:
-    """The core's model of a stored job (the row was validated by the core on submission)."""
-    return JobSpec(
-        job_id=row.id,
-        gpus=row.gpus,
-        epochs=row.epochs,
-        samples_per_epoch=row.samples_per_epoch,
-        initial_batch_size=row.initial_batch_size,
-        mode=AdaptationMode.parse(row.mode),
-        batch_sizes=tuple(row.batch_sizes),
-        throughput=ThroughputProfile({int(bs): float(v) for bs, v in row.throughput.items()}),
-        budget=row.budget,
-        model=row.model,
-    )
+    """The core's model of a stored job."""
+    return repository.spec_of(row, row.id)
 
 
 def active_job(row: JobRow, state: ObservedState) -> ActiveJob:

@@ -4,6 +4,7 @@ transaction, so a request either applies fully or not at all."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -24,19 +25,21 @@ from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
 Response = tuple[int, dict[str, Any], str | None]
 
 
-def spec_of(data: JobCreate, job_id: str = "new") -> JobSpec:
-    """The core's model of a submission: raises ValidationError naming the field at fault."""
+def spec_of(source: JobCreate | JobRow, job_id: str = "new") -> JobSpec:
+    """The core's model of a submission or a stored job (the two carry the same fields; a
+    stored job's throughput keys are strings). Raises ValidationError naming the field at
+    fault, which only a submission can trigger: a stored job passed the same check."""
     return JobSpec(
         job_id=job_id,
-        gpus=data.gpus,
-        epochs=data.epochs,
-        samples_per_epoch=data.samples_per_epoch,
-        initial_batch_size=data.initial_batch_size,
-        mode=AdaptationMode.parse(data.mode),
-        batch_sizes=tuple(data.batch_sizes),
-        throughput=ThroughputProfile(dict(data.throughput)),
-        budget=data.budget,
-        model=data.model,
+        gpus=source.gpus,
+        epochs=source.epochs,
+        samples_per_epoch=source.samples_per_epoch,
+        initial_batch_size=source.initial_batch_size,
+        mode=AdaptationMode.parse(source.mode),
+        batch_sizes=tuple(source.batch_sizes),
+        throughput=ThroughputProfile({int(bs): float(v) for bs, v in source.throughput.items()}),
+        budget=source.budget,
+        model=source.model,
     )
 
 
@@ -244,6 +247,4 @@ def _replay(session: Session, principal: Principal, key: str, digest: str) -> Re
 
 
 def _digest(body: Any) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
