@@ -41,8 +41,8 @@ def explain(
     job_state = JobState(row.state)
     finished = job_state.terminal
     remaining = 0.0 if finished else prediction.remaining_seconds
-    end = progress.as_utc(row.updated_at) if finished else now
-    age = max(0.0, (end - progress.as_utc(row.created_at)).total_seconds())
+    end = row.updated_at if finished else now
+    age = max(0.0, (end - row.created_at).total_seconds())
     factor = cluster.contention(session)
     regimes = [
         RegimePublic(

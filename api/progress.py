@@ -27,7 +27,6 @@ import base64
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -151,14 +150,7 @@ def active_job(row: JobRow, state: ObservedState) -> ActiveJob:
 
 
 def event_public(row: JobEventRow) -> EventPublic:
-    event = EventPublic.model_validate(row, from_attributes=True)
-    event.created_at = as_utc(event.created_at)
-    return event
-
-
-def as_utc(moment: datetime) -> datetime:
-    """``moment`` with its zone: SQLite hands timestamps back without one (written in UTC)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return EventPublic.model_validate(row, from_attributes=True)
 
 
 def record_event(

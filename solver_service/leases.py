@@ -156,7 +156,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     suspended = _suspend_unconfirmed(session, jobs, set(assignment), r)
 
     plan = choice.plan
-    age = max(0.0, now - progress.as_utc(plan.created_at).timestamp()) if plan else None
+    age = max(0.0, now - plan.created_at.timestamp()) if plan else None
     session.add(
         RoundRow(
             cluster_id=cluster_id,
@@ -320,7 +320,7 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
 
 def _active_job(row: JobRow) -> ActiveJob:
     spec = progress.spec_of_row(row)
-    arrival = progress.as_utc(row.created_at).timestamp()
+    arrival = row.created_at.timestamp()
     return ActiveJob(
         spec=dataclasses.replace(spec, arrival_s=arrival),
         progress=JobProgress(batch_size=row.batch_size),
@@ -409,4 +409,4 @@ def _silent_nodes(session: Session, cutoff: datetime) -> list[str]:
 
 def _silent(node: NodeRow, cutoff: datetime) -> bool:
     last = node.last_heartbeat_at or node.registered_at
-    return progress.as_utc(last) < cutoff
+    return last < cutoff

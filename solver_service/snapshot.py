@@ -186,7 +186,7 @@ def _active_job(
     row: JobRow, events: Sequence[progress.ClientEvent], gpus: tuple[int, ...]
 ) -> ActiveJob:
     job = progress.active_job(row, progress.observe(row.initial_batch_size, events))
-    arrival = progress.as_utc(row.created_at).timestamp()
+    arrival = row.created_at.timestamp()
     return ActiveJob(
         spec=dataclasses.replace(job.spec, arrival_s=arrival),
         progress=dataclasses.replace(job.progress, gpus=tuple(sorted(gpus))),
