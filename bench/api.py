@@ -45,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 import httpx
+import redis
 from rich.console import Console
 from rich.table import Table
 
@@ -128,12 +129,18 @@ def sqlite_database() -> Iterator[str]:
         yield f"sqlite:///{Path(directory) / 'shockwave.db'}"
 
 
+BENCH_BROKER_URL = "redis://127.0.0.1:6379/15"
+"""Each submit asks for a plan, as in the service (one Redis send per job); a Redis database of
+the benchmark's own takes those messages, and it is emptied afterwards so no worker sees them."""
+
+
 @contextmanager
 def api_server(database_url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``shockwave api`` (one uvicorn worker, migrating first) until the block ends; always
     stopped: SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
     env["SHOCKWAVE_DATABASE_URL"] = database_url
+    env["SHOCKWAVE_BROKER_URL"] = BENCH_BROKER_URL
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [*SHOCKWAVE, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"],
@@ -150,6 +157,7 @@ def api_server(database_url: str, port: int, log: Path) -> Iterator[subprocess.P
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        redis.Redis.from_url(BENCH_BROKER_URL).flushdb()
 
 
 def wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
