@@ -7,8 +7,9 @@ nobody reads more into the numbers than there is:
 
 - the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
   the job's life, which needs the round history the round driver will keep;
-- ``planned_rounds`` is empty and ``reason`` says so until a solver service stores plans: this
-  endpoint does not invent a schedule.
+- ``planned_rounds`` are the rounds the freshest stored plan (highest state version, then
+  newest) gives the job from the current round on; with no plan stored yet it is empty and
+  ``reason`` says so: this endpoint does not invent a schedule.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from api import cluster, progress
+from api.planning_hooks import DEFAULT_CLUSTER
 from api.schemas import PredictionPublic, RegimePublic
-from api.tables import JobRow
+from api.tables import ClusterRow, JobRow, PlanRow
 from shockwave.estimators import finish_time_fairness
 from shockwave.lifecycle import JobState
 from shockwave.predictor import PredictorParams, predict
@@ -44,6 +46,7 @@ def explain(
     end = row.updated_at if finished else now
     age = max(0.0, (end - row.created_at).total_seconds())
     factor = cluster.contention(session)
+    planned, why = planned_rounds(session, row.id)
     regimes = [
         RegimePublic(
             batch_size=r.batch_size,
@@ -67,11 +70,32 @@ def explain(
         age_s=age,
         ftf_estimate=finish_time_fairness(age, remaining, prediction.total_seconds, factor),
         contention=factor,
-        planned_rounds=[],
-        reason=f"the job is {job_state.value}: nothing left to plan"
-        if finished
-        else NO_PLAN_REASON,
+        planned_rounds=[] if finished else planned,
+        reason=f"the job is {job_state.value}: nothing left to plan" if finished else why,
     )
+
+
+def planned_rounds(session: Session, job_id: str) -> tuple[list[int], str]:
+    """The round indices the freshest plan gives ``job_id`` (current round on), and why."""
+    cluster_row = session.get(ClusterRow, DEFAULT_CLUSTER)
+    plan = session.exec(
+        select(PlanRow)
+        .where(PlanRow.cluster_id == DEFAULT_CLUSTER)
+        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.id).desc())
+        .limit(1)
+    ).first()
+    if plan is None:
+        return [], NO_PLAN_REASON
+    current = cluster_row.current_round if cluster_row is not None else -1
+    rounds = [
+        plan.base_round + t
+        for t, members in enumerate(plan.rounds)
+        if job_id in members and plan.base_round + t >= current
+    ]
+    last = plan.base_round + len(plan.rounds) - 1
+    if rounds:
+        return rounds, f"planned for {len(rounds)} of the plan's rounds up to round {last}"
+    return [], f"not planned in the current plan (rounds {plan.base_round} to {last})"
 
 
 def _phase(index: int, current: int) -> Literal["past", "current", "future"]:

@@ -121,6 +121,8 @@ def test_schedule_shows_the_current_round_its_source_and_plan_per_role(
     assert admin["round"] == 0
     assert admin["plan"]["source"] == "plan" and admin["plan"]["plan"]["id"] == plan_id
     assert sorted(admin["plan"]["jobs"]) == sorted([mine, theirs])
+    waiting = client.get(f"/v1/jobs/{mine}/prediction", headers=bearer(tokens.user_a)).json()
+    assert waiting["planned_rounds"] == [0], waiting["reason"]
     user = client.get("/v1/schedule", headers=bearer(tokens.user_a)).json()
     assert user["plan"]["jobs"] == [mine], "a user sees only its own tenant's jobs"
     assert user["plan"]["running_jobs"] == 2
