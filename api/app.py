@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
 from sqlalchemy.engine import Engine
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
+from api.admission import InFlightLimit, pool_capacity
 from api.db import make_engine
 from api.observability import ApiMetrics, HttpMetricsMiddleware
+from api.ratelimit import RateLimiter
 from api.routes import agent, cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
+
+LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
+    (413, "Request body too large"),
+    (429, "Too many requests from this token (or address); Retry-After says when to retry"),
+)
+"""Answers every /v1 operation may give, whatever the route."""
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
@@ -26,29 +37,59 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
+    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     errors.install(app)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return errors.problem_response(
-                request,
-                413,
-                "Request too large",
-                f"request bodies are limited to {settings.max_body_bytes} bytes",
-            )
-        response: Response = await call_next(request)
-        return response
-
+    app.add_middleware(InFlightLimit, limit=pool_capacity(app.state.engine))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.state.metrics = ApiMetrics(app.state.engine)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
 
     app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(events.router)
-    app.include_router(prediction.router)
-    app.include_router(cluster.router)
+    app.include_router(jobs.router, responses=LIMITED)
+    app.include_router(events.router, responses=LIMITED)
+    app.include_router(prediction.router, responses=LIMITED)
+    app.include_router(cluster.router, responses=LIMITED)
     app.include_router(metrics.router)
-    app.include_router(agent.router)
+    app.include_router(agent.router, responses=LIMITED)
     return app
+
+
+class BodyLimitMiddleware:
+    """413 for a request body over ``max_bytes``, counted as it streams in.
+
+    A declared Content-Length over the limit is refused before the app runs. A body without
+    one (chunked) is counted chunk by chunk and refused when the count passes the limit, before
+    the app has it all. A Content-Length lower than the body cannot smuggle more in: the server
+    hands the app only the declared bytes.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            response = errors.problem_response(
+                Request(scope), 413, "Request too large", self._detail()
+            )
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, self._detail())
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _detail(self) -> str:
+        return f"request bodies are limited to {self.max_bytes} bytes"

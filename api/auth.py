@@ -1,8 +1,10 @@
 """Bearer tokens: stored hashed, each with a role and a scope.
 
 Roles: ``admin`` (everything), ``user`` (one tenant's jobs), ``agent`` (one node), ``job`` (one
-job's events, for the training SDK). A caller who may not see a resource gets 404, as if it did
-not exist, so existence never leaks across tenants. ``open_mode`` (embedded default, localhost
+job's events, for the training SDK; the token an agent gets for an attempt also names that
+attempt, so the API refuses its events once the attempt is fenced: see :mod:`api.progress`).
+A caller who may not see a resource gets 404, as if it did not exist, so existence never leaks
+across tenants. ``open_mode`` (embedded default, localhost
 only) treats requests without a token as an admin.
 """
 
@@ -13,11 +15,13 @@ import ipaddress
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from fastapi import HTTPException, Request
 from sqlmodel import Session, select
 
 from api.tables import TokenRow
+from api.token_cache import TtlCache
 
 
 class Role(StrEnum):
@@ -30,13 +34,14 @@ class Role(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling. ``key`` scopes idempotency keys (one caller's keys never clash with
-    another's)."""
+    another's). ``attempt_id``: for a job token handed to one attempt, that attempt."""
 
     role: Role
     key: str
     tenant: str | None = None
     node: str | None = None
     job_id: str | None = None
+    attempt_id: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -47,6 +52,55 @@ class Principal:
 
 
 OPEN = Principal(role=Role.ADMIN, key="open")
+
+
+class Access(StrEnum):
+    """What one role may do with one operation, declared on every route (``access()``) and
+    published as ``x-access`` in the OpenAPI document. The roles' checks in the code enforce
+    it; tests/integration/test_security.py reads the declarations from the document and checks
+    every operation for every role against them, so a route without one fails that test.
+
+    A scope is a tenant (user), a node (agent) or a job (job token); an operation names one
+    through its job, event or attempt id, or an agent's ``node``.
+
+    - ``any``: allowed whatever it names.
+    - ``own``: allowed in its own scope; another's is 404 (lists show only its own).
+    - ``see-only``: it may see the resource but not do this: 403 in its own scope, 404 in
+      another's.
+    - ``hidden``: nothing of the kind exists for the role: 404.
+    - ``denied``: 403 whatever it names (the role is checked first; existence does not leak).
+    - ``token``: (anonymous callers only) 401, a token is needed.
+    """
+
+    ANY = "any"
+    OWN = "own"
+    SEE_ONLY = "see-only"
+    HIDDEN = "hidden"
+    DENIED = "denied"
+    TOKEN = "token"
+
+
+ANY, OWN, SEE_ONLY, HIDDEN, DENIED = (
+    Access.ANY,
+    Access.OWN,
+    Access.SEE_ONLY,
+    Access.HIDDEN,
+    Access.DENIED,
+)
+"""Short names for the route declarations."""
+
+
+def access(*, admin: Access, user: Access, agent: Access, job: Access) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that needs a token: ``{"x-access": {role: rule}}``,
+    every role named (keyword-only, no defaults, so none is forgotten)."""
+    rules = {"anonymous": Access.TOKEN, "admin": admin, "user": user, "agent": agent, "job": job}
+    return {"x-access": {role: rule.value for role, rule in rules.items()}}
+
+
+PUBLIC: dict[str, Any] = {
+    "x-access": {role: Access.ANY.value for role in ("anonymous", "admin", "user", "agent", "job")}
+}
+"""The ``openapi_extra`` of a route anyone may call, with or without a token (probes)."""
 
 
 def new_token() -> str:
@@ -64,15 +118,19 @@ def create_token(
     tenant: str | None = None,
     node: str | None = None,
     job_id: str | None = None,
+    attempt_id: str | None = None,
     name: str = "",
 ) -> str:
-    """Store a new token (hashed) and return it; the plain token is never stored."""
+    """Store a new token (hashed) and return it; the plain token is never stored.
+    ``attempt_id`` (job tokens only) ties the token to one attempt of the job."""
     if role is Role.USER and not tenant:
         raise ValueError("a user token needs a tenant")
     if role is Role.AGENT and not node:
         raise ValueError("an agent token needs a node")
     if role is Role.JOB and not job_id:
         raise ValueError("a job token needs a job id")
+    if attempt_id is not None and role is not Role.JOB:
+        raise ValueError("only a job token names an attempt")
     token = new_token()
     session.add(
         TokenRow(
@@ -81,11 +139,17 @@ def create_token(
             tenant=tenant,
             node=node,
             job_id=job_id,
+            attempt_id=attempt_id,
             name=name,
         )
     )
     session.commit()
     return token
+
+
+TOKENS: TtlCache[Principal] = TtlCache(ttl_s=10.0)
+"""Known tokens' principals, per process (see :mod:`api.token_cache`: a deleted token keeps
+working for up to 10 s)."""
 
 
 def authenticate(request: Request, session: Session, open_mode: bool) -> Principal:
@@ -99,18 +163,24 @@ def authenticate(request: Request, session: Session, open_mode: bool) -> Princip
         raise HTTPException(
             401, "expected 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"}
         )
-    row = session.exec(
-        select(TokenRow).where(TokenRow.token_hash == hash_token(token.strip()))
-    ).first()
+    digest = hash_token(token.strip())
+    cache_key = (id(session.get_bind()), digest)
+    cached = TOKENS.get(cache_key)
+    if cached is not None:
+        return cached
+    row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None:
         raise HTTPException(401, "unknown or revoked token", {"WWW-Authenticate": "Bearer"})
-    return Principal(
+    principal = Principal(
         role=Role(row.role),
         key=f"token:{row.id}",
         tenant=row.tenant,
         node=row.node,
         job_id=row.job_id,
+        attempt_id=row.attempt_id,
     )
+    TOKENS.put(cache_key, principal)
+    return principal
 
 
 def _local(request: Request) -> bool:

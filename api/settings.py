@@ -11,7 +11,12 @@ class Settings(BaseSettings):
     ``open_mode``: accept requests without a token as an admin; only honoured when the API
     listens on localhost. ``max_body_bytes``: larger request bodies get 413.
     ``default_page_size`` / ``max_page_size``: list pagination. ``database_schema``: a Postgres
-    schema to use instead of ``public`` (its search_path; tests use throwaway schemas)."""
+    schema to use instead of ``public`` (its search_path; tests use throwaway schemas).
+    ``rate_limit_per_s`` / ``rate_limit_burst``: each token (each client IP for requests without
+    a valid token) may send ``burst`` requests at once and ``per_s`` a second after that; more
+    get 429 with Retry-After (0 turns the limit off). Per API process, in memory (see
+    api.ratelimit). ``rate_limit_admin``: whether admin tokens (and open mode) are limited too;
+    off by default, since operators' scripts and benchmarks act as admin."""
 
     model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
 
@@ -23,3 +28,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1_000_000
     default_page_size: int = 50
     max_page_size: int = 500
+    rate_limit_per_s: float = Field(default=20.0, ge=0)
+    rate_limit_burst: int = Field(default=200, ge=1)
+    rate_limit_admin: bool = False

@@ -21,10 +21,12 @@ from api.agent_schemas import (
     NodeRegister,
     NodeStatus,
 )
+from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import Problem, openapi_problems
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
+AGENTS = access(admin=ANY, user=DENIED, agent=OWN, job=DENIED)
 
 PROBLEMS = openapi_problems(
     (401, "Missing or unknown token"),
@@ -39,7 +41,13 @@ STALE: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/register", response_model=NodeStatus, responses=PROBLEMS, summary="Register a node")
+@router.post(
+    "/register",
+    response_model=NodeStatus,
+    responses=PROBLEMS,
+    summary="Register a node",
+    openapi_extra=AGENTS,
+)
 def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipal) -> NodeStatus:
     """Announce the node's GPUs, GPU type and hostname; the node is READY. Registering again
     updates it. The cluster's capacity changed, so a new plan is requested."""
@@ -49,7 +57,13 @@ def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipa
     return agent.node_status(session, node)
 
 
-@router.post("/heartbeat", response_model=NodeStatus, responses=PROBLEMS, summary="Heartbeat")
+@router.post(
+    "/heartbeat",
+    response_model=NodeStatus,
+    responses=PROBLEMS,
+    summary="Heartbeat",
+    openapi_extra=AGENTS,
+)
 def heartbeat(
     session: SessionDep,
     principal: CurrentPrincipal,
@@ -63,7 +77,13 @@ def heartbeat(
     return agent.node_status(session, node)
 
 
-@router.get("/leases", response_model=NodeLeases, responses=PROBLEMS, summary="Poll leases")
+@router.get(
+    "/leases",
+    response_model=NodeLeases,
+    responses=PROBLEMS,
+    summary="Poll leases",
+    openapi_extra=AGENTS,
+)
 def leases(
     session: SessionDep,
     principal: CurrentPrincipal,
@@ -97,6 +117,7 @@ def leases(
     response_model=LeaseStatusPublic,
     responses=STALE,
     summary="Report an attempt's status",
+    openapi_extra=AGENTS,
 )
 def report_status(
     attempt_id: AttemptIdPath,
@@ -127,6 +148,7 @@ def report_status(
     response_model=JobTokenPublic,
     responses=STALE,
     summary="Get a job-scoped token for an attempt",
+    openapi_extra=AGENTS,
 )
 def job_token(
     attempt_id: AttemptIdPath, session: SessionDep, principal: CurrentPrincipal

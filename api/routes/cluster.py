@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from api import cluster
-from api.auth import Role, require
+from api.auth import ANY, DENIED, OWN, Role, access, require
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
@@ -23,7 +23,13 @@ PROBLEMS = openapi_problems(
 NO_ROUND_REASON = "no round driver has run yet"
 
 
-@router.get("/cluster", response_model=ClusterPublic, responses=PROBLEMS, summary="Cluster")
+@router.get(
+    "/cluster",
+    response_model=ClusterPublic,
+    responses=PROBLEMS,
+    summary="Cluster",
+    openapi_extra=access(admin=ANY, user=OWN, agent=ANY, job=DENIED),
+)
 def get_cluster(session: SessionDep, principal: CurrentPrincipal) -> ClusterPublic:
     """GPU totals, node counts by state and job counts by state; a user sees only its own
     tenant's job counts and no node counts."""
@@ -35,6 +41,7 @@ def get_cluster(session: SessionDep, principal: CurrentPrincipal) -> ClusterPubl
     response_model=Page[NodePublic] | Page[NodeSummary],
     responses=PROBLEMS,
     summary="List nodes",
+    openapi_extra=access(admin=ANY, user=ANY, agent=ANY, job=DENIED),
 )
 def list_nodes(
     session: SessionDep,
@@ -52,7 +59,11 @@ def list_nodes(
 
 
 @router.get(
-    "/schedule", response_model=SchedulePublic, responses=PROBLEMS, summary="Current round and plan"
+    "/schedule",
+    response_model=SchedulePublic,
+    responses=PROBLEMS,
+    summary="Current round and plan",
+    openapi_extra=access(admin=ANY, user=OWN, agent=OWN, job=DENIED),
 )
 def get_schedule(principal: CurrentPrincipal, session: SessionDep) -> SchedulePublic:
     """The current round: its jobs, where they came from (the fresh plan, the previous plan's

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
 from api import planning_hooks, progress, repository
+from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.observability import MetricsDep
@@ -17,6 +18,7 @@ from api.schemas import INT4_MAX, EventCreate, EventPublic, JobIdPath, Page
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 
 JobId = JobIdPath
+REPORTERS = access(admin=ANY, user=OWN, agent=DENIED, job=OWN)
 
 PROBLEMS = openapi_problems(
     (401, "Missing or unknown token"),
@@ -28,7 +30,11 @@ PROBLEMS = openapi_problems(
 POST_PROBLEMS: dict[int | str, dict[str, Any]] = {
     **PROBLEMS,
     **openapi_problems(
-        (409, "The seq was recorded with a different body, or the job has finished"),
+        (
+            409,
+            "The seq was recorded with a different body, the job has finished, or the "
+            "token's attempt is fenced (`fenced: true`: stop the process)",
+        ),
     ),
     200: {
         "model": EventPublic,
@@ -43,6 +49,7 @@ POST_PROBLEMS: dict[int | str, dict[str, Any]] = {
     response_model=EventPublic,
     responses=POST_PROBLEMS,
     summary="Report a job's epoch progress or batch-size change",
+    openapi_extra=REPORTERS,
 )
 def post_event(
     job_id: JobId,
@@ -79,6 +86,7 @@ def post_event(
     response_model=Page[EventPublic],
     responses=PROBLEMS,
     summary="List a job's events",
+    openapi_extra=REPORTERS,
 )
 def list_events(
     job_id: JobId,
@@ -102,6 +110,7 @@ def list_events(
     response_model=EventPublic,
     responses=PROBLEMS,
     summary="Get one event of a job",
+    openapi_extra=REPORTERS,
 )
 def get_event(
     job_id: JobId,

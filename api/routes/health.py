@@ -6,17 +6,20 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from api.auth import PUBLIC
 from api.deps import SessionDep
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness")
+@router.get("/healthz", summary="Liveness", openapi_extra=PUBLIC)
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the database answers", response_model=None)
+@router.get(
+    "/readyz", summary="Readiness: the database answers", response_model=None, openapi_extra=PUBLIC
+)
 def readyz(session: SessionDep) -> dict[str, str] | JSONResponse:
     try:
         session.exec(text("SELECT 1"))  # type: ignore[call-overload]

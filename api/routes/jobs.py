@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from api import planning_hooks, repository
+from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
@@ -41,6 +42,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
     response_model=JobPublic,
     responses=PROBLEM_RESPONSES,
     summary="Submit a job",
+    openapi_extra=access(admin=ANY, user=OWN, agent=DENIED, job=DENIED),
 )
 def submit_job(
     data: JobCreate,
@@ -63,7 +65,13 @@ def submit_job(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-@router.get("", response_model=Page[JobPublic], responses=PROBLEM_RESPONSES, summary="List jobs")
+@router.get(
+    "",
+    response_model=Page[JobPublic],
+    responses=PROBLEM_RESPONSES,
+    summary="List jobs",
+    openapi_extra=access(admin=ANY, user=OWN, agent=OWN, job=OWN),
+)
 def list_jobs(
     session: SessionDep,
     principal: CurrentPrincipal,
@@ -87,7 +95,13 @@ def list_jobs(
     return Page[JobPublic](items=[repository.public(r) for r in rows], next_page_token=token)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=PROBLEM_RESPONSES, summary="Get a job")
+@router.get(
+    "/{job_id}",
+    response_model=JobPublic,
+    responses=PROBLEM_RESPONSES,
+    summary="Get a job",
+    openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=OWN),
+)
 def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
     return repository.public(repository.visible_job(session, principal, job_id))
 
@@ -97,6 +111,7 @@ def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal)
     response_model=JobPublic,
     responses=PROBLEM_RESPONSES,
     summary="Cancel a job",
+    openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=SEE_ONLY),
 )
 def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
     row = repository.cancel_job(session, principal, job_id)

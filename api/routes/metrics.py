@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.auth import PUBLIC
 from api.observability import MetricsDep
 
 router = APIRouter(tags=["health"])
@@ -15,6 +16,7 @@ router = APIRouter(tags=["health"])
     "/metrics",
     response_class=Response,
     summary="Prometheus metrics",
+    openapi_extra=PUBLIC,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Text exposition"}},
 )
 def metrics(metrics: MetricsDep) -> Response:

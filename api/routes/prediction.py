@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from api import prediction, repository
-from api.auth import Role, require
+from api.auth import ANY, DENIED, OWN, Role, access, require
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import openapi_problems
 from api.routes.events import JobId
@@ -33,6 +33,7 @@ def get_now() -> datetime:
         (422, "Invalid input; names the field"),
     ),
     summary="Why am I waiting: predicted regimes, remaining time, FTF estimate, planned rounds",
+    openapi_extra=access(admin=ANY, user=OWN, agent=DENIED, job=OWN),
 )
 def get_prediction(
     job_id: JobId,

@@ -25,6 +25,10 @@ DATABASE_ERROR_EXIT = 1
 ROLES = ("admin", "user", "agent", "job")
 SCOPES = {"user": "tenant", "agent": "node", "job": "job"}
 """The one scope option each role needs (admin needs none and takes none)."""
+UNPARSEABLE_URL = (
+    "SHOCKWAVE_DATABASE_URL: cannot parse it (not shown: it may hold a password); expected "
+    "sqlite:///path or postgresql+psycopg://user:password@host:port/db"
+)
 
 console = Console()
 errors = Console(stderr=True)
@@ -233,7 +237,7 @@ def _migrate(url: str, schema: str | None) -> None:
     try:
         upgrade(url, schema)
     except ArgumentError:
-        _fail(f"SHOCKWAVE_DATABASE_URL: cannot parse {url!r}", USAGE_ERROR_EXIT)
+        _fail(UNPARSEABLE_URL, USAGE_ERROR_EXIT)
     except SQLAlchemyError as error:
         _fail(_database_error(url, error), DATABASE_ERROR_EXIT)
 
@@ -245,8 +249,8 @@ def _shown_url(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        _fail(f"SHOCKWAVE_DATABASE_URL: cannot parse {url!r}", USAGE_ERROR_EXIT)
+    except (ArgumentError, ValueError):
+        _fail(UNPARSEABLE_URL, USAGE_ERROR_EXIT)
 
 
 def _database_error(url: str, error: Exception) -> str:

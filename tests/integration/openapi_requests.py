@@ -58,14 +58,42 @@ def call(
     headers: dict[str, str],
 ) -> Any:
     """Send ``operation`` with path parameters from ``values`` (else their smallest valid
-    value, inserted verbatim: a value may carry %-escapes) and its smallest valid body."""
+    value, inserted verbatim: a value may carry %-escapes) and its smallest valid body. A query
+    parameter or a property of an object body that ``values`` names is sent with that value
+    (an agent's ``node``, say), optional or not."""
+    openapi = app.openapi()
     path = operation.template
     for parameter in operation.path_parameters():
         name = parameter["name"]
-        value = values.get(name, example(app.openapi(), parameter.get("schema", {})))
+        value = values.get(name, example(openapi, parameter.get("schema", {})))
         path = path.replace(f"{{{name}}}", str(value))
-    body = request_body(app.openapi(), operation.spec)
-    return client.request(operation.method, path, json=body, headers=headers)
+    query = {
+        p["name"]: values[p["name"]]
+        for p in operation.spec.get("parameters", [])
+        if p.get("in") == "query" and p["name"] in values
+    }
+    body = request_body(openapi, operation.spec)
+    if isinstance(body, dict):
+        body.update({k: values[k] for k in body_properties(openapi, operation.spec) if k in values})
+    return client.request(operation.method, path, params=query, json=body, headers=headers)
+
+
+def body_properties(openapi: dict[str, Any], operation: dict[str, Any]) -> set[str]:
+    """The property names of ``operation``'s JSON object body (the choice :func:`example`
+    makes of a union); empty when it takes none."""
+    content = operation.get("requestBody", {}).get("content", {})
+    schema = content.get("application/json", {}).get("schema", {})
+    while True:
+        if "$ref" in schema:
+            schema = _resolve(openapi, schema["$ref"])
+            continue
+        choices = [
+            c for c in schema.get("oneOf", schema.get("anyOf", [])) if c.get("type") != "null"
+        ]
+        if choices:
+            schema = choices[0]
+            continue
+        return set(schema.get("properties", {}))
 
 
 def request_body(openapi: dict[str, Any], operation: dict[str, Any]) -> Any | None:
