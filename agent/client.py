@@ -102,7 +102,11 @@ class AgentApi(Protocol):
     def leases(self, running: list[str]) -> LeasePoll: ...
 
     def report(
-        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+        self,
+        attempt_id: str,
+        state: ReportState,
+        exit_code: int | None = None,
+        stop_requested: bool = False,
     ) -> dict[str, Any]: ...
 
     def job_token(self, attempt_id: str) -> str: ...
@@ -152,11 +156,19 @@ class AgentClient:
         return LeasePoll(leases={lease.attempt_id: lease for lease in leases}, stop=stop)
 
     def report(
-        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+        self,
+        attempt_id: str,
+        state: ReportState,
+        exit_code: int | None = None,
+        stop_requested: bool = False,
     ) -> dict[str, Any]:
+        """Report on an attempt; ``stop_requested`` (``exited`` only): the agent had asked the
+        process to stop, so its exit code is that stop, not a failure."""
         body: dict[str, Any] = {"state": state}
         if state == "exited":
             body["exit_code"] = exit_code
+            if stop_requested:
+                body["stop_requested"] = True
         return self._call("POST", f"/v1/agent/leases/{attempt_id}/status", json=body)
 
     def job_token(self, attempt_id: str) -> str:

@@ -38,6 +38,10 @@ class AgentConfig:
     per attempt (its output log and exit status) and ``checkpoints/<job id>``.
     ``lease_slack_s``: how long past its ``ends_at`` a lease may run when no word of an
     extension came (the server was unreachable), to absorb the poll delay and clock skew.
+    ``orphan_grace_s``: how long a job outlives its agent before its wrapper stops it
+    (:mod:`agent.liveness`; 0: never). With ``grace_s`` it must stay below the server's node
+    TTL (30 s by default), so that an orphan is gone before its job may run elsewhere; an agent
+    restarted within it re-attaches to its jobs.
     """
 
     api_url: str
@@ -53,6 +57,7 @@ class AgentConfig:
     request_timeout_s: float = 3.0
     max_backoff_s: float = 10.0
     lease_slack_s: float = 3.0
+    orphan_grace_s: float = 10.0
 
     @property
     def state_file(self) -> Path:
@@ -61,6 +66,11 @@ class AgentConfig:
     @property
     def lock_file(self) -> Path:
         return self.work_dir / "agent.lock"
+
+    @property
+    def alive_file(self) -> Path:
+        """The file the agent touches while it lives (:mod:`agent.liveness`)."""
+        return self.work_dir / "agent.alive"
 
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.work_dir / "attempts" / safe_name(attempt_id)

@@ -15,6 +15,12 @@ Each :meth:`Agent.step`:
 Only the server's answers stop a job early; errors never do. While the server is unreachable
 the jobs run on to the end of their leases, then stop cleanly, and the reports wait in the
 state file until it answers again.
+
+While it runs, the agent keeps its sign of life fresh (:mod:`agent.liveness`); each job's
+wrapper stops the job once the agent has been gone for the orphan grace period. A job the agent
+(or its wrapper) asked to stop is reported ``checkpointed`` when it exits 0, else ``exited``
+with ``stop_requested``: a stop that ends in a signal or a nonzero code is still the stop that
+was asked for, and the server puts the job back in the queue rather than failing it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 
 from agent.client import AgentApi, ApiRefused, ApiUnavailable, Backoff, Lease, LeasePoll
 from agent.config import AgentConfig, RuntimeKind, safe_name
+from agent.liveness import Beacon
 from agent.runtime import Ended, Handle, Launch, Runtime
 from agent.state import (
     FINISHED_KEEP_S,
@@ -39,6 +46,7 @@ from agent.state import (
     load,
     save,
 )
+from agent.wrap import Watch
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +77,22 @@ class Agent:
         self.next_heartbeat = 0.0
         self.unreachable_since: float | None = None
         self.dirty = False
+        self.beacon = Beacon(config.alive_file)
 
     # --- running -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Re-attach, then step until ``stop`` is set; then stop every job and deliver the
-        reports (:meth:`drain`)."""
-        self.reattach()
-        while not stop.is_set():
-            self.step()
-            stop.wait(min(TICK_S, self.config.poll_interval_s))
-        self.drain()
+        reports (:meth:`drain`). The sign of life is kept fresh throughout."""
+        self.beacon.start()
+        try:
+            self.reattach()
+            while not stop.is_set():
+                self.step()
+                stop.wait(min(TICK_S, self.config.poll_interval_s))
+            self.drain()
+        finally:
+            self.beacon.stop()
 
     def step(self) -> None:
         now = self.clock()
@@ -130,6 +143,7 @@ class Agent:
     # --- supervising ---------------------------------------------------------------------
 
     def supervise(self, now: float) -> None:
+        self.beacon.touch()
         for record in list(self.state.attempts.values()):
             runtime = self.runtimes[record.handle.kind]
             ended = runtime.poll(record.handle)
@@ -154,15 +168,20 @@ class Agent:
         self.dirty = True
 
     def finish(self, record: AttemptRecord, ended: Ended, now: float) -> None:
-        """Record the end of ``record`` and queue its report."""
+        """Record the end of ``record`` and queue its report: asked to stop (by the agent, or
+        by the wrapper with the agent gone), exit 0 is a checkpoint and any other end is the
+        stop that was asked for; else the exit code is the job's own end."""
         code = ended.code
         if code is None:
             code = -int(signal.SIGKILL)
             log.warning("attempt %s ended with no recorded status", record.attempt_id)
-        if record.stopping and code == 0:
+        asked = record.stopping or ended.stop_requested
+        if ended.stop_requested:
+            log.warning("attempt %s was stopped by its wrapper: no agent", record.attempt_id)
+        if asked and code == 0:
             report = PendingReport(record.attempt_id, "checkpointed")
         else:
-            report = PendingReport(record.attempt_id, "exited", code)
+            report = PendingReport(record.attempt_id, "exited", code, stop_requested=asked)
         outcome = "checkpointed" if report.state == "checkpointed" else f"exited {code}"
         log.info("attempt %s of job %s ended: %s", record.attempt_id, record.job_id, outcome)
         self.state.outbox.append(report)
@@ -226,7 +245,9 @@ class Agent:
         while self.state.outbox:
             report = self.state.outbox[0]
             try:
-                answer = self.client.report(report.attempt_id, report.state, report.exit_code)
+                answer = self.client.report(
+                    report.attempt_id, report.state, report.exit_code, report.stop_requested
+                )
                 told_to_stop = bool(answer.get("stop"))
             except ApiRefused as refused:
                 if not refused.stop and refused.status != 404:
@@ -287,6 +308,7 @@ class Agent:
             pid_file=folder / "wrapper.json",
             status_file=folder / "exit-status.json",
             checkpoint_dir=checkpoint,
+            watch=self.watch(),
         )
         if not lease.command:
             self.not_run(lease, now, "its job has no command")
@@ -320,6 +342,12 @@ class Agent:
         self.state.outbox.append(PendingReport(lease.attempt_id, "started"))
         self.dirty = True
         self.persist()
+
+    def watch(self) -> Watch | None:
+        """What each job's wrapper watches to stop the job once this agent is gone."""
+        if self.config.orphan_grace_s <= 0:
+            return None
+        return Watch(self.config.alive_file, self.config.orphan_grace_s, self.config.grace_s)
 
     def job_token(self, lease: Lease) -> str | None:
         try:

@@ -3,7 +3,8 @@ directory, and run the loop until SIGTERM or Ctrl-C.
 
 The first SIGTERM or SIGINT drains: every job is asked to checkpoint and stop (SIGTERM, the
 grace period, SIGKILL) and the reports are delivered. A second one exits at once, leaving the
-jobs running for the next agent on the same work directory to re-attach to (so does kill -9).
+jobs running for the next agent on the same work directory to re-attach to (so does kill -9),
+for the orphan grace period: then each job's wrapper stops it (:mod:`agent.liveness`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Options:
     grace_s: float
     lease_slack_s: float
     request_timeout_s: float = 3.0
+    orphan_grace_s: float = 10.0
 
 
 def configure(options: Options) -> AgentConfig:
@@ -80,6 +82,7 @@ def configure(options: Options) -> AgentConfig:
         grace_s=options.grace_s,
         lease_slack_s=options.lease_slack_s,
         request_timeout_s=options.request_timeout_s,
+        orphan_grace_s=options.orphan_grace_s,
     )
 
 

@@ -29,7 +29,8 @@ DOCKER_TIMEOUT_S = 30.0
 class Launch:
     """One attempt to start: ``argv`` (in ``image`` for a container) with ``env`` on the local
     ``gpus``; its output goes to ``log_file``, the wrapper's pid to ``pid_file`` and its exit
-    status to ``status_file``."""
+    status to ``status_file``. ``watch``: the agent's sign of life the wrapper watches, to stop
+    the job once the agent is gone (processes only; None: never)."""
 
     attempt_id: str
     argv: tuple[str, ...]
@@ -40,6 +41,7 @@ class Launch:
     pid_file: Path
     status_file: Path
     checkpoint_dir: Path
+    watch: wrap.Watch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +84,11 @@ class Handle:
 @dataclass(frozen=True, slots=True)
 class Ended:
     """A job that is over: ``code`` is its exit status (-S: killed by signal S), None when
-    nothing recorded it (the wrapper itself was killed)."""
+    nothing recorded it (the wrapper itself was killed). ``stop_requested``: the wrapper
+    stopped it because the agent was gone (a stop, not the job's own end)."""
 
     code: int | None
+    stop_requested: bool = False
 
 
 class Runtime(Protocol):
@@ -109,11 +113,19 @@ class Runtime(Protocol):
 
 def read_status(path: str | Path) -> int | None:
     """The exit code the wrapper recorded, None if it recorded none."""
+    return read_ended(path).code
+
+
+def read_ended(path: str | Path) -> Ended:
+    """How the wrapper recorded the job's end (code None: it recorded nothing)."""
     try:
-        code = json.loads(Path(path).read_text())["exit_code"]
+        document = json.loads(Path(path).read_text())
+        code = document["exit_code"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return code if isinstance(code, int) else None
+        return Ended(None)
+    if not isinstance(code, int):
+        return Ended(None)
+    return Ended(code, stop_requested=bool(document.get("stop_requested")))
 
 
 def start_ticks(pid: int) -> int | None:
@@ -162,10 +174,13 @@ class ProcessRuntime:
         launch.log_file.parent.mkdir(parents=True, exist_ok=True)
         launch.status_file.unlink(missing_ok=True)
         launch.pid_file.unlink(missing_ok=True)
-        wrapper = [sys.executable, "-P", wrap.__file__, str(launch.pid_file)]
+        wrapper = [sys.executable, "-P", wrap.__file__]
+        if launch.watch is not None:
+            wrapper += launch.watch.argv()
+        wrapper += [str(launch.pid_file), str(launch.status_file)]
         with launch.log_file.open("ab") as log:
             child = subprocess.Popen(
-                [*wrapper, str(launch.status_file), *launch.argv],
+                [*wrapper, *launch.argv],
                 env=inherited_env() | launch.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -203,11 +218,11 @@ class ProcessRuntime:
             if returncode is None:
                 return None
             del self._children[handle.pid]
-            recorded = read_status(handle.status_file)
-            return Ended(recorded if recorded is not None else returncode)
+            recorded = read_ended(handle.status_file)
+            return recorded if recorded.code is not None else Ended(returncode)
         if self.alive(handle):
             return None
-        return Ended(read_status(handle.status_file))
+        return read_ended(handle.status_file)
 
     def terminate(self, handle: Handle) -> None:
         self._signal(handle, signal.SIGTERM)

@@ -74,11 +74,13 @@ class AttemptRecord:
 
 @dataclass(frozen=True, slots=True)
 class PendingReport:
-    """A status report not yet delivered."""
+    """A status report not yet delivered. ``stop_requested``: the process was asked to stop
+    (an ``exited`` report: its code is that stop, not a failure)."""
 
     attempt_id: str
     state: ReportState
     exit_code: int | None = None
+    stop_requested: bool = False
 
 
 @dataclass
@@ -94,7 +96,12 @@ class AgentState:
             "version": VERSION,
             "attempts": [record.to_json() for record in self.attempts.values()],
             "outbox": [
-                {"attempt_id": r.attempt_id, "state": r.state, "exit_code": r.exit_code}
+                {
+                    "attempt_id": r.attempt_id,
+                    "state": r.state,
+                    "exit_code": r.exit_code,
+                    "stop_requested": r.stop_requested,
+                }
                 for r in self.outbox
             ],
             "finished": self.finished,

@@ -10,7 +10,9 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
+from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from api import planning_hooks
@@ -171,8 +173,13 @@ def report_status(
     - ``checkpointed``: the attempt stopped with a checkpoint; its job, unless it runs
       elsewhere, is SUSPENDED.
     - ``exited``: code 0 means the job finished: SUCCEEDED. A nonzero code fails the job
-      (FAILED, no retry) unless the attempt had been revoked, where it is the stop the server
-      asked for (a SIGKILL after the grace period): the job goes back to the queue.
+      (FAILED, no retry) unless the process was asked to stop: the attempt had been revoked,
+      or the report says ``stop_requested`` (the agent stopped it on its own: its lease ran
+      out, the agent is draining, or the server said stop before a revoke reached this
+      lease). A stop that ends in a signal (SIGTERM before the program's handler was
+      installed: -15; SIGKILL after the grace period: -9) or a nonzero code is the stop that
+      was asked for, not a failure: the job goes back to the queue (SUSPENDED with a
+      checkpoint, else PENDING).
     - a lost attempt's reports are all refused: its job has already gone back to the queue.
 
     Locks the job, then the lease (then the cluster row, when the version is bumped): the
@@ -226,7 +233,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         return None
     if code == 0:
         _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
-    elif revoked:
+    elif revoked or report.stop_requested:
         stop_running(session, job, f"{where} stopped (exit {code})", except_attempt=lease.id)
     else:
         _finish(session, job, JobState.FAILED, f"{where} exited {code}", lease.id)
@@ -304,12 +311,16 @@ def _lease_public(lease: LeaseRow, job: JobRow) -> LeasePublic:
 
 
 def _cluster(session: Session) -> ClusterRow | None:
-    return session.get(ClusterRow, CLUSTER)
+    """The cluster's row without the policy's memory (hundreds of kB at scale, read on every
+    poll)."""
+    state = cast("QueryableAttribute[Any]", ClusterRow.policy_state)
+    return session.get(ClusterRow, CLUSTER, options=(defer(state),))
 
 
 def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTokenPublic:
-    """A token scoped to the attempt's job, for its process; only for a live attempt of an
-    unfinished job (a stale attempt gets a 409 with ``stop: true``)."""
+    """A token scoped to the attempt's job and to the attempt itself, for its process; only
+    for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
+    Once the attempt is fenced the token's events are refused (:mod:`api.progress`)."""
     lease = visible_lease(session, principal, attempt_id)
     job = session.get(JobRow, lease.job_id)
     if job is None or lease.state not in LIVE or JobState(job.state).terminal:
@@ -320,5 +331,7 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
             stop=True,
             attempt_id=attempt_id,
         )
-    token = create_token(session, Role.JOB, job_id=job.id, name=f"attempt {lease.id}")
+    token = create_token(
+        session, Role.JOB, job_id=job.id, attempt_id=lease.id, name=f"attempt {lease.id}"
+    )
     return JobTokenPublic(attempt_id=lease.id, job_id=job.id, token=token)

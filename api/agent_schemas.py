@@ -111,12 +111,15 @@ class NodeLeases(BaseModel):
 class LeaseStatusReport(BaseModel):
     """What happened to an attempt: ``started`` (the process is up), ``running`` (still up),
     ``checkpointed`` (it saved its state and stopped), ``exited`` (it ended with
-    ``exit_code``, required for ``exited`` only)."""
+    ``exit_code``, required for ``exited`` only). ``stop_requested`` (``exited`` only): the
+    agent had asked the process to stop (SIGTERM), so a nonzero code or a signal is that stop,
+    not a failure: the job goes back to the queue instead of FAILED."""
 
     model_config = ConfigDict(extra="forbid")
 
     state: Literal["started", "running", "checkpointed", "exited"]
     exit_code: ExitCode | None = Field(default=None, validate_default=True)
+    stop_requested: bool = Field(default=False, validate_default=True)
 
     @field_validator("exit_code")
     @classmethod
@@ -125,6 +128,13 @@ class LeaseStatusReport(BaseModel):
         if exited and value is None:
             raise ValueError("required when state is 'exited'")
         if not exited and value is not None:
+            raise ValueError("only allowed when state is 'exited'")
+        return value
+
+    @field_validator("stop_requested")
+    @classmethod
+    def _stop_requested_with_exited(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("state") != "exited":
             raise ValueError("only allowed when state is 'exited'")
         return value
 

@@ -10,6 +10,10 @@ A lease is one attempt (its id) to run a job on one node's GPUs for a round. Its
 - ``CHECKPOINTED`` / ``EXITED``: the agent reported that the process stopped.
 - ``LOST``: the node stopped heartbeating; whatever it still runs must stop.
 
+An attempt that must no longer act for its job is fenced (:func:`fenced_reason`): the agent's
+reports on it are answered with ``stop`` and its process's events are refused
+(:mod:`api.progress`), so a process that outlived its attempt cannot move its job's progress.
+
 Job states follow from the leases (SPEC section 5): a job becomes RUNNING when an attempt
 reports that it started; a preempted job stays RUNNING until its attempt reports that it
 checkpointed (then SUSPENDED), or until a whole round has passed without that report (the
@@ -43,6 +47,46 @@ LIVE = (LeaseState.ISSUED.value, LeaseState.STARTED.value, LeaseState.RUNNING.va
 
 STOPPED = (LeaseState.CHECKPOINTED.value, LeaseState.EXITED.value)
 """States in which the agent confirmed that the attempt's process is gone."""
+
+STARTED_ONCE = (
+    LeaseState.STARTED.value,
+    LeaseState.RUNNING.value,
+    LeaseState.CHECKPOINTED.value,
+    LeaseState.EXITED.value,
+)
+"""States of an attempt whose process was reported up (and may have stopped since)."""
+
+
+def fenced_reason(session: Session, attempt_id: str) -> str | None:
+    """Why attempt ``attempt_id`` may no longer speak for its job (its process's events are
+    refused), None while it may.
+
+    An attempt is fenced once it is ``LOST`` (its node went silent: the job went back to the
+    queue and may already run elsewhere), once its process was confirmed gone (``CHECKPOINTED``,
+    ``EXITED``: whoever still uses its token is not that process), and once it is ``REVOKED``
+    and a newer attempt of its job has started (the newer one resumed from the checkpoint as it
+    was then and owns the job's progress; what the old one did since is lost work, and counting
+    it would count it twice). A revoked attempt with no started successor is in its grace
+    period: it may still report what it did before it stops. An unknown attempt is fenced.
+    """
+    lease = session.get(LeaseRow, attempt_id)
+    if lease is None:
+        return f"attempt {attempt_id} does not exist"
+    if lease.state == LeaseState.LOST.value:
+        return f"attempt {attempt_id} was lost with node {lease.node_id}"
+    if lease.state in STOPPED:
+        return f"attempt {attempt_id} has stopped ({lease.state.lower()})"
+    if lease.state == LeaseState.REVOKED.value:
+        successor = session.exec(
+            select(LeaseRow.id).where(
+                LeaseRow.job_id == lease.job_id,
+                col(LeaseRow.issued_at) > lease.issued_at,
+                col(LeaseRow.state).in_(STARTED_ONCE),
+            )
+        ).first()
+        if successor is not None:
+            return f"attempt {attempt_id} was revoked and attempt {successor} has taken over"
+    return None
 
 
 def checkpoint_dir(job_id: str) -> str:

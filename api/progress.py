@@ -16,6 +16,13 @@ reordering are harmless:
   - ``measured_epoch_seconds``: the mean seconds of the progress events at each batch size;
   - ``observed_regimes``: the regimes the job has left behind, cut where its batch size changed.
 
+A job token handed to one attempt (:func:`api.agent.job_token`) speaks for that attempt only:
+once the attempt is fenced (:func:`api.leases.fenced_reason`: lost with its node, stopped, or
+revoked with a newer attempt under way) its events are refused with a 409 ``Attempt fenced``
+problem (``fenced: true``, ``stop: true``), so a process that outlived its attempt (an orphan
+of a dead agent) can neither move the job's progress nor take a seq from the attempt that
+owns the job now; the SDK stops the process on that answer.
+
 Writes happen in the caller's transaction; the job row is locked first (``FOR UPDATE`` on
 Postgres; SQLite has one writer at a time) so concurrent posts to one job serialize, and the
 unique (job_id, seq) constraint settles concurrent duplicates.
@@ -35,6 +42,7 @@ from sqlmodel import Session, col, select
 from api import repository
 from api.auth import Principal, Role, require
 from api.errors import Problem
+from api.leases import fenced_reason
 from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEventCreate
 from api.tables import JobEventRow, JobRow, utcnow
 from shockwave.lifecycle import JobState
@@ -157,11 +165,12 @@ def record_event(
     session: Session, principal: Principal, job_id: str, event: ClientEventCreate
 ) -> tuple[int, JobEventRow]:
     """Store ``event`` for the job and update its observed state; (201, new event) or, for a
-    duplicate, (200, the stored event). Raises 403, 404, 409 (conflicting duplicate, finished
-    job) or 422 (an epoch beyond the job's length) as :class:`Problem`."""
+    duplicate, (200, the stored event). Raises 403, 404, 409 (fenced attempt, conflicting
+    duplicate, finished job) or 422 (an epoch beyond the job's length) as :class:`Problem`."""
     require(principal, *REPORTERS)
     row = repository.visible_job(session, principal, job_id)
     session.refresh(row, with_for_update=True)
+    _check_attempt(session, principal)
     payload = event.model_dump(mode="json", exclude={"seq", "kind"})
     stored = _event_at(session, job_id, event.seq)
     if stored is not None:
@@ -182,6 +191,24 @@ def record_event(
     _apply(row, observed_state(session, row))
     session.add(row)
     return 201, new
+
+
+def _check_attempt(session: Session, principal: Principal) -> None:
+    """409 ``Attempt fenced`` when the caller is a job token of an attempt that is fenced.
+    Checked under the job's lock, which the agent reports and the round driver take first too,
+    so an event is never recorded after its attempt was fenced."""
+    if principal.role is not Role.JOB or principal.attempt_id is None:
+        return
+    reason = fenced_reason(session, principal.attempt_id)
+    if reason is not None:
+        raise Problem(
+            409,
+            "Attempt fenced",
+            f"{reason}: its events are refused; stop the process without checkpointing",
+            fenced=True,
+            stop=True,
+            attempt_id=principal.attempt_id,
+        )
 
 
 def _event_at(session: Session, job_id: str, seq: int) -> JobEventRow | None:

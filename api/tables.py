@@ -107,6 +107,7 @@ class TokenRow(SQLModel, table=True):
     tenant: str | None = Field(default=None, max_length=64)
     node: str | None = Field(default=None, max_length=128)
     job_id: str | None = Field(default=None, max_length=36)
+    attempt_id: str | None = Field(default=None, max_length=36)
     name: str = Field(default="", max_length=128)
     created_at: datetime = _ts()
 

@@ -10,17 +10,20 @@ accepted wherever gradients are, when torch is installed.
 
 from shockwave_sdk.checkpoint import ArrayCheckpoint, CheckpointStore, GracefulStop, atomic_write
 from shockwave_sdk.client import (
+    FENCED_EXIT_CODE,
     ApiUnavailable,
+    AttemptFenced,
     Delivery,
     EventRejected,
     JobFinished,
     JobRecord,
     RetryPolicy,
     ShockwaveClient,
+    exit_fenced,
     remembered_job,
 )
 from shockwave_sdk.environment import InvalidEnvironment, JobEnvironment
-from shockwave_sdk.outbox import EventOutbox
+from shockwave_sdk.outbox import EventOutbox, OutboxTaken
 from shockwave_sdk.scaling import (
     Accordion,
     GradientNoiseScale,
@@ -35,9 +38,11 @@ from shockwave_sdk.scaling import (
 )
 
 __all__ = [
+    "FENCED_EXIT_CODE",
     "Accordion",
     "ApiUnavailable",
     "ArrayCheckpoint",
+    "AttemptFenced",
     "CheckpointStore",
     "Delivery",
     "EventOutbox",
@@ -50,10 +55,12 @@ __all__ = [
     "JobFinished",
     "JobRecord",
     "NoiseScaleSample",
+    "OutboxTaken",
     "RetryPolicy",
     "ScalingDecision",
     "ShockwaveClient",
     "atomic_write",
+    "exit_fenced",
     "micro_batch_sample",
     "next_rung",
     "per_example_sample",

@@ -12,27 +12,44 @@ therefore never stops training, and no event is lost or counted twice.
 Refusals that no retry can fix raise: :class:`JobFinished` when the job is already finished or
 cancelled (the program should stop), :class:`EventRejected` for any other 4xx (a bad event, a
 token that may not post for this job). The refused event is dropped from the outbox.
+
+Attempt fencing: the agent's token speaks for one attempt, and once the server has fenced it
+(lost with its node, revoked with a newer attempt under way, or stopped) an event is refused
+with ``409 Attempt fenced``; a newer attempt's claim on the outbox file says the same locally
+(:class:`~shockwave_sdk.outbox.OutboxTaken`). Either way this process is an attempt the job has
+moved on from: another attempt may already train it from the same checkpoint directory. So
+nothing more may be written there, not even a checkpoint (it would overwrite the newer
+attempt's); the one exception is taking the refused event back out of the outbox while no newer
+attempt has claimed it, so that no later attempt sends it in its own name. By default the SDK
+ends the process at once (``os._exit(FENCED_EXIT_CODE)``: no ``finally`` block, no ``atexit``
+hook, no checkpoint handler runs); ``on_fenced`` replaces that, and if it returns,
+:class:`AttemptFenced` is raised by this and every later report.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
 from shockwave_sdk.checkpoint import CheckpointStore
 from shockwave_sdk.environment import JobEnvironment
-from shockwave_sdk.outbox import Event, EventOutbox
+from shockwave_sdk.outbox import Event, EventOutbox, OutboxTaken
 
 JOB_RECORD_NAME = "shockwave-job.json"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+FENCED_EXIT_CODE = 75
+"""The exit status of a process the SDK ends because its attempt was fenced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +133,19 @@ class JobFinished(EventRejected):
     """The job is finished or cancelled: it takes no more events, and its program should stop."""
 
 
+class AttemptFenced(EventRejected):
+    """This process's attempt was fenced: the job may already run elsewhere from the same
+    checkpoint directory. The program must stop at once and write nothing more there (no
+    checkpoint). Raised only when an ``on_fenced`` hook returns; by default the process ends."""
+
+
+def exit_fenced(fenced: AttemptFenced) -> None:
+    """The default reaction to fencing: say why on stderr and end the process now, with
+    :data:`FENCED_EXIT_CODE`, skipping every cleanup that could write a checkpoint."""
+    print(f"shockwave: {fenced}: stopping this process now", file=sys.stderr, flush=True)
+    os._exit(FENCED_EXIT_CODE)
+
+
 class ApiUnavailable(Exception):
     """A read (not an event) could not reach the API before its deadline."""
 
@@ -134,7 +164,9 @@ class ShockwaveClient:
     ``http``: an ``httpx.Client`` to send with (tests pass FastAPI's ``TestClient``); by default
     one is made and closed with this client. ``should_give_up``: polled between retries, so a
     process that has been asked to stop does not spend its grace period waiting for the API
-    (pass ``lambda: stop.requested``). ``sleep``, ``clock`` and ``rng`` are injectable for tests.
+    (pass ``lambda: stop.requested``). ``on_fenced``: what to do once this attempt is fenced
+    (module docstring); default :func:`exit_fenced`. ``sleep``, ``clock`` and ``rng`` are
+    injectable for tests.
     """
 
     def __init__(
@@ -147,6 +179,7 @@ class ShockwaveClient:
         http: httpx.Client | None = None,
         retry: RetryPolicy | None = None,
         should_give_up: Callable[[], bool] | None = None,
+        on_fenced: Callable[[AttemptFenced], None] = exit_fenced,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -159,6 +192,8 @@ class ShockwaveClient:
         self._http = http or httpx.Client(timeout=self.retry.request_timeout_s)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._should_give_up = should_give_up or (lambda: False)
+        self._on_fenced = on_fenced
+        self._fenced: AttemptFenced | None = None
         self._sleep = sleep
         self._clock = clock
         self._rng = rng or random.Random()
@@ -174,7 +209,9 @@ class ShockwaveClient:
                 "not started by a Shockwave agent: SHOCKWAVE_JOB_ID, SHOCKWAVE_API_URL and "
                 "SHOCKWAVE_CHECKPOINT_DIR must all be set"
             )
-        outbox = EventOutbox(CheckpointStore(env.checkpoint_dir), env.job_id)
+        outbox = EventOutbox(
+            CheckpointStore(env.checkpoint_dir), env.job_id, attempt=env.attempt_id
+        )
         return cls(
             api_url=env.api_url, job_id=env.job_id, token=env.token, outbox=outbox, **options
         )
@@ -204,7 +241,7 @@ class ShockwaveClient:
     def flush(self, deadline_s: float | None = None) -> int:
         """Try to deliver every pending event within ``deadline_s`` (default: the retry
         policy's); returns how many are still pending."""
-        with self._lock:
+        with self._lock, self._fencing():
             self._deliver_pending(self._clock() + (deadline_s or self.retry.deadline_s))
             return len(self.outbox.pending())
 
@@ -212,12 +249,29 @@ class ShockwaveClient:
         """Store the event, then deliver it and any older pending ones. While the API is known
         to be away (the last delivery ran out of time), one try and no retries: training does
         not stall for a whole deadline at every report of an outage."""
-        with self._lock:
+        with self._lock, self._fencing():
             event = self.outbox.add(body)
             budget = 0.0 if self._api_away else self.retry.deadline_s
             outcomes = self._deliver_pending(self._clock() + budget)
             seq = int(event["seq"])
             return outcomes.get(seq, Delivery(seq=seq, delivered=False))
+
+    @contextmanager
+    def _fencing(self) -> Iterator[None]:
+        """Refuse to act once fenced; turn a fencing found out inside into the reaction."""
+        if self._fenced is not None:
+            raise self._fenced
+        try:
+            yield
+        except OutboxTaken as taken:
+            self._fence(AttemptFenced(409, {"detail": str(taken), "fenced": True}, {}))
+        except AttemptFenced as fenced:
+            self._fence(fenced)
+
+    def _fence(self, fenced: AttemptFenced) -> NoReturn:
+        self._fenced = fenced
+        self._on_fenced(fenced)
+        raise fenced
 
     def _deliver_pending(self, deadline: float) -> dict[int, Delivery]:
         """Send pending events in seq order until one cannot get through before ``deadline``;
@@ -249,6 +303,10 @@ class ShockwaveClient:
                 event = self.outbox.renumber(int(event["seq"]), known)
                 renumbered = True
                 continue
+            except AttemptFenced:
+                with suppress(OutboxTaken):  # taken: the file is not ours to touch any more
+                    self.outbox.delivered(int(event["seq"]))
+                raise
             except EventRejected:
                 self.outbox.delivered(int(event["seq"]))
                 raise
@@ -285,6 +343,8 @@ class ShockwaveClient:
         if response.status_code in TRANSIENT_STATUSES:
             raise _Transient(f"HTTP {response.status_code}")
         if response.status_code == 409:
+            if problem.get("fenced") is True:
+                raise AttemptFenced(409, problem, event)
             if any(e.get("field") == "seq" for e in problem.get("errors", []) or []):
                 raise _SeqTaken()
             if self._job_state() in TERMINAL_STATES:

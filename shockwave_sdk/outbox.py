@@ -6,8 +6,16 @@ never be given to two different events, across retries, attempts and nodes. The 
 each event and writes it to disk *before* it is sent; a resumed attempt (any node that mounts
 the same checkpoint directory) continues the sequence and sends what the last attempt could not.
 
-File ``shockwave-events.json``: ``{"job_id": str, "last_seq": int, "pending": [event, ...]}``,
-each event the exact JSON body to post, ``seq`` included.
+File ``shockwave-events.json``: ``{"job_id": str, "last_seq": int, "pending": [event, ...],
+"attempt": str | null}``, each event the exact JSON body to post, ``seq`` included.
+
+The directory is shared by every attempt of the job, and only the newest may write it: an
+outbox made for an ``attempt`` claims the file at once (writes its attempt id into it), and
+before every later write checks that the file is still its own. A process that finds another
+attempt's claim is one the job has moved on from (the orphan of a dead agent, say, still
+running after its node was declared lost): :class:`OutboxTaken` is raised and nothing is
+written, so its events can neither overwrite the newer attempt's sequence nor be sent later in
+that attempt's name.
 """
 
 from __future__ import annotations
@@ -23,13 +31,25 @@ OUTBOX_NAME = "shockwave-events.json"
 Event = dict[str, Any]
 
 
-class EventOutbox:
-    """A monotonic per-job seq and the events not yet acknowledged by the API."""
+class OutboxTaken(Exception):
+    """A newer attempt of the job has claimed the outbox: this process must stop writing."""
 
-    def __init__(self, store: CheckpointStore, job_id: str, name: str = OUTBOX_NAME) -> None:
+
+class EventOutbox:
+    """A monotonic per-job seq and the events not yet acknowledged by the API. ``attempt``:
+    the attempt this process runs (None outside a managed job: no claim, no check)."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        job_id: str,
+        name: str = OUTBOX_NAME,
+        attempt: str | None = None,
+    ) -> None:
         self._store = store
         self._name = name
         self._job_id = job_id
+        self._attempt = attempt
         self._lock = threading.Lock()
         stored = store.load_json(name)
         if isinstance(stored, Mapping) and stored.get("job_id") == job_id:
@@ -37,6 +57,8 @@ class EventOutbox:
             self._pending: list[Event] = [dict(e) for e in stored.get("pending", [])]
         else:
             self._last_seq, self._pending = 0, []
+        if attempt is not None:
+            self._write()
 
     @property
     def last_seq(self) -> int:
@@ -76,8 +98,32 @@ class EventOutbox:
                     return dict(event)
             raise KeyError(f"no pending event with seq {seq}")
 
+    def owner(self) -> str | None:
+        """The attempt whose claim the file holds now (None: no claim)."""
+        stored = self._store.load_json(self._name)
+        if isinstance(stored, Mapping) and stored.get("job_id") == self._job_id:
+            owner = stored.get("attempt")
+            return str(owner) if owner is not None else None
+        return None
+
     def _save(self) -> None:
+        """Write the file, unless another attempt has claimed it (:class:`OutboxTaken`)."""
+        if self._attempt is not None:
+            owner = self.owner()
+            if owner is not None and owner != self._attempt:
+                raise OutboxTaken(
+                    f"attempt {owner} of job {self._job_id} has taken over its checkpoint "
+                    f"directory from attempt {self._attempt}"
+                )
+        self._write()
+
+    def _write(self) -> None:
         self._store.save_json(
             self._name,
-            {"job_id": self._job_id, "last_seq": self._last_seq, "pending": self._pending},
+            {
+                "job_id": self._job_id,
+                "last_seq": self._last_seq,
+                "pending": self._pending,
+                "attempt": self._attempt,
+            },
         )

@@ -377,6 +377,14 @@ def agent_command(
             help="Seconds a lease may run past its end with no word from the server.", min=0
         ),
     ] = 5.0,
+    orphan_grace: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a job outlives its agent (killed, crashed) before it is stopped; "
+            "with --grace-seconds keep it below the server's node TTL. 0: never.",
+            min=0,
+        ),
+    ] = 10.0,
     log_level: Annotated[
         str, typer.Option(help="Log level: critical, error, warning, info, debug.")
     ] = "info",
@@ -418,6 +426,7 @@ def agent_command(
         grace_s=grace_seconds,
         lease_slack_s=lease_slack,
         request_timeout_s=request_timeout,
+        orphan_grace_s=orphan_grace,
     )
     try:
         serve(configure(options))

@@ -107,10 +107,9 @@ class SimulatedAgent:
         attempt = self.running.get(attempt_id)
         if attempt is None:
             attempt = self.running[attempt_id] = Attempt(attempt_id, job_id)
-            if job.token is None:
-                response = self.client.post(f"/v1/agent/leases/{attempt_id}/token")
-                assert response.status_code == 201, response.text
-                job.token = response.json()["token"]
+            response = self.client.post(f"/v1/agent/leases/{attempt_id}/token")
+            assert response.status_code == 201, response.text
+            job.token = response.json()["token"]  # scoped to this attempt: older ones are fenced
             if not self._report(attempt_id, {"state": "started"}):
                 return
         if round_index in attempt.rounds:

@@ -14,9 +14,11 @@
   crashes) in the middle of a round: after the node TTL it is LOST, its jobs go back to the
   queue and finish on the other node from their last checkpoints, and the server tells anyone
   who still reports the dead attempts to stop them.
-- The same with kill -9 of the agent process alone: its jobs (in sessions of their own, so that
-  a restarted agent re-attaches to them) go on training after the node is LOST. A known gap,
-  kept as a strict xfail.
+- The same with kill -9 of the agent process alone: its jobs, in sessions of their own so that
+  a restarted agent could re-attach to them, outlive it; their wrappers see the agent's sign of
+  life go stale and stop them (SIGTERM: they checkpoint) after the orphan grace period, before
+  the node is LOST, so that no job trains in two places (and were one to run on, its attempt's
+  job token is fenced: its events are refused and the SDK ends it).
 
 Every test checks attempt fencing: no job ever runs in two places at once, from the server's
 lease history (each attempt from its issue to its confirmed end; attempts of one job on
@@ -46,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlmodel import Session, col, select
 
 from api.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
@@ -56,6 +57,9 @@ from tests.e2e.stack import Deployment, deployment, job_states, parallel_tokens,
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"
 ROUND_SECONDS = 3.0
 NODE_TTL_S = 4.0
+ORPHAN_GRACE_S = 1.5
+"""A job outlives its killed agent this long before its wrapper stops it: well below the node
+TTL, so it is gone (checkpointed) before the server may run it elsewhere."""
 SLOTS = 2
 STEP_SECONDS = 0.02
 """Each SGD step of the example lasts at least this long (``--min-step-seconds``), so that an
@@ -211,6 +215,8 @@ def start_agent(stack: Deployment, api: str, node: str, token: str) -> Service:
         "0.5",
         "--heartbeat-interval",
         "1",
+        "--orphan-grace",
+        str(ORPHAN_GRACE_S),
         env={"SHOCKWAVE_AGENT_TOKEN": token},
     )
 
@@ -521,8 +527,9 @@ def settled(run: Training, node: str) -> bool:
     """In the middle of a round, and every attempt leased to ``node`` is up and training (has
     written its start record, so it handles SIGTERM): a drain now stops only running jobs.
 
-    (A job killed by the drain's SIGTERM before its handler is installed exits -15, which the
-    server counts as a failure on a lease that was not revoked.)"""
+    (A job killed by the drain's SIGTERM before its handler is installed exits -15: the server
+    puts it back in the queue, as the stop the agent asked for, but without a checkpoint, and
+    this test counts one checkpoint per preemption.)"""
     if not mid_round(run.stack):
         return False
     for leases in leases_of(run.stack).values():
@@ -602,22 +609,31 @@ def test_a_crashed_node_s_jobs_finish_on_the_other_node(tmp_path: Path) -> None:
     node_dies(tmp_path, crash)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: kill -9 of the agent process alone leaves its jobs running, unfenced; "
-    "once the node is LOST they go on training while their jobs are re-queued elsewhere",
-)
 def test_an_agent_killed_alone_leaves_no_job_running_unfenced(tmp_path: Path) -> None:
     """kill -9 of the agent process only (its process group): the jobs it started, in
-    sessions of their own so that a restarted agent can re-attach to them, live on."""
-    node_dies(tmp_path, lambda agent: agent.kill())
+    sessions of their own so that a restarted agent can re-attach to them, live on until their
+    wrappers find the agent gone; they stop cleanly (a checkpoint, a ``stopped`` record) and
+    are all gone before n1 is LOST."""
+    node_dies(tmp_path, kill_agent_alone, stopped_cleanly=True)
 
 
-def node_dies(tmp_path: Path, kill: Callable[[Service], object]) -> None:
-    """Four jobs on two nodes; in the middle of a round ``kill`` takes n1's agent down. n1 is
-    LOST after the TTL, its jobs go back to the queue and finish on n2 from their last
-    checkpoints; the server tells whoever reports n1's attempts to stop them, and no process
-    of those attempts trains after its node was declared lost."""
+def kill_agent_alone(agent: Service) -> list[int]:
+    """kill -9 the agent alone; the pids of the wrappers it had started (still running)."""
+    wrappers = [pid for pid in process_tree(agent.pid) if pid != agent.pid]
+    agent.kill()
+    assert wrappers and all(alive(pid) for pid in wrappers), "the jobs outlive their agent"
+    return wrappers
+
+
+def node_dies(
+    tmp_path: Path, kill: Callable[[Service], list[int]], *, stopped_cleanly: bool = False
+) -> None:
+    """Four jobs on two nodes; in the middle of a round ``kill`` takes n1's agent down (and
+    returns the pids of n1's job processes). n1 is LOST after the TTL, its jobs go back to the
+    queue and finish on n2 from their last checkpoints; the server tells whoever reports n1's
+    attempts to stop them, and no process of those attempts runs or trains after its node was
+    declared lost. ``stopped_cleanly``: each of them ended with a checkpoint and its
+    ``stopped`` record (its wrapper stopped it) rather than dying in the middle of a step."""
     began = time.monotonic()
     with training(tmp_path) as run:
         for index, (mode, epochs, samples) in enumerate(CRASH_JOBS):
@@ -647,7 +663,7 @@ def node_dies(tmp_path: Path, kill: Callable[[Service], object]) -> None:
         }
         assert len(victims) == SLOTS, victims
         killed_at = time.monotonic()
-        kill(run.agents["n1"])
+        processes = kill(run.agents["n1"])
 
         wait_until(
             lambda: node_state(run.stack, "n1") == "LOST",
@@ -656,6 +672,8 @@ def node_dies(tmp_path: Path, kill: Callable[[Service], object]) -> None:
         )
         lost_after = time.monotonic() - killed_at
         fenced_at = {job_id: len(run.loss_log(job_id)) for job_id in victims.values()}
+        running = [pid for pid in processes if alive(pid)]
+        assert not running, f"n1's job processes {running} still run after n1 was LOST"
         assert lost_after >= NODE_TTL_S - 1.5, lost_after
         leases = leases_of(run.stack)
         for attempt, job_id in victims.items():
@@ -693,6 +711,9 @@ def node_dies(tmp_path: Path, kill: Callable[[Service], object]) -> None:
         for job_id, name in run.jobs.items():
             attempts = attempts_in_log(run.loss_log(job_id))
             check_loss_curve(name, attempts, crashed=set(victims))
+            for each in attempts:
+                if stopped_cleanly and each.attempt_id in victims:
+                    assert each.records[-1]["record"] == "stopped", (name, each.records)
         print(
             f"\n{time.monotonic() - began:.0f} s; n1 LOST {lost_after:.1f} s after the kill\n"
             + schedule(run)

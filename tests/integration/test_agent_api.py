@@ -315,3 +315,155 @@ def test_a_live_attempt_gets_a_token_scoped_to_its_job(
     report(client, tokens.agent, attempt, "exited", 0)
     stale = client.post(f"/v1/agent/leases/{attempt}/token", headers=bearer(tokens.agent))
     assert_problem(stale, 409)
+
+
+def attempt_token(client: TestClient, tokens: Tokens, attempt: str) -> str:
+    issued = client.post(f"/v1/agent/leases/{attempt}/token", headers=bearer(tokens.agent))
+    assert issued.status_code == 201, issued.json()
+    token: str = issued.json()["token"]
+    return token
+
+
+def post_progress(client: TestClient, token: str, job: str, seq: int) -> Any:
+    event = {"seq": seq, "kind": "progress", "epoch": min(seq, 3), "samples": 10, "seconds": 1.0}
+    return client.post(
+        f"/v1/jobs/{job}/events", json={**event, "batch_size": 32}, headers=bearer(token)
+    )
+
+
+def progress_seqs(client: TestClient, tokens: Tokens, job: str) -> list[int]:
+    listed = client.get(
+        f"/v1/jobs/{job}/events", params={"kind": "progress"}, headers=bearer(tokens.admin)
+    )
+    assert listed.status_code == 200, listed.json()
+    return [e["seq"] for e in listed.json()["items"]]
+
+
+def assert_fenced(response: Any, attempt: str) -> None:
+    problem = assert_problem(response, 409)
+    assert problem["title"] == "Attempt fenced", problem
+    assert (problem["fenced"], problem["stop"], problem["attempt_id"]) == (True, True, attempt)
+
+
+def test_a_lost_attempt_s_events_are_refused_and_leave_the_job_s_progress_alone(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    token = attempt_token(client, tokens, attempt)
+    report(client, tokens.agent, attempt, "started")
+    assert post_progress(client, token, job, 1).status_code == 201
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.step(now() + 60.0)
+    (lost,) = leases(database, states=("LOST",))
+    assert lost.id == attempt
+
+    assert_fenced(post_progress(client, token, job, 2), attempt)
+    assert_fenced(post_progress(client, token, job, 1), attempt)
+    assert progress_seqs(client, tokens, job) == [1]
+    record = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert record["epochs_done"] == 1
+    assert client.get(f"/v1/jobs/{job}", headers=bearer(token)).status_code == 200, "reads stay"
+    unscoped = tokens.job(job)
+    assert post_progress(client, unscoped, job, 2).status_code == 201, "not an attempt's token"
+
+
+def test_a_stopped_attempt_s_token_is_fenced(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    token = attempt_token(client, tokens, attempt)
+    report(client, tokens.agent, attempt, "started")
+    assert report(client, tokens.agent, attempt, "checkpointed")["job_state"] == "SUSPENDED"
+    assert_fenced(post_progress(client, token, job, 1), attempt)
+    assert progress_seqs(client, tokens, job) == []
+
+
+def test_a_revoked_attempt_reports_in_its_grace_period_until_a_newer_one_starts(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=1)
+    first, second = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[first], [second], [first]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (old,) = (le.id for le in leases(database))
+        old_token = attempt_token(client, tokens, old)
+        report(client, tokens.agent, old, "started")
+        assert post_progress(client, old_token, first, 1).status_code == 201
+        driver.step(t0 + ROUND_S)
+        assert post_progress(client, old_token, first, 2).status_code == 201, "grace period"
+        driver.step(t0 + 2 * ROUND_S)
+    (new,) = (le.id for le in leases(database) if le.job_id == first)
+    assert new != old
+    assert post_progress(client, old_token, first, 3).status_code == 201, "newer one not up"
+
+    new_token = attempt_token(client, tokens, new)
+    report(client, tokens.agent, new, "started")
+    assert_fenced(post_progress(client, old_token, first, 4), old)
+    assert post_progress(client, new_token, first, 4).status_code == 201
+    assert progress_seqs(client, tokens, first) == [1, 2, 3, 4]
+
+
+def test_an_attempt_its_agent_stopped_goes_back_to_the_queue_whatever_its_exit(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The agent asked the process to stop (its lease ran out, the agent drains) before any
+    revoke reached the lease: SIGTERM before the program's handler (-15) or SIGKILL after the
+    grace period (-9) is that stop, not a failure. The same exit unasked fails the job."""
+    job, attempt = one_lease(client, tokens, database)
+    report(client, tokens.agent, attempt, "started")
+    body = {"state": "exited", "exit_code": -15, "stop_requested": True}
+    response = client.post(
+        f"/v1/agent/leases/{attempt}/status", json=body, headers=bearer(tokens.agent)
+    )
+    assert response.status_code == 200, response.json()
+    stopped = response.json()
+    assert (stopped["state"], stopped["job_state"]) == ("EXITED", "PENDING"), stopped
+    again = client.post(
+        f"/v1/agent/leases/{attempt}/status", json=body, headers=bearer(tokens.agent)
+    )
+    assert again.json() == stopped, "a retry, same answer"
+
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+        (second,) = (le.id for le in leases(database))
+        report(client, tokens.agent, second, "started")
+        assert report(client, tokens.agent, second, "checkpointed")["job_state"] == "SUSPENDED"
+        driver.step(now() + ROUND_S)
+    (third,) = (le.id for le in leases(database))
+    report(client, tokens.agent, third, "started")
+    killed = client.post(
+        f"/v1/agent/leases/{third}/status",
+        json={"state": "exited", "exit_code": -9, "stop_requested": True},
+        headers=bearer(tokens.agent),
+    )
+    assert killed.status_code == 200, killed.json()
+    assert killed.json()["job_state"] == "SUSPENDED" == job_state(database, job), "checkpoint"
+
+    unasked_job, unasked = one_lease_more(client, tokens, database)
+    report(client, tokens.agent, unasked, "started")
+    crashed = report(client, tokens.agent, unasked, "exited", -15)
+    assert crashed["job_state"] == "FAILED" == job_state(database, unasked_job)
+
+
+def one_lease_more(client: TestClient, tokens: Tokens, database: Database) -> tuple[str, str]:
+    """One more job, leased in the next round: (job, attempt)."""
+    job = submit(client, tokens.admin)
+    with driver_on(database) as (driver, _):
+        driver.step(now() + 10 * ROUND_S)
+    (lease,) = (le for le in leases(database) if le.job_id == job)
+    return job, lease.id
+
+
+def test_stop_requested_goes_with_exited_only(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    _, attempt = one_lease(client, tokens, database)
+    for state in ("running", "checkpointed"):
+        response = client.post(
+            f"/v1/agent/leases/{attempt}/status",
+            json={"state": state, "stop_requested": True},
+            headers=bearer(tokens.agent),
+        )
+        assert_problem(response, 422, field="stop_requested")

@@ -6,7 +6,9 @@ of a stopping one, and a restarted agent starts nothing twice."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -29,6 +31,7 @@ from agent.runtime import (
     Handle,
     Launch,
     ProcessRuntime,
+    read_ended,
     read_status,
     start_ticks,
 )
@@ -169,6 +172,8 @@ class FakeServer:
     stop: set[str] = field(default_factory=set)
     down: bool = False
     reports: list[tuple[str, str, int | None]] = field(default_factory=list)
+    stop_requested: list[str] = field(default_factory=list)
+    """The attempts reported ``exited`` with ``stop_requested``."""
     polls: list[list[str]] = field(default_factory=list)
 
     def _call(self) -> None:
@@ -189,10 +194,16 @@ class FakeServer:
         return LeasePoll(leases=dict(self.leased), stop=frozenset(self.stop))
 
     def report(
-        self, attempt_id: str, state: ReportState, exit_code: int | None = None
+        self,
+        attempt_id: str,
+        state: ReportState,
+        exit_code: int | None = None,
+        stop_requested: bool = False,
     ) -> dict[str, Any]:
         self._call()
         self.reports.append((attempt_id, state, exit_code))
+        if stop_requested:
+            self.stop_requested.append(attempt_id)
         if attempt_id in self.stop and state in ("started", "running"):
             raise ApiRefused(409, {"stop": True, "detail": "revoked"})
         return {"stop": False}
@@ -324,6 +335,7 @@ def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(tmp_path: Path, w
     assert runtime.signals == [(1, "TERM"), (1, "KILL")]
     run_for(agent, clock, 2)
     assert server.reports[-1] == ("a1", "exited", -9)
+    assert server.stop_requested == ["a1"], "the stop that was asked for, not a failure"
 
 
 def test_an_extension_keeps_the_attempt_and_reports_running(tmp_path: Path, world: Any) -> None:
@@ -366,6 +378,7 @@ def test_a_restarted_agent_reattaches_and_starts_nothing_twice(tmp_path: Path, w
     assert third.state.attempts == {}
     run_for(third, clock, 2)
     assert server.reports[-1] == ("a1", "exited", 0)
+    assert server.stop_requested == []
     assert len(runtime.started) == 1, "an ended attempt the server still lists is not rerun"
 
 
@@ -405,3 +418,110 @@ def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
     assert run[run.index("--network") + 1] == "host"
     assert ["kill", "--signal", "SIGTERM", handle.container] in argvs
     assert read_status(handle.status_file) == 3
+
+
+def test_an_attempt_asked_to_stop_that_dies_by_sigterm_is_a_stop_not_a_failure(
+    tmp_path: Path, world: Any
+) -> None:
+    """SIGTERM before the program installed its handler: -15, reported with stop_requested."""
+    server, _, clock = world
+    runtime = FakeRuntime(on_term=-int(signal.SIGTERM))
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 5)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1)
+    server.down = True  # no word of an extension: the agent stops the job itself
+    run_for(agent, clock, 5 + SLACK_S)
+    server.down = False
+    run_for(agent, clock, 12)  # the backoff's delay, then the report
+    assert runtime.signals == [(1, "TERM")]
+    assert ("a1", "exited", -15) in server.reports and server.stop_requested == ["a1"]
+
+
+def test_a_job_its_wrapper_stopped_with_the_agent_gone_is_reported_as_a_stop(
+    tmp_path: Path, world: Any
+) -> None:
+    """A restarted agent finds that the wrapper stopped the job (exit 0: it checkpointed;
+    SIGKILL after the grace period: a stop, not a failure)."""
+    server, runtime, clock = world
+    server.leased = {
+        "a1": lease("a1", "j1", (0,), clock.now + 600),
+        "b1": lease("b1", "j2", (1,), clock.now + 600),
+    }
+    run_for(make_agent(tmp_path, server, runtime, clock), clock, 2)
+
+    class Orphaned(FakeRuntime):
+        def poll(self, handle: Handle) -> Ended | None:
+            return Ended(0 if handle.pid == 1 else -9, stop_requested=True)
+
+    again = make_agent(tmp_path, server, Orphaned(started=runtime.started), clock)
+    server.leased = {}
+    run_for(again, clock, 2)
+    assert ("a1", "checkpointed", None) in server.reports
+    assert ("b1", "exited", -9) in server.reports and server.stop_requested == ["b1"]
+
+
+def run_watched_wrapper(
+    tmp_path: Path, script: str, orphan_grace_s: float
+) -> subprocess.Popen[bytes]:
+    """The wrapper, watching ``tmp_path/agent.alive`` with a 1 s kill grace, running ``script``
+    (in a session of its own, as under the agent)."""
+    watch = wrap.Watch(tmp_path / "agent.alive", orphan_grace_s, 1.0)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            wrap.__file__,
+            *watch.argv(),
+            str(tmp_path / "pid.json"),
+            str(tmp_path / "status.json"),
+            sys.executable,
+            "-c",
+            script,
+        ],
+        start_new_session=True,
+    )
+
+
+TERM_AWARE = (
+    "import pathlib, signal, sys, time\nsignal.signal(15, lambda *_: sys.exit(0))\ntime.sleep(60)\n"
+)
+TERM_DEAF = "import signal, time\nsignal.signal(15, signal.SIG_IGN)\ntime.sleep(60)\n"
+
+
+def test_the_wrapper_leaves_the_job_alone_while_its_agent_lives(tmp_path: Path) -> None:
+    alive = tmp_path / "agent.alive"
+    alive.touch()
+    wrapper = run_watched_wrapper(tmp_path, TERM_AWARE, orphan_grace_s=1.0)
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            alive.touch()
+            time.sleep(0.1)
+        assert wrapper.poll() is None, "the job runs on while the agent is alive"
+        os.killpg(wrapper.pid, signal.SIGTERM)  # the agent's own stop, to the group
+        assert wrapper.wait(timeout=10) == 0
+        assert json.loads((tmp_path / "status.json").read_text()) == {"exit_code": 0}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("script", "code"), [(TERM_AWARE, 0), (TERM_DEAF, -9)])
+def test_the_wrapper_stops_a_job_whose_agent_is_gone(
+    tmp_path: Path, script: str, code: int
+) -> None:
+    """No sign of life for the orphan grace period: SIGTERM (and SIGKILL after the kill grace
+    for a job that ignores it), recorded as a stop that was asked for."""
+    (tmp_path / "agent.alive").touch()
+    began = time.monotonic()
+    wrapper = run_watched_wrapper(tmp_path, script, orphan_grace_s=1.0)
+    try:
+        wrapper.wait(timeout=20)
+        took = time.monotonic() - began
+        status = json.loads((tmp_path / "status.json").read_text())
+        assert status == {"exit_code": code, "stop_requested": 1}
+        assert read_ended(tmp_path / "status.json") == Ended(code, stop_requested=True)
+        assert 1.0 <= took < (3.0 if code == 0 else 5.0), took
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper.pid, signal.SIGKILL)
