@@ -1,11 +1,19 @@
 """Ask for a new plan when something a plan depends on changes (SPEC 3.4, re-planning).
 
 Routes call :func:`bump_and_request` inside the transaction that records the change (a job
-arrives, finishes or is cancelled, a scaling event, a node joins or is lost). It bumps the
-cluster's ``state_version`` in that same transaction, so a plan made from older data is
-recognisably stale, and, in reactive mode, asks the solver service for a plan at the new
+arrives, finishes or is cancelled, a scaling event, a node joins or is lost). The cluster's
+``state_version`` is bumped in that same transaction, so a plan made from older data is
+recognisably stale, and, in reactive mode, the solver service is asked for a plan at the new
 version once the transaction has committed (never before: a worker must find the data there).
 In lazy mode it only bumps; the round driver asks for a plan once per interval.
+
+The bump itself is deferred to the moment the transaction commits (SQLAlchemy's
+``before_commit``): the ``UPDATE`` locks the cluster's one row until the transaction ends, and
+every writer needs that row, so taken early it would serialize whole transactions (a submission
+held it while it inserted the job, its event and its idempotency record: docs/api.md measured
+submissions queueing on it). Taken last, it is held only for the commit itself. One transaction
+bumps the version once, however many changes it records: the version says "the data changed
+since", not how many times. The version and the data still change atomically.
 
 The request after commit never fails the request that made it: an unreachable broker is logged
 and skipped (the data is committed; the round driver asks again every round).
@@ -24,6 +32,7 @@ from api.tables import ClusterRow, utcnow
 log = logging.getLogger(__name__)
 
 DEFAULT_CLUSTER = "default"
+_BUMPS = "shockwave.state_bumps"
 _PENDING = "shockwave.plan_requests"
 _HOOKED = "shockwave.plan_hooks"
 
@@ -39,25 +48,33 @@ def ensure_cluster(session: Session, cluster_id: str = DEFAULT_CLUSTER) -> None:
 def bump_state_version(session: Session, cluster_id: str = DEFAULT_CLUSTER) -> tuple[int, str]:
     """Increment the cluster's state version in the caller's transaction (creating the row if
     needed); the new version and the cluster's re-plan mode. The row stays locked until the
-    transaction ends, so concurrent bumps serialize."""
-    ensure_cluster(session, cluster_id)
-    version, replan = session.execute(
+    transaction ends, so concurrent bumps serialize: call it as late in the transaction as
+    possible. One round trip when the row exists (the usual case), three the first time."""
+    bumped = _increment(session, cluster_id)
+    if bumped is None:
+        ensure_cluster(session, cluster_id)
+        bumped = _increment(session, cluster_id)
+    assert bumped is not None, f"cluster {cluster_id} vanished"
+    return bumped
+
+
+def _increment(session: Session, cluster_id: str) -> tuple[int, str] | None:
+    row = session.execute(
         update(ClusterRow)
         .where(col(ClusterRow.id) == cluster_id)
         .values(state_version=col(ClusterRow.state_version) + 1, updated_at=utcnow())
         .returning(col(ClusterRow.state_version), col(ClusterRow.replan))
-    ).one()
-    return int(version), str(replan)
+    ).one_or_none()
+    return None if row is None else (int(row[0]), str(row[1]))
 
 
-def bump_and_request(session: Session, reason: str, cluster_id: str = DEFAULT_CLUSTER) -> int:
-    """Record that the cluster changed (``reason``, for the log) and, in reactive mode, ask for
-    a plan after the transaction commits. Returns the new state version."""
-    version, replan = bump_state_version(session, cluster_id)
-    log.debug("cluster %s at version %s: %s", cluster_id, version, reason)
-    if replan == "reactive":
-        request_after_commit(session, cluster_id, version)
-    return version
+def bump_and_request(session: Session, reason: str, cluster_id: str = DEFAULT_CLUSTER) -> None:
+    """Record that the cluster changed (``reason``, for the log): its version is bumped when
+    ``session`` commits, last thing in the transaction, and in reactive mode a plan at the new
+    version is asked for after the commit. Nothing happens if the transaction rolls back."""
+    bumps: dict[str, list[str]] = session.info.setdefault(_BUMPS, {})
+    bumps.setdefault(cluster_id, []).append(reason)
+    _hook(session)
 
 
 def request_after_commit(session: Session, cluster_id: str, state_version: int) -> None:
@@ -65,10 +82,26 @@ def request_after_commit(session: Session, cluster_id: str, state_version: int) 
     it if the transaction rolls back. Several requests in one transaction send the newest."""
     pending: dict[str, int] = session.info.setdefault(_PENDING, {})
     pending[cluster_id] = max(state_version, pending.get(cluster_id, state_version))
+    _hook(session)
+
+
+def _hook(session: Session) -> None:
     if not session.info.get(_HOOKED):
+        event.listen(session, "before_commit", _apply_bumps)
         event.listen(session, "after_commit", _send_pending)
         event.listen(session, "after_rollback", _drop_pending)
         session.info[_HOOKED] = True
+
+
+def _apply_bumps(session: Session) -> None:
+    """``before_commit``: bump each changed cluster once (in a fixed order, so two
+    transactions never wait on each other's cluster rows) and queue the plan requests."""
+    bumps: dict[str, list[str]] = session.info.pop(_BUMPS, {})
+    for cluster_id in sorted(bumps):
+        version, replan = bump_state_version(session, cluster_id)
+        log.debug("cluster %s at version %s: %s", cluster_id, version, "; ".join(bumps[cluster_id]))
+        if replan == "reactive":
+            request_after_commit(session, cluster_id, version)
 
 
 def _send_pending(session: Session) -> None:
@@ -83,4 +116,5 @@ def _send_pending(session: Session) -> None:
 
 
 def _drop_pending(session: Session) -> None:
+    session.info.pop(_BUMPS, None)
     session.info.pop(_PENDING, None)

@@ -1,0 +1,140 @@
+"""Server CPU per request, by endpoint, for one API process and one client at a time.
+
+Usage::
+
+    python -m bench.request_cost [--requests 200] [--postgres postgresql://...] [--json OUT]
+
+Why: the load test (bench/load.py) asks whether 2 API processes on a 2-core machine can serve
+256 agents contacting every 2 s (a heartbeat and a lease poll each: about 256 requests/s). That
+is a question of CPU per request, which a loaded machine hides behind queueing. Here one client
+sends one request at a time to one ``shockwave api`` on a throwaway, migrated Postgres
+database, and the server process's own CPU time (user + system, from /proc) is divided by the
+number of requests. Reported per endpoint: server CPU ms per request and client-side wall ms.
+The capacity the figures imply (requests/s one core can serve) is printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.api import free_port
+from bench.load import (
+    HOST,
+    api_argv,
+    postgres_database,
+    prepare,
+    service_env,
+    started,
+    wait_ready,
+)
+
+WARMUP = 10
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(
+    pid: int, send: Callable[[], httpx.Response], requests: int
+) -> tuple[float, float, int]:
+    """(server CPU ms per request, client wall ms per request, last status) of ``send``."""
+    for _ in range(WARMUP):
+        send()
+    cpu, wall = process_cpu_s(pid), time.perf_counter()
+    status = 0
+    for _ in range(requests):
+        status = send().status_code
+    per = 1000.0 / requests
+    return (process_cpu_s(pid) - cpu) * per, (time.perf_counter() - wall) * per, status
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="requests per endpoint")
+    parser.add_argument(
+        "--postgres",
+        default="postgresql://postgres@127.0.0.1:5432/test",
+        help="an existing database to connect to while creating and dropping the bench's own",
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.requests < 1:
+        parser.error("--requests must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    rows: list[dict[str, object]] = []
+    with ExitStack() as stack:
+        database_url = stack.enter_context(postgres_database(args.postgres))
+        tokens = prepare(database_url, agents=1)
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shockwave-cost-")))
+        env = service_env(database_url, "redis://127.0.0.1:6379/15", None)
+        port = free_port()
+        server = stack.enter_context(started("api", api_argv(port, []), env, logs, None))
+        base = f"http://{HOST}:{port}"
+        wait_ready(base, server)
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=10.0))
+        agent = {"Authorization": f"Bearer {tokens.agents[0][1]}"}
+        user = {"Authorization": f"Bearer {tokens.user}"}
+        client.post("/v1/agent/register", json={"gpus": 4, "hostname": "h"}, headers=agent)
+        job = {
+            "name": "cost",
+            "gpus": 1,
+            "epochs": 3,
+            "samples_per_epoch": 1000,
+            "initial_batch_size": 32,
+        }
+        endpoints: list[tuple[str, Callable[[], httpx.Response]]] = [
+            ("GET /healthz (no database)", lambda: client.get("/healthz")),
+            ("GET unknown path (404)", lambda: client.get("/no-such-path")),
+            (
+                "POST /v1/agent/heartbeat",
+                lambda: client.post("/v1/agent/heartbeat", json={}, headers=agent),
+            ),
+            ("GET /v1/agent/leases", lambda: client.get("/v1/agent/leases", headers=agent)),
+            ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
+            ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
+        ]
+        pid = server.process.pid
+        for name, send in endpoints:
+            cpu_ms, wall_ms, status = measure(pid, send, args.requests)
+            rows.append({"endpoint": name, "status": status, "cpu_ms": cpu_ms, "wall_ms": wall_ms})
+    table = Table(title=f"one API process, one client, {args.requests} requests each")
+    for column in ("endpoint", "status", "server CPU ms/request", "wall ms", "req/s per core"):
+        table.add_column(column, justify="left" if column == "endpoint" else "right")
+    for row in rows:
+        cpu_ms = float(str(row["cpu_ms"]))
+        table.add_row(
+            str(row["endpoint"]),
+            str(row["status"]),
+            f"{cpu_ms:.1f}",
+            f"{float(str(row['wall_ms'])):.1f}",
+            f"{1000.0 / cpu_ms:.0f}" if cpu_ms > 0 else "-",
+        )
+    console.print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"requests": args.requests, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
