@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func
+from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from api.auth import Principal, Role, require
@@ -138,7 +139,8 @@ def _decode_token(token: str) -> str:
 def schedule_view(session: Session, principal: Principal) -> dict[str, Any] | None:
     """The current round (who runs, where its jobs came from) and the plan it used, or None
     before the first round. A user sees only its own tenant's jobs; an agent sees counts."""
-    row = session.get(ClusterRow, "default")
+    state = cast("QueryableAttribute[Any]", ClusterRow.policy_state)
+    row = session.get(ClusterRow, "default", options=(defer(state),))
     if row is None or row.current_round < 0:
         return None
     current = session.get(RoundRow, ("default", row.current_round))

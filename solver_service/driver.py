@@ -22,8 +22,10 @@ rounds of milliseconds by calling :meth:`step` with the times they choose.
 Metrics (Prometheus, on the driver's own registry, ``shockwave_driver_`` prefix): rounds by
 source (``plan``, ``previous_plan``, ``greedy``: the last two are fallbacks), leases issued,
 extended and revoked, nodes lost, plan requests, the plan's age at the last boundary, the solve
-time and gap of the plan used, the current round and whether this instance leads. The same
-figures per round are stored in ``rounds`` for the API.
+time and gap of the plan used, the current round and whether this instance leads, how late
+the last boundary began after its due time and how long materializing each round took. The
+per-round figures but the last two are stored in ``rounds`` for the API; those two are in the
+log line of each round too (``bench/scale.py`` reads them from there).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import create_engine, text
@@ -48,6 +50,7 @@ from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
 from api.tables import ClusterRow
 from solver_service import leases
 from solver_service.leases import SOURCES, LostNodes, RoundOutcome
+from solver_service.snapshot import WITHOUT_POLICY_STATE
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +126,25 @@ class DriverMetrics:
         self.leader = Gauge(
             "shockwave_driver_leader", "1 while this instance is the active driver.", registry=r
         )
+        self.boundary_lateness = Gauge(
+            "shockwave_driver_boundary_lateness_seconds",
+            "How long after its due time the last boundary began (NaN for the first round).",
+            registry=r,
+        )
+        self.boundary_seconds = Histogram(
+            "shockwave_driver_boundary_seconds",
+            "Time to materialize a round (choose, place, write leases, commit).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
         for source in SOURCES:
             self.rounds.labels(source)
         for action in ("issued", "extended", "revoked"):
             self.leases.labels(action)
+
+    def observe_boundary(self, lateness_s: float | None, materialize_s: float) -> None:
+        self.boundary_lateness.set(_or_nan(lateness_s))
+        self.boundary_seconds.observe(materialize_s)
 
     def observe_round(self, outcome: RoundOutcome) -> None:
         self.rounds.labels(outcome.source).inc()
@@ -152,6 +170,8 @@ class LeaderLock:
         self._key = key
         self._connection: Connection | None = None
         self._held = False
+        self.failed = False
+        """Whether the last :meth:`hold` failed on the database (an outage, not a busy lock)."""
 
     @property
     def held(self) -> bool:
@@ -176,6 +196,9 @@ class LeaderLock:
             if self._held:
                 log.warning("round driver: lost the leader lock's connection (%s)", error)
             self.release()
+            self.failed = True
+        else:
+            self.failed = False
         return self._held
 
     def release(self) -> None:
@@ -209,6 +232,7 @@ class RoundDriver:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        timer: Callable[[], float] = time.perf_counter,
         request_plan: PlanRequest = no_plan_requests,
         cluster_id: str = DEFAULT_CLUSTER,
         registry: CollectorRegistry | None = None,
@@ -219,6 +243,7 @@ class RoundDriver:
         self.metrics = DriverMetrics(registry)
         self._clock = clock
         self._sleep = sleep
+        self._timer = timer
         self._request_plan = request_plan
         self._lock: LeaderLock | None = None
         if engine.dialect.name == "postgresql":
@@ -227,6 +252,10 @@ class RoundDriver:
         self._requested_round: int | None = None
         self.last_round: RoundOutcome | None = None
         self.last_lost: LostNodes | None = None
+        self._lost_grace_until = -math.inf
+        """No node is marked LOST before this time: a database outage (seen here as an error,
+        or as the leader lock's connection lost) also kept the agents' heartbeats from being
+        recorded, so silence is only counted from one TTL after the database is back."""
 
     @property
     def is_leader(self) -> bool:
@@ -241,20 +270,34 @@ class RoundDriver:
         did = lost is not None
         cluster = self._cluster()
         if _boundary_due(cluster, now):
+            due = cluster.round_ends_at.timestamp() if cluster.round_ends_at else None
+            began = self._timer()
             outcome = self._start_round(now)
+            took = self._timer() - began
+            lateness = None if due is None else max(0.0, now - due)
+            self.metrics.observe_boundary(lateness, took)
             did = True
             log.info(
-                "round %s (%s): %s jobs, leases %s issued, %s extended, %s revoked",
+                "round %s (%s): %s jobs, leases %s issued, %s extended, %s revoked; "
+                "began %s s after due, materialized in %.3f s",
                 outcome.index,
                 outcome.source,
                 len(outcome.jobs),
                 outcome.issued,
                 outcome.extended,
                 outcome.revoked,
+                "-" if lateness is None else f"{lateness:.3f}",
+                took,
             )
             cluster = self._cluster()
         if _halfway_due(cluster, now) and self._requested_round != cluster.current_round:
             self._requested_round = cluster.current_round
+            log.info(
+                "round %s half-way: plan for round %s asked at version %s",
+                cluster.current_round,
+                cluster.current_round + 1,
+                cluster.state_version,
+            )
             self._ask(cluster.state_version)
             did = True
         return did
@@ -270,6 +313,7 @@ class RoundDriver:
                     pause = self._pause(now)
                 except SQLAlchemyError as error:
                     log.warning("round driver: database error, retrying: %s", error)
+                    self._lost_grace_until = now + self.settings.node_ttl_s
                     pause = self.settings.tick_s
                 if not stop.is_set():
                     self._sleep(pause)
@@ -284,6 +328,8 @@ class RoundDriver:
 
     def _lead(self) -> bool:
         leading = self._lock.hold() if self._lock is not None else True
+        if self._lock is not None and self._lock.failed:  # the database is away
+            self._lost_grace_until = self._clock() + self.settings.node_ttl_s
         if leading and not self._leading:
             self._take_office()
         self._set_leading(leading)
@@ -308,6 +354,8 @@ class RoundDriver:
         log.info("round driver: active for cluster %s", self.cluster_id)
 
     def _mark_lost(self, now: float) -> LostNodes | None:
+        if now < self._lost_grace_until:
+            return None
         with Session(self.engine) as session:
             lost = leases.mark_lost_nodes(session, self.cluster_id, now, self.settings.node_ttl_s)
         if lost is not None:
@@ -329,12 +377,14 @@ class RoundDriver:
         return outcome
 
     def _cluster(self) -> ClusterRow:
+        """The cluster's row without its policy state (hundreds of kB at scale, and read every
+        step): detached, so the state must not be touched."""
         with Session(self.engine, expire_on_commit=False) as session:
-            cluster = session.get(ClusterRow, self.cluster_id)
+            cluster = session.get(ClusterRow, self.cluster_id, options=WITHOUT_POLICY_STATE)
             if cluster is None:
                 ensure_cluster(session, self.cluster_id)
                 session.commit()
-                cluster = session.get(ClusterRow, self.cluster_id)
+                cluster = session.get(ClusterRow, self.cluster_id, options=WITHOUT_POLICY_STATE)
             assert cluster is not None
             session.expunge(cluster)
             return cluster

@@ -45,7 +45,7 @@ from shockwave.lifecycle import JobState
 from shockwave.placement import place
 from shockwave.policy import get_policy, make_params
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from solver_service.snapshot import ACTIVE_STATES, GpuLayout, gpu_layout
+from solver_service.snapshot import ACTIVE_STATES, WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 
 SOURCES = ("plan", "previous_plan", "greedy")
 GREEDY_POLICY = "fifo"
@@ -99,7 +99,9 @@ def at(now: float) -> datetime:
 def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring)."""
     ensure_cluster(session, cluster_id)
-    cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
+    cluster = session.get(
+        ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
+    )
     assert cluster is not None
     r = cluster.current_round + 1
     started, ends = at(now), at(now + cluster.round_seconds)
@@ -218,17 +220,23 @@ def choose_jobs(
 
 def freshest_plan(session: Session, cluster_id: str, r: int) -> PlanRow | None:
     """The plan with a column for round ``r`` made at the highest state version (the latest
-    base round among equals), or None."""
-    plans = session.exec(
-        select(PlanRow)
+    base round among equals), or None.
+
+    Only that one plan is loaded: the candidates are ranked by their ids, base rounds and
+    column counts (``json_array_length``, on Postgres and SQLite alike), because a busy
+    cluster stores a plan per change and each carries a whole window of job ids."""
+    ranked = session.exec(
+        select(PlanRow.id)
         .where(
             PlanRow.cluster_id == cluster_id,
             col(PlanRow.base_round) <= r,
             col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
+            func.json_array_length(col(PlanRow.rounds)) > r - col(PlanRow.base_round),
         )
         .order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc())
-    ).all()
-    return next((p for p in plans if r - p.base_round < len(p.rounds)), None)
+        .limit(1)
+    ).first()
+    return None if ranked is None else session.get(PlanRow, ranked)
 
 
 def greedy(

@@ -43,7 +43,7 @@ from shockwave.planner import PlannerParams
 from shockwave.policies.shockwave import ShockwaveState
 from shockwave.policy import Decision, Policy, get_policy, make_params
 from shockwave.snapshot import Snapshot
-from solver_service.snapshot import NoCapacity, load_snapshot
+from solver_service.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ def plan_cluster(
     and round, or None when there is nothing to do (stale request, unknown cluster, no READY
     node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
     mode and ``solver_time_limit_s`` where the policy has those knobs). Commits ``session``."""
-    cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
+    cluster = session.get(
+        ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
+    )
     if cluster is None:
         log.info("plan %s@%s: no such cluster", cluster_id, state_version)
         session.rollback()
@@ -86,6 +88,7 @@ def plan_cluster(
         params = policy_params(
             policy, replan=cluster.replan, solver_time_limit_s=solver_time_limit_s
         )
+    loading = time.perf_counter()
     try:
         snapshot, version = load_snapshot(session, cluster_id, base_round, now)
     except NoCapacity:
@@ -93,10 +96,12 @@ def plan_cluster(
         session.rollback()
         return None
     session.rollback()
+    loaded = time.perf_counter() - loading
 
     started = timer()
     decision = policy.decide(snapshot, params)
     seconds = timer() - started
+    timings = PlanTimings(snapshot_s=loaded, solve_s=seconds)
 
     plan = PlanRow(
         cluster_id=cluster_id,
@@ -107,7 +112,17 @@ def plan_cluster(
         solve_seconds=seconds,
         **solve_summary(decision.state),
     )
-    return _store(session, plan, decision.state)
+    return _store(session, plan, decision.state, timings)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanTimings:
+    """Seconds spent reading the snapshot and in the policy, for the plan's log line along
+    with the time to store it (``bench/scale.py`` reads them there). Only the policy's time
+    comes from the injected ``timer`` (it is stored with the plan); these are wall times."""
+
+    snapshot_s: float
+    solve_s: float
 
 
 def plan_at(
@@ -171,8 +186,17 @@ def _stale(requested: int | None, current: int) -> bool:
     return requested is not None and requested < current
 
 
-def _store(session: Session, plan: PlanRow, policy_state: object | None) -> PlanRow | None:
-    cluster = session.get(ClusterRow, plan.cluster_id, with_for_update=True, populate_existing=True)
+def _store(
+    session: Session, plan: PlanRow, policy_state: object | None, timings: PlanTimings
+) -> PlanRow | None:
+    storing = time.perf_counter()
+    cluster = session.get(
+        ClusterRow,
+        plan.cluster_id,
+        with_for_update=True,
+        populate_existing=True,
+        options=WITHOUT_POLICY_STATE,
+    )
     if cluster is None:
         session.rollback()
         return None
@@ -194,9 +218,11 @@ def _store(session: Session, plan: PlanRow, policy_state: object | None) -> Plan
         return _release(
             session, plan_at(session, plan.cluster_id, plan.state_version, plan.base_round)
         )
+    stored = time.perf_counter() - storing
     session.refresh(plan)
     log.info(
-        "plan %s@%s round %s: %s jobs now, %s rounds, %s %s in %.3f s%s",
+        "plan %s@%s round %s: %s jobs now, %s rounds, %s %s in %.3f s "
+        "(snapshot %.3f s, store %.3f s)%s",
         plan.cluster_id,
         plan.state_version,
         plan.base_round,
@@ -205,6 +231,8 @@ def _store(session: Session, plan: PlanRow, policy_state: object | None) -> Plan
         plan.solver or plan.policy,
         plan.status,
         plan.solve_seconds,
+        timings.snapshot_s,
+        stored,
         "" if current else " (cluster moved on; policy state not saved)",
     )
     return _release(session, plan)

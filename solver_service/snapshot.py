@@ -5,7 +5,11 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
 - ``jobs``: the admitted, unfinished jobs (PENDING, RUNNING, SUSPENDED) in arrival order, each
   with its spec and the progress its client events show (:mod:`api.progress`, the same view the
   prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the Unix epoch, so
-  ages and deadlines are real wall-clock spans.
+  ages and deadlines are real wall-clock spans. Epochs done, batch size, attained seconds and
+  measured epoch times are read from the job's row, which every recorded event updates in its
+  own transaction; only the scaling events are read, for the regimes the job has left behind.
+  A job that has trained for days has thousands of progress events, and reading them all on
+  every plan made the snapshot grow with the cluster's history instead of its size.
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes, assumed identical (the core's :class:`~shockwave.model.Cluster`
@@ -27,7 +31,9 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any, cast
 
+from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from api import progress
@@ -39,9 +45,16 @@ from shockwave.snapshot import ActiveJob, Snapshot
 
 log = logging.getLogger(__name__)
 
+Scaling = tuple[int, int, int]
+"""A scaling event as ``(epoch, seq, batch size)``, the form :func:`api.progress.regimes_of`
+takes."""
+
 ACTIVE_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.SUSPENDED.value)
 LIVE_LEASE_STATES = ("ISSUED", "STARTED", "RUNNING")
 """Lease states in which a job still holds its GPUs."""
+WITHOUT_POLICY_STATE = (defer(cast("QueryableAttribute[Any]", ClusterRow.policy_state)),)
+"""Load options for a cluster row read for its round, version or settings only: the policy's
+memory is a JSON document of hundreds of kB at 900 jobs, not worth parsing for those."""
 
 
 class UnknownCluster(LookupError):
@@ -94,7 +107,7 @@ def load_snapshot(
     if layout is None:
         raise NoCapacity(cluster_id)
     rows = active_job_rows(session)
-    events = _client_events(session, [r.id for r in rows])
+    events = _scaling_events(session, [r.id for r in rows])
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
     jobs = tuple(_active_job(r, events.get(r.id, ()), held.get(r.id, ())) for r in rows)
     snapshot = Snapshot(
@@ -145,47 +158,58 @@ def _running(row: JobRow) -> bool:
     return row.state == JobState.RUNNING.value
 
 
-def _client_events(
-    session: Session, job_ids: Sequence[str]
-) -> Mapping[str, list[progress.ClientEvent]]:
+def _scaling_events(session: Session, job_ids: Sequence[str]) -> Mapping[str, list[Scaling]]:
+    """Each job's scaling events as ``(epoch, seq, batch size)``."""
     if not job_ids:
         return {}
     rows = session.exec(
-        select(JobEventRow).where(
-            col(JobEventRow.job_id).in_(job_ids),
-            col(JobEventRow.kind).in_(progress.CLIENT_KINDS),
+        select(JobEventRow.job_id, JobEventRow.seq, JobEventRow.payload).where(
+            col(JobEventRow.job_id).in_(job_ids), JobEventRow.kind == "scaling"
         )
     ).all()
-    by_job: dict[str, list[progress.ClientEvent]] = defaultdict(list)
-    for r in rows:
-        by_job[r.job_id].append(progress.ClientEvent(r.seq or 0, r.kind, r.payload))
+    by_job: dict[str, list[Scaling]] = defaultdict(list)
+    for job_id, seq, payload in rows:
+        by_job[job_id].append((int(payload["epoch"]), seq or 0, int(payload["batch_size"])))
     return by_job
 
 
 def _held_gpus(
     session: Session, layout: GpuLayout, round_index: int, job_ids: Sequence[str]
 ) -> Mapping[str, tuple[int, ...]]:
+    """The GPUs the live leases of ``round_index`` hold, for the jobs in ``job_ids``: all of
+    that round's live leases are read (at most one per leased GPU) rather than naming every
+    running job in the query."""
     if not job_ids or round_index < 0:
         return {}
+    wanted = set(job_ids)
     leases = session.exec(
-        select(LeaseRow).where(
-            LeaseRow.round_index == round_index,
-            col(LeaseRow.job_id).in_(job_ids),
-            col(LeaseRow.state).in_(LIVE_LEASE_STATES),
+        select(LeaseRow.job_id, LeaseRow.node_id, LeaseRow.gpus).where(
+            LeaseRow.round_index == round_index, col(LeaseRow.state).in_(LIVE_LEASE_STATES)
         )
     ).all()
     held: dict[str, tuple[int, ...]] = {}
-    for lease in leases:
-        held[lease.job_id] = held.get(lease.job_id, ()) + layout.global_gpus(
-            lease.node_id, lease.gpus
-        )
+    for job_id, node_id, gpus in leases:
+        if job_id in wanted:
+            held[job_id] = held.get(job_id, ()) + layout.global_gpus(node_id, gpus)
     return held
 
 
-def _active_job(
-    row: JobRow, events: Sequence[progress.ClientEvent], gpus: tuple[int, ...]
-) -> ActiveJob:
-    job = progress.active_job(row, progress.observe(row.initial_batch_size, events))
+def observed_from_row(row: JobRow, scalings: Sequence[Scaling]) -> progress.ObservedState:
+    """What the job's client events say (:func:`api.progress.observe`), from the state each
+    recorded event leaves on its row plus the regimes its scaling events cut."""
+    regimes, _ = progress.regimes_of(row.initial_batch_size, scalings)
+    return progress.ObservedState(
+        epochs_done=int(row.epochs_done),
+        batch_size=row.batch_size,
+        attained_s=row.attained_s,
+        measured_epoch_seconds={int(bs): s for bs, s in row.measured_epoch_seconds.items()},
+        observed_regimes=regimes,
+        last_seq=row.last_seq,
+    )
+
+
+def _active_job(row: JobRow, scalings: Sequence[Scaling], gpus: tuple[int, ...]) -> ActiveJob:
+    job = progress.active_job(row, observed_from_row(row, scalings))
     arrival = row.created_at.timestamp()
     return ActiveJob(
         spec=dataclasses.replace(job.spec, arrival_s=arrival),

@@ -1,0 +1,573 @@
+"""Scale: the distributed service schedules 900 active jobs on 256 simulated GPUs, round by round.
+
+Usage::
+
+    python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
+        [--nodes 64] [--gpus-per-node 4] [--json OUT] [--log-dir DIR]
+
+What runs, all real: a throwaway Postgres database (migrated), one ``shockwave api`` process,
+one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
+Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
+with ``--round-seconds``, and ``--nodes`` simulated agents (``bench/scale_fleet.py``: one asyncio
+loop in this process, the agent protocol at the real agent's default poll and heartbeat
+intervals, training at each job's true pace from the reference trajectory).
+
+Order: the API and the worker start; the first ``--jobs`` jobs of the 900-job reference trace
+are submitted (``--submit db``, the default: in one transaction through the API's own
+``create_job``; ``--submit http``: ``POST /v1/jobs``, minutes on a loaded 2-core machine, while
+no node is registered yet so the worker skips those requests); the nodes register;
+the driver starts and the agents run until round ``--rounds`` has been issued. Every job is
+active (PENDING, RUNNING or SUSPENDED) from submission on: at the trace's own pace no job can
+finish within a short run (the shortest needs 0.2 GPU-hours), and the table shows the count.
+
+Round length: 30 s by default, a quarter of the service's default 120 s (the paper's), so every
+per-round cost (snapshot, solve, materialization, agent reports) weighs four times as much as in
+production while 10 rounds still take five minutes. ``--stress`` uses 8 s: the plan is asked
+for 4 s before the boundary. The solver's time limit is a quarter of the round (at most the
+default 15 s), so a solve that hits it still leaves time to store the plan.
+
+Per round it prints and writes (``--json``): lateness (due time to leases visible, and to the
+last agent seeing the round), the driver's own start delay and materialization time, the plan's
+source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
+and GPUs in the round and jobs active. "Late" is defined in ``bench/scale_report.py``: visible
+more than ``--late-after`` (1 s) after due, or not made from a fresh plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import create_engine
+from sqlmodel import Session, col, select
+
+from api import migrate
+from api.auth import Principal, Role, create_token
+from api.planning_hooks import bump_state_version
+from api.repository import create_job
+from api.schemas import JobCreate
+from api.tables import PlanRow, RoundRow
+from bench.api import free_port, postgres_database, quantile
+from bench.scale_fleet import Fleet, TrainingJob
+from bench.scale_report import (
+    RoundFigures,
+    parse_asked,
+    parse_driver_log,
+    parse_plan_log,
+    read_log,
+    round_figures,
+)
+from shockwave.cli.inputs import load_throughputs, load_workload
+from shockwave.workload import SimJob
+
+SHOCKWAVE = [sys.executable, "-c", "from shockwave.cli.main import app; app()"]
+HOST = "127.0.0.1"
+TRACE = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
+DEFAULT_ROUND_S = 30.0
+STRESS_ROUND_S = 8.0
+MAX_SOLVER_LIMIT_S = 15.0
+WATCH_EVERY_S = 0.02
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
+
+console = Console()
+if not console.is_terminal:
+    console.width = max(console.width, 160)
+
+
+@dataclass
+class Watcher:
+    """Polls the cluster row every ``WATCH_EVERY_S``: when each round became visible (wall
+    time) and how many jobs were active then."""
+
+    dsn: str
+    visible_at: dict[int, float] = field(default_factory=dict)
+    version_at: dict[int, int] = field(default_factory=dict)
+    active_at: dict[int, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as connection:
+            while not self.stop.is_set():
+                row = connection.execute(
+                    "SELECT current_round, state_version FROM clusters WHERE id = 'default'"
+                ).fetchone()
+                if row is not None and row[0] not in self.visible_at:
+                    self.visible_at[row[0]] = time.time()
+                    self.version_at[row[0]] = row[1]
+                    count = connection.execute(ACTIVE_SQL).fetchone()
+                    self.active_at[row[0]] = int(count[0]) if count else 0
+                self.stop.wait(WATCH_EVERY_S)
+
+    @property
+    def current(self) -> int:
+        return max(self.visible_at, default=-1)
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+class Processes:
+    """The service's processes, each in a session of its own, all stopped at the end."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.started: dict[str, Process] = {}
+
+    def start(self, name: str, *args: str) -> Process:
+        log = self.log_dir / f"{name}.log"
+        with log.open("wb") as sink:
+            popen = subprocess.Popen(
+                [*SHOCKWAVE, *args],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started[name] = Process(name, popen, log)
+        return self.started[name]
+
+    def stop(self, name: str) -> None:
+        process = self.started[name].popen
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.started)):
+            self.stop(name)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far by each service's process group."""
+        groups = {p.popen.pid: name for name, p in self.started.items()}
+        used = dict.fromkeys(self.started, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            name = groups.get(int(fields[2]))
+            if name is not None:
+                used[name] += (int(fields[11]) + int(fields[12])) / tick
+        return used
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="rounds measured after round 0")
+    parser.add_argument("--round-seconds", type=float, default=None, help="default 30")
+    parser.add_argument("--stress", action="store_true", help=f"{STRESS_ROUND_S:g} s rounds")
+    parser.add_argument("--jobs", type=int, default=900)
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
+    parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--submit", choices=("db", "http"), default="db", help="how the jobs are submitted"
+    )
+    parser.add_argument("--late-after", type=float, default=1.0, help="seconds after due")
+    parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--log-dir", type=Path, default=Path("out/scale-logs"))
+    args = parser.parse_args(argv)
+    if args.round_seconds is None:
+        args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
+    if not 1 <= args.jobs <= 900:
+        parser.error("--jobs must be between 1 and 900 (the reference trace's jobs)")
+    if args.rounds < 1 or args.nodes < 1 or args.round_seconds < 1:
+        parser.error("--rounds, --nodes and --round-seconds must be at least 1")
+    return args
+
+
+def trace_jobs(reference: Path, count: int) -> list[SimJob]:
+    throughputs = load_throughputs(reference / "throughputs" / "wisr_throughputs.json")
+    workload = load_workload(
+        reference / "traces" / f"{TRACE}.trace",
+        reference / "trajectories" / f"{TRACE}.wisr.trajectories.json",
+        throughputs,
+    )
+    return list(workload.jobs[:count])
+
+
+def job_body(job: SimJob) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "name": f"trace-{spec.job_id}",
+        "gpus": spec.gpus,
+        "epochs": spec.epochs,
+        "samples_per_epoch": spec.samples_per_epoch,
+        "initial_batch_size": spec.initial_batch_size,
+        "mode": spec.mode.value,
+        "batch_sizes": list(spec.batch_sizes),
+        "throughput": {str(b): r for b, r in spec.throughput.samples_per_second.items()},
+        "budget": spec.budget,
+        "model": spec.model,
+    }
+
+
+def training_job(job_id: str, job: SimJob) -> TrainingJob:
+    return TrainingJob(
+        id=job_id,
+        samples_per_epoch=job.spec.samples_per_epoch,
+        regimes=job.trajectory,
+        epoch_seconds=job.epoch_seconds,
+    )
+
+
+def submit_http(base_url: str, token: str, jobs: Sequence[SimJob]) -> dict[str, TrainingJob]:
+    """Submit every job with ``POST /v1/jobs`` (4 clients, one connection each)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    local = threading.local()
+
+    def submit(job: SimJob) -> TrainingJob:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=base_url, headers=headers, timeout=30.0)
+        answer = local.http.post("/v1/jobs", json=job_body(job))
+        if answer.status_code != 201:
+            raise RuntimeError(f"submit failed: {answer.status_code} {answer.text}")
+        return training_job(answer.json()["id"], job)
+
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        made = list(pool.map(submit, jobs))
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return {job.id: job for job in made}
+
+
+def submit_direct(database_url: str, jobs: Sequence[SimJob]) -> dict[str, TrainingJob]:
+    """Insert every job with the API's own :func:`api.repository.create_job` in one
+    transaction and bump the cluster's version once: the setup takes seconds instead of
+    minutes on a loaded machine (``bench/api.py`` measures the submit route itself)."""
+    engine = create_engine(database_url)
+    admin = Principal(role=Role.ADMIN, key="scale-bench")
+    try:
+        with Session(engine) as session:
+            rows = [(create_job(session, admin, JobCreate(**job_body(j))), j) for j in jobs]
+            bump_state_version(session)
+            session.commit()
+            return {row.id: training_job(row.id, job) for row, job in rows}
+    finally:
+        engine.dispose()
+
+
+def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """An admin token and one agent token per node, written straight to the database."""
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as session:
+            admin = create_token(session, Role.ADMIN, name="scale bench")
+            agents = {n: create_token(session, Role.AGENT, node=n, name=n) for n in nodes}
+            session.commit()
+    finally:
+        engine.dispose()
+    return admin, agents
+
+
+def wait_ready(base_url: str, process: Process) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited:\n{read_log(process.log)[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{process.name} did not become ready in {START_TIMEOUT_S:g} s")
+
+
+async def drive(
+    fleet: Fleet,
+    watcher: Watcher,
+    rounds: int,
+    timeout_s: float,
+    start_driver: Callable[[], None],
+) -> None:
+    """Run the fleet (heartbeating before the driver starts, so no node is lost meanwhile)
+    until round ``rounds`` is visible and every agent has seen it."""
+    stop = asyncio.Event()
+    agents = asyncio.create_task(fleet.run(stop))
+    while len(fleet.registered) < len(fleet.nodes) and not agents.done():
+        await asyncio.sleep(0.2)
+    start_driver()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(fleet.log.nodes_at(rounds)) < len(fleet.nodes):
+            if agents.done() or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        with contextlib.suppress(TimeoutError):  # nodes in a burst of slow reports: cancelled
+            await asyncio.wait_for(agents, STOP_TIMEOUT_S)
+    if watcher.current < rounds:
+        raise RuntimeError(f"only round {watcher.current} was issued in {timeout_s:.0f} s")
+
+
+@contextmanager
+def broker_queue(redis_url: str) -> Iterator[str]:
+    """A queue name of this run's own; its leftover messages are deleted at the end."""
+    queue = f"scale-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        yield queue
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        client.delete(queue)
+        client.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    jobs = trace_jobs(args.reference, args.jobs)
+    nodes = [f"node-{i:03d}" for i in range(args.nodes)]
+    solver_limit = min(MAX_SOLVER_LIMIT_S, args.round_seconds / 4)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        database_url = stack.enter_context(postgres_database(args.postgres))
+        queue = stack.enter_context(broker_queue(args.redis))
+        migrate.upgrade(database_url)
+        admin, agent_tokens = make_tokens(database_url, nodes)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
+        env.update(
+            SHOCKWAVE_DATABASE_URL=database_url,
+            SHOCKWAVE_BROKER_URL=args.redis,
+            SHOCKWAVE_SOLVER_QUEUE=queue,
+            SHOCKWAVE_SOLVER_MODE="celery",
+            SHOCKWAVE_SOLVER_TIME_LIMIT_S=f"{solver_limit:g}",
+            PYTHONUNBUFFERED="1",
+        )
+        processes = Processes(args.log_dir, env)
+        stack.callback(processes.stop_all)
+        port = free_port()
+        base_url = f"http://{HOST}:{port}"
+        api = processes.start(
+            "api", "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
+        )
+        wait_ready(base_url, api)
+        processes.start("worker", "worker", "--concurrency", "1", "--log-level", "info")
+
+        began = time.perf_counter()
+        if args.submit == "http":
+            training = submit_http(base_url, admin, jobs)
+        else:
+            training = submit_direct(database_url, jobs)
+        submit_s = time.perf_counter() - began
+        console.print(f"submitted {len(training)} jobs in {submit_s:.1f} s")
+
+        fleet = Fleet(
+            base_url,
+            {n: (agent_tokens[n], args.gpus_per_node) for n in nodes},
+            training,
+            poll_s=args.poll_seconds,
+            heartbeat_s=args.heartbeat_seconds,
+        )
+        watcher = Watcher(database_url.replace("postgresql+psycopg://", "postgresql://"))
+        watching = threading.Thread(target=watcher.run, name="watcher", daemon=True)
+        watching.start()
+        stack.callback(watcher.stop.set)
+        metrics_port = free_port()
+
+        def start_driver() -> None:
+            processes.start(
+                "driver",
+                "driver",
+                "--round-seconds",
+                f"{args.round_seconds:g}",
+                "--metrics-port",
+                str(metrics_port),
+                "--log-level",
+                "info",
+            )
+
+        cpu_before = processes.cpu_seconds()
+        wall_began = time.perf_counter()
+        timeout = (args.rounds + 3) * args.round_seconds + 120
+        asyncio.run(drive(fleet, watcher, args.rounds, timeout, start_driver))
+        wall = time.perf_counter() - wall_began
+        cpu_after = processes.cpu_seconds()
+        processes.stop_all()
+        watcher.stop.set()
+
+        engine = create_engine(database_url)
+        try:
+            with Session(engine) as session:
+                rows = list(session.exec(select(RoundRow).order_by(col(RoundRow.index))).all())
+                plans = {p.id: p for p in session.exec(select(PlanRow)).all() if p.id is not None}
+        finally:
+            engine.dispose()
+        plan_log_text = read_log(processes.started["worker"].log)
+        driver_log = read_log(processes.started["driver"].log)
+        figures = round_figures(
+            [r for r in rows if r.index <= args.rounds],
+            plans,
+            parse_plan_log(plan_log_text),
+            parse_driver_log(driver_log),
+            parse_asked(driver_log),
+            watcher.visible_at,
+            watcher.version_at,
+            {r: fleet.log.nodes_at(r) for r in watcher.visible_at},
+            watcher.active_at,
+            {j.id: s.spec.gpus for j, s in zip(training.values(), jobs, strict=True)},
+            args.late_after,
+        )
+        cpu = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
+        return {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "jobs": len(training),
+            "nodes": args.nodes,
+            "gpus": args.nodes * args.gpus_per_node,
+            "round_seconds": args.round_seconds,
+            "solver_time_limit_s": solver_limit,
+            "late_after_s": args.late_after,
+            "poll_seconds": args.poll_seconds,
+            "heartbeat_seconds": args.heartbeat_seconds,
+            "submit_s": round(submit_s, 2),
+            "wall_s": round(wall, 1),
+            "cpu_s": cpu,
+            "plans_stored": len(plans),
+            "plan_lines": len(parse_plan_log(plan_log_text)),
+            "agent_requests": {
+                kind: {
+                    "count": len(xs),
+                    "p50_ms": round(1000 * quantile(sorted(xs), 0.5), 1),
+                    "p99_ms": round(1000 * quantile(sorted(xs), 0.99), 1),
+                    "max_ms": round(1000 * max(xs), 1),
+                }
+                for kind, xs in sorted(fleet.log.latency.items())
+            },
+            "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
+            "events": dict(fleet.log.events),
+            "rounds": [asdict(f) for f in figures],
+        }
+
+
+def _s(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def rounds_table(figures: Sequence[RoundFigures]) -> Table:
+    table = Table()
+    columns = (
+        "round", "source", "late s", "agents s", "began s", "build s", "solve s",
+        "snap s", "store s", "age s", "missed", "issued", "ext", "revoked", "jobs",
+        "GPUs", "active", "late",
+    )  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("source", "late?") else "right")
+    for f in figures:
+        table.add_row(
+            str(f.index),
+            f.source,
+            _s(f.lateness_s),
+            _s(f.agents_saw_s, 2),
+            _s(f.began_after_due_s),
+            _s(f.materialize_s),
+            _s(f.solve_s),
+            _s(f.snapshot_s),
+            _s(f.store_s),
+            _s(f.plan_age_s, 1),
+            "-" if f.missed is None else str(f.missed),
+            str(f.issued),
+            str(f.extended),
+            str(f.revoked),
+            str(f.jobs),
+            str(f.gpus_used),
+            "-" if f.active_jobs is None else str(f.active_jobs),
+            "LATE" if f.late_reasons else "no",
+        )
+    return table
+
+
+def summary(record: dict[str, Any]) -> str:
+    measured = [r for r in record["rounds"] if r["index"] >= 1]
+    late = [r for r in measured if r["late_reasons"]]
+    worst = max((r["lateness_s"] for r in measured if r["lateness_s"] is not None), default=None)
+    sources: dict[str, int] = {}
+    for r in measured:
+        sources[r["source"]] = sources.get(r["source"], 0) + 1
+    return (
+        f"{len(measured)} rounds measured: {len(late)} late; max lateness {_s(worst)} s; "
+        f"sources {sources}; CPU s over the run {record['cpu_s']}, wall {record['wall_s']} s"
+    )
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        record = run(args)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: processes stopped, database dropped")
+        return 130
+    except RuntimeError as error:
+        console.print(f"[bold red]error:[/] {error} (logs in {args.log_dir})")
+        return 1
+    console.print(
+        f"Scale: {record['jobs']} jobs on {record['gpus']} GPUs ({record['nodes']} nodes), "
+        f"{record['round_seconds']:g} s rounds, solver limit {record['solver_time_limit_s']:g} s, "
+        f"{record['machine']['cpus']} CPUs, Python {record['machine']['python']}",
+        highlight=False,
+    )
+    figures = [
+        RoundFigures(**{**r, "late_reasons": tuple(r["late_reasons"])}) for r in record["rounds"]
+    ]
+    console.print(rounds_table(figures))
+    for f in figures:
+        if f.late_reasons:
+            console.print(f"round {f.index} late: {'; '.join(f.late_reasons)}", highlight=False)
+    console.print(summary(record), highlight=False)
+    console.print(f"agent requests: {record['agent_requests']}", highlight=False)
+    if record["agent_errors"]:
+        console.print(f"agent errors: {record['agent_errors']}", highlight=False)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        console.print(f"Figures written to {args.json}")
+    measured = [r for r in record["rounds"] if r["index"] >= 1]
+    return 0 if measured and not any(r["late_reasons"] for r in measured) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Simulated node agents and training programs for ``bench/scale.py``, on one asyncio loop.
+
+Each node is one coroutine speaking the agent protocol of ``/v1/agent`` the way the real agent
+does (``agent/loop.py``), but for heartbeats (every ``heartbeat_s``, on a timer of their own
+rather than between polls, see :meth:`Fleet._heartbeats`): poll leases every ``poll_s`` telling
+the server which attempts run here, report ``started`` for a new attempt, ``running`` when a
+lease is extended (its ``ends_at`` moved), ``checkpointed`` for an attempt that is no longer
+leased or is listed in ``stop``. Instead of a process, each attempt "trains" at the job's true
+pace from the reference trajectory: every ``epoch_seconds[batch size]`` of leased wall time it
+posts a progress event with the job token of its attempt (as the SDK would), a scaling event
+when the trajectory enters a new regime, and ``exited 0`` once the job's epochs are done.
+
+The whole fleet shares one HTTP connection pool, so 64 nodes cost one thread of the bench
+process. :class:`FleetLog` keeps what the agents saw: when each round first appeared in a
+poll answer (per node), request latencies by kind and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from shockwave.model import Regime
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+@dataclass
+class TrainingJob:
+    """A submitted job as its training program sees it: its true trajectory and pace."""
+
+    id: str
+    samples_per_epoch: int
+    regimes: tuple[Regime, ...]
+    epoch_seconds: Mapping[int, float]
+    epochs_done: int = 0
+    partial_s: float = 0.0
+    seq: int = 0
+    token: str | None = None
+    finished: bool = False
+    fenced: bool = False
+    trained_until: float = 0.0
+    """Monotonic time up to which leased time has been counted (a job on two nodes trains
+    once)."""
+
+    @property
+    def epochs(self) -> int:
+        return sum(r.epochs for r in self.regimes)
+
+    def batch_size_at(self, epoch: int) -> int:
+        """The batch size of the trajectory's regime that holds 0-based ``epoch``."""
+        seen = 0
+        for regime in self.regimes:
+            seen += regime.epochs
+            if epoch < seen:
+                return regime.batch_size
+        return self.regimes[-1].batch_size
+
+
+@dataclass
+class FleetLog:
+    """What the agents saw. ``round_seen``: round index -> node -> wall time (s since the
+    epoch) of the first poll answer naming that round as current. ``latency``: request kind ->
+    seconds of each answered request. ``errors``: (kind, status or exception) -> count."""
+
+    round_seen: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+    refused_last: bool = False
+
+    def nodes_at(self, round_index: int) -> dict[str, float]:
+        """Node -> when it first saw round ``round_index`` or a later one as current."""
+        seen: dict[str, float] = {}
+        for index, nodes in self.round_seen.items():
+            if index >= round_index:
+                for node, at in nodes.items():
+                    seen[node] = min(at, seen.get(node, at))
+        return seen
+
+
+@dataclass
+class Attempt:
+    attempt_id: str
+    job_id: str
+    ends_at: str
+    started_t: float
+
+
+class Fleet:
+    """``nodes``: node id -> (agent token, GPUs). ``jobs``: job id -> its training program."""
+
+    def __init__(
+        self,
+        base_url: str,
+        nodes: Mapping[str, tuple[str, int]],
+        jobs: dict[str, TrainingJob],
+        *,
+        poll_s: float,
+        heartbeat_s: float,
+    ) -> None:
+        self.base_url = base_url
+        self.nodes = dict(nodes)
+        self.jobs = jobs
+        self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
+        self.log = FleetLog()
+        self.registered: set[str] = set()
+        self._client: httpx.AsyncClient | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run every node (register, then heartbeat and poll) until ``stop`` is set."""
+        async with self._open() as client:
+            self._client = client
+            await asyncio.gather(
+                *(self._node(n, t, i, stop) for i, (n, (t, _)) in enumerate(self.nodes.items()))
+            )
+        self._client = None
+
+    def _open(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        return httpx.AsyncClient(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S, limits=limits)
+
+    async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
+        attempts: dict[str, Attempt] = {}
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
+        body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
+        while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
+            await asyncio.sleep(self.poll_s)
+        self.registered.add(node)
+        beating = asyncio.create_task(self._heartbeats(token, stop))
+        while not stop.is_set():
+            started = loop.time()
+            poll = await self._call(
+                "leases", "GET", "/v1/agent/leases", token, params={"running": ",".join(attempts)}
+            )
+            if poll is not None:
+                self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+                await self._reconcile(token, attempts, poll)
+            await self._train(token, attempts)
+            pause = self.poll_s - (loop.time() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, pause))
+        await beating
+
+    async def _heartbeats(self, token: str, stop: asyncio.Event) -> None:
+        """Heartbeat every ``heartbeat_s``, on a timer of its own: the node's reports go one
+        after another, and on a shared 2-core machine a burst of them can take longer than the
+        node TTL, which would make the load generator, not the service, lose nodes."""
+        await asyncio.sleep(random.uniform(0, self.heartbeat_s))
+        while not stop.is_set():
+            await self._call("heartbeat", "POST", "/v1/agent/heartbeat", token)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.heartbeat_s)
+
+    async def _reconcile(self, token: str, attempts: dict[str, Attempt], poll: Any) -> None:
+        """Stop what is no longer leased, note extensions, start what is new."""
+        leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        for attempt_id in list(attempts):
+            lease = leases.get(attempt_id)
+            if lease is None or attempt_id in stop:
+                del attempts[attempt_id]
+                await self._report(token, attempt_id, {"state": "checkpointed"})
+            elif lease["ends_at"] != attempts[attempt_id].ends_at:
+                attempts[attempt_id].ends_at = lease["ends_at"]
+                if not await self._report(token, attempt_id, {"state": "running"}):
+                    del attempts[attempt_id]
+        now = time.monotonic()
+        for attempt_id, lease in leases.items():
+            if attempt_id in attempts or attempt_id in stop:
+                continue
+            job = self.jobs.get(lease["job_id"])
+            if job is None or job.finished:
+                continue
+            answer = await self._call(
+                "token", "POST", f"/v1/agent/leases/{attempt_id}/token", token
+            )
+            if answer is None:
+                continue
+            job.token = answer["token"]  # scoped to this attempt: an older one's is fenced
+            if await self._report(token, attempt_id, {"state": "started"}):
+                attempts[attempt_id] = Attempt(attempt_id, job.id, lease["ends_at"], now)
+
+    async def _train(self, token: str, attempts: dict[str, Attempt]) -> None:
+        """Advance every attempt's job by the wall time since the last poll."""
+        now = time.monotonic()
+        for attempt in list(attempts.values()):
+            job = self.jobs[attempt.job_id]
+            if job.finished:
+                continue
+            job.partial_s += max(0.0, now - max(job.trained_until, attempt.started_t))
+            job.trained_until = now
+            while not job.finished and not job.fenced:
+                batch = job.batch_size_at(job.epochs_done)
+                seconds = job.epoch_seconds[batch]
+                if job.partial_s < seconds:
+                    break
+                job.partial_s -= seconds
+                await self._epoch(job, batch, seconds)
+            if job.fenced:
+                job.fenced = False
+                del attempts[attempt.attempt_id]  # the SDK stops the process on a 409
+            elif job.finished:
+                del attempts[attempt.attempt_id]
+                await self._report(token, attempt.attempt_id, {"state": "exited", "exit_code": 0})
+
+    async def _epoch(self, job: TrainingJob, batch: int, seconds: float) -> None:
+        """Post one finished epoch (and the scaling event of a new regime), as the SDK would."""
+        job.epochs_done += 1
+        job.seq += 1
+        await self._job_event(
+            job,
+            {
+                "seq": job.seq,
+                "kind": "progress",
+                "epoch": job.epochs_done,
+                "samples": job.samples_per_epoch,
+                "seconds": seconds,
+                "batch_size": batch,
+            },
+        )
+        if job.epochs_done >= job.epochs:
+            job.finished = True
+            return
+        following = job.batch_size_at(job.epochs_done)
+        if following != batch:
+            job.seq += 1
+            await self._job_event(
+                job,
+                {
+                    "seq": job.seq,
+                    "kind": "scaling",
+                    "batch_size": following,
+                    "epoch": job.epochs_done,
+                },
+            )
+
+    async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
+        """Post one event; a 409 (the attempt is fenced) stops the attempt."""
+        assert job.token is not None
+        self.log.events[event["kind"]] += 1
+        answer = await self._call(
+            event["kind"], "POST", f"/v1/jobs/{job.id}/events", job.token, event, refusals=(409,)
+        )
+        if answer is None and self.log.refused_last:
+            job.fenced = True
+            self.log.events[f"{event['kind']} refused"] += 1
+
+    async def _report(self, token: str, attempt_id: str, report: dict[str, Any]) -> bool:
+        """Report on an attempt; False when the server says it must stop (409)."""
+        answer = await self._call(
+            f"status:{report['state']}",
+            "POST",
+            f"/v1/agent/leases/{attempt_id}/status",
+            token,
+            report,
+            refusals=(409,),
+        )
+        return answer is not None
+
+    async def _call(
+        self,
+        kind: str,
+        method: str,
+        path: str,
+        token: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        refusals: Sequence[int] = (),
+    ) -> Any:
+        """One request; its JSON answer, or None (counted as an error unless a refusal)."""
+        assert self._client is not None
+        started = time.perf_counter()
+        try:
+            response = await self._client.request(
+                method,
+                path,
+                json=body,
+                params=params,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        except httpx.HTTPError as error:
+            self.log.errors[(kind, type(error).__name__)] += 1
+            self.log.refused_last = False
+            return None
+        self.log.latency[kind].append(time.perf_counter() - started)
+        if response.is_success:
+            return response.json()
+        self.log.refused_last = response.status_code in refusals
+        if not self.log.refused_last:
+            self.log.errors[(kind, str(response.status_code))] += 1
+        return None
