@@ -8,7 +8,7 @@ REFERENCE := ../shared/data/reference
 TRACE_NAME := 120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic
 RUN_OUT := out/120jobs
 
-.PHONY: venv run test e2e lint
+.PHONY: venv run test test-slow e2e lint chaos
 
 venv: $(VENV)/.installed
 
@@ -29,10 +29,20 @@ test: venv
 	scripts/services.sh
 	$(BIN)/python -m pytest
 
+# The minutes-long runs `make test` leaves out (marker `slow`): the short chaos run.
+test-slow: venv
+	scripts/services.sh
+	$(BIN)/python -m pytest -m slow
+
 # The end-to-end tests alone (real processes; `make test` runs them too).
 e2e: venv
 	scripts/services.sh
 	$(BIN)/python -m pytest tests/e2e
+
+# Fault injection (docs/reliability.md): kill -9 parts of a running deployment while jobs run,
+# then check the invariants. Starts a private Postgres and Redis; exits non-zero on a violation.
+chaos: venv
+	$(BIN)/python -m bench.chaos --json out/chaos.json
 
 lint: venv
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ from typing import Any
 
 from celery import Celery
 
+from solver_service import broker
 from solver_service.settings import SolverSettings
 
 PLAN_TASK = "solver_service.tasks.plan"
@@ -39,6 +40,7 @@ def make_app(settings: SolverSettings) -> Any:
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
+        broker_transport=broker.TRANSPORT,
         broker_transport_options=transport_options(settings),
         worker_hijack_root_logger=False,
     )

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -37,6 +38,8 @@ REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 LOOPBACK = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 5.0
+API_START_TIMEOUT_S = 90.0
+"""An API process imports a lot; on a loaded 2-core machine its start can take a minute."""
 
 
 def shockwave_command() -> str:
@@ -184,9 +187,13 @@ class Services:
         """Every service's log tail, for a failure message."""
         return "\n".join(f"--- {s.name} ({s.log_path})\n{s.log_tail()}" for s in self.started)
 
-    def api(self, name: str = "api", *, env: Mapping[str, str] | None = None) -> str:
-        """Start ``shockwave api`` on a free loopback port; its base URL once it answers."""
-        port = free_port()
+    def api(
+        self, name: str = "api", *, env: Mapping[str, str] | None = None, port: int | None = None
+    ) -> str:
+        """Start ``shockwave api`` on ``port`` (default a free loopback port); its base URL once
+        it answers. A fixed port lets a test restart a killed API where its clients expect it
+        (``named(name).start()``, then :func:`wait_healthy`)."""
+        port = port or free_port()
         service = self.shockwave(
             name,
             "api",
@@ -199,8 +206,19 @@ class Services:
             env=env,
         )
         base = f"http://{LOOPBACK}:{port}"
-        wait_until(lambda: _answers(base, service), 30, f"{name} at {base}/healthz\n{self.logs()}")
+        wait_healthy(service, base, API_START_TIMEOUT_S, self.logs)
         return base
+
+
+def wait_healthy(
+    service: Service, base: str, timeout_s: float, logs: Callable[[], str] | None = None
+) -> None:
+    """Wait until ``service`` (an API at ``base``) answers /healthz; fail if it exits."""
+    wait_until(
+        lambda: _answers(base, service),
+        timeout_s,
+        f"{service.name} at {base}/healthz\n{logs() if logs else service.log_tail()}",
+    )
 
 
 def _answers(base: str, service: Service) -> bool:
@@ -227,13 +245,18 @@ def run_command(*args: str, env: Mapping[str, str]) -> str:
 
 
 @contextmanager
-def throwaway_database(prefix: str = "e2e") -> Iterator[str]:
-    """A fresh Postgres database on the test server (dropped on exit); yields its URL.
+def throwaway_database(prefix: str = "e2e", server_url: str | None = None) -> Iterator[str]:
+    """A fresh Postgres database on the test server (``server_url``, default
+    SHOCKWAVE_TEST_POSTGRES_URL; dropped on exit); yields its URL.
 
     A database of its own, not a schema, so the round driver's advisory lock (per database) and
     everything else is isolated from any other test run on the same server."""
+    server_url = server_url or POSTGRES_URL
     server = create_engine(
-        POSTGRES_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+        server_url,
+        isolation_level="AUTOCOMMIT",
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": 5},
     )
     name = f"{prefix}_{secrets.token_hex(4)}"
     try:
@@ -242,13 +265,13 @@ def throwaway_database(prefix: str = "e2e") -> Iterator[str]:
     except OperationalError as error:
         server.dispose()
         pytest.fail(
-            f"PostgreSQL is not reachable at {POSTGRES_URL} ({error.orig}). The end-to-end "
+            f"PostgreSQL is not reachable at {server_url} ({error.orig}). The end-to-end "
             "tests need it: run scripts/services.sh (CI does), or point "
             "SHOCKWAVE_TEST_POSTGRES_URL at a server.",
             pytrace=False,
         )
     try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with server.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -336,3 +359,170 @@ def private_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+def postgres_bindir() -> Path:
+    """Where ``initdb`` and ``pg_ctl`` live: SHOCKWAVE_TEST_PG_BINDIR, the PATH, or the newest
+    /usr/lib/postgresql/<version>/bin (Debian keeps them off the PATH)."""
+    configured = os.environ.get("SHOCKWAVE_TEST_PG_BINDIR")
+    if configured:
+        return Path(configured)
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3])
+    )
+    if not versions:
+        pytest.fail("PostgreSQL's initdb/pg_ctl are not installed; set SHOCKWAVE_TEST_PG_BINDIR")
+    return versions[-1].parent
+
+
+@dataclass
+class PostgresServer:
+    """A private Postgres cluster in ``directory`` on a free loopback port: trust auth, fsync on,
+    for fault tests that restart it or crash it (kill -9) without touching the shared server.
+
+    Run as the ``postgres`` user when this process is root (Postgres refuses root). The data
+    directory and the server's log live in ``directory``; :meth:`crash` SIGKILLs the postmaster
+    and every backend, as a power cut would, and :meth:`start` then does crash recovery."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def url(self) -> str:
+        """The server's ``postgres`` database (for :func:`throwaway_database`)."""
+        return f"postgresql+psycopg://postgres@{LOOPBACK}:{self.port}/postgres"
+
+    def init(self) -> None:
+        """initdb, with the settings written to postgresql.conf (so a plain pg_ctl start or
+        restart keeps them)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._own(self.directory)
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        settings = {
+            "port": str(self.port),
+            "listen_addresses": f"'{LOOPBACK}'",
+            "unix_socket_directories": f"'{self.directory}'",
+            "fsync": "on",
+            "max_connections": "300",
+            "shared_buffers": "'64MB'",
+        }
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+    def start(self, attempts: int = 10) -> None:
+        """pg_ctl start, waiting until it accepts connections; retried while the remains of
+        a crashed server still hold its shared memory."""
+        for attempt in range(attempts):
+            result = self._run(
+                "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "start", check=False
+            )
+            if result.returncode == 0:
+                return
+            if attempt == attempts - 1:
+                raise AssertionError(f"pg_ctl start failed: {result.stderr}\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def restart(self) -> None:
+        """A clean, fast restart (pg_ctl restart -m fast): connections are cut."""
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", "fast", "-w", "restart"
+        )
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every process it started; returns once all are gone."""
+        postmaster = self.postmaster_pid()
+        if postmaster is None:
+            return
+        victims = [postmaster, *_children(postmaster)]
+        for pid in victims:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: not any(_running(pid) for pid in victims), 10, "the killed Postgres to exit"
+        )
+
+    def stop(self) -> None:
+        if self.postmaster_pid() is not None:
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+
+    def postmaster_pid(self) -> int | None:
+        """The running postmaster's pid (from postmaster.pid), or None."""
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if _running(pid) else None
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "postgres.log"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [str(postgres_bindir() / tool), *args]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            cwd=self.directory,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"{tool} failed: {result.stderr}\n{self.log_tail()}")
+        return result
+
+    @staticmethod
+    def _own(path: Path) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(path, "postgres", "postgres")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children(parent: int) -> list[int]:
+    """Direct children of ``parent``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def private_postgres() -> Iterator[PostgresServer]:
+    """A :class:`PostgresServer` in a fresh directory under the system's temporary directory
+    (which the ``postgres`` user can reach, unlike pytest's private ``tmp_path``), initialized
+    and started; stopped and removed on exit."""
+    server = PostgresServer(Path(tempfile.mkdtemp(prefix="shockwave-pg-")))
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.directory, ignore_errors=True)

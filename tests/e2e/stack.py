@@ -50,8 +50,9 @@ class Deployment:
     admin_token: str
     log_dir: Path
 
-    def api(self) -> str:
-        return self.services.api()
+    def api(self, name: str = "api", *, port: int | None = None) -> str:
+        """Start an API process (on ``port``, default a free one); its base URL."""
+        return self.services.api(name, port=port)
 
     def worker(
         self, name: str = "worker", *, record_dir: Path | None = None, decide_delay_s: float = 0.0
@@ -145,10 +146,14 @@ def shared_redis_url() -> str:
 
 
 @contextmanager
-def deployment(log_dir: Path, broker_url: str | None = None) -> Iterator[Deployment]:
+def deployment(
+    log_dir: Path, broker_url: str | None = None, postgres_url: str | None = None
+) -> Iterator[Deployment]:
+    """The deployment on the shared Redis (or ``broker_url``) and a throwaway database on the
+    shared Postgres (or on the server at ``postgres_url``, e.g. a private one to restart)."""
     if broker_url is None:
         require_shared_redis()
-    with throwaway_database() as url:
+    with throwaway_database(server_url=postgres_url) as url:
         migrate.upgrade(url)
         engine = database_engine(url)
         env = base_env(url, broker_url or shared_redis_url())
@@ -180,7 +185,7 @@ def parallel_tokens(env: Mapping[str, str], requests: list[list[str]]) -> list[s
     ]
     tokens = []
     for process, args in zip(processes, requests, strict=True):
-        out, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=180)  # a loaded machine starts slowly
         assert process.returncode == 0, f"create-token {args}: {err}"
         tokens.append(out.strip())
     return tokens

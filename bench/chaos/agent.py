@@ -1,0 +1,280 @@
+"""A simulated node agent as a process of its own, so the chaos run can kill -9 it and start it
+again: ``python -m bench.chaos.agent --node n1 --gpus 2 --api URL,URL --state S --journal J``
+(the agent token in SHOCKWAVE_CHAOS_TOKEN).
+
+It speaks the agent protocol of /v1/agent as :class:`tests.e2e.agents.SimulatedAgent` does
+(register, heartbeat, poll leases, report started / running / checkpointed / exited) and
+"trains" one epoch per round a lease holds: it reads the job's progress with the job's own
+token and posts the next epoch as a progress event whose ``seq`` is the epoch number, so a
+retry, or a second incarnation of the agent, posts the very same event. When the job's epochs
+are done the attempt reports ``exited`` with code 0.
+
+Like the real agent (:mod:`agent.state`) it keeps what it runs in a state file, rewritten
+atomically before it tells the server, so a restarted agent re-registers the same node and
+re-attaches to its attempts (or reports how they ended) instead of starting them twice. Every
+answer the server acknowledged (2xx) is appended to the journal (JSON lines), which the chaos
+run's invariants read: an acknowledged event must exist exactly once in the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from bench.chaos.client import RoundRobin, Unavailable
+
+TICK_S = 0.3
+HEARTBEAT_EVERY_S = 1.0
+EPOCH_SECONDS = 2.0
+"""The wall time a simulated epoch reports."""
+CALL_DEADLINE_S = 15.0
+TOKEN_ENV = "SHOCKWAVE_CHAOS_TOKEN"
+
+
+@dataclass
+class Attempt:
+    """An attempt this node runs: its job, the job token, the rounds it trained in, and
+    whether its job's epochs are done (``exited`` still to be reported)."""
+
+    attempt_id: str
+    job_id: str
+    token: str
+    rounds: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class State:
+    """What survives a restart: the running attempts and those that ended (so a lease the
+    server still lists for an ended attempt never starts it again)."""
+
+    attempts: dict[str, Attempt] = field(default_factory=dict)
+    ended: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        if not path.exists():
+            return cls()
+        raw = json.loads(path.read_text())
+        return cls(
+            attempts={k: Attempt(**v) for k, v in raw["attempts"].items()},
+            ended=list(raw["ended"]),
+        )
+
+    def save(self, path: Path) -> None:
+        """Write, fsync, rename: a kill at any point leaves the old or the new file."""
+        scratch = path.with_suffix(".tmp")
+        with scratch.open("w") as out:
+            json.dump(
+                {"attempts": {k: asdict(v) for k, v in self.attempts.items()}, "ended": self.ended},
+                out,
+            )
+            out.flush()
+            os.fsync(out.fileno())
+        scratch.replace(path)
+
+
+class Agent:
+    """One node's loop (module docstring)."""
+
+    def __init__(
+        self, node: str, gpus: int, client: RoundRobin, state_path: Path, journal: TextIO
+    ) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.client = client
+        self.state_path = state_path
+        self.state = State.load(state_path)
+        self.journal = journal
+        self.last_heartbeat = 0.0
+
+    def run(self) -> None:
+        self.register()
+        while True:
+            try:
+                self.tick()
+            except Unavailable as error:
+                self.note("unavailable", detail=str(error))
+            time.sleep(TICK_S)
+
+    def register(self) -> None:
+        while True:
+            try:
+                response = self.client.call(
+                    "POST",
+                    "/v1/agent/register",
+                    json={"gpus": self.gpus, "hostname": f"{self.node}.chaos"},
+                    deadline_s=CALL_DEADLINE_S,
+                )
+            except Unavailable as error:
+                self.note("unavailable", detail=str(error))
+                continue
+            _expect(response, 200)
+            self.last_heartbeat = time.monotonic()
+            self.note("registered", attempts=sorted(self.state.attempts))
+            return
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last_heartbeat >= HEARTBEAT_EVERY_S:
+            response = self.client.call("POST", "/v1/agent/heartbeat", deadline_s=CALL_DEADLINE_S)
+            if response.status_code == 404:  # the node is unknown (a fresh database): again
+                self.register()
+            else:
+                _expect(response, 200)
+                self.last_heartbeat = time.monotonic()
+        response = self.client.call(
+            "GET",
+            "/v1/agent/leases",
+            params={"running": ",".join(sorted(self.state.attempts))},
+            deadline_s=CALL_DEADLINE_S,
+        )
+        _expect(response, 200)
+        body = response.json()
+        for attempt_id in body["stop"]:
+            if attempt_id in self.state.attempts:
+                self.report(attempt_id, {"state": "checkpointed"})
+                self.end(attempt_id, "checkpointed")
+        for lease in body["leases"]:
+            self.follow(lease)
+
+    def follow(self, lease: dict[str, Any]) -> None:
+        attempt_id, job_id = lease["attempt_id"], lease["job_id"]
+        round_index = int(lease["round_index"])
+        if attempt_id in self.state.ended:
+            return
+        attempt = self.state.attempts.get(attempt_id)
+        if attempt is None:
+            response = self.client.call(
+                "POST", f"/v1/agent/leases/{attempt_id}/token", deadline_s=CALL_DEADLINE_S
+            )
+            if response.status_code == 409:
+                return
+            _expect(response, 201)
+            attempt = Attempt(attempt_id, job_id, response.json()["token"])
+            self.state.attempts[attempt_id] = attempt
+            self.state.save(self.state_path)
+            if not self.report(attempt_id, {"state": "started"}):
+                return
+            self.note("started", attempt=attempt_id, job=job_id, round=round_index)
+        if not attempt.done and round_index not in attempt.rounds:
+            attempt.rounds.append(round_index)
+            self.state.save(self.state_path)
+            if not self.report(attempt_id, {"state": "running"}):
+                return
+            attempt.done = self.train(attempt, round_index)
+            if attempt.done:
+                self.state.save(self.state_path)
+        if attempt.done:
+            self.report(attempt_id, {"state": "exited", "exit_code": 0})
+            self.end(attempt_id, "exited")
+
+    def train(self, attempt: Attempt, round_index: int) -> bool:
+        """One epoch of the attempt's job (unless all are done); whether all are done now."""
+        response = self.client.call(
+            "GET", f"/v1/jobs/{attempt.job_id}", token=attempt.token, deadline_s=CALL_DEADLINE_S
+        )
+        _expect(response, 200)
+        job = response.json()
+        done, epochs = int(job["epochs_done"]), int(job["epochs"])
+        if done >= epochs:
+            return True
+        epoch = done + 1
+        event = {
+            "seq": epoch,
+            "kind": "progress",
+            "epoch": epoch,
+            "samples": int(job["samples_per_epoch"]),
+            "seconds": EPOCH_SECONDS,
+            "batch_size": int(job["initial_batch_size"]),
+        }
+        response = self.client.call(
+            "POST",
+            f"/v1/jobs/{attempt.job_id}/events",
+            json=event,
+            token=attempt.token,
+            headers={"Idempotency-Key": f"progress-{attempt.job_id}-{epoch}"},
+            deadline_s=CALL_DEADLINE_S,
+        )
+        if response.status_code == 409:  # the job finished meanwhile (another attempt)
+            return True
+        _expect(response, 200, 201)
+        self.note(
+            "event",
+            job=attempt.job_id,
+            seq=epoch,
+            kind="progress",
+            status=response.status_code,
+            attempt=attempt.attempt_id,
+            round=round_index,
+        )
+        return epoch >= epochs
+
+    def report(self, attempt_id: str, report: dict[str, Any]) -> bool:
+        """Report on an attempt; False (and the attempt ended) when the server says stop."""
+        response = self.client.call(
+            "POST",
+            f"/v1/agent/leases/{attempt_id}/status",
+            json=report,
+            deadline_s=CALL_DEADLINE_S,
+        )
+        if response.status_code == 409:
+            self.end(attempt_id, "refused")
+            return False
+        _expect(response, 200)
+        return True
+
+    def end(self, attempt_id: str, how: str) -> None:
+        if self.state.attempts.pop(attempt_id, None) is None:
+            return
+        self.state.ended.append(attempt_id)
+        self.state.save(self.state_path)
+        self.note("ended", attempt=attempt_id, how=how)
+
+    def note(self, what: str, **fields: Any) -> None:
+        """Append one line to the journal (flushed: it survives a kill -9 of this process)."""
+        record = {"t": time.time(), "node": self.node, "type": what, **fields}
+        self.journal.write(json.dumps(record) + "\n")
+        self.journal.flush()
+
+
+class ProtocolError(Exception):
+    """The server answered something the protocol does not allow."""
+
+
+def _expect(response: Any, *codes: int) -> None:
+    if response.status_code not in codes:
+        raise ProtocolError(
+            f"{response.request.method} {response.request.url.path}: "
+            f"{response.status_code} {response.text[:300]}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--api", required=True, help="Comma-separated API base URLs.")
+    parser.add_argument("--state", type=Path, required=True)
+    parser.add_argument("--journal", type=Path, required=True)
+    args = parser.parse_args(argv)
+    token = os.environ[TOKEN_ENV]
+
+    def leave(signum: int, frame: FrameType | None) -> None:
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    client = RoundRobin(args.api.split(","), token)
+    with args.journal.open("a") as journal:
+        Agent(args.node, args.gpus, client, args.state, journal).run()
+
+
+if __name__ == "__main__":
+    main()
