@@ -99,13 +99,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def postgres_database(admin_dsn: str) -> Iterator[str]:
-    """A new, empty Postgres database for the run; yields its SQLAlchemy URL, drops it after."""
+def postgres_database(admin_dsn: str, prefix: str = "shockwave_bench") -> Iterator[str]:
+    """A new, empty Postgres database for the run (``<prefix>_<pid>``); yields its SQLAlchemy
+    URL, drops it after."""
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
 
-    name = f"shockwave_bench_{os.getpid()}"
+    name = f"{prefix}_{os.getpid()}"
     with psycopg.connect(admin_dsn, autocommit=True) as connection:
         connection.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -61,7 +61,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench.api import SHOCKWAVE, cpu_seconds, free_port, quantile
+from bench.api import SHOCKWAVE, cpu_seconds, free_port, postgres_database, quantile
 
 HOST = "127.0.0.1"
 REQUEST_TIMEOUT_S = 10.0
@@ -450,33 +450,6 @@ def service_env(
     return env
 
 
-@contextmanager
-def postgres_database(admin_dsn: str) -> Iterator[str]:
-    """A new, empty Postgres database for the run; yields its SQLAlchemy URL, drops it after."""
-    import psycopg
-    from psycopg import sql
-    from psycopg.conninfo import conninfo_to_dict
-
-    name = f"shockwave_load_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as connection:
-        connection.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        params = conninfo_to_dict(admin_dsn)
-        user, host, port = (
-            params.get("user", "postgres"),
-            params.get("host", HOST),
-            params.get("port", 5432),
-        )
-        password = f":{params['password']}" if params.get("password") else ""
-        yield f"postgresql+psycopg://{user}{password}@{host}:{port}/{name}"
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as connection:
-            connection.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
 @dataclass(frozen=True, slots=True)
 class Tokens:
     user: str
@@ -718,7 +691,7 @@ def shards(args: argparse.Namespace, apis: Sequence[str], tokens: Tokens, t0: fl
 def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     """Bring the system up, run the load, bring it down; the figures as a JSON-able dict."""
     with ExitStack() as stack:
-        database_url = stack.enter_context(postgres_database(args.postgres))
+        database_url = stack.enter_context(postgres_database(args.postgres, "shockwave_load"))
         stack.callback(lambda: redis.Redis.from_url(args.broker).flushdb())
         tokens = prepare(database_url, args.agents)
         env = service_env(database_url, args.broker, args.tree)

@@ -29,11 +29,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.api import free_port
+from bench.api import free_port, postgres_database
 from bench.load import (
     HOST,
     api_argv,
-    postgres_database,
     prepare,
     service_env,
     started,
