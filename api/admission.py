@@ -3,7 +3,7 @@
 Why: FastAPI runs every sync dependency and sync route in a thread pool (40 threads), one hop
 per function, and a request's session keeps its connection between hops (from the token lookup
 until the route commits, or until the session closes). With more requests in progress than
-pool connections (10 + 20 overflow), the threads fill with requests waiting for a connection
+pool connections (then 10 + 20 overflow), the threads fill with requests waiting for a connection
 while the requests that hold the connections wait for a thread to run their next step: every
 request then stalls until the pool's 30 s checkout timeout turns some of them into 500s. 256
 agents polling at once did exactly that (docs/reliability.md, "Load"). Bounding the requests in

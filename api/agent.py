@@ -10,10 +10,11 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from datetime import datetime
+from typing import Any, NamedTuple
 
-from sqlalchemy.orm import QueryableAttribute, defer
-from sqlmodel import Session, col, select
+from sqlalchemy import Connection, bindparam, select, update
+from sqlmodel import Session, SQLModel
 
 from api import planning_hooks
 from api.agent_schemas import (
@@ -36,7 +37,7 @@ from api.leases import (
     stop_running,
 )
 from api.repository import record_state
-from api.tables import ClusterRow, JobRow, LeaseRow, NodeRow, utcnow
+from api.tables import JobRow, LeaseRow, NodeRow, utcnow
 from shockwave.lifecycle import JobState
 
 STOP_ROUNDS = 2
@@ -44,6 +45,55 @@ STOP_ROUNDS = 2
 stopped agent finds out anyway: every attempt it runs that is not a lease must stop)."""
 
 CLUSTER = planning_hooks.DEFAULT_CLUSTER
+
+# The tables of the hot path (every agent heartbeats and polls every few seconds): its
+# statements are Core, on the session's connection, without the ORM's identity map and
+# unit of work (docs/reliability.md, "Load": that halved a heartbeat's CPU).
+NODES = SQLModel.metadata.tables["nodes"]
+CLUSTERS = SQLModel.metadata.tables["clusters"]
+LEASES = SQLModel.metadata.tables["leases"]
+JOBS = SQLModel.metadata.tables["jobs"]
+
+_BEAT = (
+    update(NODES)
+    .where(NODES.c.id == bindparam("node"), NODES.c.state == "READY")
+    .values(last_heartbeat_at=bindparam("now"))
+    .returning(NODES.c.hostname, NODES.c.gpus, NODES.c.gpu_type, NODES.c.registered_at)
+)
+"""A READY node's heartbeat; no row when the node is unknown or LOST."""
+_ROUND = (CLUSTERS.c.current_round, CLUSTERS.c.round_ends_at, CLUSTERS.c.state_version)
+_CLUSTER_ROUND = select(*_ROUND).where(CLUSTERS.c.id == CLUSTER)
+_NODE_ROUND = (
+    select(NODES.c.id, *_ROUND)
+    .select_from(NODES.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER))
+    .where(NODES.c.id == bindparam("node"))
+)
+"""The node (no row: unknown) and the cluster's round (NULLs before the cluster exists)."""
+_NODE_LEASES = (
+    select(
+        LEASES.c.id,
+        LEASES.c.round_index,
+        LEASES.c.gpus,
+        LEASES.c.state,
+        LEASES.c.ends_at,
+        JOBS.c.id.label("job_id"),
+        JOBS.c.state.label("job_state"),
+        JOBS.c.batch_size,
+        JOBS.c.command,
+        JOBS.c.image,
+    )
+    .join(JOBS, JOBS.c.id == LEASES.c.job_id)
+    .where(LEASES.c.node_id == bindparam("node"))
+    .where(
+        LEASES.c.state.in_(LIVE)
+        | (
+            LEASES.c.state.in_((LeaseState.REVOKED.value, LeaseState.LOST.value))
+            & (LEASES.c.round_index >= bindparam("since"))
+        )
+    )
+    .order_by(LEASES.c.round_index, LEASES.c.id)
+)
+"""A node's live leases with their jobs, and its attempts revoked or lost since a round."""
 
 
 def acting_node(principal: Principal, requested: str | None) -> str:
@@ -78,22 +128,43 @@ def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
     return node
 
 
-def heartbeat(session: Session, node_id: str) -> NodeRow:
-    """Record a sign of life. A LOST node that heartbeats again is READY again (capacity
-    changed: the version is bumped); its lost attempts stay lost."""
+def heartbeat(session: Session, node_id: str) -> NodeStatus:
+    """Record a sign of life and commit; the node's status after it.
+
+    A READY node's heartbeat is one ``UPDATE ... RETURNING`` and one read of the cluster's
+    round. A LOST node that heartbeats again is READY again (capacity changed: the version is
+    bumped); its lost attempts stay lost. An unknown node is a 404."""
+    connection = session.connection()
+    now = utcnow()
+    beat = connection.execute(_BEAT, {"node": node_id, "now": now}).first()
+    if beat is not None:
+        round_ = _round(connection)
+        session.commit()
+        return NodeStatus(
+            id=node_id,
+            hostname=beat.hostname,
+            gpus=beat.gpus,
+            gpu_type=beat.gpu_type,
+            state="READY",
+            last_heartbeat_at=now,
+            registered_at=beat.registered_at,
+            current_round=round_.current,
+            round_ends_at=round_.ends_at,
+            state_version=round_.version,
+        )
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
-    node.last_heartbeat_at = utcnow()
-    if node.state != "READY":
-        node.state = "READY"
-        planning_hooks.bump_and_request(session, f"node {node_id} is back")
+    node.last_heartbeat_at = now
+    node.state = "READY"
+    planning_hooks.bump_and_request(session, f"node {node_id} is back")
     session.add(node)
-    return node
+    session.commit()
+    return node_status(session, node)
 
 
 def node_status(session: Session, node: NodeRow) -> NodeStatus:
-    cluster = _cluster(session)
+    round_ = _round(session.connection())
     return NodeStatus(
         id=node.id,
         hostname=node.hostname,
@@ -102,43 +173,52 @@ def node_status(session: Session, node: NodeRow) -> NodeStatus:
         state="READY" if node.state == "READY" else "LOST",
         last_heartbeat_at=node.last_heartbeat_at,
         registered_at=node.registered_at,
-        current_round=cluster.current_round if cluster else -1,
-        round_ends_at=cluster.round_ends_at if cluster else None,
-        state_version=cluster.state_version if cluster else 0,
+        current_round=round_.current,
+        round_ends_at=round_.ends_at,
+        state_version=round_.version,
     )
+
+
+class Round(NamedTuple):
+    """The cluster's current round (-1 before the first), when it ends, its state version."""
+
+    current: int
+    ends_at: datetime | None
+    version: int
+
+
+def _round(connection: Connection) -> Round:
+    """Three columns of the cluster's row (not the policy's memory: hundreds of kB at scale)."""
+    return _as_round(connection.execute(_CLUSTER_ROUND).first())
+
+
+def _as_round(row: Any) -> Round:
+    if row is None or row.current_round is None:
+        return Round(-1, None, 0)
+    return Round(row.current_round, row.round_ends_at, row.state_version)
 
 
 def node_leases(session: Session, node_id: str, running: list[str]) -> NodeLeases:
     """The node's live leases of unfinished jobs, and the attempts it must stop."""
-    if session.get(NodeRow, node_id) is None:
+    connection = session.connection()
+    node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
+    if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
-    cluster = _cluster(session)
-    current = cluster.current_round if cluster else -1
-    rows = session.exec(
-        select(LeaseRow, JobRow)
-        .join(JobRow, col(JobRow.id) == col(LeaseRow.job_id))
-        .where(LeaseRow.node_id == node_id)
-        .where(
-            col(LeaseRow.state).in_(LIVE)
-            | (
-                col(LeaseRow.state).in_((LeaseState.REVOKED.value, LeaseState.LOST.value))
-                & (col(LeaseRow.round_index) >= current - STOP_ROUNDS)
-            )
-        )
-        .order_by(col(LeaseRow.round_index), col(LeaseRow.id))
-    ).all()
+    round_ = _as_round(node)
+    since = round_.current - STOP_ROUNDS
+    rows = connection.execute(_NODE_LEASES, {"node": node_id, "since": since}).all()
     leases = [
-        _lease_public(lease, job)
-        for lease, job in rows
-        if lease.state in LIVE and not JobState(job.state).terminal
+        _lease_public(row, node_id)
+        for row in rows
+        if row.state in LIVE and not JobState(row.job_state).terminal
     ]
     live = {lease.attempt_id for lease in leases}
-    stop = {lease.id for lease, _ in rows if lease.id not in live}
+    stop = {row.id for row in rows if row.id not in live}
     stop.update(attempt for attempt in running if attempt not in live)
     return NodeLeases(
         node=node_id,
-        current_round=current,
-        round_ends_at=cluster.round_ends_at if cluster else None,
+        current_round=round_.current,
+        round_ends_at=round_.ends_at,
         leases=leases,
         stop=sorted(stop),
     )
@@ -286,35 +366,30 @@ def _finish(session: Session, job: JobRow, target: JobState, reason: str, attemp
     planning_hooks.bump_and_request(session, f"job {job.id} {target.value.lower()}")
 
 
-def _lease_public(lease: LeaseRow, job: JobRow) -> LeasePublic:
-    directory = checkpoint_dir(job.id)
+def _lease_public(row: Any, node_id: str) -> LeasePublic:
+    """A lease as its agent sees it, from a row of :func:`node_leases`' query."""
+    directory = checkpoint_dir(row.job_id)
+    gpus = [int(g) for g in row.gpus]
     return LeasePublic(
-        attempt_id=lease.id,
-        job_id=job.id,
-        node=lease.node_id,
-        round_index=lease.round_index,
-        gpus=list(lease.gpus),
-        ends_at=lease.ends_at,
-        state=LeaseState(lease.state).value,
-        batch_size=job.batch_size,
+        attempt_id=row.id,
+        job_id=row.job_id,
+        node=node_id,
+        round_index=row.round_index,
+        gpus=gpus,
+        ends_at=row.ends_at,
+        state=LeaseState(row.state).value,
+        batch_size=row.batch_size,
         checkpoint_dir=directory,
         env={
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in lease.gpus),
-            "SHOCKWAVE_JOB_ID": job.id,
-            "SHOCKWAVE_ATTEMPT_ID": lease.id,
-            "SHOCKWAVE_BATCH_SIZE": str(job.batch_size),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            "SHOCKWAVE_JOB_ID": row.job_id,
+            "SHOCKWAVE_ATTEMPT_ID": row.id,
+            "SHOCKWAVE_BATCH_SIZE": str(row.batch_size),
             "SHOCKWAVE_CHECKPOINT_DIR": directory,
         },
-        command=list(job.command),
-        image=job.image,
+        command=list(row.command),
+        image=row.image,
     )
-
-
-def _cluster(session: Session) -> ClusterRow | None:
-    """The cluster's row without the policy's memory (hundreds of kB at scale, read on every
-    poll)."""
-    state = cast("QueryableAttribute[Any]", ClusterRow.policy_state)
-    return session.get(ClusterRow, CLUSTER, options=(defer(state),))
 
 
 def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTokenPublic:

@@ -152,22 +152,30 @@ TOKENS: TtlCache[Principal] = TtlCache(ttl_s=10.0)
 working for up to 10 s)."""
 
 
-def authenticate(request: Request, session: Session, open_mode: bool) -> Principal:
+def bearer_digest(request: Request, open_mode: bool) -> str | None:
+    """The hash of the request's bearer token; None for an open-mode request from this machine
+    without one (an admin); 401 otherwise. No I/O, so the event loop may call it."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
         if open_mode and _local(request):
-            return OPEN
+            return None
         raise HTTPException(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
     if scheme.lower() != "bearer" or not token.strip():
         raise HTTPException(
             401, "expected 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"}
         )
-    digest = hash_token(token.strip())
-    cache_key = (id(session.get_bind()), digest)
-    cached = TOKENS.get(cache_key)
-    if cached is not None:
-        return cached
+    return hash_token(token.strip())
+
+
+def cached_principal(session: Session, digest: str) -> Principal | None:
+    """The principal of a token this process has seen in the last 10 s, if any (no I/O)."""
+    return TOKENS.get((id(session.get_bind()), digest))
+
+
+def stored_principal(session: Session, digest: str) -> Principal:
+    """The principal of the token hashed to ``digest``, read from the database (and cached);
+    401 when no such token exists."""
     row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None:
         raise HTTPException(401, "unknown or revoked token", {"WWW-Authenticate": "Bearer"})
@@ -179,7 +187,7 @@ def authenticate(request: Request, session: Session, open_mode: bool) -> Princip
         job_id=row.job_id,
         attempt_id=row.attempt_id,
     )
-    TOKENS.put(cache_key, principal)
+    TOKENS.put((id(session.get_bind()), digest), principal)
     return principal
 
 

@@ -1,39 +1,60 @@
-"""Typed dependencies injected into routes: the session, the settings, the caller."""
+"""Typed dependencies injected into routes: the session, the settings, the caller.
+
+They are ``async`` and do no blocking I/O on the event loop, so that a request makes one trip
+to the thread pool (its route, which does the database work), not one per dependency: each trip
+costs a thread handoff, a large share of a cheap request's CPU (docs/reliability.md, "Load").
+The two that may touch the database hand that part to the thread pool themselves: reading a
+token not in the cache, and closing a session that still holds a connection.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
-from api.auth import Principal, authenticate
+from api.auth import OPEN, Principal, bearer_digest, cached_principal, stored_principal
 from api.ratelimit import RateLimiter
 from api.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with Session(request.app.state.engine) as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A session for the request. Opening one does no I/O (it connects on first use); closing
+    one that holds a connection rolls back and returns it to the pool, in the thread pool."""
+    session = Session(request.app.state.engine)
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+async def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
     """The authenticated caller, within its rate limit: its token's bucket, or its client IP's
     when it has no valid token (so guessing tokens is throttled too). Admins are not limited
     unless ``rate_limit_admin``. Over the limit: 429 with Retry-After, before any work."""
     limiter: RateLimiter = request.app.state.rate_limiter
     try:
-        principal = authenticate(request, session, settings.open_mode)
+        digest = bearer_digest(request, settings.open_mode)
+        known = OPEN if digest is None else cached_principal(session, digest)
+        if known is None:
+            assert digest is not None
+            known = await run_in_threadpool(stored_principal, session, digest)
+        principal = known
     except HTTPException:
         _throttle(limiter, f"ip:{request.client.host if request.client else ''}", "address")
         raise

@@ -18,7 +18,8 @@ What runs (see docs/reliability.md, "Load"):
   the agents have registered, so leases really exist, are extended and revoked. With ``--solver
   none`` no solver consumes the plan requests and every round comes from the driver's greedy
   fallback; ``--solver inline`` plans inside the driver process;
-- ``--procs`` load-generator processes (asyncio + httpx, keep-alive) sharing the work:
+- ``--procs`` load-generator processes (uvloop + bench/wire.py's lean keep-alive client: httpx
+  cost the generator more CPU than the servers spent) sharing the work:
   ``--agents`` agents, each doing what agent/loop.py does per contact every ``--interval``
   seconds (+-10 % jitter): deliver its reports, heartbeat, poll its leases, start what is new
   (a job token, then a ``started`` report), report ``running`` on an extension and
@@ -58,9 +59,11 @@ from typing import Any
 
 import httpx
 import redis
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from bench import wire
 from bench.api import SHOCKWAVE, cpu_seconds, free_port, postgres_database, quantile
 
 HOST = "127.0.0.1"
@@ -143,7 +146,7 @@ class Caller:
     by every caller of a generator process (creating a client per caller would cost the
     generator more CPU than its requests); each caller sends its own token."""
 
-    http: httpx.AsyncClient
+    http: wire.Client
     headers: dict[str, str]
 
 
@@ -157,12 +160,7 @@ class Generator:
         self.attempts: dict[str, Attempt] = {}
         """Every attempt any of this shard's agents runs, by attempt id (for the events)."""
         self.epochs: dict[str, int] = {}
-        connections = len(shard.agents) + 64
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self.clients = [
-            httpx.AsyncClient(base_url=api, timeout=REQUEST_TIMEOUT_S, limits=limits)
-            for api in shard.apis
-        ]
+        self.clients = [wire.Client(api, REQUEST_TIMEOUT_S) for api in shard.apis]
 
     def caller(self, index: int, token: str) -> Caller:
         """The ``index``-th caller's connection (callers are spread over the APIs)."""
@@ -171,7 +169,7 @@ class Generator:
 
     async def call(
         self, caller: Caller, endpoint: str, method: str, path: str, **kwargs: Any
-    ) -> httpx.Response | None:
+    ) -> wire.Response | None:
         """One request, timed and recorded; the response if it was a 2xx, else None. None,
         unsent and unrecorded, once the run is over (a stalled server would otherwise keep a
         contact's chain of requests going for minutes)."""
@@ -186,7 +184,7 @@ class Generator:
             response = await caller.http.request(method, path, headers=headers, **kwargs)
             if not response.is_success:
                 error = f"HTTP {response.status_code}"
-        except httpx.HTTPError as failure:
+        except wire.TransportError as failure:
             error = type(failure).__name__
         elapsed = time.perf_counter() - clock
         self.log.samples[endpoint].append((started - self.shard.measure_at, elapsed, error))
@@ -430,7 +428,7 @@ def booted(_: int) -> int:
 def run_shard(shard: Shard) -> ShardLog:
     """A generator process's entry point (picklable results only)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    log = asyncio.run(Generator(shard).run())
+    log = uvloop.run(Generator(shard).run())
     log.samples = dict(log.samples)
     return log
 
@@ -593,6 +591,31 @@ def summarize(logs: Sequence[ShardLog], window_s: float) -> list[EndpointFigures
     return rows
 
 
+def timeline(logs: Sequence[ShardLog], window_s: float) -> list[dict[str, float]]:
+    """Per second of the window (by start time), every endpoint together: requests, errors,
+    p99 and max latency of the successful ones: when the slow requests happened (a round
+    boundary, a checkpoint of the database), which the whole-window figures hide."""
+    seconds: dict[int, list[tuple[float, str]]] = defaultdict(list)
+    for log in logs:
+        for samples in log.samples.values():
+            for start, elapsed, error in samples:
+                if 0.0 <= start < window_s:
+                    seconds[int(start)].append((elapsed, error))
+    rows = []
+    for second in sorted(seconds):
+        latencies = sorted(elapsed for elapsed, error in seconds[second] if not error)
+        rows.append(
+            {
+                "second": float(second),
+                "requests": float(len(seconds[second])),
+                "errors": float(sum(1 for _, error in seconds[second] if error)),
+                "p99_ms": 1000 * quantile(latencies, 0.99),
+                "max_ms": 1000 * (latencies[-1] if latencies else float("nan")),
+            }
+        )
+    return rows
+
+
 def figures_table(rows: Sequence[EndpointFigures]) -> Table:
     table = Table()
     columns = ("endpoint", "requests", "errors", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms")
@@ -750,6 +773,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         busy = (busy_after[0] - busy_before[0]) / max(1.0, busy_after[1] - busy_before[1])
         return {
             "endpoints": [asdict(r) for r in summarize(shard_logs, window)],
+            "timeline": timeline(shard_logs, window),
             "generator_lag_ms": {
                 "p50": 1000 * quantile(lag, 0.5),
                 "p99": 1000 * quantile(lag, 0.99),
@@ -856,6 +880,9 @@ def report(record: dict[str, Any]) -> None:
         f"events skipped (no running job) {record['skipped_events']}, {record['rounds']}",
         highlight=False,
     )
+    worst = sorted(record["timeline"], key=lambda row: -row["p99_ms"])[:5]
+    slow = ", ".join(f"{row['second']:.0f} s: {row['p99_ms']:.0f} ms" for row in worst)
+    console.print(f"slowest seconds of the window (p99): {slow}", highlight=False)
 
 
 if __name__ == "__main__":

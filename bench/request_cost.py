@@ -85,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         database_url = stack.enter_context(postgres_database(args.postgres))
         tokens = prepare(database_url, agents=1)
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shockwave-cost-")))
-        env = service_env(database_url, "redis://127.0.0.1:6379/15", None)
+        # One client sends hundreds of requests a second on one token: no rate limit here.
+        env = service_env(
+            database_url, "redis://127.0.0.1:6379/15", None, SHOCKWAVE_RATE_LIMIT_PER_S="0"
+        )
         port = free_port()
         server = stack.enter_context(started("api", api_argv(port, []), env, logs, None))
         base = f"http://{HOST}:{port}"

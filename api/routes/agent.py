@@ -72,9 +72,7 @@ def heartbeat(
     """A sign of life; send one every few seconds. A node silent for the round driver's TTL is
     marked LOST and its jobs go back to the queue."""
     node_id = agent.acting_node(principal, data.node if data else None)
-    node = agent.heartbeat(session, node_id)
-    session.commit()
-    return agent.node_status(session, node)
+    return agent.heartbeat(session, node_id)
 
 
 @router.get(
@@ -109,7 +107,9 @@ def leases(
     """The leases the node must run now and the attempts it must stop."""
     node_id = agent.acting_node(principal, node)
     attempts = [a for a in (running or "").split(",") if a]
-    return agent.node_leases(session, node_id, attempts)
+    answer = agent.node_leases(session, node_id, attempts)
+    session.commit()  # ends the read in this thread (see api.deps: no thread hop to close)
+    return answer
 
 
 @router.post(

@@ -493,7 +493,10 @@ def test_the_live_server_limits_chunked_and_lying_bodies(database: Database) -> 
             healthy = http.get("/healthz")
 
     assert_problem(chunked, 413, path="/v1/jobs")
-    assert lying.startswith(b"HTTP/1.1 422"), lying[:200]
+    # The server reads only the declared 60 bytes: uvicorn on h11 answers them (422, not
+    # JSON); on httptools the bytes after them are an invalid request and it answers 400 and
+    # closes. Either way nothing past the declared length reaches the app.
+    assert lying.startswith((b"HTTP/1.1 422", b"HTTP/1.1 400")), lying[:200]
     assert healthy.status_code == 200
     assert count(database, "SELECT count(*) FROM jobs") == 0
 
