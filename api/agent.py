@@ -94,6 +94,18 @@ _NODE_LEASES = (
     .order_by(LEASES.c.round_index, LEASES.c.id)
 )
 """A node's live leases with their jobs, and its attempts revoked or lost since a round."""
+_ATTEMPT = (
+    select(
+        LEASES.c.state,
+        LEASES.c.node_id,
+        LEASES.c.ends_at,
+        JOBS.c.id.label("job_id"),
+        JOBS.c.state.label("job_state"),
+    )
+    .join(JOBS, JOBS.c.id == LEASES.c.job_id)
+    .where(LEASES.c.id == bindparam("attempt"))
+)
+"""An attempt's lease and its job's state, read without locks."""
 
 
 def acting_node(principal: Principal, requested: str | None) -> str:
@@ -262,9 +274,15 @@ def report_status(
       checkpoint, else PENDING).
     - a lost attempt's reports are all refused: its job has already gone back to the queue.
 
-    Locks the job, then the lease (then the cluster row, when the version is bumped): the
-    order the round driver takes them in.
+    A report that changes nothing (``running`` from an attempt already RUNNING, as every agent
+    sends for each lease a new round extends; ``started`` again) is answered from a read
+    without locks: :func:`_settled`. Any other locks the job, then the lease (then the cluster
+    row, when the version is bumped): the order the round driver takes them in.
     """
+    require(principal, Role.AGENT, Role.ADMIN)
+    settled = _settled(session, principal, attempt_id, report)
+    if settled is not None:
+        return ReportOutcome(status=settled)
     job_id = visible_lease(session, principal, attempt_id).job_id
     job = session.get(JobRow, job_id, with_for_update=True, populate_existing=True)
     lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
@@ -281,6 +299,34 @@ def report_status(
         stop=stop or refused is not None,
     )
     return ReportOutcome(status=status, refused=refused)
+
+
+def _settled(
+    session: Session, principal: Principal, attempt_id: str, report: LeaseStatusReport
+) -> LeaseStatusPublic | None:
+    """The answer to a ``started`` or ``running`` report that would change nothing: the lease
+    is already in that state (or past ``started``) and its job RUNNING. None otherwise (the
+    locking path decides, and answers an attempt the caller may not see with a 404). Were a
+    revoke to commit just after this read, the answer is the one the report would have got
+    just before it; the agent's next poll lists the attempt in ``stop``."""
+    if report.state not in ("started", "running"):
+        return None
+    row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
+    if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
+        return None
+    done: tuple[str, ...] = (LeaseState.RUNNING.value,)
+    if report.state == "started":
+        done = (LeaseState.STARTED.value, LeaseState.RUNNING.value)
+    if row.state not in done or row.job_state != JobState.RUNNING.value:
+        return None
+    return LeaseStatusPublic(
+        attempt_id=attempt_id,
+        job_id=row.job_id,
+        state=LeaseState(row.state).value,
+        job_state=JobState.RUNNING,
+        ends_at=row.ends_at,
+        stop=False,
+    )
 
 
 def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
@@ -396,9 +442,11 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
     """A token scoped to the attempt's job and to the attempt itself, for its process; only
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
     Once the attempt is fenced the token's events are refused (:mod:`api.progress`)."""
-    lease = visible_lease(session, principal, attempt_id)
-    job = session.get(JobRow, lease.job_id)
-    if job is None or lease.state not in LIVE or JobState(job.state).terminal:
+    require(principal, Role.AGENT, Role.ADMIN)
+    row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
+    if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
+        raise Problem(404, "Not found", f"no attempt {attempt_id}")
+    if row.state not in LIVE or JobState(row.job_state).terminal:
         raise Problem(
             409,
             "Stale attempt",
@@ -407,6 +455,6 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
             attempt_id=attempt_id,
         )
     token = create_token(
-        session, Role.JOB, job_id=job.id, attempt_id=lease.id, name=f"attempt {lease.id}"
+        session, Role.JOB, job_id=row.job_id, attempt_id=attempt_id, name=f"attempt {attempt_id}"
     )
-    return JobTokenPublic(attempt_id=lease.id, job_id=job.id, token=token)
+    return JobTokenPublic(attempt_id=attempt_id, job_id=row.job_id, token=token)

@@ -10,9 +10,9 @@ pace from the reference trajectory: every ``epoch_seconds[batch size]`` of lease
 posts a progress event with the job token of its attempt (as the SDK would), a scaling event
 when the trajectory enters a new regime, and ``exited 0`` once the job's epochs are done.
 
-The whole fleet shares one HTTP connection pool, so 64 nodes cost one thread of the bench
-process. :class:`FleetLog` keeps what the agents saw: when each round first appeared in a
-poll answer (per node), request latencies by kind and errors.
+The whole fleet shares one pool of keep-alive connections (bench/wire.py), so 64 nodes cost one
+thread of the bench process. :class:`FleetLog` keeps what the agents saw: when each round first
+appeared in a poll answer (per node), request latencies by kind and errors.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from bench import wire
 from shockwave.model import Regime
 
 REQUEST_TIMEOUT_S = 10.0
@@ -114,20 +113,18 @@ class Fleet:
         self.heartbeat_s = heartbeat_s
         self.log = FleetLog()
         self.registered: set[str] = set()
-        self._client: httpx.AsyncClient | None = None
+        self._client: wire.Client | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every node (register, then heartbeat and poll) until ``stop`` is set."""
-        async with self._open() as client:
-            self._client = client
+        self._client = wire.Client(self.base_url, REQUEST_TIMEOUT_S)
+        try:
             await asyncio.gather(
                 *(self._node(n, t, i, stop) for i, (n, (t, _)) in enumerate(self.nodes.items()))
             )
-        self._client = None
-
-    def _open(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S, limits=limits)
+        finally:
+            await self._client.aclose()
+            self._client = None
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
         attempts: dict[str, Attempt] = {}
@@ -290,7 +287,7 @@ class Fleet:
                 params=params,
                 headers={"Authorization": f"Bearer {token}"},
             )
-        except httpx.HTTPError as error:
+        except wire.TransportError as error:
             self.log.errors[(kind, type(error).__name__)] += 1
             self.log.refused_last = False
             return None

@@ -178,6 +178,44 @@ def test_reports_drive_the_job_to_success_and_are_idempotent(
     assert states == ["PENDING", "RUNNING", "SUCCEEDED"]
 
 
+def test_a_report_that_changes_nothing_writes_nothing_and_is_still_scoped(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """``running`` on an extended lease already RUNNING (every agent sends one per lease and
+    round) is answered from a read without locks: the same answer, no row written. It is still
+    the caller's own attempt or a 404, and once the attempt must stop it is refused again."""
+    job, attempt = one_lease(client, tokens, database)
+    report(client, tokens.agent, attempt, "started")
+    first = report(client, tokens.agent, attempt, "running")
+    before = (lease_updated_at(database, attempt), event_count(database))
+
+    assert report(client, tokens.agent, attempt, "running") == first
+    assert report(client, tokens.agent, attempt, "started") == first, "no way back"
+    assert (lease_updated_at(database, attempt), event_count(database)) == before, "no write"
+
+    stranger = agent_token(database, "node-2")
+    register(client, stranger)
+    assert_problem(post_status(client, stranger, attempt, "running"), 404)
+
+    cancelled = client.post(f"/v1/jobs/{job}/cancel", headers=bearer(tokens.admin))
+    assert cancelled.status_code == 200
+    stale = post_status(client, tokens.agent, attempt, "running")
+    assert_problem(stale, 409)
+    assert stale.json()["stop"] is True
+
+
+def lease_updated_at(database: Database, attempt: str) -> Any:
+    (lease,) = [le for le in leases(database) if le.id == attempt]
+    return lease.updated_at
+
+
+def event_count(database: Database) -> int:
+    with Session(database.engine) as session:
+        return int(
+            session.connection().exec_driver_sql("SELECT count(*) FROM job_events").scalar_one()
+        )
+
+
 def test_a_nonzero_exit_fails_the_job(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
