@@ -29,8 +29,7 @@ test: venv
 	scripts/services.sh
 	$(BIN)/python -m pytest
 
-# The minutes-long runs `make test` leaves out (marker `slow`): the short chaos run and the
-# end-to-end runs of real training jobs under real agents (tests/e2e/test_training_e2e.py).
+# The runs `make test` leaves out (marker `slow`): the short chaos run (about a minute).
 test-slow: venv
 	scripts/services.sh
 	$(BIN)/python -m pytest -m slow

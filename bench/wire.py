@@ -101,6 +101,16 @@ class _Connection:
             await self.reader.readexactly(2)
 
 
+IDEMPOTENT = ("GET", "HEAD")
+"""Methods sent again on a fresh connection when a kept-alive one turns out closed."""
+
+
+def _answered(error: BaseException) -> bool:
+    """Whether part of an answer had come before ``error`` (then it is not a closed idle
+    connection, and the request is not sent again)."""
+    return isinstance(error, asyncio.IncompleteReadError) and bool(error.partial)
+
+
 class Client:
     """Keep-alive connections to the server at ``base_url`` (``http://host:port``)."""
 
@@ -138,9 +148,22 @@ class Client:
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         try:
             async with asyncio.timeout(self.timeout_s):
-                connection = self._reusable() or await self._connect()
+                reused = self._reusable()
+                connection = reused or await self._connect()
                 try:
                     response, reusable = await connection.exchange(request, method == "HEAD")
+                except (OSError, asyncio.IncompleteReadError) as error:
+                    connection.close()
+                    if reused is None or method not in IDEMPOTENT or _answered(error):
+                        raise
+                    # The server closed the kept-alive connection as we sent (its keep-alive
+                    # timeout): a request that changes nothing is sent once more, afresh.
+                    connection = await self._connect()
+                    try:
+                        response, reusable = await connection.exchange(request, method == "HEAD")
+                    except BaseException:
+                        connection.close()
+                        raise
                 except BaseException:
                     connection.close()
                     raise

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlmodel import Session, col, select
 
 from api.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
@@ -374,6 +373,16 @@ def check_loss_curve(name: str, attempts: list[Attempt], *, crashed: set[str]) -
         start = attempt.start
         if previous.attempt_id in crashed:
             assert last_epoch - 1 <= start["epoch"] <= last_epoch, (name, last_epoch, start)
+        elif previous.records[-1]["record"] == "finished":
+            # The job finished its last epoch just as a boundary moved it: the next attempt was
+            # leased before the exit was reported, found the final checkpoint and trained
+            # nothing (the job is SUCCEEDED once; fencing is checked from the server's side).
+            finished = previous.records[-1]
+            assert start["epoch"] == finished["epoch"] and not attempt.epochs, (
+                name,
+                finished,
+                attempt.records,
+            )
         else:
             stopped = previous.records[-1]
             assert stopped["record"] == "stopped", (name, stopped)
@@ -482,7 +491,6 @@ JOBS = [  # (mode, epochs, samples per epoch): a few rounds' work each, 6 jobs o
 ]
 
 
-@pytest.mark.slow
 def test_six_real_jobs_are_preempted_resumed_and_rescaled(tmp_path: Path) -> None:
     began = time.monotonic()
     with training(tmp_path) as run:
@@ -606,13 +614,11 @@ CRASH_JOBS = [
 ]
 
 
-@pytest.mark.slow
 def test_a_crashed_node_s_jobs_finish_on_the_other_node(tmp_path: Path) -> None:
     """The node dies: kill -9 of its agent and of every process the agent started."""
     node_dies(tmp_path, crash)
 
 
-@pytest.mark.slow
 def test_an_agent_killed_alone_leaves_no_job_running_unfenced(tmp_path: Path) -> None:
     """kill -9 of the agent process only (its process group): the jobs it started, in
     sessions of their own so that a restarted agent can re-attach to them, live on until their
