@@ -58,7 +58,7 @@ _BEAT = (
     update(NODES)
     .where(NODES.c.id == bindparam("node"), NODES.c.state == "READY")
     .values(last_heartbeat_at=bindparam("now"))
-    .returning(NODES.c.hostname, NODES.c.gpus, NODES.c.gpu_type, NODES.c.registered_at)
+    .returning(*NODES.c)
 )
 """A READY node's heartbeat; no row when the node is unknown or LOST."""
 _ROUND = (CLUSTERS.c.current_round, CLUSTERS.c.round_ends_at, CLUSTERS.c.state_version)
@@ -150,32 +150,23 @@ def heartbeat(session: Session, node_id: str) -> NodeStatus:
     now = utcnow()
     beat = connection.execute(_BEAT, {"node": node_id, "now": now}).first()
     if beat is not None:
-        round_ = _round(connection)
+        status = node_status(session, beat)
         session.commit()
-        return NodeStatus(
-            id=node_id,
-            hostname=beat.hostname,
-            gpus=beat.gpus,
-            gpu_type=beat.gpu_type,
-            state="READY",
-            last_heartbeat_at=now,
-            registered_at=beat.registered_at,
-            current_round=round_.current,
-            round_ends_at=round_.ends_at,
-            state_version=round_.version,
-        )
+        return status
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
     node.last_heartbeat_at = now
-    node.state = "READY"
-    planning_hooks.bump_and_request(session, f"node {node_id} is back")
+    if node.state != "READY":
+        node.state = "READY"
+        planning_hooks.bump_and_request(session, f"node {node_id} is back")
     session.add(node)
     session.commit()
     return node_status(session, node)
 
 
-def node_status(session: Session, node: NodeRow) -> NodeStatus:
+def node_status(session: Session, node: Any) -> NodeStatus:
+    """The node (an ORM row, or a Core row of the ``nodes`` table) with the cluster's round."""
     round_ = _round(session.connection())
     return NodeStatus(
         id=node.id,
@@ -236,14 +227,15 @@ def node_leases(session: Session, node_id: str, running: list[str]) -> NodeLease
     )
 
 
-def visible_lease(session: Session, principal: Principal, attempt_id: str) -> LeaseRow:
-    """The lease if the caller may act on it; else 404 (another node's attempts do not exist
-    for an agent)."""
+def visible_attempt(session: Session, principal: Principal, attempt_id: str) -> Any:
+    """The attempt's lease state, node and end, and its job's id and state, read without locks,
+    if the caller may act on it; else 404 (another node's attempts do not exist for an
+    agent)."""
     require(principal, Role.AGENT, Role.ADMIN)
-    lease = session.get(LeaseRow, attempt_id)
-    if lease is None or (principal.role is Role.AGENT and lease.node_id != principal.node):
+    row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
+    if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
         raise Problem(404, "Not found", f"no attempt {attempt_id}")
-    return lease
+    return row
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,12 +271,11 @@ def report_status(
     without locks: :func:`_settled`. Any other locks the job, then the lease (then the cluster
     row, when the version is bumped): the order the round driver takes them in.
     """
-    require(principal, Role.AGENT, Role.ADMIN)
-    settled = _settled(session, principal, attempt_id, report)
+    attempt = visible_attempt(session, principal, attempt_id)
+    settled = _settled(attempt_id, attempt, report)
     if settled is not None:
         return ReportOutcome(status=settled)
-    job_id = visible_lease(session, principal, attempt_id).job_id
-    job = session.get(JobRow, job_id, with_for_update=True, populate_existing=True)
+    job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
     lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
     if job is None or lease is None:
         raise Problem(404, "Not found", f"no attempt {attempt_id}")
@@ -301,18 +292,13 @@ def report_status(
     return ReportOutcome(status=status, refused=refused)
 
 
-def _settled(
-    session: Session, principal: Principal, attempt_id: str, report: LeaseStatusReport
-) -> LeaseStatusPublic | None:
-    """The answer to a ``started`` or ``running`` report that would change nothing: the lease
-    is already in that state (or past ``started``) and its job RUNNING. None otherwise (the
-    locking path decides, and answers an attempt the caller may not see with a 404). Were a
-    revoke to commit just after this read, the answer is the one the report would have got
-    just before it; the agent's next poll lists the attempt in ``stop``."""
+def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatusPublic | None:
+    """The answer to a ``started`` or ``running`` report that would change nothing, from the
+    attempt's unlocked ``row``: the lease is already in that state (or past ``started``) and
+    its job RUNNING. None otherwise (the locking path decides). Were a revoke to commit just
+    after the read, the answer is the one the report would have got just before it; the
+    agent's next poll lists the attempt in ``stop``."""
     if report.state not in ("started", "running"):
-        return None
-    row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
-    if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
         return None
     done: tuple[str, ...] = (LeaseState.RUNNING.value,)
     if report.state == "started":
@@ -442,10 +428,7 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
     """A token scoped to the attempt's job and to the attempt itself, for its process; only
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
     Once the attempt is fenced the token's events are refused (:mod:`api.progress`)."""
-    require(principal, Role.AGENT, Role.ADMIN)
-    row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
-    if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
-        raise Problem(404, "Not found", f"no attempt {attempt_id}")
+    row = visible_attempt(session, principal, attempt_id)
     if row.state not in LIVE or JobState(row.job_state).terminal:
         raise Problem(
             409,

@@ -170,7 +170,7 @@ def bearer_digest(request: Request, open_mode: bool) -> str | None:
 
 def cached_principal(session: Session, digest: str) -> Principal | None:
     """The principal of a token this process has seen in the last 10 s, if any (no I/O)."""
-    return TOKENS.get((id(session.get_bind()), digest))
+    return TOKENS.get(_cache_key(session, digest))
 
 
 def stored_principal(session: Session, digest: str) -> Principal:
@@ -187,8 +187,13 @@ def stored_principal(session: Session, digest: str) -> Principal:
         job_id=row.job_id,
         attempt_id=row.attempt_id,
     )
-    TOKENS.put((id(session.get_bind()), digest), principal)
+    TOKENS.put(_cache_key(session, digest), principal)
     return principal
+
+
+def _cache_key(session: Session, digest: str) -> tuple[int, str]:
+    """Tokens are cached per database (tests run several in one process)."""
+    return (id(session.get_bind()), digest)
 
 
 def _local(request: Request) -> bool:

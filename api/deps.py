@@ -50,11 +50,13 @@ async def get_principal(request: Request, session: SessionDep, settings: Setting
     limiter: RateLimiter = request.app.state.rate_limiter
     try:
         digest = bearer_digest(request, settings.open_mode)
-        known = OPEN if digest is None else cached_principal(session, digest)
-        if known is None:
-            assert digest is not None
-            known = await run_in_threadpool(stored_principal, session, digest)
-        principal = known
+        if digest is None:
+            principal = OPEN
+        else:
+            cached = cached_principal(session, digest)
+            if cached is None:
+                cached = await run_in_threadpool(stored_principal, session, digest)
+            principal = cached
     except HTTPException:
         _throttle(limiter, f"ip:{request.client.host if request.client else ''}", "address")
         raise

@@ -161,18 +161,30 @@ def api_server(database_url: str, port: int, log: Path) -> Iterator[subprocess.P
         redis.Redis.from_url(BENCH_BROKER_URL).flushdb()
 
 
-def wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_ready(
+    base_url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    name: str = "the API",
+    timeout_s: float = START_TIMEOUT_S,
+) -> None:
+    """Return once ``base_url``/readyz answers 200; RuntimeError, with the end of ``log``, if
+    ``process`` exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the API exited with {process.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{_tail(log)}")
         try:
             if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"the API did not become ready in {START_TIMEOUT_S:g} s:\n{log.read_text()}")
+    raise RuntimeError(f"{name} did not become ready in {timeout_s:g} s:\n{_tail(log)}")
+
+
+def _tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
 
 def admin_token(database_url: str) -> str:

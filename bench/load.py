@@ -57,7 +57,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
 import redis
 import uvloop
 from rich.console import Console
@@ -65,6 +64,7 @@ from rich.table import Table
 
 from bench import wire
 from bench.api import SHOCKWAVE, cpu_seconds, free_port, postgres_database, quantile
+from bench.api import wait_ready as wait_http_ready
 
 HOST = "127.0.0.1"
 REQUEST_TIMEOUT_S = 10.0
@@ -512,17 +512,7 @@ def started(
 
 
 def wait_ready(base_url: str, service: Process) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise RuntimeError(f"{service.name} exited:\n{service.log.read_text()}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{service.name} was not ready in {START_TIMEOUT_S:g} s")
+    wait_http_ready(base_url, service.process, service.log, service.name, START_TIMEOUT_S)
 
 
 def api_argv(port: int, extra: Sequence[str]) -> list[str]:

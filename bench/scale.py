@@ -69,7 +69,7 @@ from api.planning_hooks import bump_state_version
 from api.repository import create_job
 from api.schemas import JobCreate
 from api.tables import PlanRow, RoundRow
-from bench.api import free_port, postgres_database, quantile
+from bench.api import free_port, postgres_database, quantile, wait_ready
 from bench.scale_fleet import Fleet, TrainingJob
 from bench.scale_report import (
     RoundFigures,
@@ -300,20 +300,6 @@ def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, dict[str,
     return admin, agents
 
 
-def wait_ready(base_url: str, process: Process) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.popen.poll() is not None:
-            raise RuntimeError(f"{process.name} exited:\n{read_log(process.log)[-3000:]}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{process.name} did not become ready in {START_TIMEOUT_S:g} s")
-
-
 async def drive(
     fleet: Fleet,
     watcher: Watcher,
@@ -380,7 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         api = processes.start(
             "api", "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
         )
-        wait_ready(base_url, api)
+        wait_ready(base_url, api.popen, api.log, api.name, START_TIMEOUT_S)
         processes.start("worker", "worker", "--concurrency", "1", "--log-level", "info")
 
         began = time.perf_counter()
