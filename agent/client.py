@@ -13,7 +13,7 @@ holds the agent loop longer than the timeout. What failed is told apart:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -78,10 +78,35 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class LeasePoll:
-    """What the node must run (``leases``, by attempt id) and must stop (``stop``)."""
+    """What the node must run (``leases``, by attempt id) and must stop (``stop``).
+    From ``POST /v1/agent/poll``: ``reports``, the answer to each report sent, in order
+    (``{"attempt_id", "status", "stop", ...}``: ``status`` is what the report alone would have
+    got, 200, 404 or 409); ``tokens``, a job token for each lease not yet running when asked
+    for."""
 
     leases: dict[str, Lease]
     stop: frozenset[str]
+    reports: tuple[dict[str, Any], ...] = ()
+    tokens: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A report to deliver on ``attempt_id``; ``stop_requested`` (``exited`` only): the agent
+    had asked the process to stop, so its exit code is that stop, not a failure."""
+
+    attempt_id: str
+    state: ReportState
+    exit_code: int | None = None
+    stop_requested: bool = False
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"state": self.state}
+        if self.state == "exited":
+            body["exit_code"] = self.exit_code
+            if self.stop_requested:
+                body["stop_requested"] = True
+        return body
 
 
 def parse_time(text: str) -> float:
@@ -97,17 +122,9 @@ class AgentApi(Protocol):
 
     def register(self, machine: Machine, hostname: str) -> dict[str, Any]: ...
 
-    def heartbeat(self) -> dict[str, Any]: ...
-
-    def leases(self, running: list[str]) -> LeasePoll: ...
-
-    def report(
-        self,
-        attempt_id: str,
-        state: ReportState,
-        exit_code: int | None = None,
-        stop_requested: bool = False,
-    ) -> dict[str, Any]: ...
+    def poll(
+        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+    ) -> LeasePoll: ...
 
     def job_token(self, attempt_id: str) -> str: ...
 
@@ -140,36 +157,32 @@ class AgentClient:
         body = {"gpus": machine.gpus, "gpu_type": machine.gpu_type, "hostname": hostname}
         return self._call("POST", "/v1/agent/register", json=self._named(body))
 
-    def heartbeat(self) -> dict[str, Any]:
-        return self._call("POST", "/v1/agent/heartbeat", json=self._named({}))
-
-    def leases(self, running: list[str]) -> LeasePoll:
-        params = {"running": ",".join(running)}
-        if self.node is not None:
-            params["node"] = self.node
-        body = self._call("GET", "/v1/agent/leases", params=params)
+    def poll(
+        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+    ) -> LeasePoll:
+        """One contact in one request: deliver ``reports``, heartbeat (when ``heartbeat``),
+        tell the server what runs here and learn the leases (with a job token for each new
+        one, when ``tokens``)."""
+        body = self._named(
+            {
+                "heartbeat": heartbeat,
+                "tokens": tokens,
+                "reports": [{"attempt_id": r.attempt_id, **r.body()} for r in reports],
+                "running": running,
+            }
+        )
+        answer = self._call("POST", "/v1/agent/poll", json=body)
         try:
-            leases = [Lease.parse(item) for item in body["leases"]]
-            stop = frozenset(str(a) for a in body["stop"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ApiUnavailable(f"GET /v1/agent/leases: unexpected answer ({error!r})") from error
-        return LeasePoll(leases={lease.attempt_id: lease for lease in leases}, stop=stop)
-
-    def report(
-        self,
-        attempt_id: str,
-        state: ReportState,
-        exit_code: int | None = None,
-        stop_requested: bool = False,
-    ) -> dict[str, Any]:
-        """Report on an attempt; ``stop_requested`` (``exited`` only): the agent had asked the
-        process to stop, so its exit code is that stop, not a failure."""
-        body: dict[str, Any] = {"state": state}
-        if state == "exited":
-            body["exit_code"] = exit_code
-            if stop_requested:
-                body["stop_requested"] = True
-        return self._call("POST", f"/v1/agent/leases/{attempt_id}/status", json=body)
+            leases = [Lease.parse(item) for item in answer["leases"]]
+            stop = frozenset(str(a) for a in answer["stop"])
+            answers = tuple(dict(item) for item in answer["reports"])
+            minted = {str(k): str(v) for k, v in answer["tokens"].items()}
+            if len(answers) != len(reports):
+                raise ValueError(f"{len(answers)} report answers for {len(reports)} reports")
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ApiUnavailable(f"POST /v1/agent/poll: unexpected answer ({error!r})") from error
+        by_id = {lease.attempt_id: lease for lease in leases}
+        return LeasePoll(leases=by_id, stop=stop, reports=answers, tokens=minted)
 
     def job_token(self, attempt_id: str) -> str:
         return str(self._call("POST", f"/v1/agent/leases/{attempt_id}/token")["token"])

@@ -7,9 +7,11 @@ Each :meth:`Agent.step`:
    with its code); one asked to stop that outlives the grace period is killed; one whose lease
    ran out (``ends_at``, plus a little slack) without word of an extension is asked to stop.
 2. **Contact** (every poll interval; after failures, after the backoff's delay): register if
-   needed, deliver the reports owed, heartbeat when due, poll the leases (telling the server
-   what runs here) and reconcile: stop what is no longer leased or is listed in ``stop``,
-   extend what the next round keeps (same attempt id, new ``ends_at``), start what is new.
+   needed, then one ``POST /v1/agent/poll``: the reports owed, a heartbeat when due, what runs
+   here (the server answers what must stop) and the job tokens of new leases. Reconcile: stop
+   what is no longer leased or is listed in ``stop``, extend what the next round keeps (same
+   attempt id, new ``ends_at``), start what is new; a second poll at once acknowledges what
+   started (and delivers reports owed).
 3. **Persist** the state file when anything changed.
 
 Only the server's answers stop a job early; errors never do. While the server is unreachable
@@ -34,7 +36,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.client import AgentApi, ApiRefused, ApiUnavailable, Backoff, Lease, LeasePoll
+from agent.client import (
+    AgentApi,
+    ApiRefused,
+    ApiUnavailable,
+    Backoff,
+    Lease,
+    LeasePoll,
+    Report,
+)
 from agent.config import AgentConfig, RuntimeKind, safe_name
 from agent.liveness import Beacon
 from agent.runtime import Ended, Handle, Launch, Runtime
@@ -227,39 +237,47 @@ class Agent:
         self.next_contact = now + delay
 
     def exchange(self, now: float) -> None:
+        """Register if needed, then one poll: the reports owed, a heartbeat when due, what runs
+        here (the server answers what must stop; a new attempt listed there is acknowledged as
+        started), and a job token for each new lease. Reconcile; if that started something or
+        left reports owed, a second poll at once says so."""
         if not self.registered:
             node = self.client.register(self.config.machine, self.config.hostname)
             log.info("registered node %s: %s GPUs (%s)", node["id"], node["gpus"], node["gpu_type"])
             self.registered = True
             self.next_heartbeat = now + self.config.heartbeat_interval_s
-        self.flush_outbox()
-        if now >= self.next_heartbeat:
-            self.client.heartbeat()
+        beat = now >= self.next_heartbeat
+        poll = self.poll(heartbeat=beat, tokens=True)
+        if beat:
             self.next_heartbeat = now + self.config.heartbeat_interval_s
-        poll = self.client.leases(sorted(self.state.attempts))
-        self.reconcile(poll, now)
-        self.flush_outbox()
+        if self.reconcile(poll, now) or self.state.outbox:
+            self.poll(heartbeat=False, tokens=False)
 
     def flush_outbox(self) -> None:
-        """Deliver the reports owed, oldest first; stop at the first that cannot be sent."""
-        while self.state.outbox:
-            report = self.state.outbox[0]
-            try:
-                answer = self.client.report(
-                    report.attempt_id, report.state, report.exit_code, report.stop_requested
-                )
-                told_to_stop = bool(answer.get("stop"))
-            except ApiRefused as refused:
-                if not refused.stop and refused.status != 404:
-                    log.error("report %s refused: %s", report, refused)
-                told_to_stop = refused.stop
-            self.state.outbox.pop(0)
-            self.dirty = True
-            record = self.state.attempts.get(report.attempt_id)
-            if told_to_stop and record is not None:
-                self.request_stop(record, self.clock(), "the server says it must stop")
+        """Deliver the reports owed (a poll without heartbeat; its leases are left for the
+        next contact)."""
+        self.poll(heartbeat=False, tokens=False)
 
-    def reconcile(self, poll: LeasePoll, now: float) -> None:
+    def poll(self, heartbeat: bool, tokens: bool) -> LeasePoll:
+        """``POST /v1/agent/poll`` with the reports owed and the attempts running here. The
+        reports it answers leave the outbox; one answered ``stop`` stops its attempt (a 404,
+        an attempt the server does not know, is dropped, as is any refusal)."""
+        sent = list(self.state.outbox)
+        reports = [Report(r.attempt_id, r.state, r.exit_code, r.stop_requested) for r in sent]
+        poll = self.client.poll(sorted(self.state.attempts), reports, heartbeat, tokens)
+        del self.state.outbox[: len(sent)]
+        if sent:
+            self.dirty = True
+        for report, answer in zip(sent, poll.reports, strict=True):
+            if answer.get("status") not in (200, 404, 409):
+                log.error("report %s refused: %s", report, answer)
+            record = self.state.attempts.get(report.attempt_id)
+            if answer.get("stop") is True and record is not None:
+                self.request_stop(record, self.clock(), "the server says it must stop")
+        return poll
+
+    def reconcile(self, poll: LeasePoll, now: float) -> bool:
+        """Stop what must stop, note extensions, start what is new; whether it started any."""
         for record in list(self.state.attempts.values()):
             if record.stopping:
                 continue
@@ -270,13 +288,14 @@ class Agent:
                 self.request_stop(record, now, "it is no longer leased")
             elif lease.ends_at != record.ends_at:
                 record.ends_at = lease.ends_at
-                self.state.outbox.append(PendingReport(record.attempt_id, "running"))
                 self.dirty = True
+        started = False
         for lease in poll.leases.values():
             known = lease.attempt_id in self.state.attempts or lease.attempt_id in poll.stop
             if known or lease.attempt_id in self.state.finished or self.blocked(lease):
                 continue
-            self.launch(lease, now)
+            started |= self.launch(lease, now, poll.tokens.get(lease.attempt_id))
+        return started
 
     def blocked(self, lease: Lease) -> bool:
         """Whether a local attempt still holds the lease's job or one of its GPUs (it is
@@ -288,12 +307,13 @@ class Agent:
 
     # --- starting ------------------------------------------------------------------------
 
-    def launch(self, lease: Lease, now: float) -> None:
-        """Start ``lease``'s job. The record is saved before the process starts, so an agent
-        killed at any point finds it again (:meth:`reattach`)."""
-        token = self.job_token(lease)
+    def launch(self, lease: Lease, now: float, token: str | None) -> bool:
+        """Start ``lease``'s job with ``token`` (None: ask for one); whether it started. The
+        record is saved before the process starts, so an agent killed at any point finds it
+        again (:meth:`reattach`)."""
+        token = token or self.job_token(lease)
         if token is None:
-            return
+            return False
         checkpoint = self.checkpoint_dir(lease)
         checkpoint.mkdir(parents=True, exist_ok=True)
         folder = self.config.attempt_dir(lease.attempt_id)
@@ -312,7 +332,7 @@ class Agent:
         )
         if not lease.command:
             self.not_run(lease, now, "its job has no command")
-            return
+            return False
         docker = self.config.runtime == "docker" and lease.image is not None
         kind: RuntimeKind = "docker" if docker else "process"
         record = AttemptRecord(
@@ -330,7 +350,7 @@ class Agent:
         except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as error:
             del self.state.attempts[lease.attempt_id]
             self.not_run(lease, now, f"it could not start: {error}")
-            return
+            return False
         log.info(
             "started attempt %s of job %s on GPUs %s (%s %s)",
             lease.attempt_id,
@@ -339,9 +359,9 @@ class Agent:
             kind,
             record.handle.pid or record.handle.container,
         )
-        self.state.outbox.append(PendingReport(lease.attempt_id, "started"))
         self.dirty = True
         self.persist()
+        return True
 
     def watch(self) -> Watch | None:
         """What each job's wrapper watches to stop the job once this agent is gone."""

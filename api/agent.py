@@ -18,6 +18,8 @@ from sqlmodel import Session, SQLModel
 
 from api import planning_hooks
 from api.agent_schemas import (
+    AgentPoll,
+    AttemptReport,
     JobTokenPublic,
     LeasePublic,
     LeaseStatusPublic,
@@ -25,8 +27,10 @@ from api.agent_schemas import (
     NodeLeases,
     NodeRegister,
     NodeStatus,
+    PollAnswer,
+    ReportAnswer,
 )
-from api.auth import Principal, Role, create_token, require
+from api.auth import Principal, Role, add_token, require
 from api.errors import Problem
 from api.leases import (
     LIVE,
@@ -38,7 +42,7 @@ from api.leases import (
 )
 from api.repository import record_state
 from api.tables import JobRow, LeaseRow, NodeRow, utcnow
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import JobState, transition
 
 STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a
@@ -64,7 +68,7 @@ _BEAT = (
 _ROUND = (CLUSTERS.c.current_round, CLUSTERS.c.round_ends_at, CLUSTERS.c.state_version)
 _CLUSTER_ROUND = select(*_ROUND).where(CLUSTERS.c.id == CLUSTER)
 _NODE_ROUND = (
-    select(NODES.c.id, *_ROUND)
+    select(NODES.c.id, NODES.c.state, *_ROUND)
     .select_from(NODES.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER))
     .where(NODES.c.id == bindparam("node"))
 )
@@ -94,6 +98,29 @@ _NODE_LEASES = (
     .order_by(LEASES.c.round_index, LEASES.c.id)
 )
 """A node's live leases with their jobs, and its attempts revoked or lost since a round."""
+JOB_EVENTS = SQLModel.metadata.tables["job_events"]
+_LOCK_JOBS = (
+    select(JOBS.c.id, JOBS.c.state)
+    .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(JOBS.c.id)
+    .with_for_update()
+)
+_RUN_LEASES = (
+    update(LEASES)
+    .where(
+        LEASES.c.id.in_(bindparam("ids", expanding=True)),
+        LEASES.c.node_id == bindparam("node"),
+        LEASES.c.state.in_((LeaseState.ISSUED.value, LeaseState.STARTED.value)),
+    )
+    .values(state=LeaseState.RUNNING.value, updated_at=bindparam("now"))
+    .returning(LEASES.c.id, LEASES.c.job_id)
+)
+"""A node's live, not yet RUNNING leases among ``ids``, RUNNING (their jobs locked first)."""
+_RUN_JOBS = (
+    update(JOBS)
+    .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
+    .values(state=JobState.RUNNING.value, updated_at=bindparam("now"))
+)
 _ATTEMPT = (
     select(
         LEASES.c.state,
@@ -207,7 +234,12 @@ def node_leases(session: Session, node_id: str, running: list[str]) -> NodeLease
     node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
     if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
-    round_ = _as_round(node)
+    return _leases_of(connection, node_id, _as_round(node), running)
+
+
+def _leases_of(
+    connection: Connection, node_id: str, round_: Round, running: list[str]
+) -> NodeLeases:
     since = round_.current - STOP_ROUNDS
     rows = connection.execute(_NODE_LEASES, {"node": node_id, "since": since}).all()
     leases = [
@@ -225,6 +257,153 @@ def node_leases(session: Session, node_id: str, running: list[str]) -> NodeLease
         leases=leases,
         stop=sorted(stop),
     )
+
+
+def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) -> PollAnswer:
+    """One contact of an agent, in one request (``POST /v1/agent/poll``), committing as it
+    goes:
+
+    1. each report, in order, as :func:`report_status` applies it alone, in a transaction of
+       its own (a report refused or about an unknown attempt does not undo the others);
+    2. the heartbeat (unless ``data.heartbeat`` is false): :func:`heartbeat`;
+    3. the leases, as :func:`node_leases` reads them with ``data.running``; with
+       ``data.tokens``, also a new job token for each live lease not in ``running`` (the
+       agent is about to start it; :func:`job_token` mints one at a time);
+    4. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
+       ``started`` report is implied) becomes RUNNING through the locking path of a
+       ``running`` report; one refused there joins ``stop``.
+
+    It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
+    attempt that started or was extended: at a round boundary the requests of a whole cluster
+    fall from a few per lease to two per node (docs/reliability.md, "Load"). Agents that run
+    many attempts and are told nothing new pay for steps 2 and 3 only: one ``UPDATE ...
+    RETURNING`` and two reads.
+    """
+    reports = [_report_in_poll(session, principal, report) for report in data.reports]
+    if data.heartbeat:
+        status = heartbeat(session, node_id)
+        node_state = status.state
+        round_ = Round(status.current_round, status.round_ends_at, status.state_version)
+    else:
+        node = session.connection().execute(_NODE_ROUND, {"node": node_id}).first()
+        if node is None:
+            raise Problem(404, "Not found", f"no node {node_id}: register it first")
+        node_state = "READY" if node.state == "READY" else "LOST"
+        round_ = _as_round(node)
+    found = _leases_of(session.connection(), node_id, round_, data.running)
+    running = set(data.running)
+    tokens = {}
+    if data.tokens:
+        tokens = {
+            lease.attempt_id: _mint(session, lease.job_id, lease.attempt_id)
+            for lease in found.leases
+            if lease.attempt_id not in running
+        }
+    session.commit()
+    fresh = [
+        lease
+        for lease in found.leases
+        if lease.attempt_id in running and lease.state != LeaseState.RUNNING.value
+    ]
+    acked = _acknowledge(session, principal, node_id, fresh) if fresh else {}
+    leases: list[LeasePublic] = []
+    stop = set(found.stop)
+    for lease in found.leases:
+        if lease.attempt_id in acked:
+            state = acked[lease.attempt_id]
+            if state is None:
+                stop.add(lease.attempt_id)
+                continue
+            lease = lease.model_copy(update={"state": state})
+        leases.append(lease)
+    return PollAnswer(
+        node=node_id,
+        current_round=round_.current,
+        round_ends_at=round_.ends_at,
+        leases=leases,
+        stop=sorted(stop),
+        node_state=node_state,
+        state_version=round_.version,
+        reports=reports,
+        tokens=tokens,
+    )
+
+
+def _report_in_poll(session: Session, principal: Principal, report: AttemptReport) -> ReportAnswer:
+    """One report of a poll, applied and committed alone; what it would have got alone."""
+    attempt_id = report.attempt_id
+    try:
+        outcome = report_status(session, principal, attempt_id, report)
+        session.commit()
+    except Problem as problem:
+        session.rollback()
+        if problem.status != 404:
+            raise
+        return ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=problem.detail)
+    if outcome.refused is not None:
+        detail = f"{outcome.refused}: stop it"
+        return ReportAnswer(attempt_id=attempt_id, status=409, stop=True, detail=detail)
+    status = outcome.status
+    return ReportAnswer(attempt_id=attempt_id, status=200, stop=status.stop, lease=status)
+
+
+def _acknowledge(
+    session: Session, principal: Principal, node_id: str, fresh: list[LeasePublic]
+) -> dict[str, str | None]:
+    """A ``running`` report for each of ``fresh`` (leases a poll lists as running that are not
+    RUNNING yet), in one transaction: each lease's state after it, None for one that must stop
+    instead.
+
+    A round boundary brings every node its new attempts at once, so this is one statement per
+    step, not a report per lease: lock the jobs (in id order, then the leases: the round
+    driver's order, so a poll racing a boundary waits instead of deadlocking); move the live
+    leases of unfinished jobs to RUNNING; move their jobs that are not RUNNING yet to RUNNING,
+    with a state event each, as :func:`_run` does. Any other lease (revoked, lost or stopped
+    meanwhile, or its job finished) takes :func:`report_status`'s path, which refuses it."""
+    connection = session.connection()
+    now = utcnow()
+    job_ids = sorted({lease.job_id for lease in fresh})
+    jobs = {row.id: row.state for row in connection.execute(_LOCK_JOBS, {"ids": job_ids})}
+    running = {job_id for job_id, state in jobs.items() if not JobState(state).terminal}
+    wanted = [lease.attempt_id for lease in fresh if lease.job_id in running]
+    moved = {
+        row.id: row.job_id
+        for row in connection.execute(_RUN_LEASES, {"ids": wanted, "node": node_id, "now": now})
+    }
+    states: dict[str, str | None] = dict.fromkeys(moved, LeaseState.RUNNING.value)
+    started: dict[str, str] = {}
+    for attempt_id, job_id in sorted(moved.items()):
+        if jobs[job_id] != JobState.RUNNING.value and job_id not in started:
+            transition(JobState(jobs[job_id]), JobState.RUNNING)
+            started[job_id] = attempt_id
+    if started:
+        connection.execute(_RUN_JOBS, {"ids": sorted(started), "now": now})
+        connection.execute(
+            JOB_EVENTS.insert(),
+            [
+                {
+                    "job_id": job_id,
+                    "kind": "state",
+                    "payload": {"from": jobs[job_id], "to": JobState.RUNNING.value},
+                    "reason": f"attempt {attempt_id} started on {node_id}",
+                    "created_at": now,
+                }
+                for job_id, attempt_id in sorted(started.items())
+            ],
+        )
+    report = LeaseStatusReport(state="running")
+    try:
+        for lease in fresh:
+            if lease.attempt_id in moved:
+                continue
+            outcome = report_status(session, principal, lease.attempt_id, report)
+            refused = outcome.refused is not None or outcome.status.stop
+            states[lease.attempt_id] = None if refused else outcome.status.state
+    except Problem:
+        session.rollback()
+        return {}
+    session.commit()
+    return states
 
 
 def visible_attempt(session: Session, principal: Principal, attempt_id: str) -> Any:
@@ -437,7 +616,13 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
             stop=True,
             attempt_id=attempt_id,
         )
-    token = create_token(
-        session, Role.JOB, job_id=row.job_id, attempt_id=attempt_id, name=f"attempt {attempt_id}"
-    )
+    token = _mint(session, row.job_id, attempt_id)
+    session.commit()
     return JobTokenPublic(attempt_id=attempt_id, job_id=row.job_id, token=token)
+
+
+def _mint(session: Session, job_id: str, attempt_id: str) -> str:
+    """A new token for attempt ``attempt_id`` of job ``job_id`` (stored hashed, not committed:
+    the caller commits once for all it mints)."""
+    name = f"attempt {attempt_id}"
+    return add_token(session, Role.JOB, job_id=job_id, attempt_id=attempt_id, name=name)

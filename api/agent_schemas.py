@@ -27,6 +27,10 @@ ExitCode = Annotated[int, Field(ge=-(2**31), le=INT4_MAX)]
 
 AttemptIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]
 """An attempt (lease) id as a path segment: bounded and without NUL."""
+AttemptId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]
+"""An attempt (lease) id in a body: bounded and without NUL."""
+POLL_ITEMS_MAX = 1024
+"""The most attempts (running, or reported on) one poll may carry: far more than a node's GPUs."""
 
 LeaseState = Literal["ISSUED", "STARTED", "RUNNING", "CHECKPOINTED", "EXITED", "REVOKED", "LOST"]
 
@@ -149,6 +153,64 @@ class LeaseStatusPublic(BaseModel):
     job_state: JobState
     ends_at: datetime
     stop: bool
+
+
+class AttemptReport(LeaseStatusReport):
+    """A :class:`LeaseStatusReport` on attempt ``attempt_id``, carried in a poll."""
+
+    attempt_id: AttemptId
+
+
+class AgentPoll(BaseModel):
+    """One contact of an agent (``POST /v1/agent/poll``): the reports it owes, in the order
+    they happened, and the attempts it runs now. ``heartbeat``: count the contact as a sign of
+    life (an agent that heartbeats less often than it polls sends false in between)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: NodeId | None = Field(default=None, description="Admins only: the node to act for.")
+    heartbeat: bool = True
+    tokens: bool = Field(
+        default=False,
+        description="Mint a job token for each live lease not listed in `running` (the agent "
+        "is about to start it), returned in `tokens`: it saves a token request per new lease. "
+        "A token the agent does not use dies with its attempt.",
+    )
+    reports: list[AttemptReport] = Field(default=[], max_length=POLL_ITEMS_MAX)
+    running: list[AttemptId] = Field(
+        default=[],
+        max_length=POLL_ITEMS_MAX,
+        description="Attempts whose processes are up on the node now. A live lease listed "
+        "here is RUNNING (the poll acknowledges its start and its extensions); any other comes "
+        "back in `stop`.",
+    )
+
+
+class ReportAnswer(BaseModel):
+    """What one report of a poll got: ``status`` is the HTTP status the same report sent on
+    its own (``POST /v1/agent/leases/{attempt_id}/status``) would have got (200, 404 or 409);
+    ``stop``: the attempt must stop; ``detail``: why, when refused; ``lease``: the attempt
+    and its job after the report (200 only)."""
+
+    attempt_id: str
+    status: int
+    stop: bool
+    detail: str | None = None
+    lease: LeaseStatusPublic | None = None
+
+
+class PollAnswer(NodeLeases):
+    """A poll's answer: what :class:`NodeLeases` says (run ``leases``, stop ``stop``), the
+    node's state after the contact, and an answer to each report, in order."""
+
+    node_state: Literal["READY", "LOST"]
+    state_version: int
+    reports: list[ReportAnswer]
+    tokens: dict[str, str] = Field(
+        default={},
+        description="Asked for with `tokens`: a new job token (SHOCKWAVE_TOKEN) for each live "
+        "lease the agent does not run yet, by attempt id. Shown once; stored hashed.",
+    )
 
 
 class JobTokenPublic(BaseModel):

@@ -121,8 +121,26 @@ def create_token(
     attempt_id: str | None = None,
     name: str = "",
 ) -> str:
-    """Store a new token (hashed) and return it; the plain token is never stored.
+    """Store a new token (hashed), commit, and return it; the plain token is never stored.
     ``attempt_id`` (job tokens only) ties the token to one attempt of the job."""
+    token = add_token(
+        session, role, tenant=tenant, node=node, job_id=job_id, attempt_id=attempt_id, name=name
+    )
+    session.commit()
+    return token
+
+
+def add_token(
+    session: Session,
+    role: Role,
+    *,
+    tenant: str | None = None,
+    node: str | None = None,
+    job_id: str | None = None,
+    attempt_id: str | None = None,
+    name: str = "",
+) -> str:
+    """:func:`create_token` without the commit: the caller commits once for all it adds."""
     if role is Role.USER and not tenant:
         raise ValueError("a user token needs a tenant")
     if role is Role.AGENT and not node:
@@ -143,7 +161,6 @@ def create_token(
             name=name,
         )
     )
-    session.commit()
     return token
 
 

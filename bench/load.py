@@ -20,10 +20,12 @@ What runs (see docs/reliability.md, "Load"):
   fallback; ``--solver inline`` plans inside the driver process;
 - ``--procs`` load-generator processes (uvloop + bench/wire.py's lean keep-alive client: httpx
   cost the generator more CPU than the servers spent) sharing the work:
-  ``--agents`` agents, each doing what agent/loop.py does per contact every ``--interval``
-  seconds (+-10 % jitter): deliver its reports, heartbeat, poll its leases, start what is new
-  (a job token, then a ``started`` report), report ``running`` on an extension and
-  ``checkpointed`` when a lease goes; a simulated job exits 0 after 60-180 s of running. Plus
+  ``--agents`` agents, each doing what agent/loop.py does per contact, one ``--interval``
+  (+-10 % jitter) after its previous contact began: one ``POST /v1/agent/poll`` (the reports
+  owed, a heartbeat, the attempts it runs, job tokens for new leases), then start what is new,
+  note extensions, report ``checkpointed`` when a lease goes, and, when that started something
+  or owes reports, a second poll at once (no heartbeat; it acknowledges the new attempts); a
+  simulated job exits 0 after 60-180 s of running. Plus
   open-loop job submissions (user token, ``Idempotency-Key``) and progress events (the job's own
   token, on jobs this process's agents run) at fixed rates.
 
@@ -240,13 +242,17 @@ class Generator:
             if due >= shard.end_at:
                 return
             await self.sleep_until(due)
+        began = time.time()
         while True:
+            # As agent/loop.py: the next contact is one interval after this one began (at
+            # once if this one took longer); a late agent does not send the contacts it missed.
             spread = JITTER * shard.interval_s
-            due += shard.interval_s + self.rng.uniform(-spread, spread)
+            due = began + shard.interval_s + self.rng.uniform(-spread, spread)
             if due >= shard.end_at:
                 return
             await self.sleep_until(due)
             self.late(due)
+            began = time.time()
             await self.contact(http, mine, outbox, finished)
 
     async def contact(
@@ -256,17 +262,13 @@ class Generator:
         outbox: list[tuple[str, dict[str, Any]]],
         finished: set[str],
     ) -> None:
-        """agent/loop.py's exchange: reports owed, heartbeat, poll, reconcile, reports."""
+        """agent/loop.py's exchange: one poll (reports owed, heartbeat, leases, what runs),
+        reconcile, and a second poll without heartbeat when that started something or owes
+        reports (it acknowledges the new attempts: they are RUNNING once it answers)."""
         await self.exits(mine, outbox, finished)
-        await self.flush(http, outbox)
-        await self.call(http, "heartbeat", "POST", "/v1/agent/heartbeat", json={})
-        running = ",".join(sorted(mine))
-        polled = await self.call(
-            http, "leases", "GET", "/v1/agent/leases", params={"running": running}
-        )
-        if polled is None:
+        poll = await self.poll(http, mine, outbox, heartbeat=True, tokens=True)
+        if poll is None:
             return
-        poll = polled.json()
         leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
         stop = set(poll["stop"])
         for attempt_id, attempt in list(mine.items()):
@@ -276,39 +278,66 @@ class Generator:
                 outbox.append((attempt_id, {"state": "checkpointed"}))
             elif lease["ends_at"] != attempt.ends_at:
                 attempt.ends_at = lease["ends_at"]
-                outbox.append((attempt_id, {"state": "running"}))
+        started = 0
+        tokens: dict[str, str] = poll["tokens"]
         for attempt_id, lease in leases.items():
             if attempt_id in mine or attempt_id in stop or attempt_id in finished:
                 continue
-            await self.start(http, lease, mine, outbox, finished)
-        await self.flush(http, outbox)
+            started += await self.start(http, lease, tokens.get(attempt_id), mine, finished)
+        if started or outbox:
+            await self.poll(http, mine, outbox, heartbeat=False, tokens=False)
+
+    async def poll(
+        self,
+        http: Caller,
+        mine: dict[str, Attempt],
+        outbox: list[tuple[str, dict[str, Any]]],
+        heartbeat: bool,
+        tokens: bool,
+    ) -> dict[str, Any] | None:
+        """``POST /v1/agent/poll`` with the reports owed (delivered once it answers) and the
+        attempts this agent runs; the answer, None if it failed (the reports wait)."""
+        reports = [{"attempt_id": attempt_id, **body} for attempt_id, body in outbox]
+        running = sorted(mine)
+        body = {"heartbeat": heartbeat, "tokens": tokens, "reports": reports, "running": running}
+        name = "poll" if heartbeat else "poll ack"
+        answer = await self.call(http, name, "POST", "/v1/agent/poll", json=body)
+        if answer is None:
+            return None
+        outbox.clear()
+        poll: dict[str, Any] = answer.json()
+        return poll
 
     async def start(
         self,
         http: Caller,
         lease: dict[str, Any],
+        token: str | None,
         mine: dict[str, Attempt],
-        outbox: list[tuple[str, dict[str, Any]]],
         finished: set[str],
-    ) -> None:
+    ) -> int:
+        """Start a new lease's simulated process with its job token (the poll's, else one
+        asked for): 1 if it started."""
         attempt_id = str(lease["attempt_id"])
-        path = f"/v1/agent/leases/{attempt_id}/token"
-        answer = await self.call(http, "token", "POST", path)
-        if answer is None:
-            finished.add(attempt_id)
-            return
+        if token is None:
+            path = f"/v1/agent/leases/{attempt_id}/token"
+            answer = await self.call(http, "token", "POST", path)
+            if answer is None:
+                finished.add(attempt_id)
+                return 0
+            token = str(answer.json()["token"])
         job_id = str(lease["job_id"])
         attempt = Attempt(
             job_id=job_id,
             ends_at=str(lease["ends_at"]),
-            token=str(answer.json()["token"]),
+            token=token,
             exits_at=time.time() + self.rng.uniform(*JOB_RUN_S),
             epochs=self.epochs.get(job_id, 0),
         )
         mine[attempt_id] = attempt
         self.attempts[attempt_id] = attempt
-        outbox.append((attempt_id, {"state": "started"}))
         self.log.leases_started += 1
+        return 1
 
     async def exits(
         self,
@@ -332,12 +361,6 @@ class Generator:
             attempt.exiting = True
         self.attempts.pop(attempt_id, None)
         finished.add(attempt_id)
-
-    async def flush(self, http: Caller, outbox: list[tuple[str, dict[str, Any]]]) -> None:
-        while outbox:
-            attempt_id, body = outbox.pop(0)
-            path = f"/v1/agent/leases/{attempt_id}/status"
-            await self.call(http, "report", "POST", path, json=body)
 
     # - submissions and events -
 
@@ -567,7 +590,8 @@ def figures(
     )
 
 
-ENDPOINTS = ("register", "heartbeat", "leases", "report", "token", "submit", "event")
+ENDPOINTS = ("register", "poll", "poll ack", "token", "submit", "event")
+"""``poll ack``: the second poll of a contact that started something or owes reports."""
 
 
 def summarize(logs: Sequence[ShardLog], window_s: float) -> list[EndpointFigures]:
@@ -738,7 +762,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 "--node-ttl",
                 str(NODE_TTL_S),
                 "--log-level",
-                "warning",
+                "info",
             ]
             driver = stack.enter_context(started("driver", argv, driver_env, logs, args.tree))
         measure_at = plan[0].measure_at

@@ -112,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda: client.post("/v1/agent/heartbeat", json={}, headers=agent),
             ),
             ("GET /v1/agent/leases", lambda: client.get("/v1/agent/leases", headers=agent)),
+            (
+                "POST /v1/agent/poll (a heartbeat and the leases)",
+                lambda: client.post("/v1/agent/poll", json={}, headers=agent),
+            ),
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
         ]

@@ -1,8 +1,10 @@
 """Simulated node agents and training programs for ``bench/scale.py``, on one asyncio loop.
 
-Each node is one coroutine speaking the agent protocol of ``/v1/agent`` the way the real agent
-does (``agent/loop.py``), but for heartbeats (every ``heartbeat_s``, on a timer of their own
-rather than between polls, see :meth:`Fleet._heartbeats`): poll leases every ``poll_s`` telling
+Each node is one coroutine speaking the agent protocol of ``/v1/agent`` through the endpoints
+that answer one question each (the real agent, ``agent/loop.py``, sends a whole contact as one
+``POST /v1/agent/poll``: this fleet asks the API for more requests than real agents would), and
+heartbeats every ``heartbeat_s`` on a timer of their own (see :meth:`Fleet._heartbeats`): poll
+leases every ``poll_s`` telling
 the server which attempts run here, report ``started`` for a new attempt, ``running`` when a
 lease is extended (its ``ends_at`` moved), ``checkpointed`` for an attempt that is no longer
 leased or is listed in ``stop``. Instead of a process, each attempt "trains" at the job's true

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Query
 
 from api import agent
 from api.agent_schemas import (
+    AgentPoll,
     AttemptIdPath,
     JobTokenPublic,
     LeaseStatusPublic,
@@ -20,6 +21,7 @@ from api.agent_schemas import (
     NodeLeases,
     NodeRegister,
     NodeStatus,
+    PollAnswer,
 )
 from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep
@@ -110,6 +112,24 @@ def leases(
     answer = agent.node_leases(session, node_id, attempts)
     session.commit()  # ends the read in this thread (see api.deps: no thread hop to close)
     return answer
+
+
+@router.post(
+    "/poll",
+    response_model=PollAnswer,
+    responses=PROBLEMS,
+    summary="Poll: reports, heartbeat and leases in one request",
+    openapi_extra=AGENTS,
+)
+def poll(data: AgentPoll, session: SessionDep, principal: CurrentPrincipal) -> PollAnswer:
+    """What an agent does each contact, in one round trip: deliver its ``reports`` (each
+    answered as its own status report would be, in ``reports``), heartbeat (unless
+    ``heartbeat`` is false), and learn the leases to run and the attempts to stop. A live lease
+    listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
+    ``running`` report would otherwise say. The agent's own loop uses this; the separate
+    heartbeat, leases and status endpoints answer the same questions one at a time."""
+    node_id = agent.acting_node(principal, data.node)
+    return agent.poll(session, principal, node_id, data)
 
 
 @router.post(

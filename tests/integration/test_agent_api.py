@@ -506,3 +506,114 @@ def test_stop_requested_goes_with_exited_only(
             headers=bearer(tokens.agent),
         )
         assert_problem(response, 422, field="stop_requested")
+
+
+def contact(client: TestClient, token: str, **body: Any) -> dict[str, Any]:
+    """``POST /v1/agent/poll``: a whole contact of an agent in one request."""
+    response = client.post("/v1/agent/poll", json=body, headers=bearer(token))
+    assert response.status_code == 200, response.json()
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def test_one_poll_acknowledges_a_started_attempt_and_heartbeats(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Listing a new lease in ``running`` is its start: the lease is RUNNING and so is the job,
+    without a ``started`` report. Listing it again writes nothing."""
+    job, attempt = one_lease(client, tokens, database)
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None
+        beat_before = node.last_heartbeat_at
+
+    first = contact(client, tokens.agent)
+    ((lease,), stop) = (first["leases"], first["stop"])
+    assert (lease["attempt_id"], lease["state"], stop) == (attempt, "ISSUED", [])
+    assert (first["node_state"], first["current_round"], first["reports"]) == ("READY", 0, [])
+
+    started = contact(client, tokens.agent, running=[attempt])
+    assert [(le["attempt_id"], le["state"]) for le in started["leases"]] == [(attempt, "RUNNING")]
+    assert started["stop"] == []
+    assert job_state(database, job) == "RUNNING"
+    events = client.get(f"/v1/jobs/{job}/events", headers=bearer(tokens.admin)).json()["items"]
+    state_events = [e for e in events if e["kind"] == "state"]
+    assert [e["payload"]["to"] for e in state_events] == ["PENDING", "RUNNING"]
+    assert state_events[-1]["payload"]["from"] == "PENDING"
+    assert state_events[-1]["reason"] == f"attempt {attempt} started on {NODE}"
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None and node.last_heartbeat_at is not None
+        assert beat_before is not None and node.last_heartbeat_at > beat_before
+
+    before = (lease_updated_at(database, attempt), event_count(database))
+    again = contact(client, tokens.agent, running=[attempt], heartbeat=False)
+    assert again["leases"] == started["leases"]
+    assert (lease_updated_at(database, attempt), event_count(database)) == before, "no write"
+
+
+def test_a_polls_reports_are_answered_each_as_alone_and_in_order(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """An unknown attempt's report is a 404 answer that does not undo the others; an exit
+    after it is applied; a report on the finished attempt is then refused (409, stop)."""
+    job, attempt = one_lease(client, tokens, database)
+    ghost = "0b5c3a4e-0000-4000-8000-000000000000"
+    answer = contact(
+        client,
+        tokens.agent,
+        reports=[
+            {"attempt_id": attempt, "state": "started"},
+            {"attempt_id": ghost, "state": "checkpointed"},
+            {"attempt_id": attempt, "state": "exited", "exit_code": 0},
+            {"attempt_id": attempt, "state": "running"},
+        ],
+    )
+    statuses = [(r["attempt_id"], r["status"], r["stop"]) for r in answer["reports"]]
+    assert statuses == [
+        (attempt, 200, False),
+        (ghost, 404, False),
+        (attempt, 200, True),
+        (attempt, 409, True),
+    ]
+    assert answer["reports"][2]["lease"]["job_state"] == "SUCCEEDED" == job_state(database, job)
+    assert answer["leases"] == [] and answer["stop"] == []
+
+
+def test_a_poll_stops_what_must_stop_and_is_scoped_to_the_callers_node(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    job, attempt = one_lease(client, tokens, database)
+    ghost = "0b5c3a4e-0000-4000-8000-000000000000"
+    assert contact(client, tokens.agent, running=[attempt, ghost])["stop"] == [ghost]
+
+    stranger = agent_token(database, "node-2")
+    register(client, stranger)
+    theirs = contact(client, stranger, reports=[{"attempt_id": attempt, "state": "running"}])
+    assert [(r["status"], r["stop"]) for r in theirs["reports"]] == [(404, False)]
+    assert theirs["leases"] == []
+    assert contact(client, stranger, running=[attempt])["stop"] == [attempt]
+    refused = client.post("/v1/agent/poll", json={"node": NODE}, headers=bearer(stranger))
+    assert_problem(refused, 404)
+
+    cancelled = client.post(f"/v1/jobs/{job}/cancel", headers=bearer(tokens.admin))
+    assert cancelled.status_code == 200
+    assert contact(client, tokens.agent, running=[attempt])["stop"] == [attempt]
+    assert job_state(database, job) == "CANCELLED"
+
+
+def test_a_poll_from_an_unknown_node_is_a_404_and_bad_reports_name_the_field(
+    client: TestClient, tokens: Tokens
+) -> None:
+    assert_problem(client.post("/v1/agent/poll", json={}, headers=bearer(tokens.agent)), 404)
+    register(client, tokens.agent)
+    bad = client.post(
+        "/v1/agent/poll",
+        json={"reports": [{"attempt_id": "a", "state": "exited"}]},
+        headers=bearer(tokens.agent),
+    )
+    assert "exit_code" in str(assert_problem(bad, 422))
+    too_many = client.post(
+        "/v1/agent/poll", json={"running": ["a"] * 1025}, headers=bearer(tokens.agent)
+    )
+    assert "running" in str(assert_problem(too_many, 422))

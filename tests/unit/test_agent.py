@@ -22,7 +22,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent import wrap
-from agent.client import ApiRefused, ApiUnavailable, Backoff, Lease, LeasePoll, ReportState
+from agent.client import ApiUnavailable, Backoff, Lease, LeasePoll, Report
 from agent.config import AgentConfig, Machine
 from agent.loop import NOT_RUN, Agent
 from agent.runtime import (
@@ -175,6 +175,9 @@ class FakeServer:
     stop_requested: list[str] = field(default_factory=list)
     """The attempts reported ``exited`` with ``stop_requested``."""
     polls: list[list[str]] = field(default_factory=list)
+    mint: bool = True
+    """Whether a poll asking for tokens gets them (else the agent asks one at a time)."""
+    asked_tokens: list[str] = field(default_factory=list)
 
     def _call(self) -> None:
         if self.down:
@@ -184,32 +187,30 @@ class FakeServer:
         self._call()
         return {"id": "n1", "gpus": machine.gpus, "gpu_type": machine.gpu_type}
 
-    def heartbeat(self) -> dict[str, Any]:
+    def poll(
+        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+    ) -> LeasePoll:
         self._call()
-        return {}
-
-    def leases(self, running: list[str]) -> LeasePoll:
-        self._call()
+        answers = []
+        for r in reports:
+            self.reports.append((r.attempt_id, r.state, r.exit_code))
+            if r.stop_requested:
+                self.stop_requested.append(r.attempt_id)
+            answers.append({"attempt_id": r.attempt_id, "status": 200, "stop": False})
         self.polls.append(running)
-        return LeasePoll(leases=dict(self.leased), stop=frozenset(self.stop))
-
-    def report(
-        self,
-        attempt_id: str,
-        state: ReportState,
-        exit_code: int | None = None,
-        stop_requested: bool = False,
-    ) -> dict[str, Any]:
-        self._call()
-        self.reports.append((attempt_id, state, exit_code))
-        if stop_requested:
-            self.stop_requested.append(attempt_id)
-        if attempt_id in self.stop and state in ("started", "running"):
-            raise ApiRefused(409, {"stop": True, "detail": "revoked"})
-        return {"stop": False}
+        minted = {}
+        if tokens and self.mint:
+            minted = {a: f"token-{a}" for a in self.leased if a not in running}
+        return LeasePoll(
+            leases=dict(self.leased),
+            stop=frozenset(self.stop),
+            reports=tuple(answers),
+            tokens=minted,
+        )
 
     def job_token(self, attempt_id: str) -> str:
         self._call()
+        self.asked_tokens.append(attempt_id)
         return f"token-{attempt_id}"
 
 
@@ -298,8 +299,21 @@ def test_a_lease_starts_with_its_environment_and_reports(tmp_path: Path, world: 
     assert launch.env["SHOCKWAVE_TOKEN"] == "token-a1"
     assert launch.env["SHOCKWAVE_API_URL"] == "http://api"
     assert launch.env["SHOCKWAVE_CHECKPOINT_DIR"] == str(tmp_path.resolve() / "checkpoints/j1")
-    assert server.reports == [("a1", "started", None)]
+    assert server.reports == [], "a start needs no report: the poll that follows lists it"
+    assert server.polls[:2] == [[], ["a1"]], "the second poll of the contact, at once"
+    assert server.asked_tokens == [], "the token came with the poll"
     assert server.polls[-1] == ["a1"]
+
+
+def test_a_lease_whose_poll_brought_no_token_asks_for_one(tmp_path: Path, world: Any) -> None:
+    server, runtime, clock = world
+    server.mint = False
+    server.leased = {"a1": lease("a1", "j1", (1,), clock.now + 60)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 2)
+    (launch,) = runtime.started
+    assert launch.env["SHOCKWAVE_TOKEN"] == "token-a1"
+    assert server.asked_tokens == ["a1"]
 
 
 def test_an_error_storm_never_stops_a_job_before_its_lease_ends(tmp_path: Path, world: Any) -> None:
@@ -338,7 +352,9 @@ def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(tmp_path: Path, w
     assert server.stop_requested == ["a1"], "the stop that was asked for, not a failure"
 
 
-def test_an_extension_keeps_the_attempt_and_reports_running(tmp_path: Path, world: Any) -> None:
+def test_an_extension_keeps_the_attempt_without_a_report(tmp_path: Path, world: Any) -> None:
+    """The attempt runs on past each old end; every poll lists it (that is the
+    acknowledgement), and no report is sent."""
     server, runtime, clock = world
     server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 5)}
     agent = make_agent(tmp_path, server, runtime, clock)
@@ -347,7 +363,8 @@ def test_an_extension_keeps_the_attempt_and_reports_running(tmp_path: Path, worl
         server.leased = {"a1": replace(server.leased["a1"], ends_at=clock.now + 5)}
     run_for(agent, clock, 2)
     assert len(runtime.started) == 1 and runtime.signals == []
-    assert [r[1] for r in server.reports] == ["started", "running", "running", "running"]
+    assert agent.state.attempts["a1"].ends_at == server.leased["a1"].ends_at
+    assert server.reports == [] and all(p == ["a1"] for p in server.polls[1:])
 
 
 def test_a_new_lease_waits_for_the_gpus_of_a_stopping_attempt(tmp_path: Path, world: Any) -> None:
