@@ -13,12 +13,21 @@ where waiting costs no thread and no connection.
 
 The bound counts every HTTP request (probes and scrapes too: /readyz and /metrics use the
 database). A request waits in arrival order.
+
+A second, smaller bound: at most ``threads`` of the admitted requests run their sync part (the
+route, in FastAPI's thread pool) at once; the others wait for a thread on the event loop,
+holding no connection (the session checks one out on its first statement). Python runs one
+thread at a time: each thread more in a busy process adds GIL hand-offs, not throughput.
+docs/reliability.md, "Load": on a 2-core machine the load test's p99 was 706 ms with 10
+requests in progress and 10 threads, 166 ms with 10 in progress and 2 threads, and 97 ms with 4
+in progress and 2 threads (api.app bounds the requests in progress by twice the threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,14 +46,16 @@ def pool_capacity(engine: Engine) -> int:
 
 
 class InFlightLimit:
-    """Pure ASGI middleware: at most ``limit`` HTTP requests in progress at once.
+    """Pure ASGI middleware: at most ``limit`` HTTP requests in progress at once, and (when
+    ``threads`` is given) at most ``threads`` threads running their sync parts.
 
-    The semaphore belongs to the event loop it was made on (an ASGI test client may run each
-    request on a loop of its own); a new loop gets a new one."""
+    The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
+    test client may run each request on a loop of its own); a new loop gets new ones."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, threads: int | None = None) -> None:
         self.app = app
         self.limit = max(1, limit)
+        self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -59,4 +70,6 @@ class InFlightLimit:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._loop is not loop:
             self._loop, self._slots = loop, asyncio.Semaphore(self.limit)
+            if self.threads is not None:
+                anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session, SQLModel
@@ -73,6 +73,12 @@ _NODE_ROUND = (
     .where(NODES.c.id == bindparam("node"))
 )
 """The node (no row: unknown) and the cluster's round (NULLs before the cluster exists)."""
+_BEATEN = _BEAT.cte("beat")
+_BEAT_ROUND = select(_BEATEN.c.id, _BEATEN.c.state, *_ROUND).select_from(
+    _BEATEN.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER)
+)
+"""A READY node's heartbeat and the cluster's round in one round trip (Postgres: SQLite has
+no ``UPDATE`` in a ``WITH``); no row when the node is unknown or LOST."""
 _NODE_LEASES = (
     select(
         LEASES.c.id,
@@ -265,32 +271,36 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
 
     1. each report, in order, as :func:`report_status` applies it alone, in a transaction of
        its own (a report refused or about an unknown attempt does not undo the others);
-    2. the heartbeat (unless ``data.heartbeat`` is false): :func:`heartbeat`;
-    3. the leases, as :func:`node_leases` reads them with ``data.running``; with
-       ``data.tokens``, also a new job token for each live lease not in ``running`` (the
-       agent is about to start it; :func:`job_token` mints one at a time);
-    4. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
+    2. the heartbeat (unless ``data.heartbeat`` is false), as :func:`heartbeat` records it,
+       and, in the same transaction, the leases, as :func:`node_leases` reads them with
+       ``data.running``; with ``data.tokens``, also a new job token for each live lease not in
+       ``running`` (the agent is about to start it; :func:`job_token` mints one at a time);
+       committed once;
+    3. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
        ``started`` report is implied) becomes RUNNING through the locking path of a
        ``running`` report; one refused there joins ``stop``.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
     fall from a few per lease to two per node (docs/reliability.md, "Load"). Agents that run
-    many attempts and are told nothing new pay for steps 2 and 3 only: one ``UPDATE ...
-    RETURNING`` and two reads.
+    many attempts and are told nothing new pay for step 2 only: on Postgres one ``UPDATE ...
+    RETURNING`` joined to the cluster's round, one read of the leases, one commit.
     """
     reports = [_report_in_poll(session, principal, report) for report in data.reports]
-    if data.heartbeat:
-        status = heartbeat(session, node_id)
-        node_state = status.state
-        round_ = Round(status.current_round, status.round_ends_at, status.state_version)
-    else:
-        node = session.connection().execute(_NODE_ROUND, {"node": node_id}).first()
-        if node is None:
-            raise Problem(404, "Not found", f"no node {node_id}: register it first")
-        node_state = "READY" if node.state == "READY" else "LOST"
-        round_ = _as_round(node)
-    found = _leases_of(session.connection(), node_id, round_, data.running)
+    connection = session.connection()
+    node = None
+    if data.heartbeat and connection.dialect.name == "postgresql":
+        node = connection.execute(_BEAT_ROUND, {"node": node_id, "now": utcnow()}).first()
+    if node is None and data.heartbeat:
+        heartbeat(session, node_id)  # not READY, or SQLite: the slow path (it commits)
+        connection = session.connection()
+    if node is None:
+        node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
+    if node is None:
+        raise Problem(404, "Not found", f"no node {node_id}: register it first")
+    node_state: Literal["READY", "LOST"] = "READY" if node.state == "READY" else "LOST"
+    round_ = _as_round(node)
+    found = _leases_of(connection, node_id, round_, data.running)
     running = set(data.running)
     tokens = {}
     if data.tokens:

@@ -16,7 +16,9 @@ class Settings(BaseSettings):
     a valid token) may send ``burst`` requests at once and ``per_s`` a second after that; more
     get 429 with Retry-After (0 turns the limit off). Per API process, in memory (see
     api.ratelimit). ``rate_limit_admin``: whether admin tokens (and open mode) are limited too;
-    off by default, since operators' scripts and benchmarks act as admin."""
+    off by default, since operators' scripts and benchmarks act as admin. ``worker_threads``:
+    how many requests at most run their sync part (the route and its database work) at once
+    per process (api.admission); scale out with more processes, not more threads."""
 
     model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
 
@@ -26,6 +28,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_000_000
+    worker_threads: int = Field(default=2, ge=1, le=64)
     default_page_size: int = 50
     max_page_size: int = 500
     rate_limit_per_s: float = Field(default=20.0, ge=0)
