@@ -3,9 +3,10 @@
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--json OUT] [--log-dir DIR]
+        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--json OUT] [--log-dir DIR]
 
-What runs, all real: a throwaway Postgres database (migrated), one ``shockwave api`` process,
+What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
+processes (each node, and each job's attempt, talks to one of them, chosen by its token),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
 with ``--round-seconds``, and ``--nodes`` simulated agents (``bench/scale_fleet.py``: one asyncio
@@ -195,6 +196,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
+    parser.add_argument("--apis", type=int, default=1, help="API processes (agents spread)")
     parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
     parser.add_argument(
         "--submit", choices=("db", "http"), default="db", help="how the jobs are submitted"
@@ -208,6 +210,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.round_seconds is None:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
+    if args.apis < 1:
+        parser.error("--apis must be at least 1")
     if not 1 <= args.jobs <= 900:
         parser.error("--jobs must be between 1 and 900 (the reference trace's jobs)")
     if args.rounds < 1 or args.nodes < 1 or args.round_seconds < 1:
@@ -361,12 +365,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         processes = Processes(args.log_dir, env)
         stack.callback(processes.stop_all)
-        port = free_port()
-        base_url = f"http://{HOST}:{port}"
-        api = processes.start(
-            "api", "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
-        )
-        wait_ready(base_url, api.popen, api.log, api.name, START_TIMEOUT_S)
+        base_urls = []
+        for index in range(args.apis):
+            port = free_port()
+            name = "api" if args.apis == 1 else f"api-{index}"
+            api = processes.start(
+                name, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
+            )
+            base_urls.append(f"http://{HOST}:{port}")
+            wait_ready(base_urls[-1], api.popen, api.log, api.name, START_TIMEOUT_S)
+        base_url = base_urls[0]
         processes.start("worker", "worker", "--concurrency", "1", "--log-level", "info")
 
         began = time.perf_counter()
@@ -378,7 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         console.print(f"submitted {len(training)} jobs in {submit_s:.1f} s")
 
         fleet = Fleet(
-            base_url,
+            base_urls,
             {n: (agent_tokens[n], args.gpus_per_node) for n in nodes},
             training,
             poll_s=args.poll_seconds,

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import random
 import time
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,32 +102,33 @@ class Fleet:
 
     def __init__(
         self,
-        base_url: str,
+        base_urls: Sequence[str],
         nodes: Mapping[str, tuple[str, int]],
         jobs: dict[str, TrainingJob],
         *,
         poll_s: float,
         heartbeat_s: float,
     ) -> None:
-        self.base_url = base_url
+        self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
         self.jobs = jobs
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
         self.log = FleetLog()
         self.registered: set[str] = set()
-        self._client: wire.Client | None = None
+        self._clients: list[wire.Client] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every node (register, then heartbeat and poll) until ``stop`` is set."""
-        self._client = wire.Client(self.base_url, REQUEST_TIMEOUT_S)
+        self._clients = [wire.Client(url, REQUEST_TIMEOUT_S) for url in self.base_urls]
         try:
             await asyncio.gather(
                 *(self._node(n, t, i, stop) for i, (n, (t, _)) in enumerate(self.nodes.items()))
             )
         finally:
-            await self._client.aclose()
-            self._client = None
+            for client in self._clients:
+                await client.aclose()
+            self._clients = []
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
         attempts: dict[str, Attempt] = {}
@@ -278,11 +280,13 @@ class Fleet:
         params: dict[str, str] | None = None,
         refusals: Sequence[int] = (),
     ) -> Any:
-        """One request; its JSON answer, or None (counted as an error unless a refusal)."""
-        assert self._client is not None
+        """One request; its JSON answer, or None (counted as an error unless a refusal). The
+        API process is chosen by the token: each node, and each job's attempt, sticks to one."""
+        assert self._clients
+        client = self._clients[zlib.crc32(token.encode()) % len(self._clients)]
         started = time.perf_counter()
         try:
-            response = await self._client.request(
+            response = await client.request(
                 method,
                 path,
                 json=body,
