@@ -92,8 +92,9 @@ class LeasePoll:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """A report to deliver on ``attempt_id``; ``stop_requested`` (``exited`` only): the agent
-    had asked the process to stop, so its exit code is that stop, not a failure."""
+    """A report on ``attempt_id`` not yet delivered (the agent's outbox, :mod:`agent.state`).
+    ``stop_requested`` (``exited`` only): the agent had asked the process to stop, so its exit
+    code is that stop, not a failure."""
 
     attempt_id: str
     state: ReportState

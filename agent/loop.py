@@ -52,7 +52,6 @@ from agent.state import (
     FINISHED_KEEP_S,
     AgentState,
     AttemptRecord,
-    PendingReport,
     load,
     save,
 )
@@ -189,9 +188,9 @@ class Agent:
         if ended.stop_requested:
             log.warning("attempt %s was stopped by its wrapper: no agent", record.attempt_id)
         if asked and code == 0:
-            report = PendingReport(record.attempt_id, "checkpointed")
+            report = Report(record.attempt_id, "checkpointed")
         else:
-            report = PendingReport(record.attempt_id, "exited", code, stop_requested=asked)
+            report = Report(record.attempt_id, "exited", code, stop_requested=asked)
         outcome = "checkpointed" if report.state == "checkpointed" else f"exited {code}"
         log.info("attempt %s of job %s ended: %s", record.attempt_id, record.job_id, outcome)
         self.state.outbox.append(report)
@@ -263,8 +262,7 @@ class Agent:
         reports it answers leave the outbox; one answered ``stop`` stops its attempt (a 404,
         an attempt the server does not know, is dropped, as is any refusal)."""
         sent = list(self.state.outbox)
-        reports = [Report(r.attempt_id, r.state, r.exit_code, r.stop_requested) for r in sent]
-        poll = self.client.poll(sorted(self.state.attempts), reports, heartbeat, tokens)
+        poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens)
         del self.state.outbox[: len(sent)]
         if sent:
             self.dirty = True
@@ -378,7 +376,7 @@ class Agent:
 
     def not_run(self, lease: Lease, now: float, why: str) -> None:
         log.error("cannot run attempt %s of job %s: %s", lease.attempt_id, lease.job_id, why)
-        self.state.outbox.append(PendingReport(lease.attempt_id, "exited", NOT_RUN))
+        self.state.outbox.append(Report(lease.attempt_id, "exited", NOT_RUN))
         self.state.finished[lease.attempt_id] = now
         self.dirty = True
 

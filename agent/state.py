@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agent.client import ReportState
+from agent.client import Report
 from agent.runtime import Handle
 
 log = logging.getLogger(__name__)
@@ -72,23 +72,12 @@ class AttemptRecord:
         return cls(**{**data, "handle": Handle.from_json(data["handle"])})
 
 
-@dataclass(frozen=True, slots=True)
-class PendingReport:
-    """A status report not yet delivered. ``stop_requested``: the process was asked to stop
-    (an ``exited`` report: its code is that stop, not a failure)."""
-
-    attempt_id: str
-    state: ReportState
-    exit_code: int | None = None
-    stop_requested: bool = False
-
-
 @dataclass
 class AgentState:
     """Everything the state file holds."""
 
     attempts: dict[str, AttemptRecord] = field(default_factory=dict)
-    outbox: list[PendingReport] = field(default_factory=list)
+    outbox: list[Report] = field(default_factory=list)
     finished: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,7 +101,7 @@ class AgentState:
         records = [AttemptRecord.from_json(item) for item in data.get("attempts", [])]
         return cls(
             attempts={record.attempt_id: record for record in records},
-            outbox=[PendingReport(**item) for item in data.get("outbox", [])],
+            outbox=[Report(**item) for item in data.get("outbox", [])],
             finished={str(k): float(v) for k, v in data.get("finished", {}).items()},
         )
 

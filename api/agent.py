@@ -277,8 +277,8 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
        ``running`` (the agent is about to start it; :func:`job_token` mints one at a time);
        committed once;
     3. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
-       ``started`` report is implied) becomes RUNNING through the locking path of a
-       ``running`` report; one refused there joins ``stop``.
+       ``started`` report is implied) becomes RUNNING, all in one transaction
+       (:func:`_acknowledge`); one that must stop instead joins ``stop``.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
