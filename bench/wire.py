@@ -11,7 +11,10 @@ Shape: ``Client(base_url, timeout_s)``; ``await client.request(method, path, hea
 json=..., params=...)`` returns a :class:`Response` (any status) or raises a
 :class:`TransportError` subclass named like httpx's (``ConnectError``, ``ReadError``,
 ``ReadTimeout``), so figures keep their error names. A connection that failed or that the
-server closes is dropped; the others are reused, one request at a time each.
+server closes is dropped; the others are reused, one request at a time each, unless they sat
+idle for ``IDLE_REUSE_S``: the server closes a connection idle past its keep-alive timeout
+(uvicorn's is 5 s), and a request sent as it closes is lost (a ``ReadError``; only a request
+that changes nothing is sent again), so the client stops reusing one well before.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import json as jsonlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+IDLE_REUSE_S = 3.0
+"""A connection idle longer than this is closed rather than reused (uvicorn's keep-alive
+timeout is 5 s; a loaded server may close late or early by a scheduling delay)."""
 
 
 class TransportError(Exception):
@@ -59,6 +66,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.idle_since = 0.0
 
     def close(self) -> None:
         self.writer.close()
@@ -174,17 +182,23 @@ class Client:
         except ValueError as error:  # a malformed length or chunk size
             raise ReadError(f"malformed answer: {error}") from error
         if reusable and not self._closed:
+            connection.idle_since = asyncio.get_running_loop().time()
             self._idle.append(connection)
         else:
             connection.close()
         return response
 
     def _reusable(self) -> _Connection | None:
-        """The most recently used idle connection the server has not closed (the server drops
-        a connection idle past its keep-alive timeout: uvicorn's is 5 s)."""
+        """The most recently used idle connection the server has not closed and will not close
+        soon (module docstring); older ones are closed."""
+        fresh_after = asyncio.get_running_loop().time() - IDLE_REUSE_S
         while self._idle:
             connection = self._idle.pop()
-            if not connection.reader.at_eof() and not connection.writer.is_closing():
+            if (
+                connection.idle_since >= fresh_after
+                and not connection.reader.at_eof()
+                and not connection.writer.is_closing()
+            ):
                 return connection
             connection.close()
         return None

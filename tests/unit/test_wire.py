@@ -120,6 +120,26 @@ def test_a_get_is_sent_again_when_the_kept_alive_connection_was_closed_but_a_pos
     asyncio.run(main())
 
 
+def test_a_connection_idle_too_long_is_not_reused_so_a_post_never_races_the_servers_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wire, "IDLE_REUSE_S", 0.05)
+
+    async def main() -> None:
+        server, base, connections = await serve(echo)
+        client = wire.Client(base, timeout_s=5.0)
+        await client.request("POST", "/a", json={})
+        await client.request("POST", "/b", json={})  # at once: the same connection
+        await asyncio.sleep(0.1)
+        late = await client.request("POST", "/c", json={})
+        await client.aclose()
+        server.close()
+        assert late.json()["target"] == "/c"
+        assert len(connections) == 2, "/a and /b on one connection, /c on a new one"
+
+    asyncio.run(main())
+
+
 def test_no_answer_in_time_is_a_read_timeout_and_no_server_a_connect_error() -> None:
     async def silent(_: bytes, writer: asyncio.StreamWriter) -> bool:
         await asyncio.sleep(5)
