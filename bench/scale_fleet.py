@@ -1,16 +1,17 @@
 """Simulated node agents and training programs for ``bench/scale.py``, on one asyncio loop.
 
-Each node is one coroutine speaking the agent protocol of ``/v1/agent`` through the endpoints
-that answer one question each (the real agent, ``agent/loop.py``, sends a whole contact as one
-``POST /v1/agent/poll``: this fleet asks the API for more requests than real agents would), and
-heartbeats every ``heartbeat_s`` on a timer of their own (see :meth:`Fleet._heartbeats`): poll
-leases every ``poll_s`` telling
-the server which attempts run here, report ``started`` for a new attempt, ``running`` when a
-lease is extended (its ``ends_at`` moved), ``checkpointed`` for an attempt that is no longer
-leased or is listed in ``stop``. Instead of a process, each attempt "trains" at the job's true
-pace from the reference trajectory: every ``epoch_seconds[batch size]`` of leased wall time it
-posts a progress event with the job token of its attempt (as the SDK would), a scaling event
-when the trajectory enters a new regime, and ``exited 0`` once the job's epochs are done.
+Each node is one coroutine speaking the agent protocol of ``agent/loop.py``: every ``poll_s``
+one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an attempt no
+longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
+runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
+started something or owed reports, a second poll at once acknowledges the new attempts (no
+heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING.
+
+Instead of a process, each attempt "trains" at the job's true pace from the reference
+trajectory, in a coroutine of the node's own (a training process does not wait for its
+agent): every ``epoch_seconds[batch size]`` of leased wall time it posts a progress event with
+the job token of its attempt (as the SDK would), a scaling event when the trajectory enters a
+new regime, and, once the job's epochs are done, leaves ``exited 0`` for the agent to report.
 
 The whole fleet shares one pool of keep-alive connections (bench/wire.py), so 64 nodes cost one
 thread of the bench process. :class:`FleetLog` keeps what the agents saw: when each round first
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 import zlib
 from collections import Counter, defaultdict
@@ -97,6 +97,17 @@ class Attempt:
     started_t: float
 
 
+@dataclass
+class Node:
+    """One agent's state: its token, the attempts it runs, those that ended here (never
+    started again), and the reports it owes, in order."""
+
+    token: str
+    attempts: dict[str, Attempt] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Fleet:
     """``nodes``: node id -> (agent token, GPUs). ``jobs``: job id -> its training program."""
 
@@ -119,7 +130,7 @@ class Fleet:
         self._clients: list[wire.Client] = []
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run every node (register, then heartbeat and poll) until ``stop`` is set."""
+        """Run every node (register, then poll) until ``stop`` is set."""
         self._clients = [wire.Client(url, REQUEST_TIMEOUT_S) for url in self.base_urls]
         try:
             await asyncio.gather(
@@ -131,71 +142,86 @@ class Fleet:
             self._clients = []
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
-        attempts: dict[str, Attempt] = {}
+        here = Node(token)
         loop = asyncio.get_running_loop()
         await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
         while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
             await asyncio.sleep(self.poll_s)
         self.registered.add(node)
-        beating = asyncio.create_task(self._heartbeats(token, stop))
+        training = asyncio.create_task(self._trainer(here, stop))
+        next_beat = 0.0
         while not stop.is_set():
             started = loop.time()
-            poll = await self._call(
-                "leases", "GET", "/v1/agent/leases", token, params={"running": ",".join(attempts)}
-            )
+            beat = started >= next_beat
+            poll = await self._poll(here, "poll", heartbeat=beat, tokens=True)
             if poll is not None:
+                if beat:
+                    next_beat = started + self.heartbeat_s
                 self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
-                await self._reconcile(token, attempts, poll)
-            await self._train(token, attempts)
+                if self._reconcile(here, poll) or here.outbox:
+                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
             pause = self.poll_s - (loop.time() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, pause))
-        await beating
+        await training
 
-    async def _heartbeats(self, token: str, stop: asyncio.Event) -> None:
-        """Heartbeat every ``heartbeat_s``, on a timer of its own: the node's reports go one
-        after another, and on a shared 2-core machine a burst of them can take longer than the
-        node TTL, which would make the load generator, not the service, lose nodes."""
-        await asyncio.sleep(random.uniform(0, self.heartbeat_s))
+    async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
+        """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
+        refused or unknown) leaves the outbox, one lost with the request stays owed."""
+        sent = list(here.outbox)
+        body = {
+            "heartbeat": heartbeat,
+            "tokens": tokens,
+            "reports": sent,
+            "running": sorted(here.attempts),
+        }
+        poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body)
+        if poll is None:
+            return None
+        del here.outbox[: len(sent)]
+        for answer in poll["reports"]:
+            self.log.events[f"report {answer['status']}"] += 1
+        return poll
+
+    async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
+        """The node's training processes: advance each attempt every ``poll_s``."""
         while not stop.is_set():
-            await self._call("heartbeat", "POST", "/v1/agent/heartbeat", token)
+            await self._train(here)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.heartbeat_s)
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
 
-    async def _reconcile(self, token: str, attempts: dict[str, Attempt], poll: Any) -> None:
-        """Stop what is no longer leased, note extensions, start what is new."""
+    def _reconcile(self, here: Node, poll: Any) -> bool:
+        """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
+        is new with the token the poll minted for it. Whether something started."""
         leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
         stop = set(poll["stop"])
-        for attempt_id in list(attempts):
+        for attempt_id in list(here.attempts):
             lease = leases.get(attempt_id)
             if lease is None or attempt_id in stop:
-                del attempts[attempt_id]
-                await self._report(token, attempt_id, {"state": "checkpointed"})
-            elif lease["ends_at"] != attempts[attempt_id].ends_at:
-                attempts[attempt_id].ends_at = lease["ends_at"]
-                if not await self._report(token, attempt_id, {"state": "running"}):
-                    del attempts[attempt_id]
+                del here.attempts[attempt_id]
+                here.ended.add(attempt_id)
+                here.outbox.append({"attempt_id": attempt_id, "state": "checkpointed"})
+            else:
+                here.attempts[attempt_id].ends_at = lease["ends_at"]
         now = time.monotonic()
+        started = False
         for attempt_id, lease in leases.items():
-            if attempt_id in attempts or attempt_id in stop:
+            if attempt_id in here.attempts or attempt_id in stop or attempt_id in here.ended:
                 continue
             job = self.jobs.get(lease["job_id"])
-            if job is None or job.finished:
+            token = poll["tokens"].get(attempt_id)
+            if job is None or job.finished or token is None:
                 continue
-            answer = await self._call(
-                "token", "POST", f"/v1/agent/leases/{attempt_id}/token", token
-            )
-            if answer is None:
-                continue
-            job.token = answer["token"]  # scoped to this attempt: an older one's is fenced
-            if await self._report(token, attempt_id, {"state": "started"}):
-                attempts[attempt_id] = Attempt(attempt_id, job.id, lease["ends_at"], now)
+            job.token = token  # scoped to this attempt: an older one's is fenced
+            here.attempts[attempt_id] = Attempt(attempt_id, job.id, lease["ends_at"], now)
+            started = True
+        return started
 
-    async def _train(self, token: str, attempts: dict[str, Attempt]) -> None:
-        """Advance every attempt's job by the wall time since the last poll."""
+    async def _train(self, here: Node) -> None:
+        """Advance every attempt's job by the wall time since the last call."""
         now = time.monotonic()
-        for attempt in list(attempts.values()):
+        for attempt in list(here.attempts.values()):
             job = self.jobs[attempt.job_id]
             if job.finished:
                 continue
@@ -208,12 +234,17 @@ class Fleet:
                     break
                 job.partial_s -= seconds
                 await self._epoch(job, batch, seconds)
+            if attempt.attempt_id not in here.attempts:
+                continue  # the agent stopped it meanwhile
             if job.fenced:
-                job.fenced = False
-                del attempts[attempt.attempt_id]  # the SDK stops the process on a 409
+                job.fenced = False  # the SDK stops the process on a 409
+                del here.attempts[attempt.attempt_id]
+                here.ended.add(attempt.attempt_id)
             elif job.finished:
-                del attempts[attempt.attempt_id]
-                await self._report(token, attempt.attempt_id, {"state": "exited", "exit_code": 0})
+                del here.attempts[attempt.attempt_id]
+                here.ended.add(attempt.attempt_id)
+                exited = {"attempt_id": attempt.attempt_id, "state": "exited", "exit_code": 0}
+                here.outbox.append(exited)
 
     async def _epoch(self, job: TrainingJob, batch: int, seconds: float) -> None:
         """Post one finished epoch (and the scaling event of a new regime), as the SDK would."""
@@ -256,18 +287,6 @@ class Fleet:
         if answer is None and self.log.refused_last:
             job.fenced = True
             self.log.events[f"{event['kind']} refused"] += 1
-
-    async def _report(self, token: str, attempt_id: str, report: dict[str, Any]) -> bool:
-        """Report on an attempt; False when the server says it must stop (409)."""
-        answer = await self._call(
-            f"status:{report['state']}",
-            "POST",
-            f"/v1/agent/leases/{attempt_id}/status",
-            token,
-            report,
-            refusals=(409,),
-        )
-        return answer is not None
 
     async def _call(
         self,

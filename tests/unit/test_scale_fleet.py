@@ -1,0 +1,119 @@
+"""The scale bench's simulated agents (bench/scale_fleet.py) speak the poll protocol as the real
+agent does: these check what a node does with a poll's answer and what its training owes,
+with the HTTP calls recorded instead of sent (the bench itself runs them against the API)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.scale_fleet import Attempt, Fleet, Node, TrainingJob
+from shockwave.model import Regime
+
+
+class RecordingFleet(Fleet):
+    """A fleet whose requests are recorded and answered by ``answer``."""
+
+    def __init__(self, jobs: dict[str, TrainingJob], answer: Any = None) -> None:
+        super().__init__(["http://api"], {"n1": ("agent-token", 4)}, jobs, poll_s=1.0,
+                         heartbeat_s=3.0)  # fmt: skip
+        self.calls: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.answer = answer
+
+    async def _call(
+        self,
+        kind: str,
+        method: str,
+        path: str,
+        token: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        refusals: Sequence[int] = (),
+    ) -> Any:
+        self.calls.append((kind, path, body))
+        return self.answer
+
+
+def job(job_id: str, epochs: int = 2, epoch_s: float = 10.0) -> TrainingJob:
+    return TrainingJob(job_id, 100, (Regime(32, epochs),), {32: epoch_s})
+
+
+def lease(attempt_id: str, job_id: str, ends_at: str = "t1") -> dict[str, Any]:
+    return {"attempt_id": attempt_id, "job_id": job_id, "ends_at": ends_at}
+
+
+def answer(leases: list[dict[str, Any]], stop: Sequence[str] = (), **tokens: str) -> Any:
+    return {"current_round": 3, "leases": leases, "stop": list(stop), "tokens": tokens,
+            "reports": []}  # fmt: skip
+
+
+def test_a_new_lease_starts_with_the_token_its_poll_minted_and_only_then() -> None:
+    jobs = {"j1": job("j1"), "j2": job("j2")}
+    fleet, node = RecordingFleet(jobs), Node("agent-token")
+    started = fleet._reconcile(node, answer([lease("a1", "j1"), lease("a2", "j2")], a1="tok-1"))
+    assert started
+    assert list(node.attempts) == ["a1"]  # a2 got no token: not started, asked again next poll
+    assert jobs["j1"].token == "tok-1"
+    assert node.outbox == []
+
+
+def test_a_lease_that_went_or_is_listed_in_stop_owes_checkpointed_and_never_restarts() -> None:
+    jobs = {"j1": job("j1"), "j2": job("j2"), "j3": job("j3")}
+    fleet, node = RecordingFleet(jobs), Node("agent-token")
+    for attempt_id, job_id in (("a1", "j1"), ("a2", "j2"), ("a3", "j3")):
+        node.attempts[attempt_id] = Attempt(attempt_id, job_id, "t1", time.monotonic())
+    poll = answer([lease("a2", "j2"), lease("a3", "j3", ends_at="t2")], stop=["a2"])
+    assert not fleet._reconcile(node, poll)
+    assert list(node.attempts) == ["a3"]
+    assert node.attempts["a3"].ends_at == "t2"  # an extension needs no report
+    assert node.outbox == [
+        {"attempt_id": "a1", "state": "checkpointed"},
+        {"attempt_id": "a2", "state": "checkpointed"},
+    ]
+    # the server still lists a1 (say the revoke has not reached this poll): it stays ended
+    assert not fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok"))
+    assert "a1" not in node.attempts
+
+
+def test_training_posts_each_epoch_and_a_finished_job_owes_exited_0() -> None:
+    jobs = {"j1": job("j1", epochs=2, epoch_s=0.0001)}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    time.sleep(0.01)
+    asyncio.run(fleet._train(node))
+    assert [(kind, body["epoch"]) for kind, _, body in fleet.calls if body] == [
+        ("progress", 1),
+        ("progress", 2),
+    ]
+    assert jobs["j1"].finished
+    assert node.attempts == {}
+    assert node.outbox == [{"attempt_id": "a1", "state": "exited", "exit_code": 0}]
+
+
+def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_was_answered(
+) -> None:  # fmt: skip
+    fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
+    node = Node("agent-token")
+    node.attempts["a3"] = Attempt("a3", "j1", "t1", time.monotonic())
+    node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
+    asyncio.run(fleet._poll(node, "poll", heartbeat=False, tokens=True))
+    assert fleet.calls == [
+        (
+            "poll",
+            "/v1/agent/poll",
+            {
+                "heartbeat": False,
+                "tokens": True,
+                "reports": [{"attempt_id": "a1", "state": "checkpointed"}],
+                "running": ["a3"],
+            },
+        )
+    ]
+    assert node.outbox == []
+    fleet.answer = None  # the request failed: the report stays owed
+    node.outbox.append({"attempt_id": "a2", "state": "checkpointed"})
+    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True))
+    assert node.outbox == [{"attempt_id": "a2", "state": "checkpointed"}]
