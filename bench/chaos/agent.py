@@ -2,18 +2,22 @@
 again: ``python -m bench.chaos.agent --node n1 --gpus 2 --api URL,URL --state S --journal J``
 (the agent token in SHOCKWAVE_CHAOS_TOKEN).
 
-It speaks the agent protocol of /v1/agent as :class:`tests.e2e.agents.SimulatedAgent` does
-(register, heartbeat, poll leases, report started / running / checkpointed / exited) and
-"trains" one epoch per round a lease holds: it reads the job's progress with the job's own
-token and posts the next epoch as a progress event whose ``seq`` is the epoch number, so a
-retry, or a second incarnation of the agent, posts the very same event. When the job's epochs
-are done the attempt reports ``exited`` with code 0.
+It speaks the agent protocol the real agent (:mod:`agent.loop`) speaks: register, then per
+tick one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an attempt
+the server says to stop, ``exited 0`` for one whose job is done), the attempts it runs, a
+heartbeat every second, and asking for job tokens for new leases; when it started something
+or owes reports, a second poll at once acknowledges the new attempts. It "trains" one epoch
+per round a RUNNING lease holds: it reads the job's progress with the job's own token and
+posts the next epoch as a progress event whose ``seq`` is the epoch number, so a retry, or a
+second incarnation of the agent, posts the very same event. When the job's epochs are done the
+attempt owes ``exited`` with code 0.
 
-Like the real agent (:mod:`agent.state`) it keeps what it runs in a state file, rewritten
-atomically before it tells the server, so a restarted agent re-registers the same node and
-re-attaches to its attempts (or reports how they ended) instead of starting them twice. Every
-answer the server acknowledged (2xx) is appended to the journal (JSON lines), which the chaos
-run's invariants read: an acknowledged event must exist exactly once in the database.
+Like the real agent (:mod:`agent.state`) it keeps what it runs and the reports it owes in a
+state file, rewritten atomically before it tells the server, so a restarted agent
+re-registers the same node and re-attaches to its attempts (and delivers the reports a kill
+interrupted) instead of starting them twice. Every answer the server acknowledged (2xx) is
+appended to the journal (JSON lines), which the chaos run's invariants read: an acknowledged
+event must exist exactly once in the database.
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ class Attempt:
 
 @dataclass
 class State:
-    """What survives a restart: the running attempts and those that ended (so a lease the
-    server still lists for an ended attempt never starts it again)."""
+    """What survives a restart: the running attempts, those that ended (so a lease the server
+    still lists for an ended attempt never starts it again) and the reports owed, in order."""
 
     attempts: dict[str, Attempt] = field(default_factory=dict)
     ended: list[str] = field(default_factory=list)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path) -> State:
@@ -67,6 +72,7 @@ class State:
         return cls(
             attempts={k: Attempt(**v) for k, v in raw["attempts"].items()},
             ended=list(raw["ended"]),
+            outbox=list(raw.get("outbox", [])),
         )
 
     def save(self, path: Path) -> None:
@@ -74,7 +80,11 @@ class State:
         scratch = path.with_suffix(".tmp")
         with scratch.open("w") as out:
             json.dump(
-                {"attempts": {k: asdict(v) for k, v in self.attempts.items()}, "ended": self.ended},
+                {
+                    "attempts": {k: asdict(v) for k, v in self.attempts.items()},
+                    "ended": self.ended,
+                    "outbox": self.outbox,
+                },
                 out,
             )
             out.flush()
@@ -123,61 +133,92 @@ class Agent:
             return
 
     def tick(self) -> None:
-        if time.monotonic() - self.last_heartbeat >= HEARTBEAT_EVERY_S:
-            response = self.client.call("POST", "/v1/agent/heartbeat", deadline_s=CALL_DEADLINE_S)
-            if response.status_code == 404:  # the node is unknown (a fresh database): again
-                self.register()
-            else:
-                _expect(response, 200)
-                self.last_heartbeat = time.monotonic()
+        """One contact (module docstring), then an epoch of each RUNNING lease's new round."""
+        beat = time.monotonic() - self.last_heartbeat >= HEARTBEAT_EVERY_S
+        body = self.poll(heartbeat=beat, tokens=True)
+        if body is None:
+            return
+        if beat:
+            self.last_heartbeat = time.monotonic()
+        started = self.reconcile(body)
+        if started or self.state.outbox:
+            body = self.poll(heartbeat=False, tokens=False)
+            if body is None:
+                return
+            self.reconcile(body)
+        for lease in body["leases"]:
+            if lease["state"] == "RUNNING" and lease["attempt_id"] in self.state.attempts:
+                self.train_round(self.state.attempts[lease["attempt_id"]], lease)
+
+    def poll(self, heartbeat: bool, tokens: bool) -> dict[str, Any] | None:
+        """``POST /v1/agent/poll``; its answer, or None when the node had to register again
+        (the server does not know it: a fresh database). Answered reports leave the outbox;
+        those a kill or a lost answer interrupts are sent again (a repeated stop report is
+        answered as the first was)."""
+        sent = list(self.state.outbox)
         response = self.client.call(
-            "GET",
-            "/v1/agent/leases",
-            params={"running": ",".join(sorted(self.state.attempts))},
+            "POST",
+            "/v1/agent/poll",
+            json={
+                "heartbeat": heartbeat,
+                "tokens": tokens,
+                "reports": sent,
+                "running": sorted(self.state.attempts),
+            },
             deadline_s=CALL_DEADLINE_S,
         )
+        if response.status_code == 404:
+            self.register()
+            return None
         _expect(response, 200)
-        body = response.json()
+        body: dict[str, Any] = response.json()
+        for report, answer in zip(sent, body["reports"], strict=True):
+            self.note("reported", attempt=report["attempt_id"], state=report["state"],
+                      status=answer["status"])  # fmt: skip
+        if sent:
+            del self.state.outbox[: len(sent)]
+            self.state.save(self.state_path)
+        return body
+
+    def reconcile(self, body: dict[str, Any]) -> bool:
+        """Stop what the server says to stop (owing ``checkpointed``), start each new lease
+        with the token the poll minted for it; whether something started."""
         for attempt_id in body["stop"]:
             if attempt_id in self.state.attempts:
-                self.report(attempt_id, {"state": "checkpointed"})
-                self.end(attempt_id, "checkpointed")
+                self.end(attempt_id, "checkpointed", {"state": "checkpointed"})
+        started = False
         for lease in body["leases"]:
-            self.follow(lease)
+            attempt_id, job_id = lease["attempt_id"], lease["job_id"]
+            if attempt_id in self.state.ended or attempt_id in self.state.attempts:
+                continue
+            token = body["tokens"].get(attempt_id)
+            if token is None:  # not asked for (an acknowledging poll): the next contact
+                continue
+            self.state.attempts[attempt_id] = Attempt(attempt_id, job_id, token)
+            self.state.save(self.state_path)
+            self.note("started", attempt=attempt_id, job=job_id, round=int(lease["round_index"]))
+            started = True
+        return started
 
-    def follow(self, lease: dict[str, Any]) -> None:
-        attempt_id, job_id = lease["attempt_id"], lease["job_id"]
+    def train_round(self, attempt: Attempt, lease: dict[str, Any]) -> None:
+        """An epoch for the lease's round, once per round; the attempt ends when its job is
+        done (owing ``exited 0``) or its events are refused as fenced (owing
+        ``checkpointed``: the process stops)."""
         round_index = int(lease["round_index"])
-        if attempt_id in self.state.ended:
+        if attempt.done or round_index in attempt.rounds:
             return
-        attempt = self.state.attempts.get(attempt_id)
-        if attempt is None:
-            response = self.client.call(
-                "POST", f"/v1/agent/leases/{attempt_id}/token", deadline_s=CALL_DEADLINE_S
-            )
-            if response.status_code == 409:
-                return
-            _expect(response, 201)
-            attempt = Attempt(attempt_id, job_id, response.json()["token"])
-            self.state.attempts[attempt_id] = attempt
-            self.state.save(self.state_path)
-            if not self.report(attempt_id, {"state": "started"}):
-                return
-            self.note("started", attempt=attempt_id, job=job_id, round=round_index)
-        if not attempt.done and round_index not in attempt.rounds:
-            attempt.rounds.append(round_index)
-            self.state.save(self.state_path)
-            if not self.report(attempt_id, {"state": "running"}):
-                return
-            attempt.done = self.train(attempt, round_index)
-            if attempt.done:
-                self.state.save(self.state_path)
-        if attempt.done:
-            self.report(attempt_id, {"state": "exited", "exit_code": 0})
-            self.end(attempt_id, "exited")
+        attempt.rounds.append(round_index)
+        self.state.save(self.state_path)
+        outcome = self.train(attempt, round_index)
+        if outcome == "fenced":
+            self.end(attempt.attempt_id, "fenced", {"state": "checkpointed"})
+        elif outcome == "done":
+            attempt.done = True
+            self.end(attempt.attempt_id, "exited", {"state": "exited", "exit_code": 0})
 
-    def train(self, attempt: Attempt, round_index: int) -> bool:
-        """One epoch of the attempt's job (unless all are done); whether all are done now."""
+    def train(self, attempt: Attempt, round_index: int) -> str:
+        """One epoch of the attempt's job (unless all are done): "done" when all are done
+        now, "fenced" when the server refused the event as the attempt's, else "trained"."""
         response = self.client.call(
             "GET", f"/v1/jobs/{attempt.job_id}", token=attempt.token, deadline_s=CALL_DEADLINE_S
         )
@@ -185,7 +226,7 @@ class Agent:
         job = response.json()
         done, epochs = int(job["epochs_done"]), int(job["epochs"])
         if done >= epochs:
-            return True
+            return "done"
         epoch = done + 1
         event = {
             "seq": epoch,
@@ -203,8 +244,8 @@ class Agent:
             headers={"Idempotency-Key": f"progress-{attempt.job_id}-{epoch}"},
             deadline_s=CALL_DEADLINE_S,
         )
-        if response.status_code == 409:  # the job finished meanwhile (another attempt)
-            return True
+        if response.status_code == 409:  # fenced, or the job finished meanwhile (elsewhere)
+            return "fenced" if response.json().get("fenced") else "done"
         _expect(response, 200, 201)
         self.note(
             "event",
@@ -215,26 +256,15 @@ class Agent:
             attempt=attempt.attempt_id,
             round=round_index,
         )
-        return epoch >= epochs
+        return "done" if epoch >= epochs else "trained"
 
-    def report(self, attempt_id: str, report: dict[str, Any]) -> bool:
-        """Report on an attempt; False (and the attempt ended) when the server says stop."""
-        response = self.client.call(
-            "POST",
-            f"/v1/agent/leases/{attempt_id}/status",
-            json=report,
-            deadline_s=CALL_DEADLINE_S,
-        )
-        if response.status_code == 409:
-            self.end(attempt_id, "refused")
-            return False
-        _expect(response, 200)
-        return True
-
-    def end(self, attempt_id: str, how: str) -> None:
+    def end(self, attempt_id: str, how: str, report: dict[str, Any]) -> None:
+        """The attempt's process is gone: remember it ended and owe ``report`` on it, in one
+        write of the state file."""
         if self.state.attempts.pop(attempt_id, None) is None:
             return
         self.state.ended.append(attempt_id)
+        self.state.outbox.append({"attempt_id": attempt_id, **report})
         self.state.save(self.state_path)
         self.note("ended", attempt=attempt_id, how=how)
 
