@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from sqlalchemy.engine import Engine
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +19,7 @@ from api.routes import agent, cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
+    (408, "The request body did not arrive in time"),
     (413, "Request body too large"),
     (429, "Too many requests from this token (or address); Retry-After says when to retry"),
 )
@@ -45,7 +47,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # progress on 2 threads, 97 ms with 4).
     limit = min(pool_capacity(app.state.engine), 2 * settings.worker_threads)
     app.add_middleware(InFlightLimit, limit=limit, threads=settings.worker_threads)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.state.metrics = ApiMetrics(app.state.engine)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
 
@@ -60,17 +64,26 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
 
 class BodyLimitMiddleware:
-    """413 for a request body over ``max_bytes``, counted as it streams in.
+    """Read the whole request body, bounded in size and in time, before the request goes on
+    (to admission, :class:`api.admission.InFlightLimit`, and the app).
 
-    A declared Content-Length over the limit is refused before the app runs. A body without
-    one (chunked) is counted chunk by chunk and refused when the count passes the limit, before
-    the app has it all. A Content-Length lower than the body cannot smuggle more in: the server
-    hands the app only the declared bytes.
+    Size: 413 for a body over ``max_bytes``. A declared Content-Length over the limit is refused
+    before any byte is read; a body without one (chunked) is counted as it streams in and
+    refused when the count passes the limit. A Content-Length lower than the body cannot
+    smuggle more in: the server hands on only the declared bytes.
+
+    Time: 408 (and the connection closed) for a body not all in within ``timeout_s``. Why here:
+    admission allows only a few requests in progress per process (twice the worker threads), so
+    a request admitted before its body arrived would hold a slot while a slow or hostile client
+    trickles it in; four such clients stalled a whole API process, health checks included. Read
+    first, a slow body holds only its own connection. Bodies are small (``max_bytes``, 1 MB by
+    default), so holding one in memory is cheap.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 10.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,23 +91,49 @@ class BodyLimitMiddleware:
             return
         length = Headers(scope=scope).get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            response = errors.problem_response(
-                Request(scope), 413, "Request too large", self._detail()
-            )
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, 413, "Request too large", self._detail())
             return
+        parts: list[bytes] = []
         received = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # the client went away
+                        return
+                    part = message.get("body", b"")
+                    received += len(part)
+                    if received > self.max_bytes:
+                        detail = self._detail()
+                        await self._refuse(scope, receive, send, 413, "Request too large", detail)
+                        return
+                    parts.append(part)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            detail = f"the request body did not arrive within {self.timeout_s:g} s"
+            await self._refuse(scope, receive, send, 408, "Request timeout", detail)
+            return
+        body = b"".join(parts)
+        delivered = False
 
-        async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise HTTPException(413, self._detail())
-            return message
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: only http.disconnect can come
 
-        await self.app(scope, counted, send)
+        await self.app(scope, replay, send)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, status: int, title: str, detail: str
+    ) -> None:
+        """Answer with a problem and close the connection (the rest of the body, if any, is
+        not read: the connection cannot carry another request)."""
+        headers = {"Connection": "close"}
+        response = errors.problem_response(Request(scope), status, title, detail, headers=headers)
+        await response(scope, receive, send)
 
     def _detail(self) -> str:
         return f"request bodies are limited to {self.max_bytes} bytes"

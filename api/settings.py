@@ -10,6 +10,7 @@ class Settings(BaseSettings):
     """``database_url``: postgresql+psycopg://... or sqlite:///path (the embedded default).
     ``open_mode``: accept requests without a token as an admin; only honoured when the API
     listens on localhost. ``max_body_bytes``: larger request bodies get 413.
+    ``body_timeout_s``: a request body not all in within this time gets 408 (api.app).
     ``default_page_size`` / ``max_page_size``: list pagination. ``database_schema``: a Postgres
     schema to use instead of ``public`` (its search_path; tests use throwaway schemas).
     ``rate_limit_per_s`` / ``rate_limit_burst``: each token (each client IP for requests without
@@ -28,6 +29,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_000_000
+    body_timeout_s: float = Field(default=10.0, gt=0)
     worker_threads: int = Field(default=2, ge=1, le=64)
     default_page_size: int = 50
     max_page_size: int = 500

@@ -7,7 +7,8 @@
   checks the answer's class (allowed, 401, 403, 404), that a refused call wrote nothing, and that
   an allowed answer shows nothing of the other scope. An operation without a declaration fails.
 - Per-token (per-address without a token) rate limits: 429 problem with Retry-After.
-- Body limits, also for a chunked body (no Content-Length) and a lying Content-Length.
+- Body limits, also for a chunked body (no Content-Length) and a lying Content-Length; a body
+  that does not arrive in time gets 408 and holds no admission slot meanwhile.
 - No token and no database password in the logs of the real API at DEBUG
   (``test_secrets_never_reach_the_logs``, Postgres).
 
@@ -499,6 +500,45 @@ def test_the_live_server_limits_chunked_and_lying_bodies(database: Database) -> 
     assert lying.startswith((b"HTTP/1.1 422", b"HTTP/1.1 400")), lying[:200]
     assert healthy.status_code == 200
     assert count(database, "SELECT count(*) FROM jobs") == 0
+
+
+def test_slow_bodies_hold_no_admission_slot_and_get_408(database: Database) -> None:
+    """Clients that send a request's head and then trickle (here: stall) its body must not take
+    the few requests in progress a process admits (api.admission): the body is read first,
+    within ``body_timeout_s``. Before, 4 such connections stalled the process, /healthz too."""
+    database.empty()
+    settings = Settings(
+        database_url=database.url, database_schema=database.schema, body_timeout_s=1.0
+    )
+    app = create_app(settings, engine=database.engine)
+    with Session(database.engine) as session:
+        admin = create_token(session, Role.ADMIN)
+    head = (
+        "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {admin}\r\nContent-Length: 300\r\n\r\n{{"
+    ).encode()
+    stalled = 3 * 2 * settings.worker_threads  # three times the requests in progress allowed
+    with serving(app) as base, contextlib.ExitStack() as stack:
+        port = int(base.rsplit(":", 1)[1])
+        slow = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+            for _ in range(stalled)
+        ]
+        for connection in slow:
+            connection.sendall(head)
+        time.sleep(0.3)
+        with httpx.Client(base_url=base, timeout=3) as http:
+            healthy = http.get("/healthz")
+            job = http.post("/v1/jobs", json=job_body(), headers=bearer(admin))
+        answers = [connection.recv(65536) for connection in slow]  # within 1 s: 408
+        closed = [connection.recv(65536) for connection in slow]
+
+    assert healthy.status_code == 200
+    assert job.status_code == 201, job.text
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
+    assert b"did not arrive within 1 s" in answers[0]
+    assert closed == [b""] * stalled, "the server closes a connection whose body timed out"
+    assert count(database, "SELECT count(*) FROM jobs") == 1
 
 
 def raw_request(port: int, token: str, *, declared: int, body: bytes) -> bytes:
