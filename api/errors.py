@@ -1,7 +1,9 @@
 """One mapper from errors to RFC 9457 problem details (application/problem+json).
 
 Every 4xx and 5xx leaves the API through here: validation errors name the field at fault,
-domain errors map to their status, and anything unexpected becomes a 500 without a stack trace.
+domain errors map to their status, a database that cannot be reached (or a transaction it
+could not complete: a lost connection, a deadlock, a pool with no free connection) is a 503
+with Retry-After, and anything unexpected becomes a 500 without a stack trace.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shockwave.lifecycle import IllegalTransition
@@ -21,6 +24,8 @@ from shockwave.model import ValidationError
 log = logging.getLogger("shockwave.api")
 
 PROBLEM = "application/problem+json"
+RETRY_AFTER_S = 2
+"""Retry-After of a 503 for a database outage: a restart of Postgres takes seconds."""
 
 
 class Problem(Exception):
@@ -117,6 +122,21 @@ def install(app: FastAPI) -> None:
         return problem_response(
             request, 422, "Invalid request", "a value cannot be stored (out of range or invalid)"
         )
+
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path,
+                    type(exc).__name__)  # fmt: skip
+        return problem_response(
+            request,
+            503,
+            "Database unavailable",
+            "the database could not be reached or could not complete the transaction; retry "
+            "(a submission with the same Idempotency-Key is applied at most once)",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    for transient in (OperationalError, InterfaceError, PoolTimeout):
+        app.add_exception_handler(transient, _database)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
