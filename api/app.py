@@ -63,6 +63,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     return app
 
 
+class _TooLarge(Exception):
+    """A request body passed the limit while it streamed in."""
+
+
 class BodyLimitMiddleware:
     """Read the whole request body, bounded in size and in time, before the request goes on
     (to admission, :class:`api.admission.InFlightLimit`, and the app).
@@ -93,28 +97,18 @@ class BodyLimitMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await self._refuse(scope, receive, send, 413, "Request too large", self._detail())
             return
-        parts: list[bytes] = []
-        received = 0
         try:
             async with asyncio.timeout(self.timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":  # the client went away
-                        return
-                    part = message.get("body", b"")
-                    received += len(part)
-                    if received > self.max_bytes:
-                        detail = self._detail()
-                        await self._refuse(scope, receive, send, 413, "Request too large", detail)
-                        return
-                    parts.append(part)
-                    if not message.get("more_body", False):
-                        break
+                body = await self._read(receive)
         except TimeoutError:
             detail = f"the request body did not arrive within {self.timeout_s:g} s"
             await self._refuse(scope, receive, send, 408, "Request timeout", detail)
             return
-        body = b"".join(parts)
+        except _TooLarge:
+            await self._refuse(scope, receive, send, 413, "Request too large", self._detail())
+            return
+        if body is None:  # the client went away
+            return
         delivered = False
 
         async def replay() -> Message:
@@ -125,6 +119,23 @@ class BodyLimitMiddleware:
             return await receive()  # after the body: only http.disconnect can come
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body; None if the client disconnected first. Raises :class:`_TooLarge`
+        as soon as more than ``max_bytes`` came."""
+        parts: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            part = message.get("body", b"")
+            received += len(part)
+            if received > self.max_bytes:
+                raise _TooLarge
+            parts.append(part)
+            if not message.get("more_body", False):
+                return b"".join(parts)
 
     async def _refuse(
         self, scope: Scope, receive: Receive, send: Send, status: int, title: str, detail: str

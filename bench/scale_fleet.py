@@ -107,6 +107,14 @@ class Node:
     ended: set[str] = field(default_factory=set)
     outbox: list[dict[str, Any]] = field(default_factory=list)
 
+    def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
+        """The attempt's process is gone: never start it again, and owe ``report`` on it (none
+        for one whose events were refused: it was fenced, its lease is gone already)."""
+        del self.attempts[attempt_id]
+        self.ended.add(attempt_id)
+        if report is not None:
+            self.outbox.append({"attempt_id": attempt_id, **report})
+
 
 class Fleet:
     """``nodes``: node id -> (agent token, GPUs). ``jobs``: job id -> its training program."""
@@ -199,9 +207,7 @@ class Fleet:
         for attempt_id in list(here.attempts):
             lease = leases.get(attempt_id)
             if lease is None or attempt_id in stop:
-                del here.attempts[attempt_id]
-                here.ended.add(attempt_id)
-                here.outbox.append({"attempt_id": attempt_id, "state": "checkpointed"})
+                here.end(attempt_id, {"state": "checkpointed"})
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
         now = time.monotonic()
@@ -238,13 +244,9 @@ class Fleet:
                 continue  # the agent stopped it meanwhile
             if job.fenced:
                 job.fenced = False  # the SDK stops the process on a 409
-                del here.attempts[attempt.attempt_id]
-                here.ended.add(attempt.attempt_id)
+                here.end(attempt.attempt_id, None)
             elif job.finished:
-                del here.attempts[attempt.attempt_id]
-                here.ended.add(attempt.attempt_id)
-                exited = {"attempt_id": attempt.attempt_id, "state": "exited", "exit_code": 0}
-                here.outbox.append(exited)
+                here.end(attempt.attempt_id, {"state": "exited", "exit_code": 0})
 
     async def _epoch(self, job: TrainingJob, batch: int, seconds: float) -> None:
         """Post one finished epoch (and the scaling event of a new regime), as the SDK would."""

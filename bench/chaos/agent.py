@@ -45,14 +45,13 @@ TOKEN_ENV = "SHOCKWAVE_CHAOS_TOKEN"
 
 @dataclass
 class Attempt:
-    """An attempt this node runs: its job, the job token, the rounds it trained in, and
-    whether its job's epochs are done (``exited`` still to be reported)."""
+    """An attempt this node runs: its job, the job token and the rounds it trained in (an
+    attempt whose job is done has ended: :meth:`Agent.end`)."""
 
     attempt_id: str
     job_id: str
     token: str
     rounds: list[int] = field(default_factory=list)
-    done: bool = False
 
 
 @dataclass
@@ -205,7 +204,7 @@ class Agent:
         done (owing ``exited 0``) or its events are refused as fenced (owing
         ``checkpointed``: the process stops)."""
         round_index = int(lease["round_index"])
-        if attempt.done or round_index in attempt.rounds:
+        if round_index in attempt.rounds:
             return
         attempt.rounds.append(round_index)
         self.state.save(self.state_path)
@@ -213,7 +212,6 @@ class Agent:
         if outcome == "fenced":
             self.end(attempt.attempt_id, "fenced", {"state": "checkpointed"})
         elif outcome == "done":
-            attempt.done = True
             self.end(attempt.attempt_id, "exited", {"state": "exited", "exit_code": 0})
 
     def train(self, attempt: Attempt, round_index: int) -> str:

@@ -23,15 +23,7 @@ class RecordingFleet(Fleet):
         self.answer = answer
 
     async def _call(
-        self,
-        kind: str,
-        method: str,
-        path: str,
-        token: str,
-        body: dict[str, Any] | None = None,
-        *,
-        params: dict[str, str] | None = None,
-        refusals: Sequence[int] = (),
+        self, kind: str, method: str, path: str, token: str, body: Any = None, **_: Any
     ) -> Any:
         self.calls.append((kind, path, body))
         return self.answer
