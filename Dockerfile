@@ -1,22 +1,42 @@
-# The service image: API, solver worker and round driver are the same image with another command
-# (see docker-compose.yml). The source tree stays at /app because the Alembic migrations
-# (alembic.ini, migrations/) are read from next to the `api` package, not from the wheel: the
-# install is editable so that `shockwave api` finds them.
-FROM python:3.11-slim
+# The project image: the API, the solver worker, the round driver and the node agent are this one
+# image with another command (docker-compose.yml), and the example training programs run in it
+# (the agent's Docker runtime, tests/e2e/test_docker_runtime.py).
+#
+#   docker build -t shockwave:latest .                       # on the public Python image
+#   scripts/images.sh                                        # without a registry (docs/service.md)
+#
+# BASE_IMAGE: any Debian-like image with python3 (3.11 or newer) and its venv module; the default
+# is the public Python image, scripts/images.sh passes a base image it built with debootstrap.
+# EXTRAS: optional dependency groups of pyproject.toml to add (e.g. `torch` for examples/torch_mlp.py).
+# The whole source tree is copied (what .dockerignore leaves out aside), so a new top-level package
+# needs no change here; the install is editable so that the Alembic files (alembic.ini,
+# migrations/) are found next to the packages, at /app.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
+ARG EXTRAS=""
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/shockwave \
+    PATH=/opt/shockwave/bin:$PATH
 
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
-COPY shockwave ./shockwave
-COPY api ./api
-COPY solver_service ./solver_service
-COPY migrations ./migrations
-RUN pip install -e . \
-    && useradd --system --uid 10001 --home-dir /app shockwave
+RUN python3 -m venv "$VIRTUAL_ENV" \
+    && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin shockwave
+
+# The dependencies first, read from pyproject.toml alone: a change to the source does not
+# reinstall them (this layer is rebuilt only when pyproject.toml changes).
+COPY pyproject.toml ./
+COPY docker/requirements.py docker/
+RUN python3 docker/requirements.py "$EXTRAS" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+COPY . .
+RUN pip install --no-deps --no-build-isolation -e . \
+    && shockwave --help > /dev/null
 USER shockwave
 
 EXPOSE 8000

@@ -237,36 +237,75 @@ class ProcessRuntime:
             os.killpg(handle.pid, signum)
 
 
-class DockerRuntime:
-    """Jobs as Docker containers named ``shockwave-<attempt>``, on the host network (the API
-    URL means the same inside), the checkpoint directory mounted at the same path, and the
-    lease's GPUs passed with ``--gpus`` (inside, they are numbered from 0)."""
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """``env`` as a Docker env file (``NAME=value`` a line), readable by its owner alone;
+    ValueError for a name or value the format cannot carry (a newline, an ``=`` in a name)."""
+    lines = []
+    for key, value in sorted(env.items()):
+        if not key or "=" in key or any(c in key + value for c in "\r\n\0"):
+            raise ValueError(f"the environment variable {key!r} cannot be passed to a container")
+        lines.append(f"{key}={value}\n")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.writelines(lines)
 
-    def __init__(self, nvidia: bool) -> None:
+
+CONTAINER_LABEL = "shockwave.attempt"
+"""The label every job container carries (its value: the container's name), to find them."""
+LIVE_STATES = ("created", "running", "restarting", "paused")
+
+
+class DockerRuntime:
+    """Jobs as Docker containers named ``shockwave-<attempt>`` and labelled
+    ``shockwave.attempt``: on the host network (the API URL means the same inside), with the
+    checkpoint directory mounted at the same path, as the agent's own user and group (the files
+    they write there belong to the agent), under Docker's init (signals reach the job, zombies
+    are reaped), and with the lease's GPUs passed with ``--gpus`` (inside, they are numbered
+    from 0). The job's environment goes to ``docker run`` in an ``--env-file`` readable by the
+    agent alone and removed once the container is created, so that no token shows on a command
+    line and nothing in it can redirect the ``docker`` command itself.
+
+    A container outlives its agent: an agent restarted on the same work directory finds it by
+    name and supervises it again (the process runtime's wrapper stops an orphaned job; a
+    container of an agent that never comes back runs until it ends or is removed)."""
+
+    def __init__(self, nvidia: bool, user: str | None = None) -> None:
         self.nvidia = nvidia
+        self.user = user if user is not None else f"{os.getuid()}:{os.getgid()}"
 
     def start(self, launch: Launch) -> Handle:
+        if launch.image is None:
+            raise ValueError("a container needs an image")
         launch.log_file.parent.mkdir(parents=True, exist_ok=True)
-        name = f"shockwave-{safe_name(launch.attempt_id)}"
+        launch.status_file.unlink(missing_ok=True)
+        handle = Handle.planned("docker", launch)
+        name = handle.container or ""
         self._docker("rm", "--force", name, check=False)
         env = dict(launch.env)
-        argv = ["run", "--detach", "--name", name, "--label", f"shockwave.attempt={name}"]
+        argv = ["run", "--detach", "--init", "--name", name, "--label", f"{CONTAINER_LABEL}={name}"]
         mount = f"{launch.checkpoint_dir}:{launch.checkpoint_dir}"
-        argv += ["--network", "host", "--volume", mount]
+        argv += ["--network", "host", "--volume", mount, "--user", self.user]
         if self.nvidia and launch.gpus:
             argv += ["--gpus", f'"device={",".join(str(g) for g in launch.gpus)}"']
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(launch.gpus)))
-        for key, value in sorted(env.items()):
-            argv += ["--env", f"{key}={value}"]
-        if launch.image is None:
-            raise ValueError("a container needs an image")
-        self._docker(*argv, launch.image, *launch.argv)
-        return Handle.planned("docker", launch)
+        env_file = launch.log_file.with_name("container.env")
+        write_env_file(env_file, env)
+        try:
+            self._docker(*argv, "--env-file", str(env_file), launch.image, *launch.argv)
+        except RuntimeError:
+            self._docker("rm", "--force", name, check=False)  # created but not started
+            raise
+        finally:
+            env_file.unlink(missing_ok=True)
+        return handle
 
     def recover(self, handle: Handle) -> Handle:
         return handle
 
     def poll(self, handle: Handle) -> Ended | None:
+        """None while the container lives; once it has ended: its exit code, recorded in the
+        status file, its output appended to the log, and the container removed. A container
+        that is gone yields what the status file recorded (code None: nothing)."""
         name = handle.container or ""
         inspected = self._docker(
             "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False
@@ -274,7 +313,7 @@ class DockerRuntime:
         if inspected.returncode != 0:
             return Ended(read_status(handle.status_file))
         status, _, code = inspected.stdout.strip().partition(" ")
-        if status in ("created", "running", "restarting", "paused"):
+        if status in LIVE_STATES:
             return None
         logs = self._docker("logs", name, check=False)
         with Path(handle.log_file).open("a") as log:
@@ -290,6 +329,7 @@ class DockerRuntime:
         self._docker("kill", handle.container or "", check=False)
 
     def _docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``docker ARGS``; RuntimeError on failure when ``check``."""
         try:
             done = subprocess.run(
                 ["docker", *args],

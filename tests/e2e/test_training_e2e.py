@@ -81,10 +81,15 @@ class Training:
     checkpoints: Path
     agents: dict[str, Service]
     tokens: dict[str, str]
+    image: str | None = None
+    """The image the jobs run in (agents with the Docker runtime); None: processes."""
     jobs: dict[str, str] = field(default_factory=dict)
     """job id -> name"""
 
     def submit(self, name: str, mode: str, epochs: int, samples: int, seed: int) -> str:
+        program = [sys.executable, str(EXAMPLE)]
+        if self.image is not None:  # the image's interpreter, in its working directory
+            program = ["python", str(EXAMPLE.relative_to(ROOT))]
         body = {
             "name": name,
             "gpus": 1,
@@ -93,14 +98,8 @@ class Training:
             "initial_batch_size": LADDER[0],
             "mode": mode,
             "batch_sizes": LADDER,
-            "command": [
-                sys.executable,
-                str(EXAMPLE),
-                "--min-step-seconds",
-                str(STEP_SECONDS),
-                "--seed",
-                str(seed),
-            ],
+            "command": [*program, "--min-step-seconds", str(STEP_SECONDS), "--seed", str(seed)],
+            "image": self.image,
         }
         response = self.http.post("/v1/jobs", json=body)
         assert response.status_code == 201, response.text
@@ -146,9 +145,12 @@ class Training:
 
 
 @contextmanager
-def training(tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2")) -> Iterator[Training]:
-    """Worker, API, driver and one ``shockwave agent`` per node; every process, the jobs' own
-    included, is stopped at the end whatever happens."""
+def training(
+    tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2"), image: str | None = None
+) -> Iterator[Training]:
+    """Worker, API, driver and one ``shockwave agent`` per node (with ``image``: the Docker
+    runtime, the jobs in containers of it); every process, the jobs' own included, is stopped
+    at the end whatever happens."""
     with deployment(tmp_path) as stack:
         agents: dict[str, Service] = {}
         try:
@@ -164,13 +166,13 @@ def training(tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2")) -> Iterator[
                 )
             )
             for node in nodes:
-                agents[node] = start_agent(stack, api, node, tokens[node])
+                agents[node] = start_agent(stack, api, node, tokens[node], docker=image is not None)
             http = httpx.Client(
                 base_url=api,
                 headers={"Authorization": f"Bearer {stack.admin_token}"},
                 timeout=10.0,
             )
-            run = Training(stack, api, http, checkpoints, agents, tokens)
+            run = Training(stack, api, http, checkpoints, agents, tokens, image)
             wait_until(
                 lambda: ready_nodes(stack) == set(nodes),
                 30,
@@ -194,7 +196,9 @@ def training(tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2")) -> Iterator[
             kill_strays(tmp_path)
 
 
-def start_agent(stack: Deployment, api: str, node: str, token: str) -> Service:
+def start_agent(
+    stack: Deployment, api: str, node: str, token: str, *, docker: bool = False
+) -> Service:
     work = stack.log_dir / f"agent-{node}"
     work.mkdir(exist_ok=True)
     shared = stack.log_dir / "checkpoints"
@@ -208,7 +212,7 @@ def start_agent(stack: Deployment, api: str, node: str, token: str) -> Service:
         "--gpus",
         str(SLOTS),
         "--runtime",
-        "process",
+        "docker" if docker else "process",
         "--work-dir",
         str(work),
         "--poll-interval",
@@ -602,7 +606,9 @@ def drain_unpreempted(run: Training) -> set[str]:
             f"{node}'s drained attempts to be reported\n{run.logs()}",
         )
         drained |= set(running)
-        run.agents[node] = start_agent(run.stack, run.api, node, run.tokens[node])
+        run.agents[node] = start_agent(
+            run.stack, run.api, node, run.tokens[node], docker=run.image is not None
+        )
     return drained
 
 

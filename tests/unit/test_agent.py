@@ -416,8 +416,11 @@ def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
     fake.write_text(
         f"#!{sys.executable}\n"
         "import json, sys\n"
-        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "if sys.argv[1] == 'inspect':\n"
+        "args = sys.argv[1:]\n"
+        "if '--env-file' in args:\n"
+        "    args.append(open(args[args.index('--env-file') + 1]).read())\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(args) + '\\n')\n"
+        "if args[0] == 'inspect':\n"
         "    print('exited 3')\n"
     )
     fake.chmod(0o755)
@@ -429,10 +432,16 @@ def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
     runtime.terminate(handle)
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
     run = next(a for a in argvs if a[0] == "run")
+    *run, env_file = run
     assert run[-3:] == ["trainer:1", "python", "train.py"]
     assert run[run.index("--gpus") + 1] == '"device=2,3"'
-    assert "CUDA_VISIBLE_DEVICES=0,1" in run and "SHOCKWAVE_JOB_ID=j1" in run
     assert run[run.index("--network") + 1] == "host"
+    assert run[run.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+    assert "--init" in run and f"shockwave.attempt={handle.container}" in run
+    env = dict(line.split("=", 1) for line in env_file.splitlines())
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["SHOCKWAVE_JOB_ID"] == "j1"
+    assert not any("SHOCKWAVE_" in arg for arg in run), "the environment is not on the command line"
+    assert not Path(run[run.index("--env-file") + 1]).exists(), "the env file is removed"
     assert ["kill", "--signal", "SIGTERM", handle.container] in argvs
     assert read_status(handle.status_file) == 3
 
