@@ -23,8 +23,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/shockwave/bin:$PATH
 
 WORKDIR /app
+# /var/lib/shockwave: the agent's work directory and its token, volumes in docker-compose.yml
+# (a new named volume takes the ownership of the directory it is mounted on).
 RUN python3 -m venv "$VIRTUAL_ENV" \
-    && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin shockwave
+    && useradd --uid 10001 --home-dir /app --no-create-home --shell /usr/sbin/nologin shockwave \
+    && mkdir -p /var/lib/shockwave/agent /var/lib/shockwave/tokens \
+    && chown -R shockwave: /var/lib/shockwave
 
 # The dependencies first, read from pyproject.toml alone: a change to the source does not
 # reinstall them (this layer is rebuilt only when pyproject.toml changes).

@@ -1,19 +1,21 @@
 # Entry points: `make venv`, `make run`, `make test`, `make lint`.
 # Reference data is read in place from ../shared/data/reference (never copied into the project).
 
-PYTHON ?= python3.11
+PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 REFERENCE := ../shared/data/reference
 TRACE_NAME := 120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic
 RUN_OUT := out/120jobs
 
-.PHONY: venv run test test-slow e2e lint chaos
+.PHONY: venv run test test-slow e2e lint chaos images compose-check
 
 venv: $(VENV)/.installed
 
 # Re-installs only when the project's dependencies change.
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "make venv: needs Python 3.11 or newer (PYTHON=$(PYTHON) is older; set PYTHON=...)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
@@ -25,24 +27,38 @@ run: venv
 		--throughputs '$(REFERENCE)/throughputs/tacc_throughputs.json' \
 		--gpus 32 --gpus-per-node 4 --policy all --out '$(RUN_OUT)'
 
+# What the tests need beyond the venv is installed and started here (scripts/ say how): PostgreSQL
+# and Redis, the Docker engine (Debian's docker.io, installed with apt when missing, as root),
+# and the project's image, built without a registry (the Docker-runtime test runs jobs in it).
 test: venv
 	scripts/services.sh
+	scripts/images.sh
 	$(BIN)/python -m pytest
 
-# The runs `make test` leaves out (marker `slow`): the short chaos run (about a minute).
-test-slow: venv
+# The runs `make test` leaves out: the compose stack running two jobs (make compose-check, about
+# two minutes) and the tests marked `slow` (the short chaos run, about a minute).
+test-slow: venv compose-check
 	scripts/services.sh
 	$(BIN)/python -m pytest -m slow
 
 # The end-to-end tests alone (real processes; `make test` runs them too).
 e2e: venv
 	scripts/services.sh
+	scripts/images.sh
 	$(BIN)/python -m pytest tests/e2e
 
 # Fault injection (docs/reliability.md): kill -9 parts of a running deployment while jobs run,
 # then check the invariants. Starts a private Postgres and Redis; exits non-zero on a violation.
 chaos: venv
 	$(BIN)/python -m bench.chaos --json out/chaos.json
+
+# Every image docker-compose.yml runs, built locally (debootstrap base; docs/service.md).
+images:
+	scripts/images.sh compose
+
+# docker-compose.yml for real: build, up, two example jobs through the agent container, down.
+compose-check: venv
+	scripts/compose_check.sh
 
 lint: venv
 	$(BIN)/ruff check .
