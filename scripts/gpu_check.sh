@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# Run the PyTorch example under a real node agent on this machine's NVIDIA GPU(s).
+# Run the PyTorch example under a real node agent on this machine's NVIDIA GPU(s): as a process,
+# then in a container of the project's image with the GPUs passed through, where Docker and the
+# NVIDIA container toolkit exist.
 #
-# Starts `shockwave up` (the embedded service on a SQLite file in a temporary directory) and
-# `shockwave agent --gpus auto --runtime process`, submits examples/torch_mlp.py as a one-GPU
-# job, waits for it to succeed, and prints nvidia-smi (while the job runs and at the end) and
-# the device torch trained on (the `device` of each attempt's start record in the job's
-# loss.jsonl).
+# Starts `shockwave up` (the embedded service on a SQLite file in a temporary directory), then:
+# 1. process: `shockwave agent --gpus auto --runtime process`; examples/torch_mlp.py as a one-GPU
+#    job; it must succeed on cuda.
+# 2. container (only where `docker info` answers and the NVIDIA container toolkit is installed:
+#    nvidia-ctk or nvidia-container-runtime, or an nvidia runtime in `docker info`): the image
+#    with torch (GPU_CHECK_IMAGE, built by scripts/images.sh with SHOCKWAVE_IMAGE_EXTRAS=torch
+#    when missing), `docker run --gpus all` of nvidia-smi and of torch's view of the GPUs, then
+#    `shockwave agent --runtime docker`: the same job in a container of that image on the
+#    leased GPU (`--gpus device=N`); it must succeed on cuda.
+# Each phase prints nvidia-smi while the job runs and the device torch trained on (the `device`
+# of each attempt's start record in the job's loss.jsonl).
 #
-# Exit 0: the job SUCCEEDED and every attempt trained on cuda. 1: it did not (the logs are
-# printed). 2: something it needs is missing: nvidia-smi and a GPU, the project's virtualenv,
-# or torch with CUDA in it. Nothing is installed: use the project's venv (`make venv`, then
-# `.venv/bin/pip install torch` with a CUDA build for this driver).
+# Exit 0: every phase that could run succeeded on cuda (a skipped container phase says why).
+# 1: a job did not (the logs are printed). 2: something it needs is missing: nvidia-smi and a
+# GPU, the project's virtualenv, or torch with CUDA in it. Nothing is installed by the process
+# phase: use the project's venv (`make venv`, then `.venv/bin/pip install torch` with a CUDA
+# build for this driver); the container phase builds its image (PyPI must be reachable then).
 #
 # Settings (environment): PYTHON (default .venv/bin/python; `shockwave` is taken from its
-# directory), GPU_CHECK_TIMEOUT_S (600), GPU_CHECK_EPOCHS (4), GPU_CHECK_KEEP=1 keeps the
-# temporary directory (database, agent work directory, logs, checkpoints).
+# directory), GPU_CHECK_TIMEOUT_S (600 per phase), GPU_CHECK_EPOCHS (4), GPU_CHECK_IMAGE
+# (shockwave-gpu:latest), GPU_CHECK_CONTAINER (auto; 0: skip the container phase; 1: require
+# it, exit 2 without Docker and the toolkit), GPU_CHECK_KEEP=1 keeps the temporary directory
+# (database, agent work directories, logs, checkpoints).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +33,8 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 SW=$(dirname "$PY")/shockwave
 TIMEOUT_S=${GPU_CHECK_TIMEOUT_S:-600}
 EPOCHS=${GPU_CHECK_EPOCHS:-4}
+IMAGE=${GPU_CHECK_IMAGE:-shockwave-gpu:latest}
+CONTAINER=${GPU_CHECK_CONTAINER:-auto}
 EXAMPLE=$ROOT/examples/torch_mlp.py
 
 say() { printf 'gpu_check: %s\n' "$*" >&2; }
@@ -47,6 +60,21 @@ else
     fi
 fi
 [ -f "$EXAMPLE" ] || missing+=("$EXAMPLE is missing")
+container_toolkit() {
+    command -v nvidia-ctk >/dev/null 2>&1 || command -v nvidia-container-runtime >/dev/null 2>&1 ||
+        docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia
+}
+CONTAINER_SKIP=
+if [ "$CONTAINER" = 0 ]; then
+    CONTAINER_SKIP="GPU_CHECK_CONTAINER=0"
+elif ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
+    CONTAINER_SKIP="no Docker engine answers \`docker info\`"
+elif ! container_toolkit; then
+    CONTAINER_SKIP="the NVIDIA container toolkit is not installed (nvidia-ctk, nvidia-container-runtime)"
+fi
+if [ "$CONTAINER" = 1 ] && [ -n "$CONTAINER_SKIP" ]; then
+    missing+=("the container phase (GPU_CHECK_CONTAINER=1): $CONTAINER_SKIP")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     say "cannot run; missing:"
     for item in "${missing[@]}"; do printf '  - %s\n' "$item" >&2; done
@@ -63,7 +91,7 @@ print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, "
 for i in range(torch.cuda.device_count()):
     print(f"  cuda:{i} {torch.cuda.get_device_name(i)}")'
 
-# --- the service and the agent ---------------------------------------------------------------
+# --- the service ---------------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/shockwave-gpu-check-XXXXXX")
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 API=http://127.0.0.1:$PORT
@@ -89,12 +117,16 @@ say "work directory $WORK; API $API"
 "$SW" up --port "$PORT" --db "$WORK/gpu_check.db" --round-seconds 10 --log-level warning \
     >"$WORK/up.log" 2>&1 &
 UP_PID=$!
-"$SW" agent --api "$API" --gpus auto --runtime process --node-name gpu-check \
-    --work-dir "$WORK/agent" --poll-interval 0.5 >"$WORK/agent.log" 2>&1 &
-AGENT_PID=$!
 
-# --- the job --------------------------------------------------------------------------------
-"$PY" - "$API" "$PY" "$EXAMPLE" "$EPOCHS" "$TIMEOUT_S" "$WORK" "$UP_PID" "$AGENT_PID" <<'EOF'
+# run_phase NAME RUNTIME IMAGE COMMAND_JSON: an agent (node gpu-check-NAME, work directory
+# $WORK/agent-NAME) with RUNTIME, and the job; the agent is stopped at the end. Its exit status.
+run_phase() {
+    local name=$1 runtime=$2 image=$3 command=$4 status
+    "$SW" agent --api "$API" --gpus auto --runtime "$runtime" --node-name "gpu-check-$name" \
+        --work-dir "$WORK/agent-$name" --poll-interval 0.5 >"$WORK/agent-$name.log" 2>&1 &
+    AGENT_PID=$!
+    "$PY" - "$API" "gpu-check-$name" "$image" "$command" "$EPOCHS" "$TIMEOUT_S" "$WORK" \
+        "$WORK/agent-$name" "$UP_PID" "$AGENT_PID" <<'EOF'
 import json
 import os
 import subprocess
@@ -104,9 +136,10 @@ from pathlib import Path
 
 import httpx
 
-api, python, example, epochs, timeout_s, work, up_pid, agent_pid = sys.argv[1:]
+api, node_id, image, command, epochs, timeout_s, work, agent_work, up_pid, agent_pid = sys.argv[1:]
 deadline = time.monotonic() + float(timeout_s)
 work_dir = Path(work)
+agent_dir = Path(agent_work)
 
 
 def alive(pid: str) -> bool:
@@ -126,9 +159,9 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def fail(message: str) -> None:
     print(f"gpu_check: FAILED: {message}", file=sys.stderr)
-    for name in ("up.log", "agent.log"):
-        print(f"--- {name}\n{tail(work_dir / name)}", file=sys.stderr)
-    for log in sorted(work_dir.glob("agent/attempts/*/output.log")):
+    for log in (work_dir / "up.log", agent_dir.with_suffix(".log")):
+        print(f"--- {log.name}\n{tail(log)}", file=sys.stderr)
+    for log in sorted(agent_dir.glob("attempts/*/output.log")):
         print(f"--- {log}\n{tail(log)}", file=sys.stderr)
     sys.exit(1)
 
@@ -137,7 +170,7 @@ client = httpx.Client(base_url=api, timeout=10.0)
 while True:  # the API answers and the agent's node is READY
     try:
         nodes = client.get("/v1/nodes").json().get("items", [])
-        if any(n.get("id") == "gpu-check" and n.get("state") == "READY" for n in nodes):
+        if any(n.get("id") == node_id and n.get("state") == "READY" for n in nodes):
             break
     except (httpx.HTTPError, ValueError):
         pass
@@ -148,8 +181,8 @@ while True:  # the API answers and the agent's node is READY
     if time.monotonic() > deadline:
         fail("the service or the agent did not come up")
     time.sleep(0.5)
-node = next(n for n in client.get("/v1/nodes").json()["items"] if n["id"] == "gpu-check")
-print(f"== node gpu-check registered: {node}")
+node = next(n for n in client.get("/v1/nodes").json()["items"] if n["id"] == node_id)
+print(f"== node {node_id} registered: {node}")
 
 job = client.post(
     "/v1/jobs",
@@ -162,13 +195,15 @@ job = client.post(
         "mode": "accordion",
         "batch_sizes": [32, 256],
         "model": "MLP",
-        "command": [python, example],
+        "command": json.loads(command),
+        "image": image or None,
     },
 )
 if job.status_code != 201:
     fail(f"the job was refused: {job.status_code} {job.text}")
 job_id = job.json()["id"]
-print(f"== job {job_id} submitted (examples/torch_mlp.py, {epochs} epochs, Accordion 32/256)")
+where = f"in a container of {image}" if image else "as a process"
+print(f"== job {job_id} submitted (examples/torch_mlp.py {where}, {epochs} epochs, Accordion 32/256)")
 
 shown = False
 state = "PENDING"
@@ -187,7 +222,7 @@ while state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
 print(f"== job {state}: {record['epochs_done']:g}/{record['epochs']} epochs, "
       f"batch size {record['batch_size']}")
 
-loss_log = work_dir / "agent" / "checkpoints" / job_id / "loss.jsonl"
+loss_log = agent_dir / "checkpoints" / job_id / "loss.jsonl"
 records = [json.loads(x) for x in loss_log.read_text().splitlines()] if loss_log.exists() else []
 devices = [r.get("device") for r in records if r.get("record") == "start"]
 for r in records:
@@ -198,9 +233,42 @@ if state != "SUCCEEDED":
     fail(f"the job is {state}")
 if not devices or not all(str(d).startswith("cuda") for d in devices):
     fail(f"torch did not train on the GPU (devices {devices})")
-print("gpu_check: OK: the job SUCCEEDED on cuda")
+print(f"gpu_check: OK: the job SUCCEEDED on cuda {where}")
 EOF
+    status=$?
+    stop "$AGENT_PID" 20
+    AGENT_PID=
+    return $status
+}
+
+echo "== phase 1: the job as a process"
+run_phase process process "" "$("$PY" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$PY" "$EXAMPLE")"
 status=$?
+
+if [ "$status" = 0 ] && [ -z "$CONTAINER_SKIP" ]; then
+    echo "== phase 2: the job in a container of $IMAGE"
+    if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+        say "building $IMAGE (the project image with torch; a CUDA build of torch is large)"
+        SHOCKWAVE_IMAGE=$IMAGE SHOCKWAVE_IMAGE_EXTRAS=torch "$ROOT/scripts/images.sh" || status=2
+    fi
+    if [ "$status" = 0 ]; then
+        echo "== docker run --gpus all: nvidia-smi and torch in the container"
+        docker run --rm --gpus all "$IMAGE" nvidia-smi &&
+            docker run --rm --gpus all "$IMAGE" python -c 'import sys, torch
+print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, devices {torch.cuda.device_count()}")
+sys.exit(0 if torch.cuda.is_available() else 1)' || {
+            say "FAILED: the container does not see the GPUs (docker run --gpus all)"
+            status=1
+        }
+    fi
+    if [ "$status" = 0 ]; then
+        run_phase container docker "$IMAGE" '["python", "examples/torch_mlp.py"]'
+        status=$?
+    fi
+elif [ -n "$CONTAINER_SKIP" ]; then
+    say "container phase skipped: $CONTAINER_SKIP"
+fi
+
 echo "== nvidia-smi (after)"
 nvidia-smi
 exit $status
