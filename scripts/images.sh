@@ -12,7 +12,7 @@
 # The builds run on the host network (pip and apt inside reach the same registries as this
 # machine); Docker's cache makes a rebuild of unchanged sources take seconds. Starts the engine
 # first (scripts/docker_engine.sh). Builds are serialized with a lock, so concurrent runs share
-# one base image.
+# one base image; the images a rebuild replaced (labelled org.shockwave.image) are pruned.
 #
 # Settings (environment): SHOCKWAVE_IMAGE, SHOCKWAVE_BASE_IMAGE, SHOCKWAVE_POSTGRES_IMAGE,
 # SHOCKWAVE_REDIS_IMAGE (the names above), SHOCKWAVE_IMAGE_EXTRAS (optional dependency groups
@@ -27,6 +27,7 @@ POSTGRES=${SHOCKWAVE_POSTGRES_IMAGE:-shockwave-postgres:15}
 REDIS=${SHOCKWAVE_REDIS_IMAGE:-shockwave-redis:7}
 EXTRAS=${SHOCKWAVE_IMAGE_EXTRAS:-}
 SUITE=bookworm
+PROJECT_LABEL=org.shockwave.image=1
 WHAT=${1:-project}
 
 say() { printf 'images.sh: %s\n' "$*" >&2; }
@@ -95,7 +96,7 @@ build() { # name dockerfile [build args...]
     local name=$1 dockerfile=$2 began=$SECONDS
     shift 2
     say "building $name ($dockerfile)"
-    if ! docker build --network host --build-arg "BASE_IMAGE=$BASE" "$@" \
+    if ! docker build --force-rm --label "$PROJECT_LABEL" --network host --build-arg "BASE_IMAGE=$BASE" "$@" \
         -f "$ROOT/$dockerfile" -t "$name" "$ROOT" >"${TMPDIR:-/tmp}/shockwave-build.log" 2>&1; then
         tail -n 30 "${TMPDIR:-/tmp}/shockwave-build.log" >&2
         say "docker build of $name failed"
@@ -112,3 +113,5 @@ if [ "$WHAT" = compose ]; then
     build "$POSTGRES" docker/postgres.Dockerfile
     build "$REDIS" docker/redis.Dockerfile
 fi
+# The images these builds replaced (untagged now), and nothing else.
+docker image prune --force --filter "label=$PROJECT_LABEL" >/dev/null
