@@ -11,26 +11,11 @@ set -euo pipefail
 
 WAIT_SECONDS=${DOCKER_WAIT_SECONDS:-60}
 LOG=${DOCKERD_LOG:-/var/log/shockwave-dockerd.log}
-PACKAGES=(docker.io docker-compose debootstrap)
 
 say() { printf 'docker_engine.sh: %s\n' "$*" >&2; }
 
-missing=()
-command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        say "missing ${missing[*]}: install them (Debian: sudo apt-get install -y ${PACKAGES[*]}) and run again"
-        exit 1
-    fi
-    say "installing ${missing[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
-        apt-get update -qq
-        apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
-fi
+"$(dirname "${BASH_SOURCE[0]}")/apt_install.sh" dockerd=docker.io docker-compose=docker-compose \
+    debootstrap=debootstrap >/dev/null
 
 answers() { docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; }
 

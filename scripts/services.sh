@@ -10,26 +10,13 @@ WAIT_SECONDS=${SERVICES_WAIT_SECONDS:-30}
 
 say() { printf 'services.sh: %s\n' "$*" >&2; }
 
-FRESH_POSTGRES=0
-install_missing() {
-    local need=()
-    command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
-    command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-    [ ${#need[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        say "missing ${need[*]}: install them (Debian: sudo apt-get install -y ${need[*]}), with"
-        say "trust authentication for 127.0.0.1 and a database named test, and run again"
-        exit 1
-    fi
-    say "installing ${need[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y -qq "${need[@]}" >/dev/null 2>&1; then
-        apt-get update -qq
-        apt-get install -y -qq "${need[@]}" >/dev/null
-    fi
-    [[ " ${need[*]} " == *" postgresql "* ]] && FRESH_POSTGRES=1
-    return 0
+# Installed just now (the packages apt_install.sh printed): PostgreSQL is set up for the tests.
+installed=$("$(dirname "${BASH_SOURCE[0]}")/apt_install.sh" pg_ctlcluster=postgresql redis-server=redis-server) || {
+    say "PostgreSQL needs trust authentication for 127.0.0.1 and a database named test"
+    exit 1
 }
+FRESH_POSTGRES=0
+[[ $'\n'"$installed"$'\n' == *$'\n'postgresql$'\n'* ]] && FRESH_POSTGRES=1
 
 # A PostgreSQL installed just now: the tests connect as postgres over TCP without a password,
 # to the database test.
@@ -45,7 +32,6 @@ configure_fresh_postgres() {
     say "PostgreSQL $version set up for the tests (trust on loopback, database test)"
 }
 
-install_missing
 
 postgres_up() { pg_isready -q -h "$HOST" -p 5432; }
 redis_up() { [ "$(redis-cli -h "$HOST" -p 6379 ping 2>/dev/null)" = "PONG" ]; }
