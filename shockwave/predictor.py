@@ -14,8 +14,12 @@ already ended, which the job has just shown to be false.
 Batch sizes of future regimes follow from the declared mode: ``accordion`` alternates between
 its initial (small) size and its largest size; ``gns`` doubles up its ladder to the largest size
 and never goes down; ``custom`` follows the declared list; ``static`` never changes. Seconds per
-epoch at a batch size come from measurement when the job ran at it, else from the declared
-throughput profile, else from the latest measurement (the greedy guess), else a default.
+epoch at a batch size come from the throughput model (:mod:`shockwave.throughput_model`):
+measurement when the job ran at it, else what other jobs of its model measured, else the declared
+throughput profile, else the job's own measurement scaled by a power law, else a default.
+
+This is the paper's predictor, one prior for every job. :mod:`shockwave.population_predictor`
+starts each job from what the jobs that finished before it did instead (empirical Bayes).
 
 Only observed progress is read: :class:`~shockwave.snapshot.ActiveJob` carries no future.
 """
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 from shockwave.model import AdaptationMode, Regime
 from shockwave.snapshot import ActiveJob
+from shockwave.throughput_model import ThroughputModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class PredictorParams:
 
     accordion_regimes: int = 2
     unknown_epoch_seconds: float = 60.0
+    restate_ongoing: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,18 +164,25 @@ def restate(
     return [*observed, share] + [rest] * (regimes - k - 1)
 
 
-def predict(job: ActiveJob, params: PredictorParams | None = None) -> Prediction:
-    """The posterior-mean trajectory of ``job`` from what has been observed of it."""
+def predict(
+    job: ActiveJob,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+) -> Prediction:
+    """The posterior-mean trajectory of ``job`` from what has been observed of it (the paper's
+    rule); epoch times from ``throughput`` (default: the job's own knowledge only)."""
     params = params or PredictorParams()
     pattern = batch_size_pattern(job, params)
     observed = [float(r.epochs) for r in job.progress.observed_regimes]
     done = job.progress.epochs_done
     current_done = max(0.0, done - sum(observed))
-    epochs = restate(job.spec.epochs, observed, current_done, len(pattern))
+    epochs = restate(
+        job.spec.epochs, observed, current_done if params.restate_ongoing else 0.0, len(pattern)
+    )
     while len(pattern) < len(epochs):
         pattern.append(pattern[-1])
     regimes = tuple(
-        PredictedRegime(bs, e, _epoch_seconds(job, bs, params))
+        PredictedRegime(bs, e, epoch_seconds(job, bs, params, throughput))
         for bs, e in zip(pattern, epochs, strict=True)
     )
     return Prediction(
@@ -195,16 +208,24 @@ def predict_from_truth(
     )
 
 
-def predict_greedy(job: ActiveJob, params: PredictorParams | None = None) -> Prediction:
+def predict_greedy(
+    job: ActiveJob,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+) -> Prediction:
     """What reactive schedulers assume: the rest of the job runs at the latest batch size."""
     params = params or PredictorParams()
     bs = job.progress.batch_size
     observed = [
-        PredictedRegime(r.batch_size, float(r.epochs), _epoch_seconds(job, r.batch_size, params))
+        PredictedRegime(
+            r.batch_size, float(r.epochs), epoch_seconds(job, r.batch_size, params, throughput)
+        )
         for r in job.progress.observed_regimes
     ]
     current = PredictedRegime(
-        bs, job.spec.epochs - sum(r.epochs for r in observed), _epoch_seconds(job, bs, params)
+        bs,
+        job.spec.epochs - sum(r.epochs for r in observed),
+        epoch_seconds(job, bs, params, throughput),
     )
     return Prediction(
         regimes=(*observed, current),
@@ -214,9 +235,18 @@ def predict_greedy(job: ActiveJob, params: PredictorParams | None = None) -> Pre
     )
 
 
-def _epoch_seconds(job: ActiveJob, batch_size: int, params: PredictorParams) -> float:
-    known = job.epoch_seconds(batch_size)
-    if known is not None:
-        return known
-    latest = job.epoch_seconds()
-    return latest if latest is not None else params.unknown_epoch_seconds
+_OWN_KNOWLEDGE = ThroughputModel({})
+"""A throughput model with no rates measured by other jobs: a job's own measurements and
+declarations only."""
+
+
+def epoch_seconds(
+    job: ActiveJob,
+    batch_size: int,
+    params: PredictorParams,
+    throughput: ThroughputModel | None = None,
+) -> float:
+    """Seconds per epoch of ``job`` at ``batch_size``: the throughput model's estimate, else
+    ``params.unknown_epoch_seconds``."""
+    estimate = (throughput or _OWN_KNOWLEDGE).epoch_time(job, batch_size)
+    return params.unknown_epoch_seconds if estimate is None else estimate.seconds

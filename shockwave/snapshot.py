@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from shockwave.model import Cluster, JobSpec, Regime
+from shockwave.population import EMPTY_PRIOR, PopulationPrior
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,9 @@ class Snapshot:
     ``jobs`` are the active jobs in arrival order. ``policy_state`` is whatever the same policy
     returned in its previous :class:`~shockwave.policy.Decision` (None at the first round), so
     that a policy with memory (priorities, plans) stays a pure function. ``revealed`` is empty
-    except in oracle experiments (see :class:`RevealedTrajectory`).
+    except in oracle experiments (see :class:`RevealedTrajectory`). ``population``: what the
+    jobs that have finished so far teach (:mod:`shockwave.population`): their trajectories and
+    measured rates, never a job's future.
     """
 
     now: float
@@ -120,6 +123,7 @@ class Snapshot:
     jobs: tuple[ActiveJob, ...]
     policy_state: object | None = None
     revealed: Mapping[str, RevealedTrajectory] = field(default_factory=dict)
+    population: PopulationPrior = EMPTY_PRIOR
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

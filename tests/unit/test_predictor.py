@@ -318,6 +318,9 @@ def test_static_remaining_seconds_are_remaining_epochs_times_epoch_seconds() -> 
     assert prediction.remaining_seconds == pytest.approx(6 * 2.0)
 
 
+LAW = (32 / 256) ** 0.3
+
+
 @pytest.mark.parametrize(
     ("profile", "measured", "current", "expected"),
     [
@@ -325,8 +328,10 @@ def test_static_remaining_seconds_are_remaining_epochs_times_epoch_seconds() -> 
         pytest.param(
             {32: 2.0, 256: 1.0}, {32: 3.0}, 32, {32: 3.0, 256: 1.0}, id="profile-beats-latest"
         ),
-        pytest.param({32: 2.0}, {}, 32, {32: 2.0, 256: 2.0}, id="latest-from-profile"),
-        pytest.param({}, {32: 3.0}, 32, {32: 3.0, 256: 3.0}, id="latest-measured"),
+        # An unseen size scales by the batch-size law: samples/s ~ bs ** 0.3, so an epoch at
+        # 256 takes (32 / 256) ** 0.3 of one at 32.
+        pytest.param({32: 2.0}, {}, 32, {32: 2.0, 256: 2.0 * LAW}, id="scaled-from-profile"),
+        pytest.param({}, {32: 3.0}, 32, {32: 3.0, 256: 3.0 * LAW}, id="scaled-from-measured"),
         pytest.param({}, {}, 32, {32: 7.0, 256: 7.0}, id="default"),
     ],
 )

@@ -1,0 +1,204 @@
+"""Seconds per epoch where a job has not run yet: measured, not given (issue 22).
+
+A user rarely knows how fast a batch size runs before the job has run at it, and never how fast
+it runs on a GPU count it has not used. The scheduler does know what it has measured: the epoch
+times of every job it ran, active or finished. :class:`ThroughputModel` estimates a job's epoch
+time at a batch size (and GPU count) from that, in this order, first that applies:
+
+1. ``measured``: the job's own epoch time at that batch size.
+2. ``population`` (ratio): the job's own measurement at another size, scaled by the ratio of the
+   rates other jobs of its model measured at the two sizes. A ratio transfers between jobs of
+   one model far better than an absolute rate (another dataset, another input pipeline).
+3. ``population`` (rate): what other jobs of its model measured at that size and GPU count.
+4. ``declared``: the user's declared throughput profile.
+5. ``scaled``: the job's own measurement (else its declared rate at another size, else the
+   nearest rate measured for its model) scaled by power laws: samples/s grow as batch size ** alpha and as GPUs ** beta. alpha and
+   beta are fitted to the measured rates (per model when it has two sizes or widths, else over
+   all models), starting from the priors in :class:`ThroughputModelParams`.
+Nothing applies to a job without a measurement, a declaration or a measured model: the caller
+decides the guess (the predictor's ``unknown_epoch_seconds``).
+
+The model is rebuilt at every decision from the population prior's rates (finished jobs) and the
+snapshot's active jobs; nothing here reads the jobs' true epoch times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shockwave.population import EMPTY_PRIOR, PopulationPrior, RateKey
+from shockwave.snapshot import ActiveJob
+
+_PRIOR_PRECISION = 1.0
+
+Source = Literal["measured", "population", "declared", "scaled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputModelParams:
+    """Priors of the scaling laws.
+
+    ``batch_exponent``: alpha in samples/s ~ batch size ** alpha until rates are measured
+    (0: a bigger batch runs no more samples per second; 1: perfectly). ``gpu_exponent``: beta in
+    samples/s ~ GPUs ** beta.
+    """
+
+    batch_exponent: float = 0.3
+    gpu_exponent: float = 0.8
+
+    def __post_init__(self) -> None:
+        for name in ("batch_exponent", "gpu_exponent"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= 1):
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochTime:
+    """An estimate: ``seconds`` per epoch and where it comes from."""
+
+    seconds: float
+    source: Source
+
+
+class ThroughputModel:
+    """Epoch-time estimates from measured rates (see the module docstring).
+
+    ``rates``: mean samples/s measured at each (model, GPUs, batch size).
+    """
+
+    def __init__(
+        self, rates: Mapping[RateKey, float], params: ThroughputModelParams | None = None
+    ) -> None:
+        self.params = params or ThroughputModelParams()
+        self.rates = dict(rates)
+        self._by_model: dict[str, list[RateKey]] = defaultdict(list)
+        for key in self.rates:
+            self._by_model[key[0]].append(key)
+        self._alpha = _fit_exponents(self.rates, "batch", self.params.batch_exponent)
+        self._beta = _fit_exponents(self.rates, "gpus", self.params.gpu_exponent)
+
+    @classmethod
+    def build(
+        cls,
+        prior: PopulationPrior = EMPTY_PRIOR,
+        jobs: Iterable[ActiveJob] = (),
+        params: ThroughputModelParams | None = None,
+    ) -> ThroughputModel:
+        """The model of what ``prior`` (finished jobs) and ``jobs`` (active ones) measured."""
+        sums: dict[RateKey, float] = {
+            k: s.samples_per_second * s.jobs for k, s in prior.rates.items()
+        }
+        counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
+        for job in jobs:
+            if not job.spec.model:
+                continue
+            for batch_size, seconds in job.progress.measured_epoch_seconds.items():
+                if seconds > 0 and math.isfinite(seconds):
+                    key = (job.spec.model, job.spec.gpus, batch_size)
+                    sums[key] = sums.get(key, 0.0) + job.spec.samples_per_epoch / seconds
+                    counts[key] = counts.get(key, 0) + 1
+        return cls({k: sums[k] / counts[k] for k in sums if counts[k]}, params)
+
+    def alpha(self, model: str) -> float:
+        return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
+
+    def beta(self, model: str) -> float:
+        return self._beta.get(model, self._beta.get("", self.params.gpu_exponent))
+
+    def epoch_time(
+        self, job: ActiveJob, batch_size: int, gpus: int | None = None
+    ) -> EpochTime | None:
+        """Seconds per epoch of ``job`` at ``batch_size`` on ``gpus`` (default: its own); None
+        when nothing is known of the job or its model."""
+        spec = job.spec
+        gpus = spec.gpus if gpus is None else gpus
+        samples = spec.samples_per_epoch
+        measured = job.progress.measured_epoch_seconds
+        if gpus == spec.gpus and batch_size in measured:
+            return EpochTime(measured[batch_size], "measured")
+        anchor = self._anchor(job)
+        target = self.rates.get((spec.model, gpus, batch_size)) if spec.model else None
+        if anchor is not None and target is not None:
+            anchor_bs, anchor_seconds = anchor
+            base = self.rates.get((spec.model, spec.gpus, anchor_bs))
+            if base is not None:
+                return EpochTime(anchor_seconds * base / target, "population")
+        if target is not None:
+            return EpochTime(samples / target, "population")
+        if gpus == spec.gpus and spec.throughput.knows(batch_size):
+            return EpochTime(spec.throughput.epoch_seconds(batch_size, samples), "declared")
+        if anchor is not None:
+            anchor_bs, anchor_seconds = anchor
+            factor = self._law(spec.model, anchor_bs, spec.gpus, batch_size, gpus)
+            return EpochTime(anchor_seconds / factor, "scaled")
+        nearest = self._nearest_rate(spec.model, gpus, batch_size)
+        return None if nearest is None else EpochTime(samples / nearest, "scaled")
+
+    def _anchor(self, job: ActiveJob) -> tuple[int, float] | None:
+        """The job's own epoch time to scale from: measured (at its current batch size, else
+        the largest it measured), else declared (at its current size, else the largest)."""
+        current = job.progress.batch_size
+        measured = job.progress.measured_epoch_seconds
+        if measured:
+            batch_size = current if current in measured else max(measured)
+            return batch_size, measured[batch_size]
+        declared = job.spec.throughput.samples_per_second
+        if declared:
+            batch_size = current if current in declared else max(declared)
+            return batch_size, job.spec.samples_per_epoch / declared[batch_size]
+        return None
+
+    def _law(self, model: str, from_bs: int, from_gpus: int, to_bs: int, to_gpus: int) -> float:
+        """Samples/s at (to_bs, to_gpus) over samples/s at (from_bs, from_gpus), by the laws."""
+        batch = math.pow(to_bs / from_bs, self.alpha(model))
+        return batch * math.pow(to_gpus / from_gpus, self.beta(model))
+
+    def _nearest_rate(self, model: str, gpus: int, batch_size: int) -> float | None:
+        """A measured rate of ``model`` (nearest in log batch size and log GPUs) scaled to
+        (gpus, batch_size); None when the model has no measured rate."""
+        keys = self._by_model.get(model) if model else None
+        if not keys:
+            return None
+
+        def distance(key: RateKey) -> tuple[float, RateKey]:
+            return abs(math.log(key[1] / gpus)) + abs(math.log(key[2] / batch_size)), key
+
+        key = min(keys, key=distance)
+        return self.rates[key] * self._law(model, key[2], key[1], batch_size, gpus)
+
+
+def _fit_exponents(
+    rates: Mapping[RateKey, float], axis: Literal["batch", "gpus"], prior: float
+) -> dict[str, float]:
+    """Power-law exponents of the rates along ``axis`` (batch size or GPUs), per model and
+    over all models (key ""), by least squares on logs within each fixed other coordinate.
+    The fit is shrunk towards ``prior`` (a Gaussian prior worth :data:`_PRIOR_PRECISION` of
+    squared log spread: about two sizes a factor 4 apart), so two noisy points do not swing it.
+    A model without two points along the axis gets no entry; with none at all, "" is ``prior``.
+    Exponents are clipped to [0, 1]."""
+    series: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for (model, gpus, batch_size), rate in rates.items():
+        along, fixed = (batch_size, gpus) if axis == "batch" else (gpus, batch_size)
+        series[(model, fixed)].append((math.log(along), math.log(rate)))
+    moments: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for (model, _), points in series.items():
+        if len(points) < 2:
+            continue
+        xs, ys = np.array(points).T
+        dx = xs - xs.mean()
+        for name in (model, ""):
+            moments[name][0] += float(dx @ (ys - ys.mean()))
+            moments[name][1] += float(dx @ dx)
+    fitted = {
+        name: min(1.0, max(0.0, (cov + _PRIOR_PRECISION * prior) / (var + _PRIOR_PRECISION)))
+        for name, (cov, var) in moments.items()
+    }
+    fitted.setdefault("", prior)
+    return fitted
