@@ -1,0 +1,342 @@
+"""Regime prediction from the population prior: empirical Bayes over finished jobs (issue 22).
+
+The paper's restatement rule (:func:`shockwave.predictor.predict`) gives every job the same
+uninformed prior: K regimes splitting the epochs evenly. Many jobs that declare Accordion or GNS
+never change batch size, and those that do split their epochs in ways a scheduler can learn
+from the jobs that finished before them. Here the prior of a job is the empirical distribution of
+the finished trajectories in its group (:mod:`shockwave.population`), shrunk towards the paper's
+prior, and the job's own observations update it the restatement way:
+
+1. **Candidates.** The templates of the job's group (mode, model, initial batch size). When the
+   group holds fewer than ``backoff_jobs`` jobs of a similar length, templates of the same model
+   with another initial size (weight ``model_weight``), then of the same mode and another model
+   (``mode_weight``), join in, replayed on the job's own ladder by their symbols. The paper's
+   rule (posterior mean under the restatement rule) joins as a pseudo-template of weight
+   ``prior_weight``: with no finished job, the prediction is the paper's.
+2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
+   job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
+   of ten epochs, a noise scale that grows by epoch) replay faithfully on jobs of similar length,
+   and rules tied to fractions lose nothing.
+3. **Restatement update.** The regimes the job has finished are kept as observed. A template
+   speaks for the rest: from the start of the ongoing regime, its regimes split the job's
+   remaining epochs in its own proportions (the Dirichlet's neutrality: given the finished
+   shares, the rest split as the prior's). A template whose batch sizes so far differ from the
+   job's, or whose ongoing regime would already have ended, is ruled out.
+4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5): the
+   continuation of batch sizes is chosen one step at a time by weight (end here, or move on to
+   the size most weight moves on to), and its regimes' lengths are the weighted mean of the
+   templates that follow exactly that continuation.
+
+A static job, or one already at its largest batch size, has one regime: the paper's rule.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from shockwave.model import AdaptationMode
+from shockwave.population import (
+    EMPTY_PRIOR,
+    PopulationPrior,
+    Template,
+    ladder_of,
+    size_of,
+)
+from shockwave.predictor import (
+    PredictedRegime,
+    Prediction,
+    PredictorParams,
+    epoch_seconds,
+    predict,
+)
+from shockwave.snapshot import ActiveJob
+from shockwave.throughput_model import ThroughputModel
+
+_EPS = 1e-9
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class PopulationParams:
+    """Knobs of the population predictor (see the module docstring).
+
+    ``length_bandwidth``: h of the length kernel, in ln epochs (1: a job twice as long weighs
+    0.79, ten times as long 0.07). ``prior_weight`` and ``static_weight``: the paper's rule and
+    the static guess (the job never changes batch size again) as that many pseudo-jobs; equal,
+    so before any data a job is as likely to adapt as not, and together worth less than one
+    finished job. ``mode_weight``: the weight of a template from another model of the same mode
+    (models differ: one adapts where another never does). ``backoff_jobs``: below this weight
+    of similar-length jobs of its own model, a job consults the other models.
+    """
+
+    length_bandwidth: float = 1.0
+    prior_weight: float = 0.3
+    static_weight: float = 0.3
+    mode_weight: float = 0.05
+    backoff_jobs: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
+            raise ValueError("length_bandwidth must be > 0")
+        for name in ("prior_weight", "static_weight", "mode_weight", "backoff_jobs"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Templates that share one sequence of batch sizes (as replayed on the job's ladder):
+    ``epochs[i]`` the i-th one's length, ``lengths[i, r]`` the epochs of its regime r."""
+
+    sizes: tuple[int, ...]
+    epochs: FloatArray
+    lengths: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Trajectories the job may follow from its ongoing regime on, all with one ``future``
+    (batch sizes after the ongoing regime): ``weights[i]`` and ``shares[i, r]``, the share of
+    the remaining epochs (from the ongoing regime's start) of the ongoing regime (r = 0) and
+    each future one."""
+
+    future: tuple[int, ...]
+    weights: FloatArray
+    shares: FloatArray
+
+
+def predict_population(
+    job: ActiveJob,
+    prior: PopulationPrior = EMPTY_PRIOR,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+    population: PopulationParams | None = None,
+) -> Prediction:
+    """The job's trajectory under the population prior updated by its own observations."""
+    params = params or PredictorParams()
+    population = population or PopulationParams()
+    paper = predict(job, params, throughput)
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return paper
+    observed = job.progress.observed_regimes
+    prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
+    start = float(sum(r.epochs for r in observed))
+    left = spec.epochs - start
+    if left <= _EPS:
+        return paper
+    done_share = max(0.0, job.progress.epochs_done - start) / left
+    unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
+    candidates = [
+        alive
+        for c in (
+            *_from_templates(job, prior, population, prefix),
+            _from_paper(unrefined, population.prior_weight),
+        )
+        if (alive := _surviving(c, done_share)) is not None
+    ]
+    candidates.append(_Candidates((), np.array([population.static_weight]), np.ones((1, 1))))
+    future, shares = _choose(candidates, len(observed))
+    regimes = [
+        PredictedRegime(
+            r.batch_size, float(r.epochs), epoch_seconds(job, r.batch_size, params, throughput)
+        )
+        for r in observed
+    ]
+    for batch_size, share in zip((prefix[-1], *future), shares, strict=True):
+        regimes.append(
+            PredictedRegime(
+                batch_size, left * share, epoch_seconds(job, batch_size, params, throughput)
+            )
+        )
+    return Prediction(
+        regimes=tuple(regimes),
+        current=len(observed),
+        epochs_done=job.progress.epochs_done,
+        total_epochs=spec.epochs,
+    )
+
+
+def _from_templates(
+    job: ActiveJob, prior: PopulationPrior, population: PopulationParams, prefix: Sequence[int]
+) -> Iterator[_Candidates]:
+    """Candidates from the job's group, backing off to coarser groups while it is thin."""
+    spec = job.spec
+    ladder = ladder_of(spec)
+    levels: list[tuple[float, list[tuple[Template, ...]], bool]]
+    if spec.mode is AdaptationMode.CUSTOM:
+        levels = [(1.0, [prior.group((spec.mode, spec.model, spec.initial_batch_size))], False)]
+    else:
+        same_model: list[tuple[Template, ...]] = []
+        other_models: list[tuple[Template, ...]] = []
+        for key, group in prior.templates.items():
+            if key[0] is spec.mode:
+                (same_model if key[1] == spec.model else other_models).append(group)
+        levels = [(1.0, same_model, True), (population.mode_weight, other_models, True)]
+    support = 0.0
+    k = len(prefix) - 1
+    for level_weight, groups, replay in levels:
+        if support >= population.backoff_jobs or level_weight <= 0:
+            break
+        for group in groups:
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay):
+                weights = level_weight * _kernel(
+                    spec.epochs, block.epochs, population.length_bandwidth
+                )
+                support += float(weights.sum())
+                if len(block.sizes) <= k or block.sizes[: k + 1] != tuple(prefix):
+                    continue
+                rest = block.lengths[:, k:]
+                yield _Candidates(
+                    block.sizes[k + 1 :], weights, rest / rest.sum(axis=1, keepdims=True)
+                )
+
+
+def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
+    z = np.log(epochs / template_epochs) / bandwidth
+    weights: FloatArray = np.exp(-0.5 * z * z)
+    return weights
+
+
+_BLOCK_CACHE: OrderedDict[tuple[int, int, tuple[int, ...], bool], tuple[object, tuple[_Block, ...]]]
+_BLOCK_CACHE = OrderedDict()
+_BLOCK_CACHE_SIZE = 4096
+_BLOCK_LOCK = threading.Lock()
+
+
+def _blocks(
+    group: tuple[Template, ...], initial: int, ladder: tuple[int, ...], replay: bool
+) -> tuple[_Block, ...]:
+    """The group's templates as blocks of one batch-size sequence each, replayed on the job's
+    ladder when ``replay``. Memoized per group value (a prior shares the groups a new finished
+    job did not change with the prior before it, so most blocks are built once per run)."""
+    key = (id(group), initial, ladder, replay)
+    with _BLOCK_LOCK:
+        hit = _BLOCK_CACHE.get(key)
+        if hit is not None and hit[0] is group:
+            _BLOCK_CACHE.move_to_end(key)
+            return hit[1]
+    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+    for template in group:
+        sizes, lengths = (
+            _replayed(template, initial, ladder)
+            if replay
+            else (template.batch_sizes, template.lengths)
+        )
+        by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
+    blocks = tuple(
+        _Block(
+            sizes,
+            np.array([e for e, _ in rows], dtype=float),
+            np.array([lengths for _, lengths in rows], dtype=float),
+        )
+        for sizes, rows in by_sizes.items()
+    )
+    with _BLOCK_LOCK:
+        _BLOCK_CACHE[key] = (group, blocks)
+        while len(_BLOCK_CACHE) > _BLOCK_CACHE_SIZE:
+            _BLOCK_CACHE.popitem(last=False)
+    return blocks
+
+
+def _replayed(
+    template: Template, initial: int, ladder: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The template's regimes on another job's ladder, regimes that land on one size merged."""
+    sizes: list[int] = []
+    lengths: list[int] = []
+    for symbol, length in zip(template.symbols, template.lengths, strict=True):
+        size = size_of(symbol, initial, ladder)
+        if sizes and sizes[-1] == size:
+            lengths[-1] += length
+        else:
+            sizes.append(size)
+            lengths.append(length)
+    return tuple(sizes), tuple(lengths)
+
+
+def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:
+    """The candidates whose ongoing regime outlasts what the job has run of it (all of them
+    when it is their last regime); None when none is left."""
+    if not candidates.future:
+        return candidates
+    alive = candidates.shares[:, 0] > done_share + _EPS
+    if not alive.any():
+        return None
+    return _Candidates(candidates.future, candidates.weights[alive], candidates.shares[alive])
+
+
+def _from_paper(paper: Prediction, weight: float) -> _Candidates:
+    """The paper's posterior mean as a pseudo-template."""
+    rest = paper.regimes[paper.current :]
+    total = sum(r.epochs for r in rest) or 1.0
+    return _Candidates(
+        tuple(r.batch_size for r in rest[1:]),
+        np.array([weight]),
+        np.array([[r.epochs / total for r in rest]]),
+    )
+
+
+def _choose(
+    candidates: Sequence[_Candidates], observed: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The continuation (batch sizes after the ongoing regime) and shares to predict.
+
+    Each distinct continuation proposes the weighted mean, and the weighted median, of the
+    shares of the candidates that follow it; the proposal with the least expected
+    regime-length error under all candidates' weights wins (the Bayes point estimate for that
+    loss). ``observed``: regimes the job has finished, which count in each candidate's number
+    of regimes but carry no error.
+    """
+    width = max(c.shares.shape[1] for c in candidates)
+    total = sum(len(c.weights) for c in candidates)
+    shares = np.zeros((total, width))
+    counts = np.zeros(total)
+    by_future: dict[tuple[int, ...], list[int]] = {}
+    row = 0
+    for c in candidates:
+        rows, regimes = c.shares.shape
+        shares[row : row + rows, :regimes] = c.shares
+        counts[row : row + rows] = regimes
+        by_future.setdefault(c.future, []).extend(range(row, row + rows))
+        row += rows
+    weights = np.concatenate([c.weights for c in candidates])
+    if weights.sum() <= 0:
+        weights = np.ones(total)
+    in_truth = np.arange(width)[None, :] < counts[:, None]
+    per_regime = weights / (observed + counts) / weights.sum()
+    best: tuple[float, tuple[int, ...], FloatArray] | None = None
+    for future, rows in by_future.items():
+        w = weights[rows]
+        if w.sum() <= 0:
+            continue
+        members = shares[rows]
+        for proposal in (w @ members / w.sum(), _weighted_median(members, w)):
+            errors = (np.abs(shares - proposal[None, :]) * in_truth).sum(axis=1)
+            loss = float(per_regime @ errors)
+            if best is None or loss < best[0] - _EPS:
+                best = (loss, future, proposal)
+    if best is None:
+        return (), (1.0,)
+    _, future, proposal = best
+    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+
+
+def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
+    """Column-wise weighted median of ``values`` (rows weighted by ``weights``), rescaled so
+    the shares sum to 1: the point that minimizes the expected absolute error per regime."""
+    order = np.argsort(values, axis=0)
+    sorted_values = np.take_along_axis(values, order, axis=0)
+    cumulative = np.cumsum(weights[order], axis=0)
+    index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
+    median: FloatArray = sorted_values[index, np.arange(values.shape[1])]
+    total = float(median.sum())
+    return median / total if total > 0 else median
