@@ -52,6 +52,7 @@ from shockwave.planner import PlannerParams, Problem, build_problem, is_concave_
 from shockwave.planner_scip import solve_with_scip
 from shockwave.policies.shockwave import Shockwave, ShockwaveParams, _plan_job
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.throughput_model import ThroughputModel
 from shockwave.traces import ThroughputTable
 from shockwave.workload import SimJob
 
@@ -234,9 +235,10 @@ def build(
     policy = Shockwave()
     snapshot = instance.snapshot
     started = clock()
+    rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
     outlooks = {
         job.job_id: policy.outlook(
-            snapshot, job, params, instance.contention_sum, instance.contention_rounds
+            snapshot, job, params, instance.contention_sum, instance.contention_rounds, rates
         )
         for job in snapshot.jobs
     }

@@ -16,6 +16,10 @@ Round mechanics follow the reference Gavel/Shockwave simulator (SIMULATOR-NOTES.
 4. The round ends when its longest task ends: normally after ``round_seconds``, sooner only when
    every running job finishes early. GPUs freed mid-round stay idle until the boundary.
 
+What the policy may learn from finished jobs: when a job finishes, its observed trajectory and
+measured epoch times join the population prior (:mod:`shockwave.population`) that the next
+snapshots carry, so a prediction only ever knows the jobs finished before it (no look-ahead).
+
 Nothing here reads a clock: pass ``timer`` (e.g. ``time.perf_counter``) to measure how long the
 policy takes per decision.
 """
@@ -30,6 +34,7 @@ from typing import Any
 from shockwave.model import Cluster, Regime
 from shockwave.placement import place
 from shockwave.policy import Decision, Policy
+from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
 from shockwave.workload import SimJob, Workload
 
@@ -46,7 +51,9 @@ class SimSettings:
     round (reference: 5 s). ``charge_on_move``: also charge a continuing job whose GPUs changed.
     ``max_rounds``: a safety stop for a policy that never finishes the workload.
     ``reveal_trajectories``: hand the policy every job's true trajectory (oracle experiments
-    only, to measure what prediction costs).
+    only, to measure what prediction costs). ``learn_population``: learn the population prior
+    from each job as it finishes (off: every snapshot carries the empty prior, the paper's
+    setting of one prior for every job).
     """
 
     round_seconds: float = 120.0
@@ -55,6 +62,7 @@ class SimSettings:
     charge_on_move: bool = True
     max_rounds: int = 200_000
     reveal_trajectories: bool = False
+    learn_population: bool = True
 
     def __post_init__(self) -> None:
         if not self.round_seconds > 0:
@@ -193,6 +201,10 @@ class _JobRun:
                 self.regime_done += seconds / per_epoch
                 seconds = 0.0
 
+    def finished(self) -> FinishedJob:
+        """What the scheduler saw of the job once it finished: every regime and epoch time."""
+        return FinishedJob(self.sim.spec, self.sim.trajectory, self.measured)
+
     def view(self) -> ActiveJob:
         progress = JobProgress(
             batch_size=self.regime.batch_size,
@@ -233,6 +245,7 @@ def simulate(
     previous: dict[str, tuple[int, ...]] = {}
     rounds: list[RoundRecord] = []
     state: object | None = None
+    prior: PopulationPrior = EMPTY_PRIOR
     finished = 0
     now = pending[-1].sim.spec.arrival_s if pending else 0.0
     makespan = now
@@ -253,6 +266,7 @@ def simulate(
             jobs=tuple(run.view() for run in active),
             policy_state=state,
             revealed=_revealed(active) if settings.reveal_trajectories else {},
+            population=prior,
         )
         started = timer() if timer else 0.0
         decision = policy.decide(snapshot, params)
@@ -306,6 +320,9 @@ def simulate(
             )
         )
         still = [run for run in active if not run.done]
+        if settings.learn_population:
+            for run in sorted((r for r in active if r.done), key=lambda r: r.finish or 0.0):
+                prior = prior.learn(run.finished())
         finished += len(active) - len(still)
         active = still
         previous = {run.job_id: run.gpus for run in active if run.gpus}

@@ -3,7 +3,10 @@
 Each decision, in order:
 
 1. Contention: add this round's requested GPUs per GPU to every active job's running average.
-2. Predict: each job's posterior-mean trajectory (:mod:`shockwave.predictor`), or the truth in
+2. Predict: each job's trajectory with the regime predictor named in the params
+   (:mod:`shockwave.regime_predictors`; by default the population predictor: the paper's
+   posterior updated by what the jobs finished so far did, ``snapshot.population``), epoch
+   times from what has been measured (:mod:`shockwave.throughput_model`), or the truth in
    oracle experiments; optionally perturbed by +/- p% (the paper's resilience experiment).
 3. Estimate: finish-time fairness rho_hat, remaining time (:mod:`shockwave.estimators`) and the
    fairness deadline arrival + N_avg P_hat (where rho_hat would reach 1).
@@ -31,14 +34,20 @@ import numpy as np
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policy import Decision
+from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import (
     Prediction,
     PredictorParams,
-    predict,
     predict_from_truth,
     predict_greedy,
 )
+from shockwave.regime_predictors import (
+    DEFAULT_REGIME_PREDICTOR,
+    REGIME_PREDICTORS,
+    check_regime_predictor,
+)
 from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,9 @@ class ShockwaveParams:
     least this often. ``restart_overhead_s``: what the planner expects a start or resume to cost.
     ``deadline_contention``: N in each job's fairness deadline arrival + N P_hat; None (default)
     uses the job's observed contention factor N_avg, as rho_hat does.
+    ``regime_predictor``: which predictor plans (:data:`REGIME_PREDICTORS`: population,
+    restatement, greedy), with ``population`` its knobs; ``throughput``: the priors of the
+    throughput model's scaling laws.
     ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
     relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
     ``error_seed``.
@@ -57,6 +69,9 @@ class ShockwaveParams:
 
     planner: PlannerParams = field(default_factory=PlannerParams)
     predictor: PredictorParams = field(default_factory=PredictorParams)
+    regime_predictor: str = DEFAULT_REGIME_PREDICTOR
+    population: PopulationParams = field(default_factory=PopulationParams)
+    throughput: ThroughputModelParams = field(default_factory=ThroughputModelParams)
     fairness_exponent: float = 5.0
     replan: str = "reactive"
     replan_every_rounds: int = 8
@@ -69,6 +84,7 @@ class ShockwaveParams:
     def __post_init__(self) -> None:
         if self.replan not in ("reactive", "lazy"):
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
+        check_regime_predictor(self.regime_predictor)
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
@@ -134,8 +150,11 @@ class Shockwave:
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
         contention_sum, contention_rounds = _update_contention(snapshot, state)
+        rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         outlooks = {
-            job.job_id: self.outlook(snapshot, job, params, contention_sum, contention_rounds)
+            job.job_id: self.outlook(
+                snapshot, job, params, contention_sum, contention_rounds, rates
+            )
             for job in snapshot.jobs
         }
         active = frozenset(outlooks)
@@ -184,14 +203,22 @@ class Shockwave:
         params: ShockwaveParams,
         contention_sum: Mapping[str, float],
         contention_rounds: Mapping[str, int],
+        rates: ThroughputModel | None = None,
     ) -> JobOutlook:
+        """What the policy expects of ``job``; ``rates``: the throughput model of the
+        snapshot (built from it when not given)."""
+        if rates is None:
+            rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         revealed = snapshot.revealed.get(job.job_id)
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
             prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
         else:
-            prediction = predict(job, params.predictor)
+            predictor = REGIME_PREDICTORS[params.regime_predictor]
+            prediction = predictor(
+                job, snapshot.population, rates, params.predictor, params.population
+            )
         factor = _error_factor(job.job_id, params)
         remaining = prediction.remaining_seconds * factor
         total = prediction.total_seconds - prediction.remaining_seconds + remaining
@@ -201,7 +228,7 @@ class Shockwave:
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
-        cautious = predict_greedy(job, params.predictor).remaining_seconds * factor
+        cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
         return JobOutlook(
             prediction, remaining, total, rho, factor, deadline, share * total, cautious
         )
