@@ -12,12 +12,22 @@ its trajectory with each :class:`Predictor` and compare with the truth:
 - run-time accuracy: 1 - |P_hat - P| / P, with P the job's exclusive run time (all its epochs,
   the part already run included) and P_hat the predicted one. Not clipped: it falls below 0 when
   P_hat is more than twice P.
+- throughput error (when the users do not declare exact throughputs): the mean relative error
+  |estimated - true| / true of the epoch time at each batch size of the job's true trajectory it
+  has not run at yet.
 
-Predictors: ``restatement`` (:func:`~shockwave.predictor.predict`, the posterior mean under the
-restatement rule, what Shockwave plans with), ``greedy``
-(:func:`~shockwave.predictor.predict_greedy`, the rest of the job at its latest batch size and
-throughput, what reactive schedulers assume) and ``oracle``
+Predictors: ``restatement`` (the paper's rule, one prior for every job), ``population`` (the
+empirical-Bayes predictor: the paper's rule updated by what finished jobs did, what the Shockwave
+policy plans with by default: :data:`POLICY_PREDICTOR`), ``greedy`` (the rest of the job at its
+latest batch size and throughput, what reactive schedulers assume) and ``oracle``
 (:func:`~shockwave.predictor.predict_from_truth`, a sanity check: error 0, accuracy 1).
+
+**No look-ahead.** The population prior and the measured rates at a point are learnt only from
+the jobs that have finished by then, on a timeline where each job runs from its arrival,
+``slowdown`` times slower than alone (1: every job alone on its GPUs; a contended cluster is
+nearer its mean slowdown). The job reaches p% of its epochs at arrival + slowdown x (time to run
+them alone) and finishes at arrival + slowdown x t_exclusive. In a simulation the policy learns
+from the jobs that really finished (:mod:`shockwave.simulator`).
 
 The paper reports about 6% regime-length error and 84% run-time accuracy on average. Every job
 weighs the same at every point, so the overall means are the means of the per-point means.
@@ -33,14 +43,12 @@ from types import MappingProxyType
 import numpy as np
 
 from shockwave.model import AdaptationMode, Regime
-from shockwave.predictor import (
-    Prediction,
-    PredictorParams,
-    predict,
-    predict_from_truth,
-    predict_greedy,
-)
+from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.population_predictor import PopulationParams
+from shockwave.predictor import Prediction, PredictorParams, predict_from_truth
+from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob, JobProgress
+from shockwave.throughput_model import ThroughputModel
 from shockwave.workload import SimJob, Workload
 
 PROGRESS_PERCENTS: tuple[int, ...] = tuple(range(0, 100, 10))
@@ -51,14 +59,42 @@ DYNAMIC_MODES: frozenset[AdaptationMode] = frozenset({AdaptationMode.ACCORDION, 
 
 class Predictor(StrEnum):
     RESTATEMENT = "restatement"
+    POPULATION = "population"
     GREEDY = "greedy"
     ORACLE = "oracle"
 
 
-_PREDICT: Mapping[Predictor, Callable[[ActiveJob, SimJob, PredictorParams], Prediction]] = {
-    Predictor.RESTATEMENT: lambda view, _job, params: predict(view, params),
-    Predictor.GREEDY: lambda view, _job, params: predict_greedy(view, params),
-    Predictor.ORACLE: lambda view, job, _params: predict_from_truth(
+POLICY_PREDICTOR = Predictor(DEFAULT_REGIME_PREDICTOR)
+"""The predictor the Shockwave policy plans with by default."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knowledge:
+    """What a scheduler has learnt by the time of a prediction: the population prior and the
+    throughput model built from it."""
+
+    prior: PopulationPrior
+    rates: ThroughputModel
+
+
+NO_KNOWLEDGE = Knowledge(EMPTY_PRIOR, ThroughputModel({}))
+
+PredictFn = Callable[[ActiveJob, SimJob, Knowledge, PredictorParams], Prediction]
+
+
+def _learnt(name: str) -> PredictFn:
+    predictor = REGIME_PREDICTORS[name]
+    population = PopulationParams()
+    return lambda view, _job, known, params: predictor(
+        view, known.prior, known.rates, params, population
+    )
+
+
+_PREDICT: Mapping[Predictor, PredictFn] = {
+    Predictor.RESTATEMENT: _learnt("restatement"),
+    Predictor.POPULATION: _learnt("population"),
+    Predictor.GREEDY: _learnt("greedy"),
+    Predictor.ORACLE: lambda view, job, _known, _params: predict_from_truth(
         view, job.trajectory, job.epoch_seconds
     ),
 }
@@ -78,11 +114,14 @@ class Accuracy:
 
 @dataclass(frozen=True, slots=True)
 class ProgressRow:
-    """Means over the ``jobs`` dynamic jobs at ``percent`` % of their epochs, per predictor."""
+    """Means over the ``jobs`` dynamic jobs at ``percent`` % of their epochs, per predictor;
+    ``throughput_error``: the mean over the jobs with a batch size still to run at (None when
+    there is none)."""
 
     percent: int
     jobs: int
     accuracy: Mapping[Predictor, Accuracy]
+    throughput_error: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +130,10 @@ class PredictionReport:
     true trajectory has more than one regime (a job may declare a dynamic mode and never change
     batch size); ``rows``: one per progress point; ``overall``: means over every job and point;
     ``adapting``: the same over the adapting jobs only; ``by_mode``: the same per adaptation
-    mode. Empty rows and means when the workload has no dynamic job."""
+    mode; ``policy_predictor``: the predictor the Shockwave policy plans with;
+    ``throughput_knowledge``: what the users declared (``declared``, ``noisy:P``, ``none``);
+    ``throughput_error``: the mean throughput error over every point that has one. Empty rows
+    and means when the workload has no dynamic job."""
 
     workload: str
     jobs: int
@@ -100,16 +142,26 @@ class PredictionReport:
     overall: Mapping[Predictor, Accuracy]
     adapting: Mapping[Predictor, Accuracy]
     by_mode: Mapping[AdaptationMode, Mapping[Predictor, Accuracy]]
+    policy_predictor: Predictor = POLICY_PREDICTOR
+    throughput_knowledge: str = "declared"
+    throughput_error: float | None = None
+    slowdown: float = 1.0
 
     def overall_oracle(self) -> Accuracy:
         return self.overall.get(Predictor.ORACLE, Accuracy(0.0, 1.0))
 
     def as_dict(self) -> dict[str, object]:
-        """JSON-ready: ``{workload, jobs, adapting_jobs, progress: [{percent, jobs,
-        <predictor>: {regime_error, runtime_accuracy}}], overall: {<predictor>: {...}},
-        adapting: {<predictor>: {...}}, by_mode: {<mode>: {<predictor>: {...}}}}``."""
+        """JSON-ready: ``{workload, policy_predictor, throughput_knowledge, slowdown, jobs,
+        adapting_jobs, progress: [{percent, jobs, <predictor>: {regime_error,
+        runtime_accuracy}, throughput_error?}], overall: {<predictor>: {...}}, adapting:
+        {<predictor>: {...}}, by_mode: {<mode>: {<predictor>: {...}}}, throughput_error?}``;
+        the throughput errors only when throughputs are not declared exactly."""
+        estimated = self.throughput_knowledge != "declared"
         return {
             "workload": self.workload,
+            "policy_predictor": str(self.policy_predictor),
+            "throughput_knowledge": self.throughput_knowledge,
+            "slowdown": self.slowdown,
             "jobs": self.jobs,
             "adapting_jobs": self.adapting_jobs,
             "progress": [
@@ -117,6 +169,7 @@ class PredictionReport:
                     "percent": row.percent,
                     "jobs": row.jobs,
                     **{str(p): a.as_dict() for p, a in row.accuracy.items()},
+                    **({"throughput_error": row.throughput_error} if estimated else {}),
                 }
                 for row in self.rows
             ],
@@ -126,6 +179,7 @@ class PredictionReport:
                 str(mode): {str(p): a.as_dict() for p, a in means.items()}
                 for mode, means in self.by_mode.items()
             },
+            **({"throughput_error": self.throughput_error} if estimated else {}),
         }
 
 
@@ -189,24 +243,68 @@ def score(prediction: Prediction, job: SimJob) -> Accuracy:
 
 
 def score_job(
-    job: SimJob, percent: int, params: PredictorParams | None = None
+    job: SimJob,
+    percent: int,
+    params: PredictorParams | None = None,
+    known: Knowledge = NO_KNOWLEDGE,
 ) -> dict[Predictor, Accuracy]:
-    """Each predictor's accuracy on ``job`` seen at ``percent`` % of its epochs."""
+    """Each predictor's accuracy on ``job`` seen at ``percent`` % of its epochs, knowing
+    ``known`` (default: no finished job)."""
     params = params or PredictorParams()
     view = observed_job(job, job.spec.epochs * percent / 100)
-    return {p: score(make(view, job, params), job) for p, make in _PREDICT.items()}
+    return {p: score(make(view, job, known, params), job) for p, make in _PREDICT.items()}
+
+
+def throughput_error(job: SimJob, percent: int, rates: ThroughputModel) -> float | None:
+    """Mean relative error of the estimated epoch time at each batch size of ``job``'s true
+    trajectory it has not run at by ``percent`` % of its epochs; None when it has run at all."""
+    view = observed_job(job, job.spec.epochs * percent / 100)
+    unseen = sorted(
+        {r.batch_size for r in job.trajectory} - set(view.progress.measured_epoch_seconds)
+    )
+    if not unseen:
+        return None
+    errors = []
+    for batch_size in unseen:
+        true = job.epoch_seconds[batch_size]
+        estimate = rates.epoch_time(view, batch_size)
+        guess = PredictorParams().unknown_epoch_seconds if estimate is None else estimate.seconds
+        errors.append(abs(guess - true) / true)
+    return float(np.mean(errors))
 
 
 def prediction_report(
     workload: Workload,
     params: PredictorParams | None = None,
     percents: Sequence[int] = PROGRESS_PERCENTS,
+    *,
+    slowdown: float = 1.0,
+    throughput_knowledge: str = "declared",
 ) -> PredictionReport:
-    """Score every dynamic job of ``workload`` at each of ``percents`` (see the module doc)."""
+    """Score every dynamic job of ``workload`` at each of ``percents`` (see the module doc),
+    each prediction knowing only the jobs finished by then on the ``slowdown`` timeline.
+    ``throughput_knowledge`` labels what the workload's specs declare (the caller applied it:
+    :func:`shockwave.throughput_knowledge.apply_knowledge`)."""
+    if not slowdown >= 1:
+        raise ValueError(f"slowdown must be >= 1, got {slowdown}")
     jobs = [job for job in workload.jobs if job.spec.mode in DYNAMIC_MODES]
-    per_job = [[score_job(job, pct, params) for pct in percents] for job in jobs]
+    scores: dict[tuple[int, int], dict[Predictor, Accuracy]] = {}
+    rate_errors: dict[tuple[int, int], float] = {}
+    index = {id(job): i for i, job in enumerate(jobs)}
+    for known, job, percent in _timeline(workload, jobs, percents, slowdown):
+        key = (index[id(job)], percent)
+        scores[key] = score_job(job, percent, params, known)
+        error = throughput_error(job, percent, known.rates)
+        if error is not None:
+            rate_errors[key] = error
+    per_job = [[scores[(i, pct)] for pct in percents] for i in range(len(jobs))]
     rows = tuple(
-        ProgressRow(pct, len(jobs), _means([scores[i] for scores in per_job]))
+        ProgressRow(
+            pct,
+            len(jobs),
+            _means([scores[i] for scores in per_job]),
+            _mean_or_none([e for (_, p), e in rate_errors.items() if p == pct]),
+        )
         for i, pct in enumerate(percents)
         if jobs
     )
@@ -216,6 +314,7 @@ def prediction_report(
         mode: _means([s for job, scores in scored if job.spec.mode is mode for s in scores])
         for mode in sorted({job.spec.mode for job in jobs})
     }
+    point_errors = [row.throughput_error for row in rows if row.throughput_error is not None]
     return PredictionReport(
         workload=workload.name,
         jobs=len(jobs),
@@ -224,7 +323,59 @@ def prediction_report(
         overall=_means([s for scores in per_job for s in scores]),
         adapting=_means(adapting),
         by_mode=MappingProxyType(by_mode),
+        throughput_knowledge=throughput_knowledge,
+        throughput_error=_mean_or_none(point_errors),
+        slowdown=slowdown,
     )
+
+
+def finished_job(job: SimJob) -> FinishedJob:
+    """What a scheduler knows of ``job`` once it has finished: its whole observed trajectory
+    and the epoch times it measured."""
+    return FinishedJob(job.spec, job.trajectory, job.epoch_seconds)
+
+
+def _timeline(
+    workload: Workload, jobs: Sequence[SimJob], percents: Sequence[int], slowdown: float
+) -> list[tuple[Knowledge, SimJob, int]]:
+    """Each (job, percent) to score with what is known at its time: jobs finished at or before
+    it are learnt, in the order they finished."""
+    finishes = [
+        (job.spec.arrival_s + slowdown * job.t_exclusive_s, 0, i, 0)
+        for i, job in enumerate(workload.jobs)
+    ]
+    points = [
+        (job.spec.arrival_s + slowdown * _seconds_to(job, job.spec.epochs * pct / 100), 1, i, pct)
+        for i, job in enumerate(jobs)
+        for pct in percents
+    ]
+    known = NO_KNOWLEDGE
+    stale = False
+    timeline: list[tuple[Knowledge, SimJob, int]] = []
+    for _, kind, i, pct in sorted(finishes + points):
+        if kind == 0:
+            known = Knowledge(known.prior.learn(finished_job(workload.jobs[i])), known.rates)
+            stale = True
+            continue
+        if stale:
+            known = Knowledge(known.prior, ThroughputModel.build(known.prior))
+            stale = False
+        timeline.append((known, jobs[i], pct))
+    return timeline
+
+
+def _seconds_to(job: SimJob, epochs: float) -> float:
+    """Seconds ``job`` needs alone to run its first ``epochs`` epochs."""
+    seconds, start = 0.0, 0
+    for regime in job.trajectory:
+        part = min(float(regime.epochs), max(0.0, epochs - start))
+        seconds += part * job.epoch_seconds[regime.batch_size]
+        start += regime.epochs
+    return seconds
+
+
+def _mean_or_none(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
 
 
 def _means(scores: Sequence[Mapping[Predictor, Accuracy]]) -> Mapping[Predictor, Accuracy]:

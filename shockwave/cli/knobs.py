@@ -24,6 +24,8 @@ import typer
 from shockwave.cli.inputs import InputError
 from shockwave.planner import PlannerParams
 from shockwave.policies.shockwave import ShockwaveParams
+from shockwave.regime_predictors import REGIME_PREDICTORS
+from shockwave.throughput_knowledge import ThroughputKnowledge
 
 _PLANNER = PlannerParams()
 _POLICY = ShockwaveParams()
@@ -96,6 +98,31 @@ PredictionError = Annotated[
 ]
 
 
+RegimePredictorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--predictor",
+        help="Shockwave: regime predictor to plan with: "
+        f"{', '.join(REGIME_PREDICTORS)} (default {_POLICY.regime_predictor}).",
+    ),
+]
+ThroughputKnowledgeOption = Annotated[
+    str,
+    typer.Option(
+        help="What users declare about throughput: declared (the table's rates), noisy:P "
+        "(each rate off by up to +/-P, drawn from --seed) or none (only measured epoch times).",
+    ),
+]
+
+
+def parse_knowledge(text: str) -> ThroughputKnowledge:
+    """``--throughput-knowledge``, or an :class:`InputError` naming the expected shapes."""
+    try:
+        return ThroughputKnowledge.parse(text)
+    except ValueError as error:
+        raise InputError(f"--throughput-knowledge: {error}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class ShockwaveKnobs:
     """What the user passed for each knob; None (or False for ``oracle``): not passed."""
@@ -112,6 +139,7 @@ class ShockwaveKnobs:
     use_scip: str | None = None
     oracle: bool = False
     prediction_error: float | None = None
+    predictor: str | None = None
 
     def given(self) -> list[str]:
         """The options the user passed, as flags (``--window-rounds``), in declaration order."""
@@ -161,6 +189,7 @@ _KNOBS: tuple[_Knob, ...] = (
     _Knob("replan", "replan", in_planner=False),
     _Knob("replan_every", "replan_every_rounds", in_planner=False),
     _Knob("prediction_error", "prediction_error", in_planner=False),
+    _Knob("predictor", "regime_predictor", in_planner=False),
 )
 
 

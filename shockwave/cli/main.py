@@ -69,6 +69,7 @@ from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.policy import Policy, get_policy, policy_names
 from shockwave.prediction_report import prediction_report
 from shockwave.simulator import SimResult, SimSettings, simulate
+from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
 
@@ -126,7 +127,8 @@ def simulate_command(
     seed: Annotated[
         int | None,
         typer.Option(
-            help="Seed for any randomness (--generate, seeded policies, --prediction-error)."
+            help="Seed for any randomness (--generate, seeded policies, --prediction-error, "
+            "--throughput-knowledge noisy:P)."
         ),
     ] = None,
     mean_interarrival: Annotated[
@@ -148,6 +150,8 @@ def simulate_command(
     use_scip: knobs.UseScip = None,
     oracle: knobs.Oracle = False,
     prediction_error: knobs.PredictionError = None,
+    predictor: knobs.RegimePredictorOption = None,
+    throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
 ) -> None:
     """Simulate policies on a workload; print a comparison table and write reports to --out.
 
@@ -166,8 +170,10 @@ def simulate_command(
         use_scip=use_scip,
         oracle=oracle,
         prediction_error=prediction_error,
+        predictor=predictor,
     )
     try:
+        knowledge = knobs.parse_knowledge(throughput_knowledge)
         policies = resolve_policies(policy)
         cluster = _cluster(gpus, gpus_per_node)
         settings = _settings(round_seconds, restart_overhead)
@@ -176,6 +182,7 @@ def simulate_command(
         workload = _workload(
             trace, trajectories, generate, throughputs, seed, mean_interarrival, mix
         )
+        workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
@@ -184,7 +191,7 @@ def simulate_command(
     errors.print(
         f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
         f"({cluster.nodes} nodes x {cluster.gpus_per_node}), "
-        f"rounds of {settings.round_seconds:g} s",
+        f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}",
         soft_wrap=True,
     )
     results = _run_all(workload, cluster, setups)
@@ -237,26 +244,44 @@ def predict_report_command(
     out: Annotated[
         Path | None, typer.Option(help="Directory for prediction.json and prediction.png.")
     ] = None,
+    throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    seed: Annotated[
+        int, typer.Option(help="Seed of the noise of --throughput-knowledge noisy:P.")
+    ] = 0,
+    slowdown: Annotated[
+        float,
+        typer.Option(
+            help="Timeline of what is known when: each job runs from its arrival this many "
+            "times slower than alone (1: alone; a busy cluster is slower).",
+            min=1.0,
+        ),
+    ] = 1.0,
 ) -> None:
     """How well regimes and run times are predicted at 0%, 10%, ..., 90% of each dynamic job.
 
-    Compares the restatement-rule predictor with the greedy latest-throughput guess (and the
-    oracle as a sanity check) against the true trajectories.
+    Compares the paper's restatement rule, the population predictor (empirical Bayes over the
+    jobs finished by then, no look-ahead) and the greedy latest-throughput guess (and the oracle
+    as a sanity check) against the true trajectories.
     """
     try:
+        knowledge = knobs.parse_knowledge(throughput_knowledge)
         workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+        workload = apply_knowledge(workload, knowledge, seed)
         if out is not None:
             _make_dir(out)
     except InputError as error:
         _fail(str(error))
-    report = prediction_report(workload)
+    report = prediction_report(workload, slowdown=slowdown, throughput_knowledge=str(knowledge))
     if report.jobs == 0:
         _fail(f"{trace}: no job adapts its batch size (mode accordion or gns); nothing to predict")
     if not console.is_terminal:
-        console.width = max(console.width, 100)
+        console.width = max(console.width, 140)
     console.print(prediction_table(report))
     oracle = report.overall_oracle()
+    policy = report.overall[report.policy_predictor]
     console.print(
+        f"The Shockwave policy plans with {report.policy_predictor} (*): regime error "
+        f"{policy.regime_error:.1%}, run-time accuracy {policy.runtime_accuracy:.1%}. "
         f"Oracle (sanity check): regime error {oracle.regime_error:.1%}, "
         f"run-time accuracy {oracle.runtime_accuracy:.1%}. "
         "Paper: about 6% regime error, 84% run-time accuracy on average."

@@ -112,35 +112,36 @@ def write_json(obj: object, path: Path) -> None:
 
 
 def prediction_table(report: PredictionReport) -> Table:
-    """Per progress point, regime-length error and run-time accuracy of the restatement rule
-    against the greedy latest-throughput guess, then the overall means."""
+    """Per progress point, regime-length error and run-time accuracy of the paper's rule, the
+    population predictor and the greedy latest-throughput guess (the policy's predictor marked
+    ``*``), the throughput error when throughputs are not declared, then the overall means."""
     table = Table(
         title=f"Prediction accuracy: {report.jobs} dynamic jobs of {report.workload} "
-        f"({report.adapting_jobs} change batch size)",
+        f"({report.adapting_jobs} change batch size; throughputs {report.throughput_knowledge})",
         title_justify="left",
     )
+    shown = (Predictor.RESTATEMENT, Predictor.POPULATION, Predictor.GREEDY)
+    names = [f"{p}*" if p is report.policy_predictor else str(p) for p in shown]
+    estimated = report.throughput_knowledge != "declared"
     table.add_column("progress", justify="right", no_wrap=True)
-    for header in (
-        "regime error\nrestatement",
-        "regime error\ngreedy",
-        "run-time accuracy\nrestatement",
-        "run-time accuracy\ngreedy",
-    ):
-        table.add_column(header, justify="right", no_wrap=True)
-    points = [(f"{row.percent}%", row.accuracy) for row in report.rows]
-    means = [("mean", report.overall), (f"mean, {report.adapting_jobs} adapting", report.adapting)]
-    for index, (label, accuracy) in enumerate([*points, *means]):
+    for measure in ("regime error", "run-time acc."):
+        for name in names:
+            table.add_column(f"{measure}\n{name}", justify="right", no_wrap=True)
+    if estimated:
+        table.add_column("throughput\nerror", justify="right", no_wrap=True)
+    rows = [(f"{row.percent}%", row.accuracy, row.throughput_error) for row in report.rows]
+    means = [
+        ("mean", report.overall, report.throughput_error),
+        (f"mean, {report.adapting_jobs} adapting", report.adapting, None),
+    ]
+    for index, (label, accuracy, rate_error) in enumerate([*rows, *means]):
         if not accuracy:
             continue
-        restatement, greedy = accuracy[Predictor.RESTATEMENT], accuracy[Predictor.GREEDY]
-        table.add_row(
-            label,
-            f"{restatement.regime_error:.1%}",
-            f"{greedy.regime_error:.1%}",
-            f"{restatement.runtime_accuracy:.1%}",
-            f"{greedy.runtime_accuracy:.1%}",
-            end_section=index == len(points) - 1,
-        )
+        cells = [f"{accuracy[p].regime_error:.1%}" for p in shown]
+        cells += [f"{accuracy[p].runtime_accuracy:.1%}" for p in shown]
+        if estimated:
+            cells.append("" if rate_error is None else f"{rate_error:.1%}")
+        table.add_row(label, *cells, end_section=index == len(rows) - 1)
     return table
 
 

@@ -239,5 +239,8 @@ def test_report_dict_is_json_ready() -> None:
     }
     overall = as_dict["overall"]
     assert isinstance(overall, dict)
-    assert set(overall) == {"restatement", "greedy", "oracle"}
+    assert set(overall) == {"restatement", "population", "greedy", "oracle"}
+    assert as_dict["policy_predictor"] == "population"
+    assert as_dict["throughput_knowledge"] == "declared"
+    assert "throughput_error" not in as_dict
     json.dumps(as_dict)
