@@ -22,8 +22,9 @@ policy plans with by default: :data:`POLICY_PREDICTOR`), ``greedy`` (the rest of
 latest batch size and throughput, what reactive schedulers assume) and ``oracle``
 (:func:`~shockwave.predictor.predict_from_truth`, a sanity check: error 0, accuracy 1).
 
-**No look-ahead.** The population prior and the measured rates at a point are learnt only from
-the jobs that have finished by then, on a timeline where each job runs from its arrival,
+**No look-ahead.** The population prior at a point is learnt only from the jobs that have
+finished by then, and the measured rates only from the batch sizes jobs have run at by then, on
+a timeline where each job runs from its arrival,
 ``slowdown`` times slower than alone (1: every job alone on its GPUs; a contended cluster is
 nearer its mean slowdown). The job reaches p% of its epochs at arrival + slowdown x (time to run
 them alone) and finishes at arrival + slowdown x t_exclusive. In a simulation the policy learns
@@ -43,7 +44,7 @@ from types import MappingProxyType
 import numpy as np
 
 from shockwave.model import AdaptationMode, Regime
-from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, RateKey
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import Prediction, PredictorParams, predict_from_truth
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
@@ -338,29 +339,43 @@ def finished_job(job: SimJob) -> FinishedJob:
 def _timeline(
     workload: Workload, jobs: Sequence[SimJob], percents: Sequence[int], slowdown: float
 ) -> list[tuple[Knowledge, SimJob, int]]:
-    """Each (job, percent) to score with what is known at its time: jobs finished at or before
-    it are learnt, in the order they finished."""
-    finishes = [
-        (job.spec.arrival_s + slowdown * job.t_exclusive_s, 0, i, 0)
-        for i, job in enumerate(workload.jobs)
-    ]
-    points = [
-        (job.spec.arrival_s + slowdown * _seconds_to(job, job.spec.epochs * pct / 100), 1, i, pct)
-        for i, job in enumerate(jobs)
-        for pct in percents
-    ]
+    """Each (job, percent) to score with what is known at its time: the jobs finished at or
+    before it (learnt in the order they finished) and the epoch times measured by then (a job
+    measures a batch size as soon as it starts running at it)."""
+    events: list[tuple[float, int, int, int]] = []
+    for i, job in enumerate(workload.jobs):
+        start = 0
+        for regime in job.trajectory:
+            begins = job.spec.arrival_s + slowdown * _seconds_to(job, start)
+            events.append((begins, 0, i, regime.batch_size))
+            start += regime.epochs
+        events.append((job.spec.arrival_s + slowdown * job.t_exclusive_s, 1, i, 0))
+    for i, job in enumerate(jobs):
+        for pct in percents:
+            at = job.spec.arrival_s + slowdown * _seconds_to(job, job.spec.epochs * pct / 100)
+            events.append((at, 2, i, pct))
+    prior = EMPTY_PRIOR
+    sums: dict[RateKey, list[float]] = {}
     known = NO_KNOWLEDGE
     stale = False
     timeline: list[tuple[Knowledge, SimJob, int]] = []
-    for _, kind, i, pct in sorted(finishes + points):
+    for _, kind, i, value in sorted(events):
         if kind == 0:
-            known = Knowledge(known.prior.learn(finished_job(workload.jobs[i])), known.rates)
+            spec = workload.jobs[i].spec
+            seconds = workload.jobs[i].epoch_seconds[value]
+            sums.setdefault((spec.model, spec.gpus, value), []).append(
+                spec.samples_per_epoch / seconds
+            )
             stale = True
-            continue
-        if stale:
-            known = Knowledge(known.prior, ThroughputModel.build(known.prior))
-            stale = False
-        timeline.append((known, jobs[i], pct))
+        elif kind == 1:
+            prior = prior.learn(finished_job(workload.jobs[i]))
+            stale = True
+        else:
+            if stale:
+                rates = {key: float(np.mean(values)) for key, values in sums.items()}
+                known = Knowledge(prior, ThroughputModel(rates))
+                stale = False
+            timeline.append((known, jobs[i], value))
     return timeline
 
 

@@ -12,9 +12,10 @@ time at a batch size (and GPU count) from that, in this order, first that applie
 3. ``population`` (rate): what other jobs of its model measured at that size and GPU count.
 4. ``declared``: the user's declared throughput profile.
 5. ``scaled``: the job's own measurement (else its declared rate at another size, else the
-   nearest rate measured for its model) scaled by power laws: samples/s grow as batch size ** alpha and as GPUs ** beta. alpha and
-   beta are fitted to the measured rates (per model when it has two sizes or widths, else over
-   all models), starting from the priors in :class:`ThroughputModelParams`.
+   nearest rate measured for its model) scaled by power laws: samples/s grow as
+   batch size ** alpha and as GPUs ** beta. alpha and beta are fitted to the measured rates
+   (per model when it has two sizes or widths, else over all models), starting from the priors
+   in :class:`ThroughputModelParams`.
 Nothing applies to a job without a measurement, a declaration or a measured model: the caller
 decides the guess (the predictor's ``unknown_epoch_seconds``).
 
