@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session, SQLModel
 
-from api import planning_hooks
+from api import planning_hooks, population
 from api.agent_schemas import (
     AgentPoll,
     AttemptReport,
@@ -579,10 +579,13 @@ def _revoke(session: Session, lease: LeaseRow) -> None:
 
 def _finish(session: Session, job: JobRow, target: JobState, reason: str, attempt: str) -> None:
     """End the job: through RUNNING if it never reported starting (it did run), then
-    ``target``; its other attempts are revoked and the cluster's version bumped."""
+    ``target``; its other attempts are revoked and the cluster's version bumped. A job that
+    succeeded joins the population prior the predictor learns from."""
     if target is JobState.SUCCEEDED and job.state != JobState.RUNNING.value:
         record_state(session, job, JobState.RUNNING, f"attempt {attempt} ran (reported at exit)")
     record_state(session, job, target, reason)
+    if target is JobState.SUCCEEDED:
+        population.learn_succeeded(session, job)
     revoke_live_leases(session, job.id, except_attempt=attempt)
     planning_hooks.bump_and_request(session, f"job {job.id} {target.value.lower()}")
 

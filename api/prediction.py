@@ -1,9 +1,11 @@
 """ "Why am I waiting": a job's predicted trajectory, remaining time and fairness, from the core.
 
 The shell gathers the job's row, its client events and the cluster's load, builds the same
-:class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (paper
-section 5) and finish-time-fairness estimator (paper appendix). Two simplifications, stated so
-nobody reads more into the numbers than there is:
+:class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one the
+Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
+jobs that succeeded, :mod:`api.population`; epoch times at unseen batch sizes from the throughput
+model of the measured rates) and finish-time-fairness estimator (paper appendix). Two
+simplifications, stated so nobody reads more into the numbers than there is:
 
 - the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
   the job's life, which needs the round history the round driver will keep;
@@ -19,14 +21,17 @@ from typing import Literal
 
 from sqlmodel import Session, col, select
 
-from api import cluster, progress
+from api import cluster, population, progress
 from api.planning_hooks import DEFAULT_CLUSTER
 from api.schemas import PredictionPublic, RegimePublic
 from api.tables import ClusterRow, JobRow, PlanRow
 from shockwave.estimators import finish_time_fairness
 from shockwave.lifecycle import JobState
-from shockwave.predictor import PredictorParams, predict
+from shockwave.population_predictor import PopulationParams
+from shockwave.predictor import PredictorParams
+from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob
+from shockwave.throughput_model import ThroughputModel
 
 NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
 
@@ -39,7 +44,10 @@ def explain(
     """The prediction for the job in ``row`` at time ``now`` (timezone-aware)."""
     state = progress.observed_state(session, row)
     job = progress.active_job(row, state)
-    prediction = predict(job, params)
+    prior = population.load_prior(session)
+    rates = ThroughputModel.build(prior, [job])
+    predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]
+    prediction = predictor(job, prior, rates, params or PredictorParams(), PopulationParams())
     job_state = JobState(row.state)
     finished = job_state.terminal
     remaining = 0.0 if finished else prediction.remaining_seconds
@@ -53,7 +61,7 @@ def explain(
             epochs=r.epochs,
             epoch_seconds=r.epoch_seconds,
             phase=_phase(i, prediction.current),
-            epoch_seconds_source=_source(job, r.batch_size),
+            epoch_seconds_source=_source(rates, job, r.batch_size),
         )
         for i, r in enumerate(prediction.regimes)
     ]
@@ -104,9 +112,10 @@ def _phase(index: int, current: int) -> Literal["past", "current", "future"]:
     return "current" if index == current else "future"
 
 
-def _source(job: ActiveJob, batch_size: int) -> Source:
-    if batch_size in job.progress.measured_epoch_seconds:
-        return "measured"
-    if job.spec.throughput.knows(batch_size):
-        return "declared"
+def _source(rates: ThroughputModel, job: ActiveJob, batch_size: int) -> Source:
+    """Where the epoch time comes from: the job's own measurement, its declaration, or an
+    estimate (other jobs' measurements, a scaling law, or the default guess)."""
+    estimate = rates.epoch_time(job, batch_size)
+    if estimate is not None and estimate.source in ("measured", "declared"):
+        return estimate.source
     return "estimated"

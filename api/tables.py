@@ -8,6 +8,8 @@
 - ``idempotency_keys``: the first response to each (token, key), replayed on retry; the
   unique constraint, not a read-then-write, makes concurrent retries safe.
 - ``nodes``: GPU machines registered by their agents (READY, or LOST once heartbeats stop).
+- ``population_priors``: per cluster, what the jobs that succeeded teach the predictor
+  (:mod:`shockwave.population`), learnt as each one succeeds.
 """
 
 from __future__ import annotations
@@ -232,4 +234,16 @@ class LeaseRow(SQLModel, table=True):
     exit_code: int | None = None
     issued_at: datetime = _ts()
     ends_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class PopulationRow(SQLModel, table=True):
+    """The cluster's population prior (:meth:`shockwave.population.PopulationPrior.as_json`),
+    learnt from ``learnt`` jobs that succeeded; updated in the transaction that ends each."""
+
+    __tablename__ = "population_priors"
+
+    cluster_id: str = Field(foreign_key="clusters.id", primary_key=True, max_length=64)
+    prior: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    learnt: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     updated_at: datetime = _ts()

@@ -18,6 +18,8 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   ``g`` is local GPU ``g % gpus_per_node`` of the ``g // gpus_per_node``-th node.
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row.
+- ``population``: the prior learnt from the jobs that succeeded (:mod:`api.population`); with
+  the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
 
 With no READY node there is nothing to plan on (a cluster of zero nodes cannot be built):
 :func:`load_snapshot` raises :class:`NoCapacity`, and callers skip planning until a node
@@ -36,7 +38,7 @@ from typing import Any, cast
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
-from api import progress
+from api import population, progress
 from api.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
 from shockwave import state_codec
 from shockwave.lifecycle import JobState
@@ -117,6 +119,7 @@ def load_snapshot(
         cluster=layout.cluster,
         jobs=jobs,
         policy_state=decode_policy_state(cluster),
+        population=population.load_prior(session, cluster_id),
     )
     return snapshot, version
 

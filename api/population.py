@@ -1,0 +1,85 @@
+"""The cluster's population prior in the database: learnt online from the jobs that succeed.
+
+The predictor the Shockwave policy plans with (:mod:`shockwave.population_predictor`) starts each
+job from what the jobs that finished before it did. Here that knowledge lives in one
+``population_priors`` row per cluster:
+
+- :func:`learn_succeeded` adds a job that has just succeeded, in the transaction that records
+  its success (so a job is learnt exactly once, and only if its success commits): its whole
+  observed trajectory (the regimes its scaling events cut, the last one running to its last
+  epoch) and the epoch times it measured. The row is locked while it is rewritten; successes are
+  rare next to progress events, and the lock is taken before the cluster row (bumped at commit),
+  as every writer of both takes them.
+- :func:`load_prior` reads it for the solver's snapshot and the prediction endpoint; a missing
+  or unreadable row is the empty prior (the paper's rule), never an error.
+
+Domain values only: no HTTP here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session
+
+from api import progress
+from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
+from api.tables import JobRow, PopulationRow, utcnow
+from shockwave.model import Regime
+from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
+
+log = logging.getLogger(__name__)
+
+
+def finished_job(row: JobRow, state: progress.ObservedState) -> FinishedJob:
+    """What the scheduler saw of a job that succeeded: its regimes, the last one running from
+    its last batch-size change to its last epoch, and its measured epoch times."""
+    regimes = list(state.observed_regimes)
+    left = row.epochs - sum(r.epochs for r in regimes)
+    if left > 0:
+        regimes.append(Regime(state.batch_size, left))
+    return FinishedJob(
+        progress.spec_of_row(row), tuple(regimes), dict(state.measured_epoch_seconds)
+    )
+
+
+def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLUSTER) -> None:
+    """Learn the job in ``row``, which has just succeeded, into the cluster's prior (in the
+    caller's transaction)."""
+    finished = finished_job(row, progress.observed_state(session, row))
+    _ensure_row(session, cluster_id)
+    stored = session.get(PopulationRow, cluster_id, with_for_update=True, populate_existing=True)
+    assert stored is not None, f"population prior of {cluster_id} vanished"
+    prior = _decoded(stored).learn(finished)
+    stored.prior = prior.as_json()
+    stored.learnt = prior.learnt
+    stored.updated_at = utcnow()
+    session.add(stored)
+
+
+def load_prior(session: Session, cluster_id: str = DEFAULT_CLUSTER) -> PopulationPrior:
+    """The cluster's prior; the empty prior when none has been learnt or it is unreadable."""
+    stored = session.get(PopulationRow, cluster_id)
+    return EMPTY_PRIOR if stored is None else _decoded(stored)
+
+
+def _decoded(stored: PopulationRow) -> PopulationPrior:
+    if not stored.prior:
+        return EMPTY_PRIOR
+    try:
+        return PopulationPrior.from_json(stored.prior)
+    except PriorFormatError as error:
+        log.warning(
+            "cluster %s: discarding an unreadable population prior: %s", stored.cluster_id, error
+        )
+        return EMPTY_PRIOR
+
+
+def _ensure_row(session: Session, cluster_id: str) -> None:
+    """Create the cluster's (empty) prior row if it does not exist (safe under races)."""
+    ensure_cluster(session, cluster_id)
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values = PopulationRow(cluster_id=cluster_id, prior={}).model_dump()
+    session.execute(insert(PopulationRow).values(**values).on_conflict_do_nothing())

@@ -1,0 +1,117 @@
+"""The population prior on Postgres and SQLite: a job that succeeds is learnt once, in the
+transaction that records its success; the solver's snapshot and the prediction endpoint use it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from api import population
+from api.planning_hooks import DEFAULT_CLUSTER
+from api.tables import PopulationRow
+from shockwave.model import AdaptationMode
+from solver_service.snapshot import load_snapshot
+from tests.integration.api_calls import bearer
+from tests.integration.conftest import Database, Tokens
+from tests.integration.driving import driver_on, leases, now, register, report, submit
+
+ACCORDION_JOB = {
+    "name": "resnet18-accordion",
+    "model": "ResNet-18",
+    "mode": "accordion",
+    "batch_sizes": [32, 256],
+    "epochs": 10,
+    "samples_per_epoch": 1000,
+    "initial_batch_size": 32,
+}
+"""Accordion between 32 and 256; nothing declared about throughput."""
+
+
+def post_event(client: TestClient, token: str, job: str, body: dict[str, Any]) -> None:
+    response = client.post(f"/v1/jobs/{job}/events", json=body, headers=bearer(token))
+    assert response.status_code == 201, response.json()
+
+
+def run_to_exit(
+    client: TestClient, tokens: Tokens, database: Database, code: int, **overrides: Any
+) -> tuple[str, str]:
+    """Submit, lease and run an accordion job: 3 epochs at 32 (10 s each), then 7 at 256 (4 s
+    each), reported as a training program would; its attempt exits with ``code``."""
+    register(client, tokens.agent)
+    job = submit(client, tokens.admin, **{**ACCORDION_JOB, **overrides})
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    (lease,) = [le for le in leases(database) if le.job_id == job]
+    report(client, tokens.agent, lease.id, "started")
+    seq = 0
+    for epoch in range(1, 11):
+        batch_size, seconds = (32, 10.0) if epoch <= 3 else (256, 4.0)
+        if epoch == 4:
+            seq += 1
+            post_event(
+                client,
+                tokens.admin,
+                job,
+                {"seq": seq, "kind": "scaling", "epoch": 3, "batch_size": 256},
+            )
+        seq += 1
+        body = {"seq": seq, "kind": "progress", "epoch": epoch, "samples": 1000}
+        post_event(
+            client, tokens.admin, job, {**body, "seconds": seconds, "batch_size": batch_size}
+        )
+    report(client, tokens.agent, lease.id, "exited", code)
+    return job, lease.id
+
+
+def stored(database: Database) -> PopulationRow | None:
+    with Session(database.engine) as session:
+        return session.get(PopulationRow, DEFAULT_CLUSTER)
+
+
+def test_a_job_that_succeeds_is_learnt_once_with_its_trajectory_and_rates(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    _, attempt = run_to_exit(client, tokens, database, 0)
+    report(client, tokens.agent, attempt, "exited", 0)
+
+    row = stored(database)
+    assert row is not None and row.learnt == 1, "learnt once, the retried report changes nothing"
+    with Session(database.engine) as session:
+        prior = population.load_prior(session)
+    (template,) = prior.group((AdaptationMode.ACCORDION, "ResNet-18", 32))
+    assert (template.batch_sizes, template.lengths) == ((32, 256), (3, 7))
+    rates = {key: stat.samples_per_second for key, stat in prior.rates.items()}
+    assert rates == {("ResNet-18", 1, 32): pytest.approx(100.0), ("ResNet-18", 1, 256): 250.0}
+
+
+def test_a_job_that_fails_teaches_nothing(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    run_to_exit(client, tokens, database, 3)
+
+    row = stored(database)
+    assert row is None or row.learnt == 0
+
+
+def test_the_snapshot_and_the_prediction_of_a_new_job_use_what_was_learnt(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    run_to_exit(client, tokens, database, 0)
+    fresh = submit(client, tokens.admin, **{**ACCORDION_JOB, "epochs": 20})
+
+    with Session(database.engine) as session:
+        snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 5, datetime.now(UTC))
+    assert snapshot.population.learnt == 1
+    body = client.get(f"/v1/jobs/{fresh}/prediction", headers=bearer(tokens.admin)).json()
+    # The finished job switched at 30% of its epochs; the paper's prior alone says 50%.
+    assert [(r["batch_size"], r["epochs"]) for r in body["regimes"]] == [(32, 6.0), (256, 14.0)]
+    # Nothing declared: the epoch times are what the finished job measured (10 s at 32, 4 s
+    # at 256), estimates for the fresh job, which has not run yet.
+    assert [r["epoch_seconds"] for r in body["regimes"]] == [pytest.approx(10.0), 4.0]
+    assert {r["epoch_seconds_source"] for r in body["regimes"]} == {"estimated"}
+    assert body["total_seconds"] == pytest.approx(6 * 10.0 + 14 * 4.0)
