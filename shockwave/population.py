@@ -13,7 +13,8 @@ fast each batch size runs. This module keeps that knowledge as plain values:
   *symbol* that places the size on the job's ladder (rung 0 = the initial size, :data:`TOP` = the
   largest), so a template can be replayed on a job of the same model with another initial size.
 - rates: samples per second by (model, GPUs, batch size), averaged over the finished jobs that
-  measured them, for the throughput model (:mod:`shockwave.throughput_model`).
+  measured them, for the throughput model (:mod:`shockwave.throughput_model`); a job that names
+  no model teaches no rate (its rates would mix with any other unnamed model's).
 
 :class:`PopulationPrior` is immutable; :meth:`PopulationPrior.learn` returns the prior with one
 more finished job. The simulator learns each job as it finishes in the run (no look-ahead), the
@@ -157,7 +158,7 @@ class PopulationPrior:
         """This prior with ``job`` learnt: its template (when it is whole) and its rates."""
         templates = dict(self.templates)
         template = job.template()
-        if template is not None and job.spec.model:
+        if template is not None:
             kept = (*templates.get(job.group, ()), template)
             templates[job.group] = kept[-self.max_per_group :]
         rates = dict(self.rates)

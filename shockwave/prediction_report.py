@@ -23,8 +23,8 @@ latest batch size and throughput, what reactive schedulers assume) and ``oracle`
 (:func:`~shockwave.predictor.predict_from_truth`, a sanity check: error 0, accuracy 1).
 
 **No look-ahead.** The population prior at a point is learnt only from the jobs that have
-finished by then, and the measured rates only from the batch sizes jobs have run at by then, on
-a timeline where each job runs from its arrival,
+finished by then, and the measured rates only from the epochs jobs have run by then, on a
+timeline where each job runs from its arrival,
 ``slowdown`` times slower than alone (1: every job alone on its GPUs; a contended cluster is
 nearer its mean slowdown). The job reaches p% of its epochs at arrival + slowdown x (time to run
 them alone) and finishes at arrival + slowdown x t_exclusive. In a simulation the policy learns
@@ -341,13 +341,13 @@ def _timeline(
 ) -> list[tuple[Knowledge, SimJob, int]]:
     """Each (job, percent) to score with what is known at its time: the jobs finished at or
     before it (learnt in the order they finished) and the epoch times measured by then (a job
-    measures a batch size as soon as it starts running at it)."""
+    measures a batch size once it has run its first epoch at it)."""
     events: list[tuple[float, int, int, int]] = []
     for i, job in enumerate(workload.jobs):
         start = 0
         for regime in job.trajectory:
-            begins = job.spec.arrival_s + slowdown * _seconds_to(job, start)
-            events.append((begins, 0, i, regime.batch_size))
+            first_epoch = _seconds_to(job, start + 1) if regime.epochs else 0.0
+            events.append((job.spec.arrival_s + slowdown * first_epoch, 0, i, regime.batch_size))
             start += regime.epochs
         events.append((job.spec.arrival_s + slowdown * job.t_exclusive_s, 1, i, 0))
     for i, job in enumerate(jobs):

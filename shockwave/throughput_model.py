@@ -124,8 +124,8 @@ class ThroughputModel:
         measured = job.progress.measured_epoch_seconds
         if gpus == spec.gpus and batch_size in measured:
             return EpochTime(measured[batch_size], "measured")
-        anchor = self._anchor(job)
         target = self.rates.get((spec.model, gpus, batch_size)) if spec.model else None
+        anchor = self._anchor(job, declared=False)
         if anchor is not None and target is not None:
             anchor_bs, anchor_seconds = anchor
             base = self.rates.get((spec.model, spec.gpus, anchor_bs))
@@ -135,6 +135,7 @@ class ThroughputModel:
             return EpochTime(samples / target, "population")
         if gpus == spec.gpus and spec.throughput.knows(batch_size):
             return EpochTime(spec.throughput.epoch_seconds(batch_size, samples), "declared")
+        anchor = self._anchor(job, declared=True)
         if anchor is not None:
             anchor_bs, anchor_seconds = anchor
             factor = self._law(spec.model, anchor_bs, spec.gpus, batch_size, gpus)
@@ -142,18 +143,19 @@ class ThroughputModel:
         nearest = self._nearest_rate(spec.model, gpus, batch_size)
         return None if nearest is None else EpochTime(samples / nearest, "scaled")
 
-    def _anchor(self, job: ActiveJob) -> tuple[int, float] | None:
+    def _anchor(self, job: ActiveJob, declared: bool) -> tuple[int, float] | None:
         """The job's own epoch time to scale from: measured (at its current batch size, else
-        the largest it measured), else declared (at its current size, else the largest)."""
+        the largest it measured), else, if ``declared``, declared (at its current size, else the
+        largest)."""
         current = job.progress.batch_size
         measured = job.progress.measured_epoch_seconds
         if measured:
             batch_size = current if current in measured else max(measured)
             return batch_size, measured[batch_size]
-        declared = job.spec.throughput.samples_per_second
-        if declared:
-            batch_size = current if current in declared else max(declared)
-            return batch_size, job.spec.samples_per_epoch / declared[batch_size]
+        rates = job.spec.throughput.samples_per_second
+        if declared and rates:
+            batch_size = current if current in rates else max(rates)
+            return batch_size, job.spec.samples_per_epoch / rates[batch_size]
         return None
 
     def _law(self, model: str, from_bs: int, from_gpus: int, to_bs: int, to_gpus: int) -> float:

@@ -117,6 +117,7 @@ def adaptive_job(
     profile: Mapping[int, float] | None = None,
     measured: Mapping[int, float] | None = None,
     gpus: int = 1,
+    model: str = "",
 ) -> ActiveJob:
     """An active job with its adaptation ``mode`` and what has been observed of it.
 
@@ -133,6 +134,7 @@ def adaptive_job(
         mode=mode,
         batch_sizes=tuple(batch_sizes),
         throughput=ThroughputProfile({bs: SAMPLES / s for bs, s in (profile or {}).items()}),
+        model=model,
     )
     progress = JobProgress(
         batch_size=initial if batch_size is None else batch_size,

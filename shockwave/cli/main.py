@@ -203,7 +203,7 @@ def simulate_command(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
-    _write_reports(out, setups, results, runs)
+    _write_reports(out, setups, results, runs, str(knowledge))
     console.print(f"Reports written to {out}/ (metrics.json, jobs-*.csv, *.png)")
 
 
@@ -365,9 +365,10 @@ def _write_reports(
     setups: Sequence[PolicySetup],
     results: Sequence[SimResult],
     runs: Sequence[RunMetrics],
+    knowledge: str,
 ) -> None:
     records = [
-        run_record(result, run, setup.params)
+        {**run_record(result, run, setup.params), "throughput_knowledge": knowledge}
         for setup, result, run in zip(setups, results, runs, strict=True)
     ]
     write_json(records, out / "metrics.json")

@@ -308,9 +308,35 @@ def test_oracle_and_prediction_error_runs(
     assert params["error_seed"] == 3
 
 
+def test_throughput_knowledge_and_the_predictor_reach_the_run(
+    throughputs: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = generated_simulate_args(
+        throughputs,
+        out,
+        *("--policy", "shockwave,gavel", "--use-scip", "never"),
+        *("--throughput-knowledge", "none", "--predictor", "restatement"),
+    )
+
+    result = invoke(*args)
+
+    assert result.exit_code == 0, result.output
+    assert "throughputs none" in result.output
+    shockwave, gavel = metrics_of(out, "shockwave"), metrics_of(out, "gavel")
+    assert shockwave["jobs_completed"] == gavel["jobs_completed"] == 6
+    assert shockwave["throughput_knowledge"] == gavel["throughput_knowledge"] == "none"
+    params = shockwave["params"]
+    assert isinstance(params, dict) and params["regime_predictor"] == "restatement"
+
+
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [
+        pytest.param(
+            ("--throughput-knowledge", "noisy:2"), ("--throughput-knowledge", "noisy:P"), id="tk"
+        ),
+        pytest.param(("--predictor", "psychic"), ("--predictor", "'psychic'"), id="predictor"),
         pytest.param(("--replan", "eager"), ("--replan", "'eager'"), id="replan"),
         pytest.param(("--use-scip", "maybe"), ("--use-scip", "'maybe'"), id="use-scip"),
         pytest.param(("--window-rounds", "0"), ("--window-rounds", "> 0"), id="window"),
@@ -451,7 +477,31 @@ def test_predict_report_prints_the_table_and_writes_json_and_plot(
     assert report["jobs"] == JOBS
     assert [row["percent"] for row in report["progress"]] == list(range(0, 100, 10))
     assert report["overall"]["oracle"] == {"regime_error": 0.0, "runtime_accuracy": 1.0}
+    assert report["policy_predictor"] == "population"
+    assert set(report["overall"]["population"]) == {"regime_error", "runtime_accuracy"}
+    assert "throughput_error" not in report
     assert (out / "prediction.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_predict_report_without_declared_throughputs_reports_their_error(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    trace, trajectories = generated
+    out = tmp_path / "pred"
+
+    result = invoke(
+        "predict-report",
+        *("--trace", str(trace), "--trajectories", str(trajectories)),
+        *("--throughputs", str(throughputs), "--out", str(out)),
+        *("--throughput-knowledge", "noisy:0.2", "--seed", "4", "--slowdown", "2"),
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "population*" in result.output and "throughput" in result.output
+    report = json.loads((out / "prediction.json").read_text())
+    assert (report["throughput_knowledge"], report["slowdown"]) == ("noisy:0.2", 2.0)
+    assert 0 < report["throughput_error"] < 100
+    assert "throughput_error" in report["progress"][0]
 
 
 def test_predict_report_without_dynamic_jobs_is_an_error(throughputs: Path, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from shockwave.generator import generate_workload
 from shockwave.model import VALID_WIDTHS, AdaptationMode, Regime, ThroughputProfile
 from shockwave.prediction_report import (
+    POLICY_PREDICTOR,
     PROGRESS_PERCENTS,
     Predictor,
     observed_job,
@@ -20,6 +21,7 @@ from shockwave.prediction_report import (
     runtime_accuracy,
     score_job,
 )
+from shockwave.throughput_knowledge import ThroughputKnowledge, apply_knowledge
 from shockwave.traces import ThroughputTable
 from shockwave.workload import SimJob
 from tests.builders import SAMPLES, sim_job, workload
@@ -29,6 +31,7 @@ GNS = AdaptationMode.GNS
 RESTATEMENT = Predictor.RESTATEMENT
 GREEDY = Predictor.GREEDY
 ORACLE = Predictor.ORACLE
+POPULATION = Predictor.POPULATION
 
 # Accordion, E = 100: 20 epochs at batch size 32 (2 s each), then 80 at 128 (1 s each).
 # P = 20 * 2 + 80 * 1 = 120 s. The prior (K = 2) splits the epochs 50/50.
@@ -244,3 +247,64 @@ def test_report_dict_is_json_ready() -> None:
     assert as_dict["throughput_knowledge"] == "declared"
     assert "throughput_error" not in as_dict
     json.dumps(as_dict)
+
+
+# --- the population predictor: no look-ahead -----------------------------------------------
+
+
+def accordion(job_id: str, first: int, arrival: float, epochs: int = 100) -> SimJob:
+    """An accordion ResNet-18 job that spends ``first`` epochs at 32 (1 s each), the rest at
+    128 (0.5 s each)."""
+    job = sim_job(
+        job_id, [(32, first, 1.0), (128, epochs - first, 0.5)], mode=ACCORDION, arrival=arrival
+    )
+    return replace(job, spec=replace(job.spec, model="ResNet-18"))
+
+
+def test_the_population_predictor_learns_only_from_jobs_finished_before_each_point() -> None:
+    # Three jobs that all switch at 30%, each arriving after the previous one finished; the
+    # first is scored with nothing learnt, the last with two finished jobs.
+    jobs = [accordion(str(i), 30, arrival=1000.0 * i) for i in range(3)]
+
+    first = prediction_report(workload(jobs[0]), percents=(0,))
+    all_three = prediction_report(workload(*jobs), percents=(0,))
+
+    alone = first.overall[POPULATION]
+    assert alone == first.overall[RESTATEMENT], "nothing finished: the paper's rule"
+    assert alone.regime_error == pytest.approx(0.2)
+    # Jobs 1 and 2 are exact at 0% (30/70 learnt), job 0 is not.
+    assert all_three.overall[POPULATION].regime_error == pytest.approx(0.2 / 3)
+    assert all_three.overall[RESTATEMENT].regime_error == pytest.approx(0.2)
+
+
+def test_a_slower_timeline_knows_less() -> None:
+    # Job 1 arrives at 160 s; job 0 runs 30 + 35 = 65 s alone: finished by then at slowdown 2
+    # (130 s), not at slowdown 3 (195 s).
+    jobs = [accordion("0", 30, 0.0), accordion("1", 30, 160.0)]
+
+    informed = prediction_report(workload(*jobs), percents=(0,), slowdown=2.0)
+    blind = prediction_report(workload(*jobs), percents=(0,), slowdown=3.0)
+
+    assert informed.overall[POPULATION].regime_error == pytest.approx(0.1)
+    assert blind.overall[POPULATION].regime_error == pytest.approx(0.2)
+    assert blind.slowdown == 3.0
+    with pytest.raises(ValueError, match="slowdown"):
+        prediction_report(workload(*jobs), slowdown=0.5)
+
+
+def test_without_declared_throughputs_the_report_gives_the_throughput_error() -> None:
+    jobs = [accordion(str(i), 30, arrival=1000.0 * i) for i in range(3)]
+    hidden = apply_knowledge(workload(*jobs), ThroughputKnowledge("none"))
+
+    report = prediction_report(hidden, percents=(0, 50), throughput_knowledge="none")
+    as_dict = report.as_dict()
+
+    # Job 0 at 0% knows nothing: its guess is the 60 s default for 1 s and 0.5 s epochs. Jobs
+    # 1 and 2 know the rates job 0 measured, exactly.
+    first_guess = (abs(60 - 1.0) / 1.0 + abs(60 - 0.5) / 0.5) / 2
+    assert report.rows[0].throughput_error == pytest.approx(first_guess / 3)
+    assert report.throughput_error == pytest.approx(first_guess / 3)
+    assert report.rows[1].throughput_error is None, "at 50% every size has been measured"
+    assert as_dict["throughput_knowledge"] == "none"
+    assert as_dict["throughput_error"] == report.throughput_error
+    assert as_dict["policy_predictor"] == str(POLICY_PREDICTOR) == "population"

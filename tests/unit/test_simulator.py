@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import pytest
 
 from shockwave.metrics import contention_ftf, reference_ftf, summarize
+from shockwave.model import AdaptationMode
 from shockwave.policy import Decision, get_policy, make_params
 from shockwave.simulator import PolicyContractError, SimSettings, simulate
 from shockwave.snapshot import Snapshot
@@ -84,6 +85,27 @@ def test_policy_sees_regimes_only_after_they_happen() -> None:
     assert dict(seen[0].measured_epoch_seconds) == {}
     assert dict(seen[2].measured_epoch_seconds) == {32: 10.0, 64: 5.0}
     assert [p.executed_last_round_s for p in seen] == [0.0, pytest.approx(15), pytest.approx(15)]
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_the_prior_holds_only_jobs_finished_before_each_round(learn: bool) -> None:
+    jobs = [
+        sim_job("short", [(32, 1, 50.0)]),
+        sim_job("long", [(32, 2, 100.0), (64, 4, 50.0)], mode=AdaptationMode.GNS),
+        sim_job("late", [(32, 3, 100.0)], arrival=500.0),
+    ]
+    policy = Recorder()
+    result = simulate(workload(*jobs), cluster(2), policy, {}, SimSettings(learn_population=learn))
+    finishes = {j.job_id: j.finish_s for j in result.jobs}
+    for snapshot in policy.snapshots:
+        done = sum(1 for f in finishes.values() if f is not None and f <= snapshot.now)
+        assert snapshot.population.learnt == (done if learn else 0), snapshot.now
+        active = {j.job_id for j in snapshot.jobs}
+        assert not active & {k for k, f in finishes.items() if f and f <= snapshot.now}
+    last = policy.snapshots[-1].population
+    if learn:
+        (template,) = last.group((AdaptationMode.GNS, "", 32))
+        assert (template.batch_sizes, template.lengths) == ((32, 64), (2, 4))
 
 
 def test_arrivals_are_admitted_at_round_boundaries() -> None:

@@ -1,0 +1,161 @@
+"""The throughput model: which knowledge wins for an epoch time, the scaling laws fitted to the
+measured rates, and what users declare in a simulated workload (declared, noisy:P, none)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shockwave.model import AdaptationMode
+from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.throughput_knowledge import ThroughputKnowledge, apply_knowledge
+from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
+from tests.builders import SAMPLES, adaptive_job, sim_job, workload
+
+LADDER = (32, 64, 256)
+
+# Rates other jobs of the model measured on one GPU (samples/s): an epoch of 1000 samples
+# takes 10 s at 32, 5 s at 64, 2 s at 256.
+RATES = {("ResNet-18", 1, 32): 100.0, ("ResNet-18", 1, 64): 200.0, ("ResNet-18", 1, 256): 500.0}
+
+
+def job(
+    *,
+    measured: dict[int, float] | None = None,
+    profile: dict[int, float] | None = None,
+    model: str = "ResNet-18",
+    batch_size: int = 32,
+) -> object:
+    return adaptive_job(
+        mode=AdaptationMode.GNS,
+        model=model,
+        initial=32,
+        batch_sizes=LADDER,
+        batch_size=batch_size,
+        measured=measured,
+        profile=profile,
+    )
+
+
+@pytest.mark.parametrize(
+    ("rates", "measured", "profile", "batch_size", "seconds", "source"),
+    [
+        pytest.param(RATES, {64: 3.0}, {64: 9.0}, 64, 3.0, "measured", id="own-measurement"),
+        # Measured 6 s at 32 where others measured 10 s: this job runs at 0.6 of their time,
+        # so at 256: 2 s x 0.6.
+        pytest.param(RATES, {32: 6.0}, {256: 9.0}, 256, 1.2, "population", id="ratio"),
+        pytest.param(RATES, {}, {256: 9.0}, 256, 2.0, "population", id="others-rate"),
+        pytest.param({}, {32: 6.0}, {256: 9.0}, 256, 9.0, "declared", id="declared"),
+        # Nothing at 256: alpha = 0.3 by default, 6 s x (32 / 256) ** 0.3.
+        pytest.param({}, {32: 6.0}, {}, 256, 6.0 * (32 / 256) ** 0.3, "scaled", id="law"),
+    ],
+)
+def test_which_knowledge_wins(
+    rates: dict[tuple[str, int, int], float],
+    measured: dict[int, float],
+    profile: dict[int, float],
+    batch_size: int,
+    seconds: float,
+    source: str,
+) -> None:
+    estimate = ThroughputModel(rates).epoch_time(
+        job(measured=measured, profile=profile), batch_size
+    )
+
+    assert estimate is not None
+    assert (estimate.seconds, estimate.source) == (pytest.approx(seconds), source)
+
+
+def test_nothing_known_is_none_and_an_unnamed_model_learns_nothing_from_others() -> None:
+    assert ThroughputModel(RATES).epoch_time(job(model="Unknown"), 64) is None
+    assert ThroughputModel(RATES).epoch_time(job(model=""), 64) is None
+
+
+def test_a_model_known_on_another_width_is_scaled_by_both_laws() -> None:
+    rates = {("ResNet-18", 4, 32): 100.0, ("ResNet-18", 4, 64): 200.0}
+    model = ThroughputModel(rates)
+
+    estimate = model.epoch_time(job(), 64)
+
+    assert estimate is not None and estimate.source == "scaled"
+    expected_rate = 200.0 * (1 / 4) ** model.beta("ResNet-18")
+    assert estimate.seconds == pytest.approx(SAMPLES / expected_rate)
+    assert model.beta("ResNet-18") == ThroughputModelParams().gpu_exponent, "one width: prior"
+
+
+def test_an_own_measurement_scales_to_another_gpu_count() -> None:
+    model = ThroughputModel({})
+    measured = job(measured={32: 8.0})
+
+    on_two = model.epoch_time(measured, 32, gpus=2)
+
+    assert on_two is not None and on_two.source == "scaled"
+    assert on_two.seconds == pytest.approx(8.0 / 2**0.8)
+
+
+def test_the_batch_exponent_is_fitted_to_measured_rates_and_shrunk_to_its_prior() -> None:
+    # Rates doubling with each doubling of the batch size: alpha = 1 on these points alone.
+    rates = {("LM", 1, bs): 10.0 * bs for bs in (5, 10, 20, 40, 80)}
+    fitted = ThroughputModel(rates).alpha("LM")
+
+    spread = sum((math.log(bs) - math.log(20)) ** 2 for bs in (5, 10, 20, 40, 80))
+    assert fitted == pytest.approx((spread * 1.0 + 1.0 * 0.3) / (spread + 1.0))
+    assert ThroughputModel({}).alpha("LM") == 0.3
+
+
+def test_build_merges_finished_and_running_jobs_measurements() -> None:
+    done = FinishedJob(job().spec, (), {32: 10.0})  # type: ignore[attr-defined]
+    prior = PopulationPrior().learn(done)
+    running = job(measured={32: 5.0, 64: 4.0})
+
+    model = ThroughputModel.build(prior, [running])
+
+    assert model.rates[("ResNet-18", 1, 32)] == pytest.approx((100.0 + 200.0) / 2)
+    assert model.rates[("ResNet-18", 1, 64)] == pytest.approx(250.0)
+    assert ThroughputModel.build(EMPTY_PRIOR).rates == {}
+
+
+# --- what users declare ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "spread", "label"),
+    [
+        ("declared", "declared", 0.0, "declared"),
+        ("none", "none", 0.0, "none"),
+        ("noisy:0.3", "noisy", 0.3, "noisy:0.3"),
+        (" Noisy:0 ", "noisy", 0.0, "noisy:0"),
+    ],
+)
+def test_knowledge_parses(text: str, kind: str, spread: float, label: str) -> None:
+    knowledge = ThroughputKnowledge.parse(text)
+
+    assert (knowledge.kind, knowledge.spread, str(knowledge)) == (kind, spread, label)
+
+
+@pytest.mark.parametrize("text", ["noisy", "noisy:1.5", "noisy:-0.1", "none:0.2", "exact", ""])
+def test_malformed_knowledge_names_the_shapes(text: str) -> None:
+    with pytest.raises(ValueError, match=r"declared|noisy|spread"):
+        ThroughputKnowledge.parse(text)
+
+
+def test_applying_knowledge_changes_only_what_is_declared() -> None:
+    jobs = workload(sim_job("a", [(32, 10, 2.0), (64, 10, 1.0)]), sim_job("b", [(16, 5, 4.0)]))
+
+    hidden = apply_knowledge(jobs, ThroughputKnowledge("none"))
+    noisy = apply_knowledge(jobs, ThroughputKnowledge("noisy", 0.3), seed=7)
+
+    assert apply_knowledge(jobs, ThroughputKnowledge()) is jobs
+    for original, none, off in zip(jobs.jobs, hidden.jobs, noisy.jobs, strict=True):
+        assert none.spec.throughput.samples_per_second == {}
+        assert (none.trajectory, none.epoch_seconds) == (
+            original.trajectory,
+            original.epoch_seconds,
+        )
+        for bs, rate in original.spec.throughput.samples_per_second.items():
+            assert 0.7 * rate <= off.spec.throughput.samples_per_second[bs] <= 1.3 * rate
+            assert off.spec.throughput.samples_per_second[bs] != rate
+    again = apply_knowledge(jobs, ThroughputKnowledge("noisy", 0.3), seed=7)
+    other = apply_knowledge(jobs, ThroughputKnowledge("noisy", 0.3), seed=8)
+    assert again == noisy and other != noisy
