@@ -9,6 +9,7 @@ import pytest
 
 from shockwave.model import AdaptationMode
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.snapshot import ActiveJob
 from shockwave.throughput_knowledge import ThroughputKnowledge, apply_knowledge
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 from tests.builders import SAMPLES, adaptive_job, sim_job, workload
@@ -26,7 +27,7 @@ def job(
     profile: dict[int, float] | None = None,
     model: str = "ResNet-18",
     batch_size: int = 32,
-) -> object:
+) -> ActiveJob:
     return adaptive_job(
         mode=AdaptationMode.GNS,
         model=model,
@@ -64,7 +65,8 @@ def test_which_knowledge_wins(
     )
 
     assert estimate is not None
-    assert (estimate.seconds, estimate.source) == (pytest.approx(seconds), source)
+    assert estimate.seconds == pytest.approx(seconds)
+    assert estimate.source == source
 
 
 def test_nothing_known_is_none_and_an_unnamed_model_learns_nothing_from_others() -> None:
@@ -105,7 +107,7 @@ def test_the_batch_exponent_is_fitted_to_measured_rates_and_shrunk_to_its_prior(
 
 
 def test_build_merges_finished_and_running_jobs_measurements() -> None:
-    done = FinishedJob(job().spec, (), {32: 10.0})  # type: ignore[attr-defined]
+    done = FinishedJob(job().spec, (), {32: 10.0})
     prior = PopulationPrior().learn(done)
     running = job(measured={32: 5.0, 64: 4.0})
 
