@@ -15,6 +15,9 @@ fast each batch size runs. This module keeps that knowledge as plain values:
 - rates: samples per second by (model, GPUs, batch size), averaged over the finished jobs that
   measured them, for the throughput model (:mod:`shockwave.throughput_model`); a job that names
   no model teaches no rate (its rates would mix with any other unnamed model's).
+- declaration errors: how far the rates users declared were from what their jobs measured (the
+  squared log ratio, summed over every batch size a finished job both declared and measured),
+  so the throughput model learns how much to trust a declaration.
 
 :class:`PopulationPrior` is immutable; :meth:`PopulationPrior.learn` returns the prior with one
 more finished job. The simulator learns each job as it finishes in the run (no look-ahead), the
@@ -140,13 +143,39 @@ class RateStat:
 
 
 @dataclass(frozen=True, slots=True)
+class DeclarationErrors:
+    """``count`` (declared, measured) pairs whose squared log ratios sum to ``sum_sq``."""
+
+    count: int = 0
+    sum_sq: float = 0.0
+
+    def add(self, pairs: Sequence[tuple[float, float]]) -> DeclarationErrors:
+        """With each (declared rate, measured rate) of ``pairs`` added."""
+        errors = [math.log(d / m) ** 2 for d, m in pairs if d > 0 and m > 0]
+        return DeclarationErrors(self.count + len(errors), self.sum_sq + sum(errors))
+
+
+def declaration_pairs(spec: JobSpec, measured: Mapping[int, float]) -> list[tuple[float, float]]:
+    """(declared, measured) samples/s at every batch size ``spec`` declares and the job has
+    measured (``measured``: seconds per epoch)."""
+    declared = spec.throughput.samples_per_second
+    return [
+        (declared[bs], spec.samples_per_epoch / seconds)
+        for bs, seconds in measured.items()
+        if bs in declared and seconds > 0 and math.isfinite(seconds)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class PopulationPrior:
-    """Templates by group and measured rates, learnt from ``learnt`` finished jobs."""
+    """Templates by group, measured rates and declaration errors, learnt from ``learnt``
+    finished jobs."""
 
     templates: Mapping[GroupKey, tuple[Template, ...]] = field(default_factory=dict)
     rates: Mapping[RateKey, RateStat] = field(default_factory=dict)
     learnt: int = 0
     max_per_group: int = DEFAULT_MAX_PER_GROUP
+    declarations: DeclarationErrors = field(default_factory=DeclarationErrors)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "templates", MappingProxyType(dict(self.templates)))
@@ -155,7 +184,8 @@ class PopulationPrior:
             raise ValueError(f"max_per_group must be > 0, got {self.max_per_group}")
 
     def learn(self, job: FinishedJob) -> PopulationPrior:
-        """This prior with ``job`` learnt: its template (when it is whole) and its rates."""
+        """This prior with ``job`` learnt: its template (when it is whole), its rates and how
+        far its declared rates were from them."""
         templates = dict(self.templates)
         template = job.template()
         if template is not None:
@@ -167,7 +197,10 @@ class PopulationPrior:
                 key = (job.spec.model, job.spec.gpus, batch_size)
                 rate = job.spec.samples_per_epoch / seconds
                 rates[key] = rates.get(key, RateStat(0, 0.0)).add(rate)
-        return PopulationPrior(templates, rates, self.learnt + 1, self.max_per_group)
+        declarations = self.declarations.add(
+            declaration_pairs(job.spec, job.measured_epoch_seconds)
+        )
+        return PopulationPrior(templates, rates, self.learnt + 1, self.max_per_group, declarations)
 
     def group(self, key: GroupKey) -> tuple[Template, ...]:
         return self.templates.get(key, ())
@@ -175,10 +208,14 @@ class PopulationPrior:
     def as_json(self) -> dict[str, Any]:
         """JSON-ready: ``{learnt, max_per_group, groups: [{mode, model, initial_batch_size,
         templates: [{epochs, batch_sizes, symbols, lengths}]}], rates: [{model, gpus,
-        batch_size, jobs, samples_per_second}]}``."""
+        batch_size, jobs, samples_per_second}], declarations: {count, sum_sq}}``."""
         return {
             "learnt": self.learnt,
             "max_per_group": self.max_per_group,
+            "declarations": {
+                "count": self.declarations.count,
+                "sum_sq": self.declarations.sum_sq,
+            },
             "groups": [
                 {
                     "mode": mode.value,
@@ -230,7 +267,11 @@ class PopulationPrior:
                 )
                 for r in data["rates"]
             }
-            return cls(templates, rates, int(data["learnt"]), int(data["max_per_group"]))
+            declared = data["declarations"]
+            declarations = DeclarationErrors(int(declared["count"]), float(declared["sum_sq"]))
+            return cls(
+                templates, rates, int(data["learnt"]), int(data["max_per_group"]), declarations
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise PriorFormatError(f"unreadable population prior: {error!r}") from error
 

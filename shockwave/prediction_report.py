@@ -44,7 +44,14 @@ from types import MappingProxyType
 import numpy as np
 
 from shockwave.model import AdaptationMode, Regime
-from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, RateKey
+from shockwave.population import (
+    EMPTY_PRIOR,
+    DeclarationErrors,
+    FinishedJob,
+    PopulationPrior,
+    RateKey,
+    declaration_pairs,
+)
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import Prediction, PredictorParams, predict_from_truth
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
@@ -340,8 +347,9 @@ def _timeline(
     workload: Workload, jobs: Sequence[SimJob], percents: Sequence[int], slowdown: float
 ) -> list[tuple[Knowledge, SimJob, int]]:
     """Each (job, percent) to score with what is known at its time: the jobs finished at or
-    before it (learnt in the order they finished) and the epoch times measured by then (a job
-    measures a batch size once it has run its first epoch at it)."""
+    before it (learnt in the order they finished), the epoch times measured by then (a job
+    measures a batch size once it has run its first epoch at it) and how far the declared
+    rates were from them."""
     events: list[tuple[float, int, int, int]] = []
     for i, job in enumerate(workload.jobs):
         start = 0
@@ -356,6 +364,7 @@ def _timeline(
             events.append((at, 2, i, pct))
     prior = EMPTY_PRIOR
     sums: dict[RateKey, list[float]] = {}
+    declarations = DeclarationErrors()
     known = NO_KNOWLEDGE
     stale = False
     timeline: list[tuple[Knowledge, SimJob, int]] = []
@@ -363,9 +372,11 @@ def _timeline(
         if kind == 0:
             spec = workload.jobs[i].spec
             seconds = workload.jobs[i].epoch_seconds[value]
-            sums.setdefault((spec.model, spec.gpus, value), []).append(
-                spec.samples_per_epoch / seconds
-            )
+            if spec.model:
+                sums.setdefault((spec.model, spec.gpus, value), []).append(
+                    spec.samples_per_epoch / seconds
+                )
+            declarations = declarations.add(declaration_pairs(spec, {value: seconds}))
             stale = True
         elif kind == 1:
             prior = prior.learn(finished_job(workload.jobs[i]))
@@ -373,7 +384,7 @@ def _timeline(
         else:
             if stale:
                 rates = {key: float(np.mean(values)) for key, values in sums.items()}
-                known = Knowledge(prior, ThroughputModel(rates))
+                known = Knowledge(prior, ThroughputModel(rates, declarations=declarations))
                 stale = False
             timeline.append((known, jobs[i], value))
     return timeline

@@ -10,7 +10,13 @@ time at a batch size (and GPU count) from that, in this order, first that applie
    rates other jobs of its model measured at the two sizes. A ratio transfers between jobs of
    one model far better than an absolute rate (another dataset, another input pipeline).
 3. ``population`` (rate): what other jobs of its model measured at that size and GPU count.
-4. ``declared``: the user's declared throughput profile.
+4. ``declared``: the user's declared throughput profile, as far as declarations have proven
+   right: where a measurement-based estimate (step 5) exists too, the two are averaged in log
+   space, each weighted by the inverse of its error variance, learnt from the data: for
+   declarations, the squared log ratio of declared to measured rates over every job that has
+   both (finished jobs, through the population prior, and running ones); for the scaling law,
+   its error predicting each measured rate from the next smaller size of the same series. Exact
+   declarations soon weigh all; declarations off by 30% weigh about as much as the law.
 5. ``scaled``: the job's own measurement (else its declared rate at another size, else the
    nearest rate measured for its model) scaled by power laws: samples/s grow as
    batch size ** alpha and as GPUs ** beta. alpha and beta are fitted to the measured rates
@@ -25,6 +31,7 @@ snapshot's active jobs; nothing here reads the jobs' true epoch times.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -33,7 +40,13 @@ from typing import Literal
 
 import numpy as np
 
-from shockwave.population import EMPTY_PRIOR, PopulationPrior, RateKey
+from shockwave.population import (
+    EMPTY_PRIOR,
+    DeclarationErrors,
+    PopulationPrior,
+    RateKey,
+    declaration_pairs,
+)
 from shockwave.snapshot import ActiveJob
 
 _PRIOR_PRECISION = 1.0
@@ -47,17 +60,26 @@ class ThroughputModelParams:
 
     ``batch_exponent``: alpha in samples/s ~ batch size ** alpha until rates are measured
     (0: a bigger batch runs no more samples per second; 1: perfectly). ``gpu_exponent``: beta in
-    samples/s ~ GPUs ** beta.
+    samples/s ~ GPUs ** beta. ``declaration_variance`` and ``law_variance``: the prior error
+    variances (squared log ratio) of a declared rate, and of the law per squared unit of log
+    size ratio, each worth one observation (0.04: off by about 20%; 0.09: alpha uncertain by
+    about 0.3).
     """
 
     batch_exponent: float = 0.3
     gpu_exponent: float = 0.8
+    declaration_variance: float = 0.04
+    law_variance: float = 0.09
 
     def __post_init__(self) -> None:
         for name in ("batch_exponent", "gpu_exponent"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= 1):
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        for name in ("declaration_variance", "law_variance"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +93,15 @@ class EpochTime:
 class ThroughputModel:
     """Epoch-time estimates from measured rates (see the module docstring).
 
-    ``rates``: mean samples/s measured at each (model, GPUs, batch size).
+    ``rates``: mean samples/s measured at each (model, GPUs, batch size); ``declarations``:
+    how far declared rates were from measured ones.
     """
 
     def __init__(
-        self, rates: Mapping[RateKey, float], params: ThroughputModelParams | None = None
+        self,
+        rates: Mapping[RateKey, float],
+        params: ThroughputModelParams | None = None,
+        declarations: DeclarationErrors | None = None,
     ) -> None:
         self.params = params or ThroughputModelParams()
         self.rates = dict(rates)
@@ -84,6 +110,11 @@ class ThroughputModel:
             self._by_model[key[0]].append(key)
         self._alpha = _fit_exponents(self.rates, "batch", self.params.batch_exponent)
         self._beta = _fit_exponents(self.rates, "gpus", self.params.gpu_exponent)
+        seen = declarations or DeclarationErrors()
+        self.declaration_variance = (self.params.declaration_variance + seen.sum_sq) / (
+            1 + seen.count
+        )
+        self.law_variance = self._law_variance()
 
     @classmethod
     def build(
@@ -92,12 +123,17 @@ class ThroughputModel:
         jobs: Iterable[ActiveJob] = (),
         params: ThroughputModelParams | None = None,
     ) -> ThroughputModel:
-        """The model of what ``prior`` (finished jobs) and ``jobs`` (active ones) measured."""
+        """The model of what ``prior`` (finished jobs) and ``jobs`` (active ones) measured and
+        how far their declarations were from it."""
         sums: dict[RateKey, float] = {
             k: s.samples_per_second * s.jobs for k, s in prior.rates.items()
         }
         counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
+        declarations = prior.declarations
         for job in jobs:
+            declarations = declarations.add(
+                declaration_pairs(job.spec, job.progress.measured_epoch_seconds)
+            )
             if not job.spec.model:
                 continue
             for batch_size, seconds in job.progress.measured_epoch_seconds.items():
@@ -105,7 +141,7 @@ class ThroughputModel:
                     key = (job.spec.model, job.spec.gpus, batch_size)
                     sums[key] = sums.get(key, 0.0) + job.spec.samples_per_epoch / seconds
                     counts[key] = counts.get(key, 0) + 1
-        return cls({k: sums[k] / counts[k] for k in sums if counts[k]}, params)
+        return cls({k: sums[k] / counts[k] for k in sums if counts[k]}, params, declarations)
 
     def alpha(self, model: str) -> float:
         return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
@@ -134,14 +170,49 @@ class ThroughputModel:
         if target is not None:
             return EpochTime(samples / target, "population")
         if gpus == spec.gpus and spec.throughput.knows(batch_size):
-            return EpochTime(spec.throughput.epoch_seconds(batch_size, samples), "declared")
-        anchor = self._anchor(job, declared=True)
+            declared = spec.throughput.epoch_seconds(batch_size, samples)
+            measured_law = self._scaled(job, batch_size, gpus, declared=False)
+            return declared_or_blend(
+                declared, self.declaration_variance, measured_law, self.law_variance
+            )
+        scaled = self._scaled(job, batch_size, gpus, declared=True)
+        return None if scaled is None else EpochTime(scaled[0], "scaled")
+
+    def _scaled(
+        self, job: ActiveJob, batch_size: int, gpus: int, declared: bool
+    ) -> tuple[float, float] | None:
+        """The law's estimate (seconds) from the job's own epoch time (measured, else, if
+        ``declared``, declared at another size), else from the nearest rate measured for its
+        model; with the squared log distance it was scaled over. None when there is nothing
+        to scale."""
+        spec = job.spec
+        anchor = self._anchor(job, declared=declared)
         if anchor is not None:
             anchor_bs, anchor_seconds = anchor
             factor = self._law(spec.model, anchor_bs, spec.gpus, batch_size, gpus)
-            return EpochTime(anchor_seconds / factor, "scaled")
-        nearest = self._nearest_rate(spec.model, gpus, batch_size)
-        return None if nearest is None else EpochTime(samples / nearest, "scaled")
+            return anchor_seconds / factor, _log_distance(anchor_bs, spec.gpus, batch_size, gpus)
+        keys = self._by_model.get(spec.model) if spec.model else None
+        if not keys:
+            return None
+        key = min(keys, key=lambda k: (_log_distance(k[2], k[1], batch_size, gpus), k))
+        rate = self.rates[key] * self._law(spec.model, key[2], key[1], batch_size, gpus)
+        return spec.samples_per_epoch / rate, _log_distance(key[2], key[1], batch_size, gpus)
+
+    def _law_variance(self) -> float:
+        """Error variance of the batch-size law per squared unit of log size ratio: each
+        measured rate predicted from the next smaller size of its (model, GPUs) series, with
+        the prior ``law_variance`` worth one unit."""
+        series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+        for (model, gpus, batch_size), rate in self.rates.items():
+            series[(model, gpus)].append((batch_size, rate))
+        errors, spread = self.params.law_variance, 1.0
+        for (model, _), points in series.items():
+            points.sort()
+            for (small, low), (large, high) in itertools.pairwise(points):
+                step = math.log(large / small)
+                errors += (math.log(high / low) - self.alpha(model) * step) ** 2
+                spread += step * step
+        return errors / spread
 
     def _anchor(self, job: ActiveJob, declared: bool) -> tuple[int, float] | None:
         """The job's own epoch time to scale from: measured (at its current batch size, else
@@ -163,18 +234,28 @@ class ThroughputModel:
         batch = math.pow(to_bs / from_bs, self.alpha(model))
         return batch * math.pow(to_gpus / from_gpus, self.beta(model))
 
-    def _nearest_rate(self, model: str, gpus: int, batch_size: int) -> float | None:
-        """A measured rate of ``model`` (nearest in log batch size and log GPUs) scaled to
-        (gpus, batch_size); None when the model has no measured rate."""
-        keys = self._by_model.get(model) if model else None
-        if not keys:
-            return None
 
-        def distance(key: RateKey) -> tuple[float, RateKey]:
-            return abs(math.log(key[1] / gpus)) + abs(math.log(key[2] / batch_size)), key
+def declared_or_blend(
+    declared: float,
+    declaration_variance: float,
+    scaled: tuple[float, float] | None,
+    law_variance: float,
+) -> EpochTime:
+    """The declared epoch time, blended in log space with the law's estimate ``scaled``
+    (seconds, squared log distance) by inverse error variances; labelled by the larger
+    weight."""
+    if scaled is None:
+        return EpochTime(declared, "declared")
+    seconds, distance = scaled
+    law = law_variance * max(distance, 1e-12)
+    weight = (1 / declaration_variance) / (1 / declaration_variance + 1 / law)
+    blended = math.exp(weight * math.log(declared) + (1 - weight) * math.log(seconds))
+    return EpochTime(blended, "declared" if weight >= 0.5 else "scaled")
 
-        key = min(keys, key=distance)
-        return self.rates[key] * self._law(model, key[2], key[1], batch_size, gpus)
+
+def _log_distance(from_bs: int, from_gpus: int, to_bs: int, to_gpus: int) -> float:
+    """Squared log distance between two (batch size, GPUs) configurations."""
+    return math.log(to_bs / from_bs) ** 2 + math.log(to_gpus / from_gpus) ** 2
 
 
 def _fit_exponents(

@@ -321,12 +321,29 @@ def test_static_remaining_seconds_are_remaining_epochs_times_epoch_seconds() -> 
 LAW = (32 / 256) ** 0.3
 
 
+def blend(declared: float, scaled: float) -> float:
+    """A declaration blended with the law's estimate from a measurement 8x away in batch size,
+    by the default prior variances: 0.04 for the declaration, 0.09 (ln 8)^2 for the law."""
+    weight = (1 / 0.04) / (1 / 0.04 + 1 / (0.09 * math.log(8) ** 2))
+    return float(declared**weight * scaled ** (1 - weight))
+
+
 @pytest.mark.parametrize(
     ("profile", "measured", "current", "expected"),
     [
-        pytest.param({32: 2.0, 256: 1.0}, {256: 0.5}, 32, {32: 2.0, 256: 0.5}, id="measured-wins"),
         pytest.param(
-            {32: 2.0, 256: 1.0}, {32: 3.0}, 32, {32: 3.0, 256: 1.0}, id="profile-beats-latest"
+            {32: 2.0, 256: 1.0},
+            {256: 0.5},
+            32,
+            {32: blend(2.0, 0.5 / LAW), 256: 0.5},
+            id="measured-wins",
+        ),
+        pytest.param(
+            {32: 2.0, 256: 1.0},
+            {32: 3.0},
+            32,
+            {32: 3.0, 256: blend(1.0, 3.0 * LAW)},
+            id="profile-blended-with-the-law",
         ),
         # An unseen size scales by the batch-size law: samples/s ~ bs ** 0.3, so an epoch at
         # 256 takes (32 / 256) ** 0.3 of one at 32.
@@ -453,8 +470,7 @@ def test_predict_from_truth_returns_the_truth(done: float, current: int, remaini
                 observed=[(32, 10)],
                 batch_size=256,
                 epochs_done=30.0,
-                profile={32: 2.0},
-                measured={256: 0.5},
+                measured={32: 2.0, 256: 0.5},
             ),
             [(32, 10, 2.0), (256, 90, 0.5)],
             70 * 0.5,

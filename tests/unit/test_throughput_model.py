@@ -15,6 +15,13 @@ from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 from tests.builders import SAMPLES, adaptive_job, sim_job, workload
 
 LADDER = (32, 64, 256)
+LAW = (32 / 256) ** 0.3
+
+
+def blend(declared: float, scaled: float) -> float:
+    weight = (1 / 0.04) / (1 / 0.04 + 1 / (0.09 * math.log(8) ** 2))
+    return float(declared**weight * scaled ** (1 - weight))
+
 
 # Rates other jobs of the model measured on one GPU (samples/s): an epoch of 1000 samples
 # takes 10 s at 32, 5 s at 64, 2 s at 256.
@@ -47,9 +54,13 @@ def job(
         # so at 256: 2 s x 0.6.
         pytest.param(RATES, {32: 6.0}, {256: 9.0}, 256, 1.2, "population", id="ratio"),
         pytest.param(RATES, {}, {256: 9.0}, 256, 2.0, "population", id="others-rate"),
-        pytest.param({}, {32: 6.0}, {256: 9.0}, 256, 9.0, "declared", id="declared"),
+        # Declared 9 s; the law from the measured 6 s says 6 (32 / 256) ** 0.3: blended by the
+        # prior variances, 0.04 against 0.09 (ln 8) ** 2.
+        pytest.param(
+            {}, {32: 6.0}, {256: 9.0}, 256, blend(9.0, 6.0 * LAW), "declared", id="declared"
+        ),
         # Nothing at 256: alpha = 0.3 by default, 6 s x (32 / 256) ** 0.3.
-        pytest.param({}, {32: 6.0}, {}, 256, 6.0 * (32 / 256) ** 0.3, "scaled", id="law"),
+        pytest.param({}, {32: 6.0}, {}, 256, 6.0 * LAW, "scaled", id="law"),
     ],
 )
 def test_which_knowledge_wins(
@@ -104,6 +115,36 @@ def test_the_batch_exponent_is_fitted_to_measured_rates_and_shrunk_to_its_prior(
     spread = sum((math.log(bs) - math.log(20)) ** 2 for bs in (5, 10, 20, 40, 80))
     assert fitted == pytest.approx((spread * 1.0 + 1.0 * 0.3) / (spread + 1.0))
     assert ThroughputModel({}).alpha("LM") == 0.3
+
+
+def test_declarations_weigh_as_much_as_they_have_proven_right() -> None:
+    # Jobs that declared 10 s at 32 and measured 10 s: exact declarations; a fresh job's
+    # declared 256 then outweighs the law almost entirely. Jobs off by 2x: the law wins.
+    def declaring(ratio: float) -> ActiveJob:
+        return job(profile={32: 10.0 * ratio}, measured={32: 10.0}, model="Other")
+
+    fresh = job(profile={256: 9.0}, measured={32: 6.0})
+    exact = ThroughputModel.build(EMPTY_PRIOR, [declaring(1.0)] * 30)
+    wrong = ThroughputModel.build(EMPTY_PRIOR, [declaring(2.0)] * 30)
+
+    assert exact.declaration_variance == pytest.approx(0.04 / 31)
+    assert wrong.declaration_variance == pytest.approx((0.04 + 30 * math.log(2) ** 2) / 31)
+    trusted, doubted = exact.epoch_time(fresh, 256), wrong.epoch_time(fresh, 256)
+    assert trusted is not None and doubted is not None
+    assert (trusted.source, doubted.source) == ("declared", "scaled")
+    assert abs(math.log(trusted.seconds / 9.0)) < 0.01
+    assert 6.0 * LAW < doubted.seconds < math.sqrt(9.0 * 6.0 * LAW) < trusted.seconds
+
+
+def test_the_law_variance_is_learnt_from_the_measured_series() -> None:
+    # Rates that follow alpha exactly: the law's error is the fit's shrinkage only, far below
+    # the prior; a zig-zag series is far above it.
+    smooth = ThroughputModel({("LM", 1, bs): 10.0 * bs**0.5 for bs in (5, 10, 20, 40, 80)})
+    rough = ThroughputModel(
+        {("LM", 1, bs): 10.0 * (3 if i % 2 else 1) for i, bs in enumerate((5, 10, 20, 40, 80))}
+    )
+
+    assert smooth.law_variance < 0.09 < rough.law_variance
 
 
 def test_build_merges_finished_and_running_jobs_measurements() -> None:
