@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -134,17 +135,36 @@ def predict_population(
     if left <= _EPS:
         return paper
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
-    candidates = [
-        alive
-        for c in (
-            *_from_templates(job, prior, population, prefix),
+    groups = _consulted(_groups(prior, job), job, population)
+    key = (
+        spec.mode,
+        spec.model,
+        spec.initial_batch_size,
+        ladder_of(spec),
+        spec.epochs,
+        observed,
+        prefix[-1],
+        population,
+        params.accordion_regimes,
+        len(groups[0]),
+        tuple(id(group) for level in groups for group in level),
+    )
+    candidates = _CANDIDATES.get(key, groups)
+    if candidates is None:
+        unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
+        candidates = (
+            *_from_templates(job, groups, population, prefix),
             _from_paper(unrefined, population.prior_weight),
         )
-        if (alive := _surviving(c, done_share)) is not None
-    ]
-    candidates.append(_Candidates((), np.array([population.static_weight]), np.ones((1, 1))))
-    future, shares = _choose(candidates, len(observed))
+        _CANDIDATES.put(key, groups, candidates)
+    alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
+    alive.append(_Candidates((), np.array([population.static_weight]), np.ones((1, 1))))
+    signature = (key, tuple(len(a.weights) for a in alive))
+    decision = _DECISIONS.get(signature, groups)
+    if decision is None:
+        decision = _choose(alive, len(observed))
+        _DECISIONS.put(signature, groups, decision)
+    future, shares = decision
     regimes = [
         PredictedRegime(
             r.batch_size, float(r.epochs), epoch_seconds(job, r.batch_size, params, throughput)
@@ -165,28 +185,55 @@ def predict_population(
     )
 
 
-def _from_templates(
-    job: ActiveJob, prior: PopulationPrior, population: PopulationParams, prefix: Sequence[int]
-) -> Iterator[_Candidates]:
-    """Candidates from the job's group, backing off to coarser groups while it is thin."""
+_Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[Template, ...], ...]]
+
+
+def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
+    """The template groups that speak for ``job``: (its own model's, other models' of its
+    mode); a custom job only its own group, its declared list being its own."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.CUSTOM:
+        return (prior.group((spec.mode, spec.model, spec.initial_batch_size)),), ()
+    same_model: list[tuple[Template, ...]] = []
+    other_models: list[tuple[Template, ...]] = []
+    for key, group in prior.templates.items():
+        if key[0] is spec.mode:
+            (same_model if key[1] == spec.model else other_models).append(group)
+    return tuple(same_model), tuple(other_models)
+
+
+def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) -> _Groups:
+    """``groups`` without the other models' when the job's own model holds enough jobs of a
+    similar length (they would not be consulted)."""
+    own, others = groups
+    if not others:
+        return groups
     spec = job.spec
     ladder = ladder_of(spec)
-    levels: list[tuple[float, list[tuple[Template, ...]], bool]]
-    if spec.mode is AdaptationMode.CUSTOM:
-        levels = [(1.0, [prior.group((spec.mode, spec.model, spec.initial_batch_size))], False)]
-    else:
-        same_model: list[tuple[Template, ...]] = []
-        other_models: list[tuple[Template, ...]] = []
-        for key, group in prior.templates.items():
-            if key[0] is spec.mode:
-                (same_model if key[1] == spec.model else other_models).append(group)
-        levels = [(1.0, same_model, True), (population.mode_weight, other_models, True)]
+    replay = spec.mode is not AdaptationMode.CUSTOM
+    support = sum(
+        float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
+        for group in own
+        for block in _blocks(group, spec.initial_batch_size, ladder, replay)
+    )
+    return (own, ()) if support >= population.backoff_jobs else groups
+
+
+def _from_templates(
+    job: ActiveJob, groups: _Groups, population: PopulationParams, prefix: Sequence[int]
+) -> Iterator[_Candidates]:
+    """Candidates from the job's own model, backing off to other models while it is thin."""
+    spec = job.spec
+    ladder = ladder_of(spec)
+    replay = spec.mode is not AdaptationMode.CUSTOM
+    own, others = groups
+    levels = [(1.0, own), (population.mode_weight, others)]
     support = 0.0
     k = len(prefix) - 1
-    for level_weight, groups, replay in levels:
+    for level_weight, level in levels:
         if support >= population.backoff_jobs or level_weight <= 0:
             break
-        for group in groups:
+        for group in level:
             for block in _blocks(group, spec.initial_batch_size, ladder, replay):
                 weights = level_weight * _kernel(
                     spec.epochs, block.epochs, population.length_bandwidth
@@ -206,24 +253,46 @@ def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> Float
     return weights
 
 
-_BLOCK_CACHE: OrderedDict[tuple[int, int, tuple[int, ...], bool], tuple[object, tuple[_Block, ...]]]
-_BLOCK_CACHE = OrderedDict()
-_BLOCK_CACHE_SIZE = 4096
-_BLOCK_LOCK = threading.Lock()
+class _Memo:
+    """A bounded, thread-safe memo whose entries hold the template groups they were computed
+    from: a hit needs the very same group objects (a prior shares the groups a new finished
+    job did not change with the prior before it), so a key built from their ids is never
+    stale. Results only, no state: the predictor stays a pure function."""
+
+    def __init__(self, size: int) -> None:
+        self._entries: OrderedDict[Hashable, tuple[object, Any]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, owner: object) -> Any:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None or (hit[0] is not owner and hit[0] != owner):
+                return None
+            self._entries.move_to_end(key)
+            return hit[1]
+
+    def put(self, key: Hashable, owner: object, value: Any) -> None:
+        with self._lock:
+            self._entries[key] = (owner, value)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+_BLOCKS = _Memo(4096)
+_CANDIDATES = _Memo(8192)
+_DECISIONS = _Memo(16384)
 
 
 def _blocks(
     group: tuple[Template, ...], initial: int, ladder: tuple[int, ...], replay: bool
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay``. Memoized per group value (a prior shares the groups a new finished
-    job did not change with the prior before it, so most blocks are built once per run)."""
+    ladder when ``replay`` (memoized: most groups outlive many priors)."""
     key = (id(group), initial, ladder, replay)
-    with _BLOCK_LOCK:
-        hit = _BLOCK_CACHE.get(key)
-        if hit is not None and hit[0] is group:
-            _BLOCK_CACHE.move_to_end(key)
-            return hit[1]
+    cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
+    if cached is not None:
+        return cached
     by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
     for template in group:
         sizes, lengths = (
@@ -240,10 +309,7 @@ def _blocks(
         )
         for sizes, rows in by_sizes.items()
     )
-    with _BLOCK_LOCK:
-        _BLOCK_CACHE[key] = (group, blocks)
-        while len(_BLOCK_CACHE) > _BLOCK_CACHE_SIZE:
-            _BLOCK_CACHE.popitem(last=False)
+    _BLOCKS.put(key, group, blocks)
     return blocks
 
 
