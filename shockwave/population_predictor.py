@@ -7,12 +7,14 @@ from the jobs that finished before them. Here the prior of a job is the empirica
 the finished trajectories in its group (:mod:`shockwave.population`), shrunk towards the paper's
 prior, and the job's own observations update it the restatement way:
 
-1. **Candidates.** The templates of the job's group (mode, model, initial batch size). When the
-   group holds fewer than ``backoff_jobs`` jobs of a similar length, templates of the same model
-   with another initial size (weight ``model_weight``), then of the same mode and another model
-   (``mode_weight``), join in, replayed on the job's own ladder by their symbols. The paper's
-   rule (posterior mean under the restatement rule) joins as a pseudo-template of weight
-   ``prior_weight``: with no finished job, the prediction is the paper's.
+1. **Candidates.** The templates of the job's mode and model, replayed on the job's own ladder
+   by their symbols (a template of another initial size replays as that size's rungs would on
+   this job's). While they hold fewer than ``backoff_jobs`` jobs of a similar length, templates
+   of other models of the mode join at weight ``mode_weight``. Two pseudo-templates stand for the
+   prior before data: the paper's posterior mean (weight ``prior_weight``) and the static guess,
+   no further change (weight ``static_weight``); equal, so a job is as likely to adapt as not
+   until finished jobs say otherwise. Custom jobs consult only their own (mode, model, initial
+   size) group: their declared list is their own.
 2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
    job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
    of ten epochs, a noise scale that grows by epoch) replay faithfully on jobs of similar length,
@@ -21,11 +23,17 @@ prior, and the job's own observations update it the restatement way:
    speaks for the rest: from the start of the ongoing regime, its regimes split the job's
    remaining epochs in its own proportions (the Dirichlet's neutrality: given the finished
    shares, the rest split as the prior's). A template whose batch sizes so far differ from the
-   job's, or whose ongoing regime would already have ended, is ruled out.
-4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5): the
-   continuation of batch sizes is chosen one step at a time by weight (end here, or move on to
-   the size most weight moves on to), and its regimes' lengths are the weighted mean of the
-   templates that follow exactly that continuation.
+   job's, or whose ongoing regime would already have ended, is ruled out (the paper's
+   pseudo-template too, taken without its restatement of an overlong ongoing regime: a job that
+   has outrun every switch point left is predicted static).
+4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5). Each
+   distinct continuation of batch sizes proposes the weighted mean and the weighted median of its
+   candidates' shares; the proposal with the least expected regime-length error under all the
+   candidates' weights is the prediction: the Bayes point estimate for the error the paper
+   reports.
+
+The work of steps 1 and 4 is memoized per (template groups, job shape, surviving candidates), so a
+round repeats none of it for a job whose candidates no finished job has changed.
 
 A static job, or one already at its largest batch size, has one regime: the paper's rule.
 """

@@ -38,7 +38,9 @@ from shockwave.throughput_model import ThroughputModel
 class PredictorParams:
     """``accordion_regimes``: K for Accordion jobs (small -> large is 2). ``gns`` and ``custom``
     jobs take K from their ladder or list. ``unknown_epoch_seconds``: the guess for a job with no
-    measurement and no declared throughput at all."""
+    measurement and no declared throughput at all. ``restate_ongoing``: restate an ongoing regime
+    that has outrun its share (the refinement in the module docstring); off, the plain rule (the
+    population predictor rules such a prediction out instead)."""
 
     accordion_regimes: int = 2
     unknown_epoch_seconds: float = 60.0
