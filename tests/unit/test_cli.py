@@ -248,6 +248,7 @@ def test_shockwave_knobs_reach_the_policy_and_solver_stats_are_recorded(
         out,
         *("--policy", "shockwave,fifo", "--window-rounds", "5", "--use-scip", "never"),
         *("--makespan-weight", "50", "--replan", "lazy", "--fairness-exponent", "2"),
+        *("--predictor", "restatement"),
     )
 
     result = invoke(*args)
@@ -260,6 +261,7 @@ def test_shockwave_knobs_reach_the_policy_and_solver_stats_are_recorded(
     assert params["planner"]["rounds"] == 5
     assert params["planner"]["use_scip"] == "never"
     assert params["planner"]["makespan_weight"] == 50
+    assert params["regime_predictor"] == "restatement"
     assert params["planner"]["time_limit_s"] == 15.0
     assert (params["replan"], params["fairness_exponent"]) == ("lazy", 2)
     assert (params["oracle"], params["prediction_error"]) == (False, 0.0)
@@ -308,26 +310,16 @@ def test_oracle_and_prediction_error_runs(
     assert params["error_seed"] == 3
 
 
-def test_throughput_knowledge_and_the_predictor_reach_the_run(
-    throughputs: Path, tmp_path: Path
-) -> None:
+def test_throughput_knowledge_applies_to_every_policy(throughputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    args = generated_simulate_args(
-        throughputs,
-        out,
-        *("--policy", "shockwave,gavel", "--use-scip", "never"),
-        *("--throughput-knowledge", "none", "--predictor", "restatement"),
-    )
+    args = ["--policy", "gavel,fifo", "--throughput-knowledge", "none"]
 
-    result = invoke(*args)
+    result = invoke(*generated_simulate_args(throughputs, out, *args))
 
     assert result.exit_code == 0, result.output
     assert "throughputs none" in result.output
-    shockwave, gavel = metrics_of(out, "shockwave"), metrics_of(out, "gavel")
-    assert shockwave["jobs_completed"] == gavel["jobs_completed"] == 6
-    assert shockwave["throughput_knowledge"] == gavel["throughput_knowledge"] == "none"
-    params = shockwave["params"]
-    assert isinstance(params, dict) and params["regime_predictor"] == "restatement"
+    records = json.loads((out / "metrics.json").read_text())
+    assert [(r["jobs_completed"], r["throughput_knowledge"]) for r in records] == [(6, "none")] * 2
 
 
 @pytest.mark.parametrize(
@@ -458,17 +450,25 @@ def test_mode_mix_with_a_trace_is_an_error(
 # --- predict-report ---------------------------------------------------------------------------
 
 
-def test_predict_report_prints_the_table_and_writes_json_and_plot(
-    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
-) -> None:
+def predict_report(
+    generated: tuple[Path, Path], throughputs: Path, out: Path, *extra: str
+) -> Result:
+    """``predict-report`` on the generated workload, writing to ``out``, plus ``extra``."""
     trace, trajectories = generated
-    out = tmp_path / "pred"
-
-    result = invoke(
+    return invoke(
         "predict-report",
         *("--trace", str(trace), "--trajectories", str(trajectories)),
         *("--throughputs", str(throughputs), "--out", str(out)),
+        *extra,
     )
+
+
+def test_predict_report_prints_the_table_and_writes_json_and_plot(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "pred"
+
+    result = predict_report(generated, throughputs, out)
 
     assert result.exit_code == 0, result.output
     for fragment in ("0%", "90%", "restatement", "greedy", "mean", "Oracle"):
@@ -486,15 +486,10 @@ def test_predict_report_prints_the_table_and_writes_json_and_plot(
 def test_predict_report_without_declared_throughputs_reports_their_error(
     generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
 ) -> None:
-    trace, trajectories = generated
     out = tmp_path / "pred"
+    knowledge = ("--throughput-knowledge", "noisy:0.2", "--seed", "4", "--slowdown", "2")
 
-    result = invoke(
-        "predict-report",
-        *("--trace", str(trace), "--trajectories", str(trajectories)),
-        *("--throughputs", str(throughputs), "--out", str(out)),
-        *("--throughput-knowledge", "noisy:0.2", "--seed", "4", "--slowdown", "2"),
-    )
+    result = predict_report(generated, throughputs, out, *knowledge)
 
     assert result.exit_code == 0, result.output
     assert "population*" in result.output and "throughput" in result.output
