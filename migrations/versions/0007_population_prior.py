@@ -2,7 +2,7 @@
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-11-29 09:00:00.000000
+Create Date: 2026-11-26 09:00:00.000000
 """
 
 from collections.abc import Sequence
