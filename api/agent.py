@@ -16,7 +16,6 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session, SQLModel
 
-from api import planning_hooks, population
 from api.agent_schemas import (
     AgentPoll,
     AttemptReport,
@@ -32,7 +31,11 @@ from api.agent_schemas import (
 )
 from api.auth import Principal, Role, add_token, require
 from api.errors import Problem
-from api.leases import (
+from shockwave.lifecycle import JobState, transition
+from store import cluster_version as planning_hooks
+from store import population
+from store.jobs import record_state
+from store.leases import (
     LIVE,
     STOPPED,
     LeaseState,
@@ -40,9 +43,7 @@ from api.leases import (
     revoke_live_leases,
     stop_running,
 )
-from api.repository import record_state
-from api.tables import JobRow, LeaseRow, NodeRow, utcnow
-from shockwave.lifecycle import JobState, transition
+from store.tables import JobRow, LeaseRow, NodeRow, utcnow
 
 STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a

@@ -12,11 +12,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
 from api.admission import InFlightLimit, pool_capacity
-from api.db import make_engine
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.routes import agent, cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
+from store.db import make_engine
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (408, "The request body did not arrive in time"),

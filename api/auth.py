@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import HTTPException, Request
 from sqlmodel import Session, select
 
-from api.tables import TokenRow
 from api.token_cache import TtlCache
+from store.tables import TokenRow
 
 
 class Role(StrEnum):

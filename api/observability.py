@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import cluster
+from store import cluster
 
 log = logging.getLogger("shockwave.api")
 

@@ -21,10 +21,7 @@ from typing import Literal
 
 from sqlmodel import Session, col, select
 
-from api import cluster, population, progress
-from api.planning_hooks import DEFAULT_CLUSTER
 from api.schemas import PredictionPublic, RegimePublic
-from api.tables import ClusterRow, JobRow, PlanRow
 from shockwave.estimators import finish_time_fairness
 from shockwave.lifecycle import JobState
 from shockwave.population_predictor import PopulationParams
@@ -32,6 +29,10 @@ from shockwave.predictor import PredictorParams
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
+from store import cluster, population
+from store import events as progress
+from store.cluster_version import DEFAULT_CLUSTER
+from store.tables import ClusterRow, JobRow, PlanRow
 
 NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
 

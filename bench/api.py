@@ -49,7 +49,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-SHOCKWAVE = [sys.executable, "-c", "from shockwave.cli.main import app; app()"]
+SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

@@ -483,8 +483,8 @@ def prepare(database_url: str, agents: int) -> Tokens:
     from sqlmodel import Session
 
     from api.auth import Role, create_token
-    from api.db import make_engine
-    from api.migrate import upgrade
+    from store.db import make_engine
+    from store.migrate import upgrade
 
     upgrade(database_url)
     engine = make_engine(database_url)
@@ -816,7 +816,7 @@ def count_rounds(database_url: str) -> dict[str, int]:
     """Rounds by source and jobs by state at the end (is the load realistic?)."""
     from sqlalchemy import text
 
-    from api.db import make_engine
+    from store.db import make_engine
 
     engine = make_engine(database_url)
     try:

@@ -64,12 +64,8 @@ from rich.table import Table
 from sqlalchemy import create_engine
 from sqlmodel import Session, col, select
 
-from api import migrate
 from api.auth import Principal, Role, create_token
-from api.planning_hooks import bump_state_version
-from api.repository import create_job
 from api.schemas import JobCreate
-from api.tables import PlanRow, RoundRow
 from bench.api import free_port, postgres_database, quantile, wait_ready
 from bench.scale_fleet import Fleet, TrainingJob
 from bench.scale_report import (
@@ -80,10 +76,14 @@ from bench.scale_report import (
     read_log,
     round_figures,
 )
-from shockwave.cli.inputs import load_throughputs, load_workload
 from shockwave.workload import SimJob
+from shockwave_cli.inputs import load_throughputs, load_workload
+from store import migrate
+from store.cluster_version import bump_state_version
+from store.jobs import create_job
+from store.tables import PlanRow, RoundRow
 
-SHOCKWAVE = [sys.executable, "-c", "from shockwave.cli.main import app; app()"]
+SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
 HOST = "127.0.0.1"
 TRACE = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 DEFAULT_ROUND_S = 30.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from api.tables import PlanRow, RoundRow
+from store.tables import PlanRow, RoundRow
 
 DRIVER_LINE = re.compile(
     r"round (?P<index>\d+) \((?P<source>\w+)\): (?P<jobs>\d+) jobs, leases (?P<issued>\d+) issued, "

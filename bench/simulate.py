@@ -25,18 +25,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.cli.inputs import (
+from shockwave.model import Cluster
+from shockwave.policies import BASELINES
+from shockwave.policy import Policy
+from shockwave.simulator import SimSettings, simulate
+from shockwave.workload import Workload
+from shockwave_cli.inputs import (
     InputError,
     load_throughputs,
     load_workload,
     policy_params,
     resolve_policies,
 )
-from shockwave.model import Cluster
-from shockwave.policies import BASELINES
-from shockwave.policy import Policy
-from shockwave.simulator import SimSettings, simulate
-from shockwave.workload import Workload
 
 TRACE_NAME = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 GPUS = 32

@@ -44,7 +44,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.cli.inputs import InputError, load_throughputs, load_workload
 from shockwave.estimators import contention_factor
 from shockwave.generator import generate_workload
 from shockwave.model import Cluster
@@ -55,6 +54,7 @@ from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.throughput_model import ThroughputModel
 from shockwave.traces import ThroughputTable
 from shockwave.workload import SimJob
+from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "reference"
 TRACE_NAME = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"

@@ -13,9 +13,9 @@ from alembic import context
 from sqlalchemy import text
 from sqlmodel import SQLModel
 
-import api.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from api.db import make_engine
+import store.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from api.settings import Settings
+from store.db import make_engine
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

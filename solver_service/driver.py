@@ -46,11 +46,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session
 
-from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
-from api.tables import ClusterRow
 from solver_service import leases
 from solver_service.leases import SOURCES, LostNodes, RoundOutcome
-from solver_service.snapshot import WITHOUT_POLICY_STATE
+from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
+from store.snapshot import WITHOUT_POLICY_STATE
+from store.tables import ClusterRow
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from kombu.exceptions import KombuError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from api.db import make_engine
 from solver_service.celery_app import PLAN_TASK, make_app, producer_options
 from solver_service.settings import SolverSettings
+from store.db import make_engine
 
 log = logging.getLogger(__name__)
 

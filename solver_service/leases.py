@@ -37,15 +37,15 @@ from datetime import UTC, datetime
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
-from api import progress
-from api.leases import LIVE, LeaseState, stop_running
-from api.planning_hooks import bump_state_version, ensure_cluster
-from api.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 from shockwave.lifecycle import JobState
 from shockwave.placement import place
 from shockwave.policy import get_policy, make_params
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from solver_service.snapshot import ACTIVE_STATES, WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
+from store import events as progress
+from store.cluster_version import bump_state_version, ensure_cluster
+from store.leases import LIVE, LeaseState, stop_running
+from store.snapshot import ACTIVE_STATES, WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 SOURCES = ("plan", "previous_plan", "greedy")
 GREEDY_POLICY = "fifo"

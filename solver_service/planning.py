@@ -37,13 +37,13 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from api.tables import ClusterRow, PlanRow, utcnow
 from shockwave import state_codec
 from shockwave.planner import PlannerParams
 from shockwave.policies.shockwave import ShockwaveState
 from shockwave.policy import Decision, Policy, get_policy, make_params
 from shockwave.snapshot import Snapshot
-from solver_service.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
+from store.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
+from store.tables import ClusterRow, PlanRow, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
-from api.db import make_engine
 from shockwave.policy import UnknownPolicyError
 from solver_service.celery_app import PLAN_TASK, app
 from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings
+from store.db import make_engine
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from api import cluster
 from api.auth import ANY, DENIED, OWN, Role, access, require
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
+from store import cluster
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 

@@ -7,13 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
-from api import planning_hooks, progress, repository
 from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
 from api.schemas import INT4_MAX, EventCreate, EventPublic, JobIdPath, Page
+from store import cluster_version as planning_hooks
+from store import events as progress
+from store import jobs as repository
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 

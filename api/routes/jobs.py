@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from api import planning_hooks, repository
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
+from store import cluster_version as planning_hooks
+from store import jobs as repository
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -7,13 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from api import prediction, repository
+from api import prediction
 from api.auth import ANY, DENIED, OWN, Role, access, require
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import openapi_problems
 from api.routes.events import JobId
 from api.schemas import PredictionPublic
-from api.tables import utcnow
+from store import jobs as repository
+from store.tables import utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

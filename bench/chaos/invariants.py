@@ -37,8 +37,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 from bench.chaos.workload import Acknowledged
+from store.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 
 ROUND_SLACK_S = 0.01
 

@@ -24,12 +24,12 @@ from sqlalchemy import func
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from api.tables import JobRow, PlanRow, RoundRow
 from bench.chaos.client import RoundRobin
 from bench.chaos.cluster import Cluster, cluster
 from bench.chaos.faults import Fault, Injector, schedule
 from bench.chaos.invariants import Findings, check
 from bench.chaos.workload import Workload, plan_jobs
+from store.tables import JobRow, PlanRow, RoundRow
 
 RECOVERY_S = 5.0
 """The round-gap bound is a round, plus the longest Postgres outage (downtime and restart, as

@@ -74,7 +74,7 @@ def install(directory: Path, delay_s: float = 0.0) -> None:
     """Wrap the policy lookup and snapshot loading of :mod:`solver_service.planning`."""
     from shockwave.policy import get_policy as lookup
     from solver_service import planning
-    from solver_service.snapshot import load_snapshot as load
+    from store.snapshot import load_snapshot as load
 
     versions: dict[int, int] = {}
 
@@ -98,7 +98,7 @@ def main() -> None:
     directory = Path(os.environ[RECORD_DIR_ENV])
     directory.mkdir(parents=True, exist_ok=True)
     install(directory, float(os.environ.get(DELAY_ENV, "0")))
-    from shockwave.cli.main import app
+    from shockwave_cli.main import app
 
     app(["worker", *sys.argv[1:]], prog_name="shockwave")
 

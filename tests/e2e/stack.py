@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api import migrate
-from api.tables import JobRow, LeaseRow, PlanRow, RoundRow
+from store import migrate
+from store.tables import JobRow, LeaseRow, PlanRow, RoundRow
 from tests.e2e.agents import Fleet, Job, SimulatedAgent
 from tests.e2e.processes import (
     REDIS_URL,

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from api.tables import JobEventRow, JobRow, LeaseRow, RoundRow
 from bench.chaos import invariants
 from bench.chaos.faults import KINDS
 from bench.chaos.invariants import Findings
 from bench.chaos.run import Config, run
 from bench.chaos.workload import Acknowledged
+from store.tables import JobEventRow, JobRow, LeaseRow, RoundRow
 from tests.e2e.processes import private_redis, wait_until
 from tests.e2e.stack import deployment, plans
 

@@ -13,7 +13,7 @@ import subprocess
 from contextlib import suppress
 from pathlib import Path
 
-from solver_service.demo import DEMO_JOBS
+from shockwave_cli.demo import DEMO_JOBS
 from tests.e2e.processes import free_port, shockwave_command
 from tests.e2e.stack import base_env
 

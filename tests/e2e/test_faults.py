@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from sqlmodel import Session, col, func, select
 
-from api.tables import ClusterRow, JobEventRow, RoundRow
+from store.tables import ClusterRow, JobEventRow, RoundRow
 from tests.e2e.agents import Fleet
 from tests.e2e.processes import private_redis
 from tests.e2e.stack import (

@@ -26,9 +26,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from api.tables import PlanRow
 from shockwave import state_codec
 from shockwave.policy import get_policy
+from store.tables import PlanRow
 from tests.e2e.agents import Fleet
 from tests.e2e.stack import ROUND_SECONDS, deployment, job_states, plans, rounds
 

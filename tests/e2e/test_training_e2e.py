@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 from sqlmodel import Session, col, select
 
-from api.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
+from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 from tests.e2e.processes import ROOT, Service, wait_until
 from tests.e2e.stack import Deployment, deployment, job_states, parallel_tokens, rounds
 

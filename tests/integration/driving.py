@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
 from api.auth import Role, create_token
-from api.leases import LIVE
-from api.tables import ClusterRow, JobRow, LeaseRow, PlanRow, RoundRow
 from solver_service.driver import DriverSettings, RoundDriver
+from store.leases import LIVE
+from store.tables import ClusterRow, JobRow, LeaseRow, PlanRow, RoundRow
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import Database
 

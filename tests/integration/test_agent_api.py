@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from api.tables import NodeRow
+from store.tables import NodeRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, RecordedPlanRequests, Tokens
 from tests.integration.driving import (

@@ -23,11 +23,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api import migrate
-from api.db import make_engine
-from api.tables import ClusterRow, NodeRow, RoundRow
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
+from store import migrate
+from store.db import make_engine
+from store.tables import ClusterRow, NodeRow, RoundRow
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import NODE, POSTGRES_URL, Database, Tokens, postgres_schema
 from tests.integration.driving import (

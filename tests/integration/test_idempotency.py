@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from api.tables import JobRow
+from store.tables import JobRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import TENANT_A, Database, Tokens
 from tests.integration.live_server import serving

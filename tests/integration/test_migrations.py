@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlalchemy import inspect, make_url, text
 from sqlalchemy.engine import Engine
 
-from api import migrate
-from api.db import make_engine
+from store import migrate
+from store.db import make_engine
 from tests.integration.conftest import POSTGRES_URL, postgres_schema, unique_name
 
 ROOT = Path(migrate.__file__).resolve().parents[1]

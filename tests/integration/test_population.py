@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from api import population
-from api.planning_hooks import DEFAULT_CLUSTER
-from api.tables import PopulationRow
 from shockwave.model import AdaptationMode
-from solver_service.snapshot import load_snapshot
+from store import population
+from store.cluster_version import DEFAULT_CLUSTER
+from store.snapshot import load_snapshot
+from store.tables import PopulationRow
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import Database, Tokens
 from tests.integration.driving import driver_on, leases, now, register, report, submit

@@ -44,9 +44,9 @@ from sqlmodel import Session
 
 from api.app import create_app
 from api.auth import Access, Role, create_token
-from api.db import make_engine
 from api.ratelimit import RateLimiter
 from api.settings import Settings
+from store.db import make_engine
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,
@@ -564,7 +564,7 @@ def raw_request(port: int, token: str, *, declared: int, body: bytes) -> bytes:
 BOOT = (
     "import logging, sys; logging.basicConfig(level=logging.DEBUG, stream=sys.stderr); "
     "logging.getLogger('sqlalchemy').setLevel(logging.DEBUG); "
-    "from shockwave.cli.main import app; app()"
+    "from shockwave_cli.main import app; app()"
 )
 """``shockwave api`` with every logger at DEBUG (SQLAlchemy's too: statements, parameters, rows)."""
 TOKEN_PATTERN = re.compile(r"swk_[A-Za-z0-9_-]{16,}")

@@ -27,16 +27,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api import migrate
 from api.auth import Role, create_token
-from api.db import make_engine
-from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
-from api.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow
 from shockwave.policy import get_policy
 from solver_service import enqueue
 from solver_service.planning import plan_cluster, policy_params
 from solver_service.settings import SolverSettings
-from solver_service.snapshot import NoCapacity, load_snapshot
+from store import migrate
+from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
+from store.db import make_engine
+from store.snapshot import NoCapacity, load_snapshot
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,

@@ -14,11 +14,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from api import migrate
 from api.app import create_app
 from api.auth import Role, create_token
 from api.settings import Settings
 from shockwave_sdk import CheckpointStore, EventOutbox, RetryPolicy, ShockwaveClient
+from store import migrate
 
 JOB: dict[str, Any] = {
     "name": "sdk-test",

@@ -21,15 +21,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import Session
 
-from api import migrate
-from api import progress as progress_module
 from api.app import create_app
 from api.auth import Role, create_token
-from api.progress import ClientEvent, observe, regimes_of
 from api.routes.prediction import get_now
 from api.settings import Settings
-from api.tables import NodeRow
 from shockwave.model import Regime
+from store import events as progress_module
+from store import migrate
+from store.events import ClientEvent, observe, regimes_of
+from store.tables import NodeRow
 
 JOB = {
     "gpus": 1,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from shockwave.cli.main import INPUT_ERROR_EXIT, app
 from shockwave.policies import BASELINES
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.traces import TRACE_FIELDS
+from shockwave_cli.main import INPUT_ERROR_EXIT, app
 
 runner = CliRunner()
 

@@ -22,11 +22,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from shockwave.cli.main import app
+from shockwave_cli.main import app
 
 runner = CliRunner()
 START_TIMEOUT_S = 20.0
-SHOCKWAVE = [sys.executable, "-c", "from shockwave.cli.main import app; app()"]
+SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import pytest
 from sqlmodel import Session
 
 from api.auth import Role, create_token
-from api.tables import LeaseRow, NodeRow
 from shockwave_sdk import (
     FENCED_EXIT_CODE,
     AttemptFenced,
@@ -24,6 +23,7 @@ from shockwave_sdk import (
     ShockwaveClient,
 )
 from shockwave_sdk.outbox import OUTBOX_NAME
+from store.tables import LeaseRow, NodeRow
 from tests.unit.sdk_api import FAST_RETRY, Api, running_api
 
 

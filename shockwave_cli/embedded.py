@@ -34,13 +34,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from api.app import create_app
-from api.db import make_engine
-from api.planning_hooks import DEFAULT_CLUSTER, bump_state_version, ensure_cluster
 from api.settings import Settings
-from api.tables import ClusterRow, utcnow
 from solver_service import enqueue
 from solver_service.driver import DriverSettings, RoundDriver
 from solver_service.settings import SolverSettings
+from store.cluster_version import DEFAULT_CLUSTER, bump_state_version, ensure_cluster
+from store.db import make_engine
+from store.tables import ClusterRow, utcnow
 
 log = logging.getLogger(__name__)
 

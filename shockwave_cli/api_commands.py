@@ -132,9 +132,9 @@ def create_token_command(
     from sqlmodel import Session
 
     from api.auth import Role, create_token
-    from api.db import make_engine
     from api.schemas import Tenant
-    from api.tables import JobRow
+    from store.db import make_engine
+    from store.tables import JobRow
 
     _check_scope(role, {"tenant": tenant, "node": node, "job": job})
     if tenant is not None:
@@ -232,7 +232,7 @@ def _settings() -> Settings:
 def _migrate(url: str, schema: str | None) -> None:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    from api.migrate import upgrade
+    from store.migrate import upgrade
 
     try:
         upgrade(url, schema)

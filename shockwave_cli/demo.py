@@ -40,7 +40,7 @@ from rich.text import Text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api.tables import ClusterRow, JobEventRow, JobRow, LeaseRow
+from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class Demo:
         command = (
             [str(script)]
             if script.is_file()
-            else [sys.executable, "-c", "from shockwave.cli.main import app; app()"]
+            else [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
         )
         argv = [
             *command,

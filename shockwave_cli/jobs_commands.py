@@ -23,14 +23,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from shockwave.cli.jobs_client import (
+from shockwave_cli.jobs_client import (
     DEFAULT_API_URL,
     ApiError,
     ApiUnreachable,
     Json,
     ShockwaveClient,
 )
-from shockwave.cli.jobs_render import (
+from shockwave_cli.jobs_render import (
     OutputFormat,
     dump,
     events_table,

@@ -16,9 +16,9 @@ from sqlmodel import Session, col, select
 from api.auth import Principal, Role, require
 from api.errors import Problem
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page
-from api.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import JobState
+from store.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
 
 NODE_STATES = ("READY", "LOST")
 ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)

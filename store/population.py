@@ -23,11 +23,11 @@ import logging
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
-from api import progress
-from api.planning_hooks import DEFAULT_CLUSTER, ensure_cluster
-from api.tables import JobRow, PopulationRow, utcnow
 from shockwave.model import Regime
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
+from store import events as progress
+from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
+from store.tables import JobRow, PopulationRow, utcnow
 
 log = logging.getLogger(__name__)
 

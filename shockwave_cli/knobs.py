@@ -21,11 +21,11 @@ from typing import Annotated
 
 import typer
 
-from shockwave.cli.inputs import InputError
 from shockwave.planner import PlannerParams
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.regime_predictors import REGIME_PREDICTORS
 from shockwave.throughput_knowledge import ThroughputKnowledge
+from shockwave_cli.inputs import InputError
 
 _PLANNER = PlannerParams()
 _POLICY = ShockwaveParams()

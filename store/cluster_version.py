@@ -27,7 +27,7 @@ from sqlalchemy import event, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
-from api.tables import ClusterRow, utcnow
+from store.tables import ClusterRow, utcnow
 
 log = logging.getLogger(__name__)
 

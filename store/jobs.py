@@ -18,9 +18,9 @@ from sqlmodel import Session, col, select
 from api.auth import Principal, Role
 from api.errors import Problem
 from api.schemas import JobCreate, JobPublic
-from api.tables import IdempotencyRow, JobEventRow, JobRow, utcnow
 from shockwave.lifecycle import JobState, transition
 from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
+from store.tables import IdempotencyRow, JobEventRow, JobRow, utcnow
 
 Response = tuple[int, dict[str, Any], str | None]
 

@@ -38,12 +38,13 @@ from typing import Any, cast
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
-from api import population, progress
-from api.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
 from shockwave import state_codec
 from shockwave.lifecycle import JobState
 from shockwave.model import Cluster
 from shockwave.snapshot import ActiveJob, Snapshot
+from store import events as progress
+from store import population
+from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
 
 log = logging.getLogger(__name__)
 

@@ -35,32 +35,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from shockwave.cli import knobs
-from shockwave.cli.api_commands import admin_app, api_command
-from shockwave.cli.inputs import (
-    InputError,
-    load_throughputs,
-    load_workload,
-    parse_mode_mix,
-    policy_params,
-    resolve_policies,
-)
-from shockwave.cli.jobs_commands import jobs_app
-from shockwave.cli.knobs import ShockwaveKnobs, apply_knobs
-from shockwave.cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
-from shockwave.cli.report import (
-    comparison_table,
-    prediction_table,
-    run_record,
-    write_jobs_csv,
-    write_json,
-)
-from shockwave.cli.service_commands import (
-    agent_command,
-    driver_command,
-    up_command,
-    worker_command,
-)
 from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import AdaptationMode, Cluster, ValidationError
@@ -72,6 +46,32 @@ from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
+from shockwave_cli import knobs
+from shockwave_cli.api_commands import admin_app, api_command
+from shockwave_cli.inputs import (
+    InputError,
+    load_throughputs,
+    load_workload,
+    parse_mode_mix,
+    policy_params,
+    resolve_policies,
+)
+from shockwave_cli.jobs_commands import jobs_app
+from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
+from shockwave_cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
+from shockwave_cli.report import (
+    comparison_table,
+    prediction_table,
+    run_record,
+    write_jobs_csv,
+    write_json,
+)
+from shockwave_cli.service_commands import (
+    agent_command,
+    driver_command,
+    up_command,
+    worker_command,
+)
 
 app = typer.Typer(
     help="Shockwave GPU-cluster scheduler: trace-driven simulator, REST API and its CLI.",

@@ -27,9 +27,9 @@ from enum import StrEnum
 
 from sqlmodel import Session, col, func, select
 
-from api.repository import record_state
-from api.tables import JobRow, LeaseRow, utcnow
 from shockwave.lifecycle import JobState
+from store.jobs import record_state
+from store.tables import JobRow, LeaseRow, utcnow
 
 
 class LeaseState(StrEnum):

@@ -39,15 +39,15 @@ from typing import Any, Literal
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from api import repository
 from api.auth import Principal, Role, require
 from api.errors import Problem
-from api.leases import fenced_reason
 from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEventCreate
-from api.tables import JobEventRow, JobRow, utcnow
 from shockwave.lifecycle import JobState
 from shockwave.model import JobSpec, Regime
 from shockwave.snapshot import ActiveJob, JobProgress
+from store import jobs as repository
+from store.leases import fenced_reason
+from store.tables import JobEventRow, JobRow, utcnow
 
 CLIENT_KINDS = ("progress", "scaling")
 EventKind = Literal["progress", "scaling", "state"]

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from solver_service.demo import Demo
-    from solver_service.embedded import Embedded
+    from shockwave_cli.demo import Demo
+    from shockwave_cli.embedded import Embedded
 
 # --- shockwave worker ------------------------------------------------------------------------
 
@@ -97,9 +97,9 @@ def driver_command(
     from sqlalchemy import inspect
     from sqlalchemy.exc import SQLAlchemyError
 
-    from api.db import make_engine
     from solver_service.driver import DriverSettings, RoundDriver
     from solver_service.enqueue import request_plan, shutdown
+    from store.db import make_engine
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -195,8 +195,8 @@ def up_command(
     import signal
     import tempfile
 
-    from shockwave.cli.api_commands import _fail, _migrate, is_loopback
     from shockwave.policy import UnknownPolicyError, get_policy
+    from shockwave_cli.api_commands import _fail, _migrate, is_loopback
 
     if open_mode and not is_loopback(host):
         _fail(
@@ -223,7 +223,7 @@ def up_command(
     if not db.parent.is_dir():
         _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
 
-    from solver_service import embedded
+    from shockwave_cli import embedded
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -284,7 +284,7 @@ def start_demo(service: Embedded, api_url: str, work_dir: Path, agents: int, slo
 
     from rich.console import Console
 
-    from solver_service.demo import Demo, DemoError
+    from shockwave_cli.demo import Demo, DemoError
 
     console = Console()
     if not console.is_terminal:
@@ -401,7 +401,7 @@ def agent_command(
     from typing import Literal, cast
 
     from agent.main import Options, UsageError, WorkDirBusy, configure, serve
-    from shockwave.cli.api_commands import _fail
+    from shockwave_cli.api_commands import _fail
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,0 +1,1 @@
+"""The data layer shared by the API and the solver service: tables, queries, the cluster version."""
