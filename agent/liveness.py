@@ -11,7 +11,7 @@ that it asked for the stop. The orphan grace plus the kill grace must stay below
 node TTL: the job is then over, checkpoint written, before the server declares its attempt lost
 and another attempt may start from that checkpoint.
 
-Why this and not only the API's fencing (:mod:`api.progress`): the wrapper acts on the node
+Why this and not only the API's fencing (:mod:`store.events`): the wrapper acts on the node
 itself, with no network and no cooperation from the training program, so it also stops a
 program that does not use the SDK, that is stuck, or that cannot reach the API (a partition).
 The fencing remains the second line: whatever still runs after its attempt is fenced cannot

@@ -1,7 +1,7 @@
 """What the agent endpoints do (/v1/agent): register, heartbeat, poll leases, report status.
 
 An agent acts only for the node its token names; another node's leases do not exist for it
-(404). An admin acts for any node it names. Lease reports follow :mod:`api.leases`; a report for
+(404). An admin acts for any node it names. Lease reports follow :mod:`store.leases`; a report for
 an attempt that must not run (revoked, lost, its job finished) is refused with a 409 carrying
 ``stop: true``: attempt fencing, the agent reports what it runs and the server answers with
 what must stop. Reports are idempotent: the same report twice gets the same answer.
@@ -32,8 +32,7 @@ from api.agent_schemas import (
 from api.auth import Principal, Role, add_token, require
 from api.errors import Problem
 from shockwave.lifecycle import JobState, transition
-from store import cluster_version as planning_hooks
-from store import population
+from store import cluster_version, population
 from store.jobs import record_state
 from store.leases import (
     LIVE,
@@ -49,7 +48,7 @@ STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a
 stopped agent finds out anyway: every attempt it runs that is not a lease must stop)."""
 
-CLUSTER = planning_hooks.DEFAULT_CLUSTER
+CLUSTER = cluster_version.DEFAULT_CLUSTER
 
 # The tables of the hot path (every agent heartbeats and polls every few seconds): its
 # statements are Core, on the session's connection, without the ORM's identity map and
@@ -170,7 +169,7 @@ def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
     node.last_heartbeat_at = now
     session.add(node)
     session.flush()
-    planning_hooks.bump_and_request(session, f"node {node_id} registered")
+    cluster_version.bump_and_request(session, f"node {node_id} registered")
     return node
 
 
@@ -193,7 +192,7 @@ def heartbeat(session: Session, node_id: str) -> NodeStatus:
     node.last_heartbeat_at = now
     if node.state != "READY":
         node.state = "READY"
-        planning_hooks.bump_and_request(session, f"node {node_id} is back")
+        cluster_version.bump_and_request(session, f"node {node_id} is back")
     session.add(node)
     session.commit()
     return node_status(session, node)
@@ -440,7 +439,7 @@ class ReportOutcome:
 def report_status(
     session: Session, principal: Principal, attempt_id: str, report: LeaseStatusReport
 ) -> ReportOutcome:
-    """Apply an agent's report on one attempt (see the module docstring of :mod:`api.leases`).
+    """Apply an agent's report on one attempt (see the module docstring of :mod:`store.leases`).
 
     - ``started`` / ``running`` on a live lease: the lease moves on, the job becomes RUNNING;
       on an attempt that must not run (revoked, lost, stopped, its job finished): refused.
@@ -588,7 +587,7 @@ def _finish(session: Session, job: JobRow, target: JobState, reason: str, attemp
     if target is JobState.SUCCEEDED:
         population.learn_succeeded(session, job)
     revoke_live_leases(session, job.id, except_attempt=attempt)
-    planning_hooks.bump_and_request(session, f"job {job.id} {target.value.lower()}")
+    cluster_version.bump_and_request(session, f"job {job.id} {target.value.lower()}")
 
 
 def _lease_public(row: Any, node_id: str) -> LeasePublic:
@@ -620,7 +619,7 @@ def _lease_public(row: Any, node_id: str) -> LeasePublic:
 def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTokenPublic:
     """A token scoped to the attempt's job and to the attempt itself, for its process; only
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
-    Once the attempt is fenced the token's events are refused (:mod:`api.progress`)."""
+    Once the attempt is fenced the token's events are refused (:mod:`store.events`)."""
     row = visible_attempt(session, principal, attempt_id)
     if row.state not in LIVE or JobState(row.job_state).terminal:
         raise Problem(

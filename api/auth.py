@@ -2,7 +2,7 @@
 
 Roles: ``admin`` (everything), ``user`` (one tenant's jobs), ``agent`` (one node), ``job`` (one
 job's events, for the training SDK; the token an agent gets for an attempt also names that
-attempt, so the API refuses its events once the attempt is fenced: see :mod:`api.progress`).
+attempt, so the API refuses its events once the attempt is fenced: see :mod:`store.events`).
 A caller who may not see a resource gets 404, as if it did not exist, so existence never leaks
 across tenants. ``open_mode`` (embedded default, localhost
 only) treats requests without a token as an admin.

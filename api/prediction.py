@@ -3,7 +3,7 @@
 The shell gathers the job's row, its client events and the cluster's load, builds the same
 :class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one the
 Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
-jobs that succeeded, :mod:`api.population`; epoch times at unseen batch sizes from the throughput
+jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes from the throughput
 model of the measured rates) and finish-time-fairness estimator (paper appendix). Two
 simplifications, stated so nobody reads more into the numbers than there is:
 
@@ -29,8 +29,7 @@ from shockwave.predictor import PredictorParams
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
-from store import cluster, population
-from store import events as progress
+from store import cluster, events, population
 from store.cluster_version import DEFAULT_CLUSTER
 from store.tables import ClusterRow, JobRow, PlanRow
 
@@ -43,8 +42,8 @@ def explain(
     session: Session, row: JobRow, now: datetime, params: PredictorParams | None = None
 ) -> PredictionPublic:
     """The prediction for the job in ``row`` at time ``now`` (timezone-aware)."""
-    state = progress.observed_state(session, row)
-    job = progress.active_job(row, state)
+    state = events.observed_state(session, row)
+    job = events.active_job(row, state)
     prior = population.load_prior(session)
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]

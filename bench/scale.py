@@ -276,7 +276,7 @@ def submit_http(base_url: str, token: str, jobs: Sequence[SimJob]) -> dict[str, 
 
 
 def submit_direct(database_url: str, jobs: Sequence[SimJob]) -> dict[str, TrainingJob]:
-    """Insert every job with the API's own :func:`api.repository.create_job` in one
+    """Insert every job with the API's own :func:`store.jobs.create_job` in one
     transaction and bump the cluster's version once: the setup takes seconds instead of
     minutes on a loaded machine (``bench/api.py`` measures the submit route itself)."""
     engine = create_engine(database_url)

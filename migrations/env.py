@@ -1,7 +1,7 @@
 """Alembic environment: the URL comes from the caller's config or SHOCKWAVE_DATABASE_URL.
 
 ``alembic upgrade head`` from the project root migrates the database SHOCKWAVE_DATABASE_URL
-names; the API's tests call :func:`api.migrate.upgrade` with an explicit URL (and, on Postgres,
+names; the API's tests call :func:`store.migrate.upgrade` with an explicit URL (and, on Postgres,
 a schema of their own, passed as the ``schema`` attribute).
 """
 

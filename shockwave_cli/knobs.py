@@ -6,7 +6,7 @@ user passed are applied, with :func:`dataclasses.replace`, so no default is writ
 help texts read them from the dataclasses too). The knobs apply to the ``shockwave`` policy
 only; naming one while ``--policy`` selects no policy that takes them is an input error.
 
-A bad value becomes an :class:`~shockwave.cli.inputs.InputError` naming the option: the
+A bad value becomes an :class:`~shockwave_cli.inputs.InputError` naming the option: the
 dataclasses' own checks (window > 0, replan reactive or lazy, ...) plus the ranges below, which
 the dataclasses do not check (weights and the margin >= 0, the time limit > 0, every number
 finite).

@@ -5,8 +5,8 @@ table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs 
 ``generate`` (write a synthetic workload in the reference formats), ``predict-report`` (how well
 the regime predictor knows each job's future, the paper's modeling-error figure) and
 ``policies`` (list the registered policies). ``api``, ``admin`` and ``jobs`` serve and use the
-REST API (shockwave/cli/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
-(shockwave/cli/service_commands.py).
+REST API (shockwave_cli/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
+(shockwave_cli/service_commands.py).
 
 Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
 one red line naming the file, line or option, with exit code 2 and no traceback.

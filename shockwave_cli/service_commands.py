@@ -188,8 +188,8 @@ def up_command(
     SQLite file, with no Redis or Postgres. Stop it with Ctrl-C (or SIGTERM).
 
     Open mode (the default) serves requests without a token as an admin, so it listens on
-    loopback addresses only. The implementation is solver_service/embedded.py; --demo's is
-    solver_service/demo.py.
+    loopback addresses only. The implementation is shockwave_cli/embedded.py; --demo's is
+    shockwave_cli/demo.py.
     """
     import logging
     import signal

@@ -1,6 +1,6 @@
 """The solver service: the Celery shell around the scheduling core, and the round driver.
 
-Planning reads a snapshot of the cluster from the database (:mod:`solver_service.snapshot`),
+Planning reads a snapshot of the cluster from the database (:mod:`store.snapshot`),
 runs the cluster's policy from the core's registry and stores the plan
 (:mod:`solver_service.planning`). Celery workers run it on the dedicated ``solver`` queue
 (:mod:`solver_service.celery_app`, :mod:`solver_service.tasks`); the API and the round driver

@@ -14,12 +14,12 @@
 3. Place them (:func:`shockwave.placement.place`) over the READY nodes, each continuing job on
    the GPUs its live lease holds. The nodes are taken as identical (the core's cluster is
    homogeneous): ``gpus_per_node`` is the smallest READY node's GPU count, a larger node's
-   extra GPUs stay idle, and READY nodes are numbered by id (:mod:`solver_service.snapshot`).
+   extra GPUs stay idle, and READY nodes are numbered by id (:mod:`store.snapshot`).
 4. Apply: a job placed on exactly its previous GPUs keeps its attempts (lease extension: new
    round index and end time); a job placed elsewhere or anew gets one new attempt per node it
    spans; every other live lease is revoked. A job revoked a round ago whose attempt never
-   confirmed its checkpoint is suspended now (see :mod:`api.leases`).
-5. Record the round (:class:`~api.tables.RoundRow`, with the plan's age and the lease counts)
+   confirmed its checkpoint is suspended now (see :mod:`store.leases`).
+5. Record the round (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts)
    and move the cluster's ``current_round`` and round times, last.
 
 Locks are taken in the order jobs, nodes, leases, cluster, the order the agent endpoints take
@@ -41,7 +41,7 @@ from shockwave.lifecycle import JobState
 from shockwave.placement import place
 from shockwave.policy import get_policy, make_params
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from store import events as progress
+from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import LIVE, LeaseState, stop_running
 from store.snapshot import ACTIVE_STATES, WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
@@ -327,7 +327,7 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
 
 
 def _active_job(row: JobRow) -> ActiveJob:
-    spec = progress.spec_of_row(row)
+    spec = events.spec_of_row(row)
     arrival = row.created_at.timestamp()
     return ActiveJob(
         spec=dataclasses.replace(spec, arrival_s=arrival),

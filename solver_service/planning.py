@@ -6,7 +6,7 @@ request ``(cluster, state_version)``. In order:
 1. Skip the request if it is stale (the cluster has moved past ``state_version``) or if a plan
    for the cluster's current version and the next round already exists (a redelivered or
    duplicate request).
-2. Read the snapshot for round ``current_round + 1`` (:mod:`solver_service.snapshot`) and end
+2. Read the snapshot for round ``current_round + 1`` (:mod:`store.snapshot`) and end
    the read transaction, so no lock or connection is held while the policy runs.
 3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
    timed with the injected ``timer``.

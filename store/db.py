@@ -16,7 +16,7 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     """An engine for ``url``: Postgres through psycopg 3, or SQLite with foreign keys on.
 
     ``schema`` (Postgres only) becomes every connection's search_path, so the same tables can
-    live in a schema of their own (see :func:`api.migrate.upgrade`)."""
+    live in a schema of their own (see :func:`store.migrate.upgrade`)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False})
 

@@ -17,7 +17,7 @@ reordering are harmless:
   - ``observed_regimes``: the regimes the job has left behind, cut where its batch size changed.
 
 A job token handed to one attempt (:func:`api.agent.job_token`) speaks for that attempt only:
-once the attempt is fenced (:func:`api.leases.fenced_reason`: lost with its node, stopped, or
+once the attempt is fenced (:func:`store.leases.fenced_reason`: lost with its node, stopped, or
 revoked with a newer attempt under way) its events are refused with a 409 ``Attempt fenced``
 problem (``fenced: true``, ``stop: true``), so a process that outlived its attempt (an orphan
 of a dead agent) can neither move the job's progress nor take a seq from the attempt that
@@ -45,7 +45,7 @@ from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEvent
 from shockwave.lifecycle import JobState
 from shockwave.model import JobSpec, Regime
 from shockwave.snapshot import ActiveJob, JobProgress
-from store import jobs as repository
+from store import jobs
 from store.leases import fenced_reason
 from store.tables import JobEventRow, JobRow, utcnow
 
@@ -140,7 +140,7 @@ def observed_state(session: Session, row: JobRow) -> ObservedState:
 
 def spec_of_row(row: JobRow) -> JobSpec:
     """The core's model of a stored job."""
-    return repository.spec_of(row, row.id)
+    return jobs.spec_of(row, row.id)
 
 
 def active_job(row: JobRow, state: ObservedState) -> ActiveJob:
@@ -168,7 +168,7 @@ def record_event(
     duplicate, (200, the stored event). Raises 403, 404, 409 (fenced attempt, conflicting
     duplicate, finished job) or 422 (an epoch beyond the job's length) as :class:`Problem`."""
     require(principal, *REPORTERS)
-    row = repository.visible_job(session, principal, job_id)
+    row = jobs.visible_job(session, principal, job_id)
     session.refresh(row, with_for_update=True)
     _check_attempt(session, principal)
     payload = event.model_dump(mode="json", exclude={"seq", "kind"})
@@ -258,7 +258,7 @@ def visible_event(
     session: Session, principal: Principal, job_id: str, event_id: int
 ) -> JobEventRow:
     require(principal, *REPORTERS)
-    repository.visible_job(session, principal, job_id)
+    jobs.visible_job(session, principal, job_id)
     row = session.get(JobEventRow, event_id)
     if row is None or row.job_id != job_id:
         raise Problem(404, "Not found", f"no event {event_id} of job {job_id}")
@@ -276,7 +276,7 @@ def list_events(
 ) -> tuple[list[JobEventRow], str | None]:
     """One page of the job's events (client and state changes) in the order they were stored."""
     require(principal, *REPORTERS)
-    repository.visible_job(session, principal, job_id)
+    jobs.visible_job(session, principal, job_id)
     query = select(JobEventRow).where(JobEventRow.job_id == job_id)
     if kind is not None:
         query = query.where(JobEventRow.kind == kind)

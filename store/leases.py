@@ -12,7 +12,7 @@ A lease is one attempt (its id) to run a job on one node's GPUs for a round. Its
 
 An attempt that must no longer act for its job is fenced (:func:`fenced_reason`): the agent's
 reports on it are answered with ``stop`` and its process's events are refused
-(:mod:`api.progress`), so a process that outlived its attempt cannot move its job's progress.
+(:mod:`store.events`), so a process that outlived its attempt cannot move its job's progress.
 
 Job states follow from the leases (SPEC section 5): a job becomes RUNNING when an attempt
 reports that it started; a preempted job stays RUNNING until its attempt reports that it

@@ -25,29 +25,27 @@ from sqlmodel import Session
 
 from shockwave.model import Regime
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
-from store import events as progress
+from store import events
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
 from store.tables import JobRow, PopulationRow, utcnow
 
 log = logging.getLogger(__name__)
 
 
-def finished_job(row: JobRow, state: progress.ObservedState) -> FinishedJob:
+def finished_job(row: JobRow, state: events.ObservedState) -> FinishedJob:
     """What the scheduler saw of a job that succeeded: its regimes, the last one running from
     its last batch-size change to its last epoch, and its measured epoch times."""
     regimes = list(state.observed_regimes)
     left = row.epochs - sum(r.epochs for r in regimes)
     if left > 0:
         regimes.append(Regime(state.batch_size, left))
-    return FinishedJob(
-        progress.spec_of_row(row), tuple(regimes), dict(state.measured_epoch_seconds)
-    )
+    return FinishedJob(events.spec_of_row(row), tuple(regimes), dict(state.measured_epoch_seconds))
 
 
 def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLUSTER) -> None:
     """Learn the job in ``row``, which has just succeeded, into the cluster's prior (in the
     caller's transaction)."""
-    finished = finished_job(row, progress.observed_state(session, row))
+    finished = finished_job(row, events.observed_state(session, row))
     _ensure_row(session, cluster_id)
     stored = session.get(PopulationRow, cluster_id, with_for_update=True, populate_existing=True)
     assert stored is not None, f"population prior of {cluster_id} vanished"

@@ -3,7 +3,7 @@
 What the snapshot for planning round ``r`` holds, and where it comes from:
 
 - ``jobs``: the admitted, unfinished jobs (PENDING, RUNNING, SUSPENDED) in arrival order, each
-  with its spec and the progress its client events show (:mod:`api.progress`, the same view the
+  with its spec and the progress its client events show (:mod:`store.events`, the same view the
   prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the Unix epoch, so
   ages and deadlines are real wall-clock spans. Epochs done, batch size, attained seconds and
   measured epoch times are read from the job's row, which every recorded event updates in its
@@ -18,7 +18,7 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   ``g`` is local GPU ``g % gpus_per_node`` of the ``g // gpus_per_node``-th node.
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row.
-- ``population``: the prior learnt from the jobs that succeeded (:mod:`api.population`); with
+- ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
   the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
 
 With no READY node there is nothing to plan on (a cluster of zero nodes cannot be built):
@@ -42,14 +42,13 @@ from shockwave import state_codec
 from shockwave.lifecycle import JobState
 from shockwave.model import Cluster
 from shockwave.snapshot import ActiveJob, Snapshot
-from store import events as progress
-from store import population
+from store import events, population
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
 
 log = logging.getLogger(__name__)
 
 Scaling = tuple[int, int, int]
-"""A scaling event as ``(epoch, seq, batch size)``, the form :func:`api.progress.regimes_of`
+"""A scaling event as ``(epoch, seq, batch size)``, the form :func:`store.events.regimes_of`
 takes."""
 
 ACTIVE_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.SUSPENDED.value)
@@ -110,9 +109,9 @@ def load_snapshot(
     if layout is None:
         raise NoCapacity(cluster_id)
     rows = active_job_rows(session)
-    events = _scaling_events(session, [r.id for r in rows])
+    scalings = _scaling_events(session, [r.id for r in rows])
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs = tuple(_active_job(r, events.get(r.id, ()), held.get(r.id, ())) for r in rows)
+    jobs = tuple(_active_job(r, scalings.get(r.id, ()), held.get(r.id, ())) for r in rows)
     snapshot = Snapshot(
         now=now.timestamp(),
         round_index=round_index,
@@ -198,11 +197,11 @@ def _held_gpus(
     return held
 
 
-def observed_from_row(row: JobRow, scalings: Sequence[Scaling]) -> progress.ObservedState:
-    """What the job's client events say (:func:`api.progress.observe`), from the state each
+def observed_from_row(row: JobRow, scalings: Sequence[Scaling]) -> events.ObservedState:
+    """What the job's client events say (:func:`store.events.observe`), from the state each
     recorded event leaves on its row plus the regimes its scaling events cut."""
-    regimes, _ = progress.regimes_of(row.initial_batch_size, scalings)
-    return progress.ObservedState(
+    regimes, _ = events.regimes_of(row.initial_batch_size, scalings)
+    return events.ObservedState(
         epochs_done=int(row.epochs_done),
         batch_size=row.batch_size,
         attained_s=row.attained_s,
@@ -213,7 +212,7 @@ def observed_from_row(row: JobRow, scalings: Sequence[Scaling]) -> progress.Obse
 
 
 def _active_job(row: JobRow, scalings: Sequence[Scaling], gpus: tuple[int, ...]) -> ActiveJob:
-    job = progress.active_job(row, observed_from_row(row, scalings))
+    job = events.active_job(row, observed_from_row(row, scalings))
     arrival = row.created_at.timestamp()
     return ActiveJob(
         spec=dataclasses.replace(job.spec, arrival_s=arrival),

@@ -13,9 +13,7 @@ from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
 from api.schemas import INT4_MAX, EventCreate, EventPublic, JobIdPath, Page
-from store import cluster_version as planning_hooks
-from store import events as progress
-from store import jobs as repository
+from store import cluster_version, events, jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 
@@ -66,18 +64,16 @@ def post_event(
     and events may arrive in any order. The job's observed state (epochs done, batch size,
     attained seconds, measured epoch seconds) is recomputed in the same transaction."""
 
-    def act() -> repository.Response:
-        status, row = progress.record_event(session, principal, job_id, event)
+    def act() -> jobs.Response:
+        status, row = events.record_event(session, principal, job_id, event)
         session.flush()
         if status == 201 and event.kind == "scaling":
-            planning_hooks.bump_and_request(session, "batch size changed")
-        body = progress.event_public(row).model_dump(mode="json")
+            cluster_version.bump_and_request(session, "batch size changed")
+        body = events.event_public(row).model_dump(mode="json")
         return status, body, f"/v1/jobs/{job_id}/events/{row.id}"
 
     request_body = {"job_id": job_id, "event": event.model_dump(mode="json")}
-    status, body, location = repository.idempotent(
-        session, principal, idempotency_key, request_body, act
-    )
+    status, body, location = jobs.idempotent(session, principal, idempotency_key, request_body, act)
     metrics.job_events.labels(event.kind, "recorded" if status == 201 else "replayed").inc()
     headers = {"Location": location} if location else None
     return JSONResponse(body, status_code=status, headers=headers)
@@ -97,14 +93,14 @@ def list_events(
     settings: SettingsDep,
     page_size: Annotated[int | None, Query(ge=1, le=500)] = None,
     page_token: Annotated[str | None, Query(max_length=512)] = None,
-    kind: progress.EventKind | None = None,
+    kind: events.EventKind | None = None,
 ) -> Page[EventPublic]:
     """The job's events in the order they were stored: client events and state changes."""
     size = min(page_size or settings.default_page_size, settings.max_page_size)
-    rows, token = progress.list_events(
+    rows, token = events.list_events(
         session, principal, job_id, page_size=size, page_token=page_token, kind=kind
     )
-    return Page[EventPublic](items=[progress.event_public(r) for r in rows], next_page_token=token)
+    return Page[EventPublic](items=[events.event_public(r) for r in rows], next_page_token=token)
 
 
 @router.get(
@@ -120,4 +116,4 @@ def get_event(
     session: SessionDep,
     principal: CurrentPrincipal,
 ) -> EventPublic:
-    return progress.event_public(progress.visible_event(session, principal, job_id, event_id))
+    return events.event_public(events.visible_event(session, principal, job_id, event_id))

@@ -11,8 +11,7 @@ from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
-from store import cluster_version as planning_hooks
-from store import jobs as repository
+from store import cluster_version, jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -52,14 +51,14 @@ def submit_job(
     principal: CurrentPrincipal,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    def act() -> repository.Response:
-        row = repository.create_job(session, principal, data)
+    def act() -> jobs.Response:
+        row = jobs.create_job(session, principal, data)
         session.flush()
-        planning_hooks.bump_and_request(session, "job submitted")
-        body = repository.public(row).model_dump(mode="json")
+        cluster_version.bump_and_request(session, "job submitted")
+        body = jobs.public(row).model_dump(mode="json")
         return 201, body, f"/v1/jobs/{row.id}"
 
-    status, body, location = repository.idempotent(
+    status, body, location = jobs.idempotent(
         session, principal, idempotency_key, data.model_dump(mode="json"), act
     )
     headers = {"Location": location} if location else None
@@ -84,7 +83,7 @@ def list_jobs(
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
 ) -> Page[JobPublic]:
     size = min(page_size or settings.default_page_size, settings.max_page_size)
-    rows, token = repository.list_jobs(
+    rows, token = jobs.list_jobs(
         session,
         principal,
         page_size=size,
@@ -93,7 +92,7 @@ def list_jobs(
         tenant=tenant,
         name=name,
     )
-    return Page[JobPublic](items=[repository.public(r) for r in rows], next_page_token=token)
+    return Page[JobPublic](items=[jobs.public(r) for r in rows], next_page_token=token)
 
 
 @router.get(
@@ -104,7 +103,7 @@ def list_jobs(
     openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=OWN),
 )
 def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
-    return repository.public(repository.visible_job(session, principal, job_id))
+    return jobs.public(jobs.visible_job(session, principal, job_id))
 
 
 @router.post(
@@ -115,8 +114,8 @@ def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal)
     openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=SEE_ONLY),
 )
 def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
-    row = repository.cancel_job(session, principal, job_id)
-    planning_hooks.bump_and_request(session, "job cancelled")
+    row = jobs.cancel_job(session, principal, job_id)
+    cluster_version.bump_and_request(session, "job cancelled")
     session.commit()
     session.refresh(row)
-    return repository.public(row)
+    return jobs.public(row)

@@ -13,7 +13,7 @@ from api.deps import CurrentPrincipal, SessionDep
 from api.errors import openapi_problems
 from api.routes.events import JobId
 from api.schemas import PredictionPublic
-from store import jobs as repository
+from store import jobs
 from store.tables import utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -47,5 +47,5 @@ def get_prediction(
     contention factor used (today's active jobs per READY GPU, at least 1). ``planned_rounds``
     stays empty, with a ``reason`` saying so, until a solver service has planned the job."""
     require(principal, Role.ADMIN, Role.USER, Role.JOB)
-    row = repository.visible_job(session, principal, job_id)
+    row = jobs.visible_job(session, principal, job_id)
     return prediction.explain(session, row, now)

@@ -1,5 +1,5 @@
 """The Alembic migrations build the schema on an empty Postgres and remove it again, both through
-:mod:`api.migrate` and through the documented ``alembic`` command line."""
+:mod:`store.migrate` and through the documented ``alembic`` command line."""
 
 from __future__ import annotations
 
