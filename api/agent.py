@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session, SQLModel
@@ -31,17 +31,18 @@ from api.agent_schemas import (
 )
 from api.auth import Principal, Role, add_token, require
 from api.errors import Problem
-from shockwave.lifecycle import JobState, transition
+from shockwave.lifecycle import (
+    LIVE_LEASES,
+    STOPPED_LEASES,
+    TAKEN_BACK,
+    JobState,
+    LeaseState,
+    NodeState,
+    transition,
+)
 from store import cluster_version, population
 from store.jobs import record_state
-from store.leases import (
-    LIVE,
-    STOPPED,
-    LeaseState,
-    checkpoint_dir,
-    revoke_live_leases,
-    stop_running,
-)
+from store.leases import checkpoint_dir, move_lease, revoke_live_leases, stop_running
 from store.tables import JobRow, LeaseRow, NodeRow, utcnow
 
 STOP_ROUNDS = 2
@@ -60,7 +61,7 @@ JOBS = SQLModel.metadata.tables["jobs"]
 
 _BEAT = (
     update(NODES)
-    .where(NODES.c.id == bindparam("node"), NODES.c.state == "READY")
+    .where(NODES.c.id == bindparam("node"), NODES.c.state == NodeState.READY)
     .values(last_heartbeat_at=bindparam("now"))
     .returning(*NODES.c)
 )
@@ -95,11 +96,8 @@ _NODE_LEASES = (
     .join(JOBS, JOBS.c.id == LEASES.c.job_id)
     .where(LEASES.c.node_id == bindparam("node"))
     .where(
-        LEASES.c.state.in_(LIVE)
-        | (
-            LEASES.c.state.in_((LeaseState.REVOKED.value, LeaseState.LOST.value))
-            & (LEASES.c.round_index >= bindparam("since"))
-        )
+        LEASES.c.state.in_(LIVE_LEASES)
+        | (LEASES.c.state.in_(TAKEN_BACK) & (LEASES.c.round_index >= bindparam("since")))
     )
     .order_by(LEASES.c.round_index, LEASES.c.id)
 )
@@ -116,16 +114,16 @@ _RUN_LEASES = (
     .where(
         LEASES.c.id.in_(bindparam("ids", expanding=True)),
         LEASES.c.node_id == bindparam("node"),
-        LEASES.c.state.in_((LeaseState.ISSUED.value, LeaseState.STARTED.value)),
+        LEASES.c.state.in_((LeaseState.ISSUED, LeaseState.STARTED)),
     )
-    .values(state=LeaseState.RUNNING.value, updated_at=bindparam("now"))
+    .values(state=LeaseState.RUNNING, updated_at=bindparam("now"))
     .returning(LEASES.c.id, LEASES.c.job_id)
 )
 """A node's live, not yet RUNNING leases among ``ids``, RUNNING (their jobs locked first)."""
 _RUN_JOBS = (
     update(JOBS)
     .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
-    .values(state=JobState.RUNNING.value, updated_at=bindparam("now"))
+    .values(state=JobState.RUNNING, updated_at=bindparam("now"))
 )
 _ATTEMPT = (
     select(
@@ -165,7 +163,7 @@ def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
     node.hostname = data.hostname
     node.gpus = data.gpus
     node.gpu_type = data.gpu_type
-    node.state = "READY"
+    node.state = NodeState.READY.value
     node.last_heartbeat_at = now
     session.add(node)
     session.flush()
@@ -190,8 +188,8 @@ def heartbeat(session: Session, node_id: str) -> NodeStatus:
     if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
     node.last_heartbeat_at = now
-    if node.state != "READY":
-        node.state = "READY"
+    if node.state != NodeState.READY:
+        node.state = NodeState.READY.value
         cluster_version.bump_and_request(session, f"node {node_id} is back")
     session.add(node)
     session.commit()
@@ -206,7 +204,7 @@ def node_status(session: Session, node: Any) -> NodeStatus:
         hostname=node.hostname,
         gpus=node.gpus,
         gpu_type=node.gpu_type,
-        state="READY" if node.state == "READY" else "LOST",
+        state=NodeState(node.state),
         last_heartbeat_at=node.last_heartbeat_at,
         registered_at=node.registered_at,
         current_round=round_.current,
@@ -251,7 +249,7 @@ def _leases_of(
     leases = [
         _lease_public(row, node_id)
         for row in rows
-        if row.state in LIVE and not JobState(row.job_state).terminal
+        if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
     ]
     live = {lease.attempt_id for lease in leases}
     stop = {row.id for row in rows if row.id not in live}
@@ -298,7 +296,6 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
         node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
     if node is None:
         raise Problem(404, "Not found", f"no node {node_id}: register it first")
-    node_state: Literal["READY", "LOST"] = "READY" if node.state == "READY" else "LOST"
     round_ = _as_round(node)
     found = _leases_of(connection, node_id, round_, data.running)
     running = set(data.running)
@@ -313,7 +310,7 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     fresh = [
         lease
         for lease in found.leases
-        if lease.attempt_id in running and lease.state != LeaseState.RUNNING.value
+        if lease.attempt_id in running and lease.state != LeaseState.RUNNING
     ]
     acked = _acknowledge(session, principal, node_id, fresh) if fresh else {}
     leases: list[LeasePublic] = []
@@ -332,7 +329,7 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
         round_ends_at=round_.ends_at,
         leases=leases,
         stop=sorted(stop),
-        node_state=node_state,
+        node_state=NodeState(node.state),
         state_version=round_.version,
         reports=reports,
         tokens=tokens,
@@ -359,7 +356,7 @@ def _report_in_poll(session: Session, principal: Principal, report: AttemptRepor
 
 def _acknowledge(
     session: Session, principal: Principal, node_id: str, fresh: list[LeasePublic]
-) -> dict[str, str | None]:
+) -> dict[str, LeaseState | None]:
     """A ``running`` report for each of ``fresh`` (leases a poll lists as running that are not
     RUNNING yet), in one transaction: each lease's state after it, None for one that must stop
     instead.
@@ -380,7 +377,7 @@ def _acknowledge(
         row.id: row.job_id
         for row in connection.execute(_RUN_LEASES, {"ids": wanted, "node": node_id, "now": now})
     }
-    states: dict[str, str | None] = dict.fromkeys(moved, LeaseState.RUNNING.value)
+    states: dict[str, LeaseState | None] = dict.fromkeys(moved, LeaseState.RUNNING)
     started: dict[str, str] = {}
     for attempt_id, job_id in sorted(moved.items()):
         if jobs[job_id] != JobState.RUNNING.value and job_id not in started:
@@ -469,11 +466,11 @@ def report_status(
     if job is None or lease is None:
         raise Problem(404, "Not found", f"no attempt {attempt_id}")
     refused = _apply(session, lease, job, report)
-    stop = lease.state not in LIVE or JobState(job.state).terminal
+    stop = lease.state not in LIVE_LEASES or JobState(job.state).terminal
     status = LeaseStatusPublic(
         attempt_id=lease.id,
         job_id=job.id,
-        state=LeaseState(lease.state).value,
+        state=LeaseState(lease.state),
         job_state=JobState(job.state),
         ends_at=lease.ends_at,
         stop=stop or refused is not None,
@@ -489,15 +486,15 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
     agent's next poll lists the attempt in ``stop``."""
     if report.state not in ("started", "running"):
         return None
-    done: tuple[str, ...] = (LeaseState.RUNNING.value,)
+    done: tuple[LeaseState, ...] = (LeaseState.RUNNING,)
     if report.state == "started":
-        done = (LeaseState.STARTED.value, LeaseState.RUNNING.value)
+        done = (LeaseState.STARTED, LeaseState.RUNNING)
     if row.state not in done or row.job_state != JobState.RUNNING.value:
         return None
     return LeaseStatusPublic(
         attempt_id=attempt_id,
         job_id=row.job_id,
-        state=LeaseState(row.state).value,
+        state=LeaseState(row.state),
         job_state=JobState.RUNNING,
         ends_at=row.ends_at,
         stop=False,
@@ -506,30 +503,30 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
 
 def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
     """Apply ``report``; the reason it is refused, or None."""
-    if lease.state == LeaseState.LOST.value:
+    if lease.state == LeaseState.LOST:
         return f"attempt {lease.id} was lost with its node; its job went back to the queue"
-    if lease.state in STOPPED:
+    if lease.state in STOPPED_LEASES:
         if _same_stop(lease, report):
             return None
         return f"attempt {lease.id} has already stopped ({lease.state.lower()})"
-    revoked = lease.state == LeaseState.REVOKED.value
+    revoked = lease.state == LeaseState.REVOKED
     finished = JobState(job.state).terminal
     if report.state in ("started", "running"):
         if revoked:
             return f"attempt {lease.id} was revoked"
         if finished:
-            _revoke(session, lease)
+            move_lease(session, lease, LeaseState.REVOKED)
             return f"job {job.id} is {job.state.lower()}"
         _run(session, lease, job, report.state)
         return None
     where = f"attempt {lease.id} on {lease.node_id}"
     if report.state == "checkpointed":
-        _stop_lease(session, lease, LeaseState.CHECKPOINTED, None)
+        move_lease(session, lease, LeaseState.CHECKPOINTED)
         if not finished:
             stop_running(session, job, f"{where} checkpointed", except_attempt=lease.id)
         return None
     code = report.exit_code if report.exit_code is not None else 0
-    _stop_lease(session, lease, LeaseState.EXITED, code)
+    move_lease(session, lease, LeaseState.EXITED, exit_code=code)
     if finished:
         return None
     if code == 0:
@@ -543,38 +540,23 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
 
 def _same_stop(lease: LeaseRow, report: LeaseStatusReport) -> bool:
     if report.state == "checkpointed":
-        return lease.state == LeaseState.CHECKPOINTED.value
+        return lease.state == LeaseState.CHECKPOINTED
     return (
         report.state == "exited"
-        and lease.state == LeaseState.EXITED.value
+        and lease.state == LeaseState.EXITED
         and lease.exit_code == report.exit_code
     )
 
 
 def _run(session: Session, lease: LeaseRow, job: JobRow, reported: str) -> None:
-    if reported == "running" or lease.state == LeaseState.ISSUED.value:
+    if reported == "running" or lease.state == LeaseState.ISSUED:
         target = LeaseState.RUNNING if reported == "running" else LeaseState.STARTED
-        if lease.state != target.value:
-            lease.state = target.value
-            lease.updated_at = utcnow()
-            session.add(lease)
+        if lease.state != target:
+            move_lease(session, lease, target)
     if job.state != JobState.RUNNING.value:
         record_state(
             session, job, JobState.RUNNING, f"attempt {lease.id} started on {lease.node_id}"
         )
-
-
-def _stop_lease(session: Session, lease: LeaseRow, state: LeaseState, code: int | None) -> None:
-    lease.state = state.value
-    lease.exit_code = code
-    lease.updated_at = utcnow()
-    session.add(lease)
-
-
-def _revoke(session: Session, lease: LeaseRow) -> None:
-    lease.state = LeaseState.REVOKED.value
-    lease.updated_at = utcnow()
-    session.add(lease)
 
 
 def _finish(session: Session, job: JobRow, target: JobState, reason: str, attempt: str) -> None:
@@ -601,7 +583,7 @@ def _lease_public(row: Any, node_id: str) -> LeasePublic:
         round_index=row.round_index,
         gpus=gpus,
         ends_at=row.ends_at,
-        state=LeaseState(row.state).value,
+        state=LeaseState(row.state),
         batch_size=row.batch_size,
         checkpoint_dir=directory,
         env={
@@ -621,7 +603,7 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
     Once the attempt is fenced the token's events are refused (:mod:`store.events`)."""
     row = visible_attempt(session, principal, attempt_id)
-    if row.state not in LIVE or JobState(row.job_state).terminal:
+    if row.state not in LIVE_LEASES or JobState(row.job_state).terminal:
         raise Problem(
             409,
             "Stale attempt",

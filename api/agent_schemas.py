@@ -14,7 +14,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.schemas import INT4_MAX
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import JobState, LeaseState, NodeState
 
 NodeId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
@@ -31,8 +31,6 @@ AttemptId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00]
 """An attempt (lease) id in a body: bounded and without NUL."""
 POLL_ITEMS_MAX = 1024
 """The most attempts (running, or reported on) one poll may carry: far more than a node's GPUs."""
-
-LeaseState = Literal["ISSUED", "STARTED", "RUNNING", "CHECKPOINTED", "EXITED", "REVOKED", "LOST"]
 
 
 class NodeRegister(BaseModel):
@@ -63,7 +61,7 @@ class NodeStatus(BaseModel):
     hostname: str
     gpus: int
     gpu_type: str
-    state: Literal["READY", "LOST"]
+    state: NodeState
     last_heartbeat_at: datetime | None
     registered_at: datetime
     current_round: int
@@ -203,7 +201,7 @@ class PollAnswer(NodeLeases):
     """A poll's answer: what :class:`NodeLeases` says (run ``leases``, stop ``stop``), the
     node's state after the contact, and an answer to each report, in order."""
 
-    node_state: Literal["READY", "LOST"]
+    node_state: NodeState
     state_version: int
     reports: list[ReportAnswer]
     tokens: dict[str, str] = Field(

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import JobState, NodeState
 
 BigInt = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
@@ -189,7 +189,7 @@ class NodeSummary(BaseModel):
 
     id: str
     gpus: int
-    state: Literal["READY", "LOST"]
+    state: NodeState
 
 
 class NodePublic(NodeSummary):

@@ -1,8 +1,24 @@
-"""The job state machine, in one place (SPEC section 5).
+"""The state machines of jobs, leases and nodes, in one place (SPEC sections 5 and 6).
 
-PENDING: admitted, waiting. RUNNING: holds a lease this round. SUSPENDED: was running, was
-preempted and checkpointed. SUCCEEDED, FAILED, CANCELLED: terminal. Every shell moves jobs only
-through :func:`transition`, so an illegal move is refused the same way everywhere.
+Every state name and every set of states a rule depends on is defined here once; the shells
+store the values and move jobs and leases only through :func:`transition` and
+:func:`lease_transition`, so an illegal move is refused the same way everywhere.
+
+Jobs. PENDING: admitted, waiting. RUNNING: holds a lease this round. SUSPENDED: was running,
+was preempted and checkpointed. SUCCEEDED, FAILED, CANCELLED: terminal.
+
+Leases. A lease is one attempt (its id) to run a job on one node's GPUs for a round:
+
+- live: ``ISSUED`` (the round driver issued it), ``STARTED`` and ``RUNNING`` (the agent
+  reported the process up). A live lease holds its GPUs; at the next boundary the driver
+  either extends it (same attempt, new round and end time: no state change) or revokes it.
+- ``REVOKED``: the driver took it back; the agent must stop the process (SIGTERM, grace period
+  to checkpoint, SIGKILL) and report ``checkpointed`` or ``exited``.
+- ``CHECKPOINTED`` / ``EXITED``: the agent reported that the process stopped.
+- ``LOST``: the node stopped heartbeating; whatever it still runs must stop.
+
+Nodes. READY (heartbeating) or LOST (silent for the TTL); a LOST node that heartbeats again is
+READY again.
 """
 
 from __future__ import annotations
@@ -24,6 +40,9 @@ class JobState(StrEnum):
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+ACTIVE: tuple[JobState, ...] = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
+"""Jobs that request GPUs: admitted and not finished."""
 
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
@@ -48,10 +67,10 @@ checkpoint. Terminal states have no way out."""
 
 
 class IllegalTransition(ValueError):
-    """A move the state machine forbids; shells answer it with 409 Conflict."""
+    """A move a state machine forbids; shells answer it with 409 Conflict."""
 
-    def __init__(self, current: JobState, target: JobState) -> None:
-        super().__init__(f"a {current.value} job cannot become {target.value}")
+    def __init__(self, current: StrEnum, target: StrEnum, what: str = "job") -> None:
+        super().__init__(f"a {current.value} {what} cannot become {target.value}")
         self.current = current
         self.target = target
 
@@ -61,3 +80,62 @@ def transition(current: JobState, target: JobState) -> JobState:
     if target not in ALLOWED[current]:
         raise IllegalTransition(current, target)
     return target
+
+
+class LeaseState(StrEnum):
+    ISSUED = "ISSUED"
+    STARTED = "STARTED"
+    RUNNING = "RUNNING"
+    CHECKPOINTED = "CHECKPOINTED"
+    EXITED = "EXITED"
+    REVOKED = "REVOKED"
+    LOST = "LOST"
+
+    @property
+    def live(self) -> bool:
+        return self in LIVE_LEASES
+
+
+LIVE_LEASES: tuple[LeaseState, ...] = (LeaseState.ISSUED, LeaseState.STARTED, LeaseState.RUNNING)
+"""States in which a lease holds its GPUs."""
+
+STOPPED_LEASES: tuple[LeaseState, ...] = (LeaseState.CHECKPOINTED, LeaseState.EXITED)
+"""States in which the agent confirmed that the attempt's process is gone."""
+
+STARTED_LEASES: tuple[LeaseState, ...] = (
+    LeaseState.STARTED,
+    LeaseState.RUNNING,
+    LeaseState.CHECKPOINTED,
+    LeaseState.EXITED,
+)
+"""States of an attempt whose process was reported up (and may have stopped since)."""
+
+TAKEN_BACK: tuple[LeaseState, ...] = (LeaseState.REVOKED, LeaseState.LOST)
+"""States of an attempt the server took back before its process confirmed it stopped."""
+
+_STOPPING = frozenset({LeaseState.CHECKPOINTED, LeaseState.EXITED, LeaseState.LOST})
+LEASE_ALLOWED: dict[LeaseState, frozenset[LeaseState]] = {
+    LeaseState.ISSUED: frozenset(
+        {LeaseState.STARTED, LeaseState.RUNNING, LeaseState.REVOKED} | _STOPPING
+    ),
+    LeaseState.STARTED: frozenset({LeaseState.RUNNING, LeaseState.REVOKED} | _STOPPING),
+    LeaseState.RUNNING: frozenset({LeaseState.REVOKED} | _STOPPING),
+    LeaseState.REVOKED: _STOPPING,
+    LeaseState.CHECKPOINTED: frozenset(),
+    LeaseState.EXITED: frozenset(),
+    LeaseState.LOST: frozenset(),
+}
+"""Legal lease moves: a live lease moves on (ISSUED -> STARTED -> RUNNING), is revoked, lost or
+reported stopped; a revoked one is reported stopped or lost; stopped and lost leases are final."""
+
+
+def lease_transition(current: LeaseState, target: LeaseState) -> LeaseState:
+    """``target`` if the lease move is legal, else :class:`IllegalTransition`."""
+    if target not in LEASE_ALLOWED[current]:
+        raise IllegalTransition(current, target, "lease")
+    return target
+
+
+class NodeState(StrEnum):
+    READY = "READY"
+    LOST = "LOST"

@@ -40,25 +40,34 @@ from rich.text import Text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from shockwave.lifecycle import LIVE_LEASES, STARTED_LEASES, TERMINAL, JobState, LeaseState
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-LIVE = frozenset({"ISSUED", "STARTED", "RUNNING"})
-RAN = frozenset({"STARTED", "RUNNING", "CHECKPOINTED", "EXITED", "LOST"})
+RAN = (*STARTED_LEASES, LeaseState.LOST)
+"""Attempts counted as tries: started (or lost, maybe while starting)."""
 AGENT_GRACE_S = 5.0
 FEED_LINES = 8
-STATE_STYLE = {
-    "PENDING": "yellow",
-    "RUNNING": "bold green",
-    "SUSPENDED": "magenta",
-    "SUCCEEDED": "blue",
-    "FAILED": "bold red",
-    "CANCELLED": "red",
+STATE_STYLE: dict[str, str] = {
+    JobState.PENDING: "yellow",
+    JobState.RUNNING: "bold green",
+    JobState.SUSPENDED: "magenta",
+    JobState.SUCCEEDED: "blue",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "red",
 }
+FEED_WORDS: dict[str, str] = {
+    JobState.PENDING: "queued",
+    JobState.RUNNING: "running",
+    JobState.SUSPENDED: "preempted (checkpointed)",
+    JobState.SUCCEEDED: "finished",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+}
+"""How the feed says that a job entered a state."""
 
 
 class DemoError(RuntimeError):
@@ -363,7 +372,7 @@ class Demo:
         return Snapshot(cluster.current_round if cluster else -1, views, self._feed[-FEED_LINES:])
 
     def _view(self, row: JobRow, leases: list[LeaseRow], scaled: list[int]) -> JobView:
-        live = [x for x in leases if x.state in LIVE]
+        live = [x for x in leases if x.state in LIVE_LEASES]
         history = [row.initial_batch_size]
         for size in scaled:
             if size != history[-1]:
@@ -379,7 +388,7 @@ class Demo:
             sizes=history,
             node=", ".join(f"{x.node_id}:{','.join(map(str, x.gpus))}" for x in live),
             attempts=sum(x.state in RAN for x in leases),
-            preempted=sum(x.state == "CHECKPOINTED" for x in leases),
+            preempted=sum(x.state == LeaseState.CHECKPOINTED for x in leases),
             loss=self._last_loss(row.id),
         )
 
@@ -405,14 +414,7 @@ class Demo:
             size, epoch = event.payload.get("batch_size"), event.payload.get("epoch")
             return f"{at}  {name}: batch size → {size} from epoch {epoch} (rescaled)"
         target = str(event.payload.get("to", ""))
-        what = {
-            "PENDING": "queued",
-            "RUNNING": "running",
-            "SUSPENDED": "preempted (checkpointed)",
-            "SUCCEEDED": "finished",
-            "FAILED": "failed",
-            "CANCELLED": "cancelled",
-        }.get(target, target.lower())
+        what = FEED_WORDS.get(target, target.lower())
         return f"{at}  {name}: {what} ({_short(event.reason)})"
 
     # --- drawing --------------------------------------------------------------------------------

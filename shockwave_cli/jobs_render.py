@@ -15,13 +15,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STATE_STYLES = {
-    "PENDING": "yellow",
-    "RUNNING": "bold green",
-    "SUSPENDED": "magenta",
-    "SUCCEEDED": "green",
-    "FAILED": "bold red",
-    "CANCELLED": "dim",
+from shockwave.lifecycle import JobState
+
+STATE_STYLES: dict[str, str] = {
+    JobState.PENDING: "yellow",
+    JobState.RUNNING: "bold green",
+    JobState.SUSPENDED: "magenta",
+    JobState.SUCCEEDED: "green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
 }
 
 

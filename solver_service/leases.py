@@ -37,14 +37,14 @@ from datetime import UTC, datetime
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
 from shockwave.placement import place
 from shockwave.policy import get_policy, make_params
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
-from store.leases import LIVE, LeaseState, stop_running
-from store.snapshot import ACTIVE_STATES, WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
+from store.leases import move_lease, stop_running
+from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 SOURCES = ("plan", "previous_plan", "greedy")
@@ -111,7 +111,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     live = list(
         session.exec(
             select(LeaseRow)
-            .where(col(LeaseRow.state).in_(LIVE))
+            .where(col(LeaseRow.state).in_(LIVE_LEASES))
             .order_by(col(LeaseRow.id))
             .with_for_update()
         ).all()
@@ -133,7 +133,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
                 extended += 1
             continue
         for lease in leases_of.pop(job_id, []):
-            _revoke(session, lease, started)
+            move_lease(session, lease, LeaseState.REVOKED, now=started)
             revoked += 1
         assert layout is not None
         for node_id, local in _by_node(layout, gpus).items():
@@ -152,7 +152,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
             issued += 1
     for leftover in leases_of.values():
         for lease in leftover:
-            _revoke(session, lease, started)
+            move_lease(session, lease, LeaseState.REVOKED, now=started)
             revoked += 1
     session.flush()
     suspended = _suspend_unconfirmed(session, jobs, set(assignment), r)
@@ -272,7 +272,7 @@ def mark_lost_nodes(
     leases = session.exec(
         select(LeaseRow).where(
             col(LeaseRow.node_id).in_(silent),
-            col(LeaseRow.state).in_((*LIVE, LeaseState.REVOKED.value)),
+            col(LeaseRow.state).in_((*LIVE_LEASES, LeaseState.REVOKED)),
         )
     ).all()
     job_ids = sorted({lease.job_id for lease in leases})
@@ -280,7 +280,7 @@ def mark_lost_nodes(
         select(JobRow).where(col(JobRow.id).in_(job_ids)).order_by(col(JobRow.id)).with_for_update()
     ).all()
     nodes = session.exec(select(NodeRow).where(col(NodeRow.id).in_(silent)).with_for_update()).all()
-    lost = tuple(sorted(n.id for n in nodes if n.state == "READY" and _silent(n, cutoff)))
+    lost = tuple(sorted(n.id for n in nodes if n.state == NodeState.READY and _silent(n, cutoff)))
     if not lost:
         session.rollback()
         return None
@@ -290,17 +290,15 @@ def mark_lost_nodes(
         select(LeaseRow)
         .where(
             col(LeaseRow.node_id).in_(lost),
-            col(LeaseRow.state).in_((*LIVE, LeaseState.REVOKED.value)),
+            col(LeaseRow.state).in_((*LIVE_LEASES, LeaseState.REVOKED)),
         )
         .with_for_update()
     ).all():
-        lease.state = LeaseState.LOST.value
-        lease.updated_at = stamp
-        session.add(lease)
+        move_lease(session, lease, LeaseState.LOST, now=stamp)
         ran_there.add(lease.job_id)
     for node in nodes:
         if node.id in lost:
-            node.state = "LOST"
+            node.state = NodeState.LOST.value
             session.add(node)
     session.flush()
     requeued = tuple(
@@ -319,7 +317,7 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
     return list(
         session.exec(
             select(JobRow)
-            .where(col(JobRow.state).in_(ACTIVE_STATES))
+            .where(col(JobRow.state).in_(ACTIVE))
             .order_by(col(JobRow.created_at), col(JobRow.id))
             .with_for_update()
         ).all()
@@ -378,12 +376,6 @@ def _extend(session: Session, lease: LeaseRow, r: int, ends: datetime, now: date
     session.add(lease)
 
 
-def _revoke(session: Session, lease: LeaseRow, now: datetime) -> None:
-    lease.state = LeaseState.REVOKED.value
-    lease.updated_at = now
-    session.add(lease)
-
-
 def _suspend_unconfirmed(
     session: Session, jobs: Mapping[str, JobRow], placed: set[str], r: int
 ) -> tuple[str, ...]:
@@ -411,7 +403,7 @@ def _suspend_unconfirmed(
 
 
 def _silent_nodes(session: Session, cutoff: datetime) -> list[str]:
-    nodes = session.exec(select(NodeRow).where(NodeRow.state == "READY")).all()
+    nodes = session.exec(select(NodeRow).where(NodeRow.state == NodeState.READY)).all()
     return sorted(n.id for n in nodes if _silent(n, cutoff))
 
 

@@ -17,12 +17,8 @@ from api.auth import Principal, Role, require
 from api.errors import Problem
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page
 from shockwave.estimators import contention_factor
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import ACTIVE, JobState, NodeState
 from store.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
-
-NODE_STATES = ("READY", "LOST")
-ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
-"""Jobs that request GPUs: admitted and not finished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +37,12 @@ def capacity(session: Session) -> Capacity:
             NodeRow.state
         )
     ).all()
-    nodes = dict.fromkeys(NODE_STATES, 0)
-    gpus = dict.fromkeys(NODE_STATES, 0)
+    nodes = {state.value: 0 for state in NodeState}
+    gpus = {state.value: 0 for state in NodeState}
     for state, count, state_gpus in rows:
         nodes[state] = int(count)
         gpus[state] = int(state_gpus)
-    return Capacity(total_gpus=sum(gpus.values()), ready_gpus=gpus["READY"], nodes=nodes)
+    return Capacity(total_gpus=sum(gpus.values()), ready_gpus=gpus[NodeState.READY], nodes=nodes)
 
 
 def jobs_by_state(session: Session, tenant: str | None = None) -> dict[str, int]:
@@ -64,7 +60,7 @@ def contention(session: Session) -> float:
     """The contention factor now: active jobs per READY GPU, at least 1 (one GPU is assumed
     while no node is registered, so the factor is defined from the first job on)."""
     active = session.exec(
-        select(func.count()).select_from(JobRow).where(col(JobRow.state).in_(ACTIVE_STATES))
+        select(func.count()).select_from(JobRow).where(col(JobRow.state).in_(ACTIVE))
     ).one()
     return contention_factor(int(active), max(1, capacity(session).ready_gpus))
 

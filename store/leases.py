@@ -1,14 +1,7 @@
-"""Leases as both the agent endpoints and the round driver see them.
+"""Leases in the database, as both the agent endpoints and the round driver see them.
 
-A lease is one attempt (its id) to run a job on one node's GPUs for a round. Its states:
-
-- live: ``ISSUED`` (the driver issued it), ``STARTED`` and ``RUNNING`` (the agent reported the
-  process up). A live lease holds its GPUs; at the next boundary the driver either extends it
-  (same attempt, new round and end time) or revokes it.
-- ``REVOKED``: the driver took it back; the agent must stop the process (SIGTERM, grace period
-  to checkpoint, SIGKILL) and report ``checkpointed`` or ``exited``.
-- ``CHECKPOINTED`` / ``EXITED``: the agent reported that the process stopped.
-- ``LOST``: the node stopped heartbeating; whatever it still runs must stop.
+The lease state machine is the core's (:mod:`shockwave.lifecycle`): its states, the sets of them
+the rules below use, and the legal moves, which :func:`move_lease` enforces on every write.
 
 An attempt that must no longer act for its job is fenced (:func:`fenced_reason`): the agent's
 reports on it are answered with ``stop`` and its process's events are refused
@@ -23,38 +16,38 @@ has a checkpoint to resume from (an earlier attempt checkpointed), else PENDING.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from datetime import datetime
 
 from sqlmodel import Session, col, func, select
 
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import (
+    LIVE_LEASES,
+    STARTED_LEASES,
+    STOPPED_LEASES,
+    JobState,
+    LeaseState,
+    lease_transition,
+)
 from store.jobs import record_state
 from store.tables import JobRow, LeaseRow, utcnow
 
 
-class LeaseState(StrEnum):
-    ISSUED = "ISSUED"
-    STARTED = "STARTED"
-    RUNNING = "RUNNING"
-    CHECKPOINTED = "CHECKPOINTED"
-    EXITED = "EXITED"
-    REVOKED = "REVOKED"
-    LOST = "LOST"
-
-
-LIVE = (LeaseState.ISSUED.value, LeaseState.STARTED.value, LeaseState.RUNNING.value)
-"""States in which a lease holds its GPUs."""
-
-STOPPED = (LeaseState.CHECKPOINTED.value, LeaseState.EXITED.value)
-"""States in which the agent confirmed that the attempt's process is gone."""
-
-STARTED_ONCE = (
-    LeaseState.STARTED.value,
-    LeaseState.RUNNING.value,
-    LeaseState.CHECKPOINTED.value,
-    LeaseState.EXITED.value,
-)
-"""States of an attempt whose process was reported up (and may have stopped since)."""
+def move_lease(
+    session: Session,
+    lease: LeaseRow,
+    target: LeaseState,
+    *,
+    now: datetime | None = None,
+    exit_code: int | None = None,
+) -> None:
+    """Move ``lease`` to ``target`` (:class:`~shockwave.lifecycle.IllegalTransition` if the
+    lease state machine forbids it), stamped ``now`` (default: the clock); an ``EXITED`` lease
+    records ``exit_code``, a ``CHECKPOINTED`` one clears it."""
+    lease.state = lease_transition(LeaseState(lease.state), target).value
+    if target in STOPPED_LEASES:
+        lease.exit_code = exit_code
+    lease.updated_at = now or utcnow()
+    session.add(lease)
 
 
 def fenced_reason(session: Session, attempt_id: str) -> str | None:
@@ -72,16 +65,16 @@ def fenced_reason(session: Session, attempt_id: str) -> str | None:
     lease = session.get(LeaseRow, attempt_id)
     if lease is None:
         return f"attempt {attempt_id} does not exist"
-    if lease.state == LeaseState.LOST.value:
+    if lease.state == LeaseState.LOST:
         return f"attempt {attempt_id} was lost with node {lease.node_id}"
-    if lease.state in STOPPED:
+    if lease.state in STOPPED_LEASES:
         return f"attempt {attempt_id} has stopped ({lease.state.lower()})"
-    if lease.state == LeaseState.REVOKED.value:
+    if lease.state == LeaseState.REVOKED:
         successor = session.exec(
             select(LeaseRow.id).where(
                 LeaseRow.job_id == lease.job_id,
                 col(LeaseRow.issued_at) > lease.issued_at,
-                col(LeaseRow.state).in_(STARTED_ONCE),
+                col(LeaseRow.state).in_(STARTED_LEASES),
             )
         ).first()
         if successor is not None:
@@ -99,7 +92,7 @@ def has_other_live_lease(session: Session, job_id: str, except_attempt: str | No
     query = (
         select(func.count())
         .select_from(LeaseRow)
-        .where(LeaseRow.job_id == job_id, col(LeaseRow.state).in_(LIVE))
+        .where(LeaseRow.job_id == job_id, col(LeaseRow.state).in_(LIVE_LEASES))
     )
     if except_attempt is not None:
         query = query.where(LeaseRow.id != except_attempt)
@@ -112,7 +105,7 @@ def requeue_state(session: Session, job_id: str) -> JobState:
     checkpointed = session.exec(
         select(func.count())
         .select_from(LeaseRow)
-        .where(LeaseRow.job_id == job_id, LeaseRow.state == LeaseState.CHECKPOINTED.value)
+        .where(LeaseRow.job_id == job_id, LeaseRow.state == LeaseState.CHECKPOINTED)
     ).one()
     return JobState.SUSPENDED if int(checkpointed) > 0 else JobState.PENDING
 
@@ -131,13 +124,11 @@ def stop_running(session: Session, job: JobRow, reason: str, *, except_attempt: 
 def revoke_live_leases(session: Session, job_id: str, *, except_attempt: str | None) -> int:
     """Revoke every live lease of ``job_id`` but ``except_attempt`` (a finished job's other
     attempts must stop). Returns how many were revoked."""
-    query = select(LeaseRow).where(LeaseRow.job_id == job_id, col(LeaseRow.state).in_(LIVE))
+    query = select(LeaseRow).where(LeaseRow.job_id == job_id, col(LeaseRow.state).in_(LIVE_LEASES))
     revoked = 0
     for lease in session.exec(query.with_for_update()).all():
         if lease.id == except_attempt:
             continue
-        lease.state = LeaseState.REVOKED.value
-        lease.updated_at = utcnow()
-        session.add(lease)
+        move_lease(session, lease, LeaseState.REVOKED)
         revoked += 1
     return revoked

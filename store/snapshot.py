@@ -39,7 +39,7 @@ from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from shockwave import state_codec
-from shockwave.lifecycle import JobState
+from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
 from shockwave.model import Cluster
 from shockwave.snapshot import ActiveJob, Snapshot
 from store import events, population
@@ -51,9 +51,6 @@ Scaling = tuple[int, int, int]
 """A scaling event as ``(epoch, seq, batch size)``, the form :func:`store.events.regimes_of`
 takes."""
 
-ACTIVE_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.SUSPENDED.value)
-LIVE_LEASE_STATES = ("ISSUED", "STARTED", "RUNNING")
-"""Lease states in which a job still holds its GPUs."""
 WITHOUT_POLICY_STATE = (defer(cast("QueryableAttribute[Any]", ClusterRow.policy_state)),)
 """Load options for a cluster row read for its round, version or settings only: the policy's
 memory is a JSON document of hundreds of kB at 900 jobs, not worth parsing for those."""
@@ -127,7 +124,7 @@ def load_snapshot(
 def gpu_layout(session: Session) -> GpuLayout | None:
     """The READY nodes as the core sees them, or None when there is none."""
     nodes = session.exec(
-        select(NodeRow).where(NodeRow.state == "READY").order_by(col(NodeRow.id))
+        select(NodeRow).where(NodeRow.state == NodeState.READY).order_by(col(NodeRow.id))
     ).all()
     if not nodes:
         return None
@@ -138,7 +135,7 @@ def active_job_rows(session: Session) -> list[JobRow]:
     """Admitted, unfinished jobs in arrival order (ties by id)."""
     query = (
         select(JobRow)
-        .where(col(JobRow.state).in_(ACTIVE_STATES))
+        .where(col(JobRow.state).in_(ACTIVE))
         .order_by(col(JobRow.created_at), col(JobRow.id))
     )
     return list(session.exec(query).all())
@@ -187,7 +184,7 @@ def _held_gpus(
     wanted = set(job_ids)
     leases = session.exec(
         select(LeaseRow.job_id, LeaseRow.node_id, LeaseRow.gpus).where(
-            LeaseRow.round_index == round_index, col(LeaseRow.state).in_(LIVE_LEASE_STATES)
+            LeaseRow.round_index == round_index, col(LeaseRow.state).in_(LIVE_LEASES)
         )
     ).all()
     held: dict[str, tuple[int, ...]] = {}

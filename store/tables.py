@@ -21,6 +21,8 @@ from sqlalchemy import JSON, CheckConstraint, Column, DateTime, Index, UniqueCon
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
+from shockwave.lifecycle import LeaseState, NodeState
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -135,14 +137,16 @@ class NodeRow(SQLModel, table=True):
     __tablename__ = "nodes"
     __table_args__ = (
         CheckConstraint("gpus >= 1 AND gpus <= 1024", name="ck_nodes_gpus"),
-        CheckConstraint("state IN ('READY', 'LOST')", name="ck_nodes_state"),
+        CheckConstraint(
+            f"state IN ({', '.join(repr(s.value) for s in NodeState)})", name="ck_nodes_state"
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=128)
     hostname: str = Field(max_length=255)
     gpus: int
     gpu_type: str = Field(default="", max_length=64)
-    state: str = Field(default="READY", index=True, max_length=16)
+    state: str = Field(default=NodeState.READY.value, index=True, max_length=16)
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     registered_at: datetime = _ts()
 
@@ -230,7 +234,7 @@ class LeaseRow(SQLModel, table=True):
     node_id: str = Field(foreign_key="nodes.id", max_length=128)
     round_index: int = Field(index=True)
     gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    state: str = Field(default="ISSUED", max_length=16)
+    state: str = Field(default=LeaseState.ISSUED.value, max_length=16)
     exit_code: int | None = None
     issued_at: datetime = _ts()
     ends_at: datetime = _ts()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -10,6 +10,7 @@ from api.auth import ANY, DENIED, OWN, Role, access, require
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
+from shockwave.lifecycle import NodeState
 from store import cluster
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
@@ -49,7 +50,7 @@ def list_nodes(
     settings: SettingsDep,
     page_size: Annotated[int | None, Query(ge=1, le=500)] = None,
     page_token: Annotated[str | None, Query(max_length=512)] = None,
-    state: Literal["READY", "LOST"] | None = None,
+    state: NodeState | None = None,
 ) -> Page[NodePublic] | Page[NodeSummary]:
     """Nodes ordered by id. Admins and agents get every field; users get id, GPUs and state."""
     size = min(page_size or settings.default_page_size, settings.max_page_size)

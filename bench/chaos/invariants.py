@@ -38,6 +38,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.workload import Acknowledged
+from shockwave.lifecycle import TERMINAL
 from store.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 
 ROUND_SLACK_S = 0.01
@@ -179,9 +180,6 @@ def _leases(found: Findings, leases: list[LeaseRow], rounds: list[RoundRow]) -> 
                 "lease_round_mismatch",
                 f"round {r}: placed {sorted(jobs)}, leased {sorted(leased.get(r, set()))}",
             )
-
-
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def _finished(

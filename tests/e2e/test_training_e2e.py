@@ -50,6 +50,7 @@ from typing import Any
 import httpx
 from sqlmodel import Session, col, select
 
+from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 from tests.e2e.processes import ROOT, Service, wait_until
 from tests.e2e.stack import Deployment, deployment, job_states, parallel_tokens, rounds
@@ -66,8 +67,6 @@ STEP_SECONDS = 0.02
 epoch takes a predictable second or two, as on a slow accelerator."""
 LADDER = [16, 32, 64]
 TICK_S = 0.25
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-LIVE_LEASES = {"ISSUED", "STARTED", "RUNNING"}
 
 
 @dataclass
@@ -114,7 +113,9 @@ class Training:
         deadline = time.monotonic() + timeout_s
         while True:
             states = job_states(self.stack.engine)
-            failed = {self.jobs[j]: s for j, s in states.items() if s in TERMINAL - {"SUCCEEDED"}}
+            failed = {
+                self.jobs[j]: s for j, s in states.items() if s in TERMINAL - {JobState.SUCCEEDED}
+            }
             assert not failed, f"jobs failed: {failed}\n{self.attempt_logs()}\n{self.logs()}"
             if states and set(states.values()) == {"SUCCEEDED"}:
                 return

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
 from api.auth import Role, create_token
+from shockwave.lifecycle import LIVE_LEASES
 from solver_service.driver import DriverSettings, RoundDriver
-from store.leases import LIVE
 from store.tables import ClusterRow, JobRow, LeaseRow, PlanRow, RoundRow
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import Database
@@ -119,7 +119,7 @@ def store_plan(
         return plan.id
 
 
-def leases(database: Database, *, states: tuple[str, ...] = LIVE) -> list[LeaseRow]:
+def leases(database: Database, *, states: tuple[str, ...] = LIVE_LEASES) -> list[LeaseRow]:
     with Session(database.engine) as session:
         return list(
             session.exec(
