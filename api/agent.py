@@ -29,8 +29,6 @@ from api.agent_schemas import (
     PollAnswer,
     ReportAnswer,
 )
-from api.auth import Principal, Role, add_token, require
-from api.errors import Problem
 from shockwave.lifecycle import (
     LIVE_LEASES,
     STOPPED_LEASES,
@@ -41,9 +39,12 @@ from shockwave.lifecycle import (
     transition,
 )
 from store import cluster_version, population
+from store.errors import Conflict, DomainError, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import checkpoint_dir, move_lease, revoke_live_leases, stop_running
+from store.principals import Principal, Role, require
 from store.tables import JobRow, LeaseRow, NodeRow, utcnow
+from store.tokens import add_token
 
 STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a
@@ -146,10 +147,10 @@ def acting_node(principal: Principal, requested: str | None) -> str:
     if principal.role is Role.AGENT:
         own = principal.node or ""
         if requested is not None and requested != own:
-            raise Problem(404, "Not found", f"no node {requested}")
+            raise NotFound(f"no node {requested}")
         return own
     if requested is None:
-        raise Problem(422, "Invalid request", "an admin must name the node", field="node")
+        raise InvalidInput("an admin must name the node", field="node")
     return requested
 
 
@@ -186,7 +187,7 @@ def heartbeat(session: Session, node_id: str) -> NodeStatus:
         return status
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:
-        raise Problem(404, "Not found", f"no node {node_id}: register it first")
+        raise NotFound(f"no node {node_id}: register it first")
     node.last_heartbeat_at = now
     if node.state != NodeState.READY:
         node.state = NodeState.READY.value
@@ -237,7 +238,7 @@ def node_leases(session: Session, node_id: str, running: list[str]) -> NodeLease
     connection = session.connection()
     node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
     if node is None:
-        raise Problem(404, "Not found", f"no node {node_id}: register it first")
+        raise NotFound(f"no node {node_id}: register it first")
     return _leases_of(connection, node_id, _as_round(node), running)
 
 
@@ -295,7 +296,7 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     if node is None:
         node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
     if node is None:
-        raise Problem(404, "Not found", f"no node {node_id}: register it first")
+        raise NotFound(f"no node {node_id}: register it first")
     round_ = _as_round(node)
     found = _leases_of(connection, node_id, round_, data.running)
     running = set(data.running)
@@ -342,11 +343,11 @@ def _report_in_poll(session: Session, principal: Principal, report: AttemptRepor
     try:
         outcome = report_status(session, principal, attempt_id, report)
         session.commit()
-    except Problem as problem:
+    except DomainError as error:
         session.rollback()
-        if problem.status != 404:
+        if not isinstance(error, NotFound):
             raise
-        return ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=problem.detail)
+        return ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=error.detail)
     if outcome.refused is not None:
         detail = f"{outcome.refused}: stop it"
         return ReportAnswer(attempt_id=attempt_id, status=409, stop=True, detail=detail)
@@ -406,7 +407,7 @@ def _acknowledge(
             outcome = report_status(session, principal, lease.attempt_id, report)
             refused = outcome.refused is not None or outcome.status.stop
             states[lease.attempt_id] = None if refused else outcome.status.state
-    except Problem:
+    except DomainError:
         session.rollback()
         return {}
     session.commit()
@@ -420,7 +421,7 @@ def visible_attempt(session: Session, principal: Principal, attempt_id: str) -> 
     require(principal, Role.AGENT, Role.ADMIN)
     row = session.connection().execute(_ATTEMPT, {"attempt": attempt_id}).first()
     if row is None or (principal.role is Role.AGENT and row.node_id != principal.node):
-        raise Problem(404, "Not found", f"no attempt {attempt_id}")
+        raise NotFound(f"no attempt {attempt_id}")
     return row
 
 
@@ -464,7 +465,7 @@ def report_status(
     job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
     lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
     if job is None or lease is None:
-        raise Problem(404, "Not found", f"no attempt {attempt_id}")
+        raise NotFound(f"no attempt {attempt_id}")
     refused = _apply(session, lease, job, report)
     stop = lease.state not in LIVE_LEASES or JobState(job.state).terminal
     status = LeaseStatusPublic(
@@ -604,10 +605,9 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
     Once the attempt is fenced the token's events are refused (:mod:`store.events`)."""
     row = visible_attempt(session, principal, attempt_id)
     if row.state not in LIVE_LEASES or JobState(row.job_state).terminal:
-        raise Problem(
-            409,
-            "Stale attempt",
+        raise Conflict(
             f"attempt {attempt_id} must stop",
+            title="Stale attempt",
             stop=True,
             attempt_id=attempt_id,
         )

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from api.schemas import INT4_MAX
 from shockwave.lifecycle import JobState, LeaseState, NodeState
+from store.tables import INT4_MAX
 
 NodeId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")

@@ -1,57 +1,24 @@
-"""Bearer tokens: stored hashed, each with a role and a scope.
+"""Authentication at the edge: bearer tokens in, a :class:`~store.principals.Principal` out, and
+the access rules every route declares.
 
-Roles: ``admin`` (everything), ``user`` (one tenant's jobs), ``agent`` (one node), ``job`` (one
-job's events, for the training SDK; the token an agent gets for an attempt also names that
-attempt, so the API refuses its events once the attempt is fenced: see :mod:`store.events`).
-A caller who may not see a resource gets 404, as if it did not exist, so existence never leaks
-across tenants. ``open_mode`` (embedded default, localhost
+The roles and what each may see live in the data layer (:mod:`store.principals`), the tokens in
+:mod:`store.tokens` (stored hashed). A caller who may not see a resource gets 404, as if it did
+not exist, so existence never leaks across tenants. ``open_mode`` (embedded default, localhost
 only) treats requests without a token as an admin.
 """
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import secrets
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from fastapi import HTTPException, Request
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from api.token_cache import TtlCache
-from store.tables import TokenRow
-
-
-class Role(StrEnum):
-    ADMIN = "admin"
-    USER = "user"
-    AGENT = "agent"
-    JOB = "job"
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling. ``key`` scopes idempotency keys (one caller's keys never clash with
-    another's). ``attempt_id``: for a job token handed to one attempt, that attempt."""
-
-    role: Role
-    key: str
-    tenant: str | None = None
-    node: str | None = None
-    job_id: str | None = None
-    attempt_id: str | None = None
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role is Role.ADMIN
-
-    def sees_tenant(self, tenant: str) -> bool:
-        return self.is_admin or (self.role is Role.USER and self.tenant == tenant)
-
-
-OPEN = Principal(role=Role.ADMIN, key="open")
+from store.principals import Principal
+from store.tokens import hash_token, principal_of
 
 
 class Access(StrEnum):
@@ -103,67 +70,6 @@ PUBLIC: dict[str, Any] = {
 """The ``openapi_extra`` of a route anyone may call, with or without a token (probes)."""
 
 
-def new_token() -> str:
-    return "swk_" + secrets.token_urlsafe(32)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def create_token(
-    session: Session,
-    role: Role,
-    *,
-    tenant: str | None = None,
-    node: str | None = None,
-    job_id: str | None = None,
-    attempt_id: str | None = None,
-    name: str = "",
-) -> str:
-    """Store a new token (hashed), commit, and return it; the plain token is never stored.
-    ``attempt_id`` (job tokens only) ties the token to one attempt of the job."""
-    token = add_token(
-        session, role, tenant=tenant, node=node, job_id=job_id, attempt_id=attempt_id, name=name
-    )
-    session.commit()
-    return token
-
-
-def add_token(
-    session: Session,
-    role: Role,
-    *,
-    tenant: str | None = None,
-    node: str | None = None,
-    job_id: str | None = None,
-    attempt_id: str | None = None,
-    name: str = "",
-) -> str:
-    """:func:`create_token` without the commit: the caller commits once for all it adds."""
-    if role is Role.USER and not tenant:
-        raise ValueError("a user token needs a tenant")
-    if role is Role.AGENT and not node:
-        raise ValueError("an agent token needs a node")
-    if role is Role.JOB and not job_id:
-        raise ValueError("a job token needs a job id")
-    if attempt_id is not None and role is not Role.JOB:
-        raise ValueError("only a job token names an attempt")
-    token = new_token()
-    session.add(
-        TokenRow(
-            token_hash=hash_token(token),
-            role=role.value,
-            tenant=tenant,
-            node=node,
-            job_id=job_id,
-            attempt_id=attempt_id,
-            name=name,
-        )
-    )
-    return token
-
-
 TOKENS: TtlCache[Principal] = TtlCache(ttl_s=10.0)
 """Known tokens' principals, per process (see :mod:`api.token_cache`: a deleted token keeps
 working for up to 10 s)."""
@@ -193,17 +99,9 @@ def cached_principal(session: Session, digest: str) -> Principal | None:
 def stored_principal(session: Session, digest: str) -> Principal:
     """The principal of the token hashed to ``digest``, read from the database (and cached);
     401 when no such token exists."""
-    row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
-    if row is None:
+    principal = principal_of(session, digest)
+    if principal is None:
         raise HTTPException(401, "unknown or revoked token", {"WWW-Authenticate": "Bearer"})
-    principal = Principal(
-        role=Role(row.role),
-        key=f"token:{row.id}",
-        tenant=row.tenant,
-        node=row.node,
-        job_id=row.job_id,
-        attempt_id=row.attempt_id,
-    )
     TOKENS.put(_cache_key(session, digest), principal)
     return principal
 
@@ -222,10 +120,3 @@ def _local(request: Request) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True
-
-
-def require(principal: Principal, *roles: Role) -> None:
-    """403 unless the caller has one of ``roles``."""
-    if principal.role not in roles:
-        allowed = ", ".join(r.value for r in roles)
-        raise HTTPException(403, f"this operation needs one of the roles: {allowed}")

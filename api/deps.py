@@ -16,9 +16,10 @@ from fastapi import Depends, HTTPException, Request
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import OPEN, Principal, bearer_digest, cached_principal, stored_principal
+from api.auth import bearer_digest, cached_principal, stored_principal
 from api.ratelimit import RateLimiter
 from api.settings import Settings
+from store.principals import OPEN, Principal
 
 
 async def get_settings(request: Request) -> Settings:

@@ -1,7 +1,8 @@
 """One mapper from errors to RFC 9457 problem details (application/problem+json).
 
 Every 4xx and 5xx leaves the API through here: validation errors name the field at fault,
-domain errors map to their status, a database that cannot be reached (or a transaction it
+the data layer's domain errors (:mod:`store.errors`) map to their status (:data:`STATUS`), the
+core's illegal state transitions to 409, a database that cannot be reached (or a transaction it
 could not complete: a lost connection, a deadlock, a pool with no free connection) is a 503
 with Retry-After, and anything unexpected becomes a 500 without a stack trace.
 """
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shockwave.lifecycle import IllegalTransition
 from shockwave.model import ValidationError
+from store.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 
 log = logging.getLogger("shockwave.api")
 
@@ -28,8 +30,17 @@ RETRY_AFTER_S = 2
 """Retry-After of a 503 for a database outage: a restart of Postgres takes seconds."""
 
 
+STATUS: dict[type[DomainError], int] = {
+    NotFound: 404,
+    Forbidden: 403,
+    Conflict: 409,
+    InvalidInput: 422,
+}
+"""The HTTP status of each kind of domain error."""
+
+
 class Problem(Exception):
-    """An error with an HTTP status, raised by routes and the repository."""
+    """An error with an HTTP status, raised by routes (the data layer raises domain errors)."""
 
     def __init__(
         self, status: int, title: str, detail: str, *, field: str | None = None, **extra: Any
@@ -79,6 +90,12 @@ def install(app: FastAPI) -> None:
         return problem_response(
             request, exc.status, exc.title, exc.detail, errors=errors, **exc.extra
         )
+
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError) -> JSONResponse:
+        status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 400)
+        errors = [{"field": exc.field, "message": exc.detail}] if exc.field else None
+        return problem_response(request, status, exc.title, exc.detail, errors=errors, **exc.extra)
 
     @app.exception_handler(ValidationError)
     async def _domain_validation(request: Request, exc: ValidationError) -> JSONResponse:

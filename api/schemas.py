@@ -10,6 +10,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shockwave.lifecycle import JobState, NodeState
+from store.tables import INT4_MAX
 
 BigInt = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
@@ -116,7 +117,6 @@ class Page(BaseModel, Generic[T]):
     next_page_token: str | None = None
 
 
-INT4_MAX = 2**31 - 1
 Seq = Annotated[int, Field(ge=1, le=INT4_MAX, description="The client's per-job sequence number")]
 Positive = Annotated[int, Field(ge=1, le=INT4_MAX)]
 

@@ -482,9 +482,10 @@ def prepare(database_url: str, agents: int) -> Tokens:
     admin create-token`` does)."""
     from sqlmodel import Session
 
-    from api.auth import Role, create_token
     from store.db import make_engine
     from store.migrate import upgrade
+    from store.principals import Role
+    from store.tokens import create_token
 
     upgrade(database_url)
     engine = make_engine(database_url)

@@ -64,7 +64,6 @@ from rich.table import Table
 from sqlalchemy import create_engine
 from sqlmodel import Session, col, select
 
-from api.auth import Principal, Role, create_token
 from api.schemas import JobCreate
 from bench.api import free_port, postgres_database, quantile, wait_ready
 from bench.scale_fleet import Fleet, TrainingJob
@@ -81,7 +80,9 @@ from shockwave_cli.inputs import load_throughputs, load_workload
 from store import migrate
 from store.cluster_version import bump_state_version
 from store.jobs import create_job
+from store.principals import Principal, Role
 from store.tables import PlanRow, RoundRow
+from store.tokens import create_token
 
 SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
 HOST = "127.0.0.1"

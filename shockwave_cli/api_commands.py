@@ -131,10 +131,11 @@ def create_token_command(
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
-    from api.auth import Role, create_token
     from api.schemas import Tenant
     from store.db import make_engine
+    from store.principals import Role
     from store.tables import JobRow
+    from store.tokens import create_token
 
     _check_scope(role, {"tenant": tenant, "node": node, "job": job})
     if tenant is not None:

@@ -5,7 +5,6 @@ Nodes are written by the agent endpoints (register, heartbeat); here they are on
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -13,11 +12,10 @@ from sqlalchemy import func
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
-from api.auth import Principal, Role, require
-from api.errors import Problem
-from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import ACTIVE, JobState, NodeState
+from store.paging import cut, page_key
+from store.principals import Principal, Role
 from store.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
 
 
@@ -65,71 +63,18 @@ def contention(session: Session) -> float:
     return contention_factor(int(active), max(1, capacity(session).ready_gpus))
 
 
-def cluster_view(session: Session, principal: Principal) -> ClusterPublic:
-    """Admins and agents see everything; a user sees GPU totals and its own tenant's jobs."""
-    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
-    cap = capacity(session)
-    if principal.role is Role.USER:
-        return ClusterPublic(
-            total_gpus=cap.total_gpus,
-            ready_gpus=cap.ready_gpus,
-            nodes=None,
-            jobs=jobs_by_state(session, principal.tenant or ""),
-            tenant=principal.tenant,
-        )
-    return ClusterPublic(
-        total_gpus=cap.total_gpus,
-        ready_gpus=cap.ready_gpus,
-        nodes=cap.nodes,
-        jobs=jobs_by_state(session),
-        tenant=None,
-    )
-
-
-def list_nodes(
-    session: Session,
-    principal: Principal,
-    *,
-    page_size: int,
-    page_token: str | None,
-    state: str | None,
-) -> Page[NodePublic] | Page[NodeSummary]:
-    """One page of nodes ordered by id; users get only :class:`NodeSummary` (id, GPUs, state)."""
-    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
+def node_page(
+    session: Session, *, page_size: int, page_token: str | None, state: NodeState | None
+) -> tuple[list[NodeRow], str | None]:
+    """One page of nodes ordered by id (of ``state`` only, if given), and the next page's
+    token."""
     query = select(NodeRow)
     if state is not None:
         query = query.where(NodeRow.state == state)
     if page_token:
-        query = query.where(col(NodeRow.id) > _decode_token(page_token))
-    rows = list(session.exec(query.order_by(col(NodeRow.id)).limit(page_size + 1)).all())
-    next_token = None
-    if len(rows) > page_size:
-        rows = rows[:page_size]
-        next_token = _encode_token(rows[-1].id)
-    if principal.role is Role.USER:
-        return Page[NodeSummary](
-            items=[NodeSummary.model_validate(r, from_attributes=True) for r in rows],
-            next_page_token=next_token,
-        )
-    return Page[NodePublic](
-        items=[NodePublic.model_validate(r, from_attributes=True) for r in rows],
-        next_page_token=next_token,
-    )
-
-
-def _encode_token(last_id: str) -> str:
-    return base64.urlsafe_b64encode(f"node:{last_id}".encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> str:
-    try:
-        raw = base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()).decode()
-    except (ValueError, UnicodeDecodeError) as error:
-        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error
-    prefix, _, last_id = raw.partition(":")
-    if prefix != "node" or not last_id or "\x00" in last_id:
-        raise Problem(422, "Invalid request", "malformed page_token", field="page_token")
-    return last_id
+        query = query.where(col(NodeRow.id) > page_key("node", page_token))
+    rows = session.exec(query.order_by(col(NodeRow.id)).limit(page_size + 1)).all()
+    return cut(rows, page_size, lambda row: row.id, "node")
 
 
 def schedule_view(session: Session, principal: Principal) -> dict[str, Any] | None:

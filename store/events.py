@@ -30,7 +30,6 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 
 from __future__ import annotations
 
-import base64
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,19 +38,18 @@ from typing import Any, Literal
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from api.auth import Principal, Role, require
-from api.errors import Problem
-from api.schemas import INT4_MAX, EventPublic, ProgressEventCreate, ScalingEventCreate
 from shockwave.lifecycle import JobState
 from shockwave.model import JobSpec, Regime
 from shockwave.snapshot import ActiveJob, JobProgress
 from store import jobs
+from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason
-from store.tables import JobEventRow, JobRow, utcnow
+from store.paging import cut, page_key
+from store.principals import Principal, Role, require
+from store.tables import INT4_MAX, JobEventRow, JobRow, utcnow
 
 CLIENT_KINDS = ("progress", "scaling")
 EventKind = Literal["progress", "scaling", "state"]
-ClientEventCreate = ProgressEventCreate | ScalingEventCreate
 REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
@@ -157,26 +155,23 @@ def active_job(row: JobRow, state: ObservedState) -> ActiveJob:
     )
 
 
-def event_public(row: JobEventRow) -> EventPublic:
-    return EventPublic.model_validate(row, from_attributes=True)
-
-
 def record_event(
-    session: Session, principal: Principal, job_id: str, event: ClientEventCreate
+    session: Session, principal: Principal, job_id: str, event: ClientEvent
 ) -> tuple[int, JobEventRow]:
     """Store ``event`` for the job and update its observed state; (201, new event) or, for a
-    duplicate, (200, the stored event). Raises 403, 404, 409 (fenced attempt, conflicting
-    duplicate, finished job) or 422 (an epoch beyond the job's length) as :class:`Problem`."""
+    duplicate, (200, the stored event). Raises :mod:`store.errors`: Forbidden, NotFound,
+    Conflict (fenced attempt, conflicting duplicate, finished job) or InvalidInput (an epoch
+    beyond the job's length)."""
     require(principal, *REPORTERS)
     row = jobs.visible_job(session, principal, job_id)
     session.refresh(row, with_for_update=True)
     _check_attempt(session, principal)
-    payload = event.model_dump(mode="json", exclude={"seq", "kind"})
+    payload = dict(event.payload)
     stored = _event_at(session, job_id, event.seq)
     if stored is not None:
         return 200, _same_or_conflict(stored, event.kind, payload)
     if JobState(row.state).terminal:
-        raise Problem(409, "Conflict", f"job {job_id} is {row.state}; it takes no more events")
+        raise Conflict(f"job {job_id} is {row.state}; it takes no more events")
     _check_epoch(row, event)
     new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
     session.add(new)
@@ -201,10 +196,9 @@ def _check_attempt(session: Session, principal: Principal) -> None:
         return
     reason = fenced_reason(session, principal.attempt_id)
     if reason is not None:
-        raise Problem(
-            409,
-            "Attempt fenced",
+        raise Conflict(
             f"{reason}: its events are refused; stop the process without checkpointing",
+            title="Attempt fenced",
             fenced=True,
             stop=True,
             attempt_id=principal.attempt_id,
@@ -219,28 +213,24 @@ def _event_at(session: Session, job_id: str, seq: int) -> JobEventRow | None:
 
 def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -> JobEventRow:
     if stored.kind != kind or stored.payload != payload:
-        raise Problem(
-            409,
-            "Conflict",
-            f"event seq {stored.seq} was already recorded with a different body",
-            field="seq",
+        raise Conflict(
+            f"event seq {stored.seq} was already recorded with a different body", field="seq"
         )
     return stored
 
 
-def _check_epoch(row: JobRow, event: ClientEventCreate) -> None:
-    if isinstance(event, ProgressEventCreate) and event.epoch > row.epochs:
-        raise Problem(
-            422,
-            "Invalid event",
-            f"epoch {event.epoch} is beyond the job's {row.epochs} epochs",
+def _check_epoch(row: JobRow, event: ClientEvent) -> None:
+    epoch = int(event.payload["epoch"])
+    if event.kind == "progress" and epoch > row.epochs:
+        raise InvalidInput(
+            f"epoch {epoch} is beyond the job's {row.epochs} epochs",
+            title="Invalid event",
             field=f"{event.kind}.epoch",
         )
-    if isinstance(event, ScalingEventCreate) and event.epoch >= row.epochs:
-        raise Problem(
-            422,
-            "Invalid event",
+    if event.kind == "scaling" and epoch >= row.epochs:
+        raise InvalidInput(
             f"a batch size change must start before the job's last epoch ({row.epochs})",
+            title="Invalid event",
             field=f"{event.kind}.epoch",
         )
 
@@ -261,7 +251,7 @@ def visible_event(
     jobs.visible_job(session, principal, job_id)
     row = session.get(JobEventRow, event_id)
     if row is None or row.job_id != job_id:
-        raise Problem(404, "Not found", f"no event {event_id} of job {job_id}")
+        raise NotFound(f"no event {event_id} of job {job_id}")
     return row
 
 
@@ -281,26 +271,14 @@ def list_events(
     if kind is not None:
         query = query.where(JobEventRow.kind == kind)
     if page_token:
-        query = query.where(col(JobEventRow.id) > _decode_token(page_token))
+        query = query.where(col(JobEventRow.id) > _after(page_token))
     query = query.order_by(col(JobEventRow.id)).limit(page_size + 1)
-    rows = list(session.exec(query).all())
-    next_token = None
-    if len(rows) > page_size:
-        rows = rows[:page_size]
-        next_token = _encode_token(rows[-1].id or 0)
-    return rows, next_token
+    return cut(session.exec(query).all(), page_size, lambda row: str(row.id or 0), "event")
 
 
-def _encode_token(last_id: int) -> str:
-    return base64.urlsafe_b64encode(f"event:{last_id}".encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()).decode()
-        prefix, _, number = raw.partition(":")
-        if prefix != "event" or not number.isdigit() or int(number) > INT4_MAX:
-            raise ValueError(raw)
-        return int(number)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error
+def _after(token: str) -> int:
+    """The event id a page token carries (at most the id column's largest value)."""
+    key = page_key("event", token)
+    if not key.isdigit() or int(key) > INT4_MAX:
+        raise InvalidInput("malformed page_token", field="page_token")
+    return int(key)

@@ -1,31 +1,71 @@
-"""Queries and writes, kept out of the routes. Every write that a request makes happens in one
-transaction, so a request either applies fully or not at all."""
+"""Jobs in the database: submit, see, list, cancel, move through the state machine, and the
+idempotency record that makes a retried request apply once.
+
+Every write that a request makes happens in the caller's one transaction, so a request either
+applies fully or not at all. Refusals are :mod:`store.errors` (the API maps them to problems).
+"""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import and_, or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from api.auth import Principal, Role
-from api.errors import Problem
-from api.schemas import JobCreate, JobPublic
 from shockwave.lifecycle import JobState, transition
 from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
+from store.errors import Conflict, Forbidden, InvalidInput, NotFound
+from store.paging import cut, page_key
+from store.principals import Principal, Role
 from store.tables import IdempotencyRow, JobEventRow, JobRow, utcnow
 
 Response = tuple[int, dict[str, Any], str | None]
 
 
-def spec_of(source: JobCreate | JobRow, job_id: str = "new") -> JobSpec:
+class SpecFields(Protocol):
+    """What a job's spec is made of: a submission and a stored job both carry these."""
+
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def samples_per_epoch(self) -> int: ...
+    @property
+    def initial_batch_size(self) -> int: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def batch_sizes(self) -> Sequence[int]: ...
+    @property
+    def throughput(self) -> dict[Any, float]: ...
+    @property
+    def budget(self) -> float: ...
+    @property
+    def model(self) -> str: ...
+
+
+class Submission(SpecFields, Protocol):
+    """A job as submitted: its spec, a name, an optional tenant (admins only) and what an
+    agent runs for it (``command`` argv, in container ``image`` where Docker runs)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def command(self) -> Sequence[str]: ...
+    @property
+    def image(self) -> str | None: ...
+
+
+def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
     """The core's model of a submission or a stored job (the two carry the same fields; a
     stored job's throughput keys are strings). Raises ValidationError naming the field at
     fault, which only a submission can trigger: a stored job passed the same check."""
@@ -41,10 +81,6 @@ def spec_of(source: JobCreate | JobRow, job_id: str = "new") -> JobSpec:
         budget=source.budget,
         model=source.model,
     )
-
-
-def public(row: JobRow) -> JobPublic:
-    return JobPublic.model_validate(row, from_attributes=True)
 
 
 def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
@@ -64,14 +100,16 @@ def record_state(session: Session, row: JobRow, target: JobState, reason: str) -
     )
 
 
-def create_job(session: Session, principal: Principal, data: JobCreate) -> JobRow:
+def create_job(session: Session, principal: Principal, data: Submission) -> JobRow:
+    """Store a new PENDING job (and its ``submitted`` event) for ``principal``'s tenant (an
+    admin's: ``data.tenant``, default ``default``). ValidationError (core) for a spec that
+    cannot run; :class:`Forbidden` for a role that does not submit, or a user naming another
+    tenant."""
     if principal.role not in (Role.ADMIN, Role.USER):
-        raise Problem(403, "Forbidden", "only users and admins submit jobs")
+        raise Forbidden("only users and admins submit jobs")
     if principal.role is Role.USER:
         if data.tenant is not None and data.tenant != principal.tenant:
-            raise Problem(
-                403, "Forbidden", "a user submits jobs only to its own tenant", field="tenant"
-            )
+            raise Forbidden("a user submits jobs only to its own tenant", field="tenant")
         tenant = principal.tenant or ""
     else:
         tenant = data.tenant or "default"
@@ -105,10 +143,11 @@ def create_job(session: Session, principal: Principal, data: JobCreate) -> JobRo
 
 
 def visible_job(session: Session, principal: Principal, job_id: str) -> JobRow:
-    """The job if the caller may see it, else 404 (never 403: existence must not leak)."""
+    """The job if the caller may see it, else :class:`NotFound` (never Forbidden: existence
+    must not leak)."""
     row = session.get(JobRow, job_id)
     if row is None or not _sees(principal, row):
-        raise Problem(404, "Not found", f"no job {job_id}")
+        raise NotFound(f"no job {job_id}")
     return row
 
 
@@ -122,18 +161,17 @@ def _sees(principal: Principal, row: JobRow) -> bool:
     return False
 
 
-def encode_page_token(created_at: datetime, job_id: str) -> str:
-    raw = json.dumps([created_at.isoformat(), job_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def _page_key(row: JobRow) -> str:
+    return json.dumps([row.created_at.isoformat(), row.id])
 
 
-def decode_page_token(token: str) -> tuple[datetime, str]:
+def _after(token: str) -> tuple[datetime, str]:
+    """The (created_at, id) a job page token carries."""
     try:
-        padded = token + "=" * (-len(token) % 4)
-        created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        created, job_id = json.loads(page_key("job", token))
         return datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError, json.JSONDecodeError) as error:
-        raise Problem(422, "Invalid request", "malformed page_token", field="page_token") from error
+    except (ValueError, TypeError) as error:
+        raise InvalidInput("malformed page_token", field="page_token") from error
 
 
 def list_jobs(
@@ -163,7 +201,7 @@ def list_jobs(
     if name is not None:
         query = query.where(JobRow.name == name)
     if page_token:
-        created, last_id = decode_page_token(page_token)
+        created, last_id = _after(page_token)
         query = query.where(
             or_(
                 col(JobRow.created_at) > created,
@@ -171,18 +209,13 @@ def list_jobs(
             )
         )
     query = query.order_by(col(JobRow.created_at), col(JobRow.id)).limit(page_size + 1)
-    rows = list(session.exec(query).all())
-    next_token = None
-    if len(rows) > page_size:
-        rows = rows[:page_size]
-        next_token = encode_page_token(rows[-1].created_at, rows[-1].id)
-    return rows, next_token
+    return cut(session.exec(query).all(), page_size, _page_key, "job")
 
 
 def cancel_job(session: Session, principal: Principal, job_id: str) -> JobRow:
     row = visible_job(session, principal, job_id)
     if principal.role not in (Role.ADMIN, Role.USER):
-        raise Problem(403, "Forbidden", "only users and admins cancel jobs")
+        raise Forbidden("only users and admins cancel jobs")
     record_state(session, row, JobState.CANCELLED, "cancelled by request")
     return row
 
@@ -205,12 +238,7 @@ def idempotent(
         session.commit()
         return result
     if not 1 <= len(key) <= 255:
-        raise Problem(
-            422,
-            "Invalid request",
-            "Idempotency-Key must be 1-255 characters",
-            field="Idempotency-Key",
-        )
+        raise InvalidInput("Idempotency-Key must be 1-255 characters", field="Idempotency-Key")
     digest = _digest(body)
     record = IdempotencyRow(principal=principal.key, key=key, request_hash=digest)
     session.add(record)
@@ -235,12 +263,11 @@ def _replay(session: Session, principal: Principal, key: str, digest: str) -> Re
         )
     ).first()
     if row is None or row.status_code is None or row.response is None:
-        raise Problem(409, "Conflict", "a request with this Idempotency-Key is still in progress")
+        raise Conflict("a request with this Idempotency-Key is still in progress")
     if row.request_hash != digest:
-        raise Problem(
-            422,
-            "Idempotency key reused",
+        raise InvalidInput(
             "this Idempotency-Key was used with a different request body",
+            title="Idempotency key reused",
             field="Idempotency-Key",
         )
     return row.status_code, row.response, row.location

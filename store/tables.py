@@ -23,6 +23,9 @@ from sqlmodel import Field, SQLModel
 
 from shockwave.lifecycle import LeaseState, NodeState
 
+INT4_MAX = 2**31 - 1
+"""The largest value of an integer column (Postgres ``integer``): ids, sequence numbers."""
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

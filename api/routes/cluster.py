@@ -6,12 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.auth import ANY, DENIED, OWN, Role, access, require
+from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
 from shockwave.lifecycle import NodeState
 from store import cluster
+from store.principals import Role, require
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
@@ -34,7 +35,16 @@ NO_ROUND_REASON = "no round driver has run yet"
 def get_cluster(session: SessionDep, principal: CurrentPrincipal) -> ClusterPublic:
     """GPU totals, node counts by state and job counts by state; a user sees only its own
     tenant's job counts and no node counts."""
-    return cluster.cluster_view(session, principal)
+    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
+    capacity = cluster.capacity(session)
+    user = principal.role is Role.USER
+    return ClusterPublic(
+        total_gpus=capacity.total_gpus,
+        ready_gpus=capacity.ready_gpus,
+        nodes=None if user else capacity.nodes,
+        jobs=cluster.jobs_by_state(session, (principal.tenant or "") if user else None),
+        tenant=principal.tenant if user else None,
+    )
 
 
 @router.get(
@@ -53,9 +63,17 @@ def list_nodes(
     state: NodeState | None = None,
 ) -> Page[NodePublic] | Page[NodeSummary]:
     """Nodes ordered by id. Admins and agents get every field; users get id, GPUs and state."""
+    require(principal, Role.ADMIN, Role.AGENT, Role.USER)
     size = min(page_size or settings.default_page_size, settings.max_page_size)
-    return cluster.list_nodes(
-        session, principal, page_size=size, page_token=page_token, state=state
+    rows, token = cluster.node_page(session, page_size=size, page_token=page_token, state=state)
+    if principal.role is Role.USER:
+        return Page[NodeSummary](
+            items=[NodeSummary.model_validate(r, from_attributes=True) for r in rows],
+            next_page_token=token,
+        )
+    return Page[NodePublic](
+        items=[NodePublic.model_validate(r, from_attributes=True) for r in rows],
+        next_page_token=token,
     )
 
 

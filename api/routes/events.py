@@ -12,10 +12,22 @@ from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
-from api.schemas import INT4_MAX, EventCreate, EventPublic, JobIdPath, Page
+from api.schemas import EventCreate, EventPublic, JobIdPath, Page
 from store import cluster_version, events, jobs
+from store.tables import INT4_MAX, JobEventRow
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
+
+
+def _public(row: JobEventRow) -> EventPublic:
+    return EventPublic.model_validate(row, from_attributes=True)
+
+
+def _client_event(event: EventCreate) -> events.ClientEvent:
+    """The event as the data layer stores it: its body without ``seq`` and ``kind``."""
+    payload = event.model_dump(mode="json", exclude={"seq", "kind"})
+    return events.ClientEvent(seq=event.seq, kind=event.kind, payload=payload)
+
 
 JobId = JobIdPath
 REPORTERS = access(admin=ANY, user=OWN, agent=DENIED, job=OWN)
@@ -65,11 +77,11 @@ def post_event(
     attained seconds, measured epoch seconds) is recomputed in the same transaction."""
 
     def act() -> jobs.Response:
-        status, row = events.record_event(session, principal, job_id, event)
+        status, row = events.record_event(session, principal, job_id, _client_event(event))
         session.flush()
         if status == 201 and event.kind == "scaling":
             cluster_version.bump_and_request(session, "batch size changed")
-        body = events.event_public(row).model_dump(mode="json")
+        body = _public(row).model_dump(mode="json")
         return status, body, f"/v1/jobs/{job_id}/events/{row.id}"
 
     request_body = {"job_id": job_id, "event": event.model_dump(mode="json")}
@@ -100,7 +112,7 @@ def list_events(
     rows, token = events.list_events(
         session, principal, job_id, page_size=size, page_token=page_token, kind=kind
     )
-    return Page[EventPublic](items=[events.event_public(r) for r in rows], next_page_token=token)
+    return Page[EventPublic](items=[_public(r) for r in rows], next_page_token=token)
 
 
 @router.get(
@@ -116,4 +128,4 @@ def get_event(
     session: SessionDep,
     principal: CurrentPrincipal,
 ) -> EventPublic:
-    return events.event_public(events.visible_event(session, principal, job_id, event_id))
+    return _public(events.visible_event(session, principal, job_id, event_id))

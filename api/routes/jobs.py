@@ -12,8 +12,14 @@ from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
 from store import cluster_version, jobs
+from store.tables import JobRow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _public(row: JobRow) -> JobPublic:
+    return JobPublic.model_validate(row, from_attributes=True)
+
 
 IdempotencyKey = Annotated[
     str | None,
@@ -55,7 +61,7 @@ def submit_job(
         row = jobs.create_job(session, principal, data)
         session.flush()
         cluster_version.bump_and_request(session, "job submitted")
-        body = jobs.public(row).model_dump(mode="json")
+        body = _public(row).model_dump(mode="json")
         return 201, body, f"/v1/jobs/{row.id}"
 
     status, body, location = jobs.idempotent(
@@ -92,7 +98,7 @@ def list_jobs(
         tenant=tenant,
         name=name,
     )
-    return Page[JobPublic](items=[jobs.public(r) for r in rows], next_page_token=token)
+    return Page[JobPublic](items=[_public(r) for r in rows], next_page_token=token)
 
 
 @router.get(
@@ -103,7 +109,7 @@ def list_jobs(
     openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=OWN),
 )
 def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
-    return jobs.public(jobs.visible_job(session, principal, job_id))
+    return _public(jobs.visible_job(session, principal, job_id))
 
 
 @router.post(
@@ -118,4 +124,4 @@ def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincip
     cluster_version.bump_and_request(session, "job cancelled")
     session.commit()
     session.refresh(row)
-    return jobs.public(row)
+    return _public(row)

@@ -8,12 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from api import prediction
-from api.auth import ANY, DENIED, OWN, Role, access, require
+from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import openapi_problems
 from api.routes.events import JobId
 from api.schemas import PredictionPublic
 from store import jobs
+from store.principals import Role, require
 from store.tables import utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from api.auth import Role, create_token
+from store.principals import Role
+from store.tokens import create_token
 from tests.e2e.processes import (
     LOOPBACK,
     PostgresServer,

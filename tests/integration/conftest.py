@@ -26,11 +26,12 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from api.app import create_app
-from api.auth import Role, create_token
 from api.settings import Settings
 from solver_service import enqueue
 from store import migrate
 from store.db import make_engine
+from store.principals import Role
+from store.tokens import create_token
 
 POSTGRES_URL = os.environ.get(
     "SHOCKWAVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -11,10 +11,11 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
-from api.auth import Role, create_token
 from shockwave.lifecycle import LIVE_LEASES
 from solver_service.driver import DriverSettings, RoundDriver
+from store.principals import Role
 from store.tables import ClusterRow, JobRow, LeaseRow, PlanRow, RoundRow
+from store.tokens import create_token
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import Database
 

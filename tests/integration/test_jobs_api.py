@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from store.paging import page_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import TENANT_A, TENANT_B, Tokens
 from tests.integration.openapi_requests import call, operations
@@ -235,8 +235,7 @@ def test_oversized_body_is_a_413_problem(client: TestClient, tokens: Tokens) -> 
 
 
 def _page_token_naming(job_id: str) -> str:
-    raw = json.dumps(["2026-01-01T00:00:00+00:00", job_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return page_token("job", json.dumps(["2026-01-01T00:00:00+00:00", job_id]))
 
 
 @pytest.mark.parametrize(

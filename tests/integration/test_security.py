@@ -43,10 +43,12 @@ from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
 from api.app import create_app
-from api.auth import Access, Role, create_token
+from api.auth import Access
 from api.ratelimit import RateLimiter
 from api.settings import Settings
 from store.db import make_engine
+from store.principals import Role
+from store.tokens import create_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,

@@ -27,7 +27,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from api.auth import Role, create_token
 from shockwave.policy import get_policy
 from solver_service import enqueue
 from solver_service.planning import plan_cluster, policy_params
@@ -35,8 +34,10 @@ from solver_service.settings import SolverSettings
 from store import migrate
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
 from store.db import make_engine
+from store.principals import Role
 from store.snapshot import NoCapacity, load_snapshot
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow
+from store.tokens import create_token
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,

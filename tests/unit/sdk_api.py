@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from api.app import create_app
-from api.auth import Role, create_token
 from api.settings import Settings
 from shockwave_sdk import CheckpointStore, EventOutbox, RetryPolicy, ShockwaveClient
 from store import migrate
+from store.principals import Role
+from store.tokens import create_token
 
 JOB: dict[str, Any] = {
     "name": "sdk-test",

@@ -22,14 +22,15 @@ from sqlalchemy import create_engine, inspect, text
 from sqlmodel import Session
 
 from api.app import create_app
-from api.auth import Role, create_token
 from api.routes.prediction import get_now
 from api.settings import Settings
 from shockwave.model import Regime
 from store import events as progress_module
 from store import migrate
 from store.events import ClientEvent, observe, regimes_of
+from store.principals import Role
 from store.tables import NodeRow
+from store.tokens import create_token
 
 JOB = {
     "gpus": 1,

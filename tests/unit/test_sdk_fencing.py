@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
-from api.auth import Role, create_token
 from shockwave_sdk import (
     FENCED_EXIT_CODE,
     AttemptFenced,
@@ -23,7 +22,9 @@ from shockwave_sdk import (
     ShockwaveClient,
 )
 from shockwave_sdk.outbox import OUTBOX_NAME
+from store.principals import Role
 from store.tables import LeaseRow, NodeRow
+from store.tokens import create_token
 from tests.unit.sdk_api import FAST_RETRY, Api, running_api
 
 
