@@ -16,6 +16,7 @@ from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.routes import agent, cluster, events, health, jobs, metrics, prediction
 from api.settings import Settings
+from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
@@ -26,8 +27,15 @@ LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
 """Answers every /v1 operation may give, whatever the route."""
 
 
-def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
-    """The API for ``settings`` (default: from the environment), on ``engine`` if given."""
+def create_app(
+    settings: Settings | None = None,
+    engine: Engine | None = None,
+    *,
+    request_plan: PlanRequest = no_plan_requests,
+) -> FastAPI:
+    """The API for ``settings`` (default: from the environment), on ``engine`` if given.
+    ``request_plan`` is how a committed change asks for a new plan (the solver service's
+    requester, handed in by the composition root); by default nobody is asked."""
     settings = settings or Settings()
     app = FastAPI(
         title="Shockwave",
@@ -39,6 +47,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
+    app.state.request_plan = request_plan
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     errors.install(app)
     # Requests in progress: no more than the pool has connections (api.admission), and twice

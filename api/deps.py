@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import bearer_digest, cached_principal, stored_principal
 from api.ratelimit import RateLimiter
 from api.settings import Settings
+from store.cluster_version import attach
 from store.principals import OPEN, Principal
 
 
@@ -28,9 +29,10 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    """A session for the request. Opening one does no I/O (it connects on first use); closing
-    one that holds a connection rolls back and returns it to the pool, in the thread pool."""
-    session = Session(request.app.state.engine)
+    """A session for the request, asking for plans through the app's port. Opening one does
+    no I/O (it connects on first use); closing one that holds a connection rolls back and
+    returns it to the pool, in the thread pool."""
+    session = attach(Session(request.app.state.engine), request.app.state.request_plan)
     try:
         yield session
     finally:

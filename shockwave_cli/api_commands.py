@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from api.settings import Settings
 
 USAGE_ERROR_EXIT = 2
@@ -94,9 +96,7 @@ def api_command(
     ):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     if workers == 1:
-        from api.app import create_app
-
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(service_app(settings), host=host, port=port, log_level=log_level)
         return
     os.environ.update(
         SHOCKWAVE_OPEN_MODE="1" if open_mode else "0",
@@ -104,13 +104,23 @@ def api_command(
         SHOCKWAVE_PORT=str(port),
     )
     uvicorn.run(
-        "api.app:create_app",
+        "shockwave_cli.api_commands:service_app",
         factory=True,
         host=host,
         port=port,
         workers=workers,
         log_level=log_level,
     )
+
+
+def service_app(settings: Settings | None = None) -> FastAPI:
+    """The API of the distributed deployment (default settings: from the environment), whose
+    committed changes ask the solver service for plans (SHOCKWAVE_SOLVER_MODE, ...BROKER_URL).
+    uvicorn calls it in each worker process when ``--workers`` is more than one."""
+    from api.app import create_app
+    from solver_service.enqueue import request_plan
+
+    return create_app(settings, request_plan=request_plan)
 
 
 @admin_app.command("create-token")

@@ -213,7 +213,7 @@ class Embedded:
             host=self.config.host,
             port=self.config.port,
         )
-        app = create_app(settings, engine=self.engine)
+        app = create_app(settings, engine=self.engine, request_plan=enqueue.request_plan)
         self._server = uvicorn.Server(
             uvicorn.Config(
                 app,

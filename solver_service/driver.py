@@ -48,7 +48,7 @@ from sqlmodel import Session
 
 from solver_service import leases
 from solver_service.leases import SOURCES, LostNodes, RoundOutcome
-from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
+from store.cluster_version import DEFAULT_CLUSTER, PlanRequest, ensure_cluster, no_plan_requests
 from store.snapshot import WITHOUT_POLICY_STATE
 from store.tables import ClusterRow
 
@@ -56,14 +56,6 @@ log = logging.getLogger(__name__)
 
 SLACK_S = 1e-3
 """Times are stored to the microsecond: a step this close to a due time counts as on time."""
-
-PlanRequest = Callable[[str, int], None]
-"""``request_plan(cluster_id, state_version)``: ask for a plan; must not block for long."""
-
-
-def no_plan_requests(cluster_id: str, state_version: int) -> None:
-    """A ``request_plan`` that asks nobody (rounds then come from the greedy fallback)."""
-    log.debug("no solver: plan %s@%s not requested", cluster_id, state_version)
 
 
 class DriverSettings(BaseSettings):

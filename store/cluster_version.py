@@ -1,11 +1,16 @@
-"""Ask for a new plan when something a plan depends on changes (SPEC 3.4, re-planning).
+"""The cluster version, and a plan request when something a plan depends on changes (SPEC 3.4).
 
 Routes call :func:`bump_and_request` inside the transaction that records the change (a job
 arrives, finishes or is cancelled, a scaling event, a node joins or is lost). The cluster's
 ``state_version`` is bumped in that same transaction, so a plan made from older data is
-recognisably stale, and, in reactive mode, the solver service is asked for a plan at the new
-version once the transaction has committed (never before: a worker must find the data there).
-In lazy mode it only bumps; the round driver asks for a plan once per interval.
+recognisably stale, and, in reactive mode, a plan at the new version is asked for once the
+transaction has committed (never before: a worker must find the data there). In lazy mode it
+only bumps; the round driver asks for a plan once per interval.
+
+Who is asked is a port: a :data:`PlanRequest` the process's composition root hands in (the
+solver service's requester, see :mod:`solver_service.enqueue`) and :func:`attach` ties to a
+session. The data layer knows nothing of Celery or of the solver: a session with no requester
+attached bumps the version and asks nobody (the round driver asks every round anyway).
 
 The bump itself is deferred to the moment the transaction commits (SQLAlchemy's
 ``before_commit``): the ``UPDATE`` locks the cluster's one row until the transaction ends, and
@@ -22,6 +27,7 @@ and skipped (the data is committed; the round driver asks again every round).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from sqlalchemy import event, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -32,9 +38,24 @@ from store.tables import ClusterRow, utcnow
 log = logging.getLogger(__name__)
 
 DEFAULT_CLUSTER = "default"
+PlanRequest = Callable[[str, int], None]
+"""``request_plan(cluster_id, state_version)``: ask for a plan; must return quickly and must
+not raise for an unreachable solver service (it may be down: the data is committed)."""
+_REQUESTER = "shockwave.plan_requester"
 _BUMPS = "shockwave.state_bumps"
 _PENDING = "shockwave.plan_requests"
 _HOOKED = "shockwave.plan_hooks"
+
+
+def no_plan_requests(cluster_id: str, state_version: int) -> None:
+    """A :data:`PlanRequest` that asks nobody (plans then come when the round driver asks)."""
+    log.debug("no solver attached: plan %s@%s not requested", cluster_id, state_version)
+
+
+def attach(session: Session, request_plan: PlanRequest) -> Session:
+    """Make ``request_plan`` the port ``session``'s committed changes ask for plans through."""
+    session.info[_REQUESTER] = request_plan
+    return session
 
 
 def ensure_cluster(session: Session, cluster_id: str = DEFAULT_CLUSTER) -> None:
@@ -105,8 +126,7 @@ def _apply_bumps(session: Session) -> None:
 
 
 def _send_pending(session: Session) -> None:
-    from solver_service.enqueue import request_plan
-
+    request_plan: PlanRequest = session.info.get(_REQUESTER, no_plan_requests)
     pending: dict[str, int] = session.info.pop(_PENDING, {})
     for cluster_id, version in pending.items():
         try:

@@ -150,7 +150,7 @@ def build_app(database: Database, *, open_mode: bool = False) -> FastAPI:
     settings = Settings(
         database_url=database.url, database_schema=database.schema, open_mode=open_mode
     )
-    return create_app(settings, engine=database.engine)
+    return create_app(settings, engine=database.engine, request_plan=enqueue.request_plan)
 
 
 @pytest.fixture
