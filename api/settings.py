@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store.settings import DatabaseSettings
 
 
-class Settings(BaseSettings):
-    """``database_url``: postgresql+psycopg://... or sqlite:///path (the embedded default).
+class Settings(DatabaseSettings):
+    """The database (:class:`~store.settings.DatabaseSettings`) and the API's own settings.
     ``open_mode``: accept requests without a token as an admin; only honoured when the API
     listens on localhost. ``max_body_bytes``: larger request bodies get 413.
     ``body_timeout_s``: a request body not all in within this time gets 408 (api.app).
-    ``default_page_size`` / ``max_page_size``: list pagination. ``database_schema``: a Postgres
-    schema to use instead of ``public`` (its search_path; tests use throwaway schemas).
+    ``default_page_size`` / ``max_page_size``: list pagination.
     ``rate_limit_per_s`` / ``rate_limit_burst``: each token (each client IP for requests without
     a valid token) may send ``burst`` requests at once and ``per_s`` a second after that; more
     get 429 with Retry-After (0 turns the limit off). Per API process, in memory (see
@@ -21,10 +21,6 @@ class Settings(BaseSettings):
     how many requests at most run their sync part (the route and its database work) at once
     per process (api.admission); scale out with more processes, not more threads."""
 
-    model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
-
-    database_url: str = "sqlite:///./shockwave.db"
-    database_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     open_mode: bool = False
     host: str = "127.0.0.1"
     port: int = 8000

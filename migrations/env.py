@@ -14,8 +14,8 @@ from sqlalchemy import text
 from sqlmodel import SQLModel
 
 import store.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from api.settings import Settings
 from store.db import make_engine
+from store.settings import DatabaseSettings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -26,7 +26,7 @@ target_metadata = SQLModel.metadata
 
 def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
-    return str(url) if url else Settings().database_url
+    return str(url) if url else DatabaseSettings().database_url
 
 
 def run_migrations_offline() -> None:

@@ -39,7 +39,6 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -49,6 +48,7 @@ from sqlmodel import Session
 from solver_service import leases
 from solver_service.leases import SOURCES, LostNodes, RoundOutcome
 from store.cluster_version import DEFAULT_CLUSTER, PlanRequest, ensure_cluster, no_plan_requests
+from store.settings import DatabaseSettings
 from store.snapshot import WITHOUT_POLICY_STATE
 from store.tables import ClusterRow
 
@@ -58,16 +58,13 @@ SLACK_S = 1e-3
 """Times are stored to the microsecond: a step this close to a due time counts as on time."""
 
 
-class DriverSettings(BaseSettings):
-    """``round_seconds``: when set, the cluster's round length is set to it at start (else the
-    cluster's own, 120 s by default). ``node_ttl_s``: a node silent for longer is LOST.
-    ``tick_s``: the longest the loop sleeps between steps (a standby tries the lock this
-    often). ``database_url`` / ``database_schema``: as for the API (prefix SHOCKWAVE_)."""
+class DriverSettings(DatabaseSettings):
+    """The database (:class:`~store.settings.DatabaseSettings`, as for the API) and the
+    driver's own settings. ``round_seconds``: when set, the cluster's round length is set to it
+    at start (else the cluster's own, 120 s by default). ``node_ttl_s``: a node silent for
+    longer is LOST. ``tick_s``: the longest the loop sleeps between steps (a standby tries the
+    lock this often)."""
 
-    model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
-
-    database_url: str = "sqlite:///./shockwave.db"
-    database_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     round_seconds: float | None = Field(default=None, gt=0, le=86400)
     node_ttl_s: float = Field(default=30.0, gt=0)
     tick_s: float = Field(default=0.5, gt=0, le=60)

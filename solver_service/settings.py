@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shockwave.planner import PlannerParams
+from store.settings import DatabaseSettings
 
 SolverMode = Literal["celery", "inline"]
 
 
-class SolverSettings(BaseSettings):
-    """``database_url`` / ``database_schema``: the database plans are read from and written to
-    (the same variables the API reads). ``broker_url``: the Celery broker (Redis); it carries
-    only plan requests, never data. ``solver_mode``: ``celery`` sends each plan request to the
+class SolverSettings(DatabaseSettings):
+    """The database plans are read from and written to (the API's variables:
+    :class:`~store.settings.DatabaseSettings`) and the solver service's own settings.
+    ``broker_url``: the Celery broker (Redis); it carries only plan requests, never data.
+    ``solver_mode``: ``celery`` sends each plan request to the
     ``solver_queue``; ``inline`` runs it in a background thread of the requesting process (the
     embedded ``shockwave up``). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
     policies that solve a program). The task's soft time limit is that plus
@@ -23,10 +24,6 @@ class SolverSettings(BaseSettings):
     ``broker_timeout_s``: how long a request may wait on the broker before it gives up (the API
     answers meanwhile, so this bounds what an unreachable Redis adds to a request)."""
 
-    model_config = SettingsConfigDict(env_prefix="SHOCKWAVE_", extra="ignore")
-
-    database_url: str = "sqlite:///./shockwave.db"
-    database_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     broker_url: str = "redis://127.0.0.1:6379/0"
     solver_mode: SolverMode = "celery"
     solver_queue: str = Field(default="solver", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
