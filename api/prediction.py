@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from api.schemas import PredictionPublic, RegimePublic
 from shockwave.estimators import finish_time_fairness
@@ -29,9 +29,9 @@ from shockwave.predictor import PredictorParams
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
-from store import cluster, events, population
+from store import cluster, events, plans, population
 from store.cluster_version import DEFAULT_CLUSTER
-from store.tables import ClusterRow, JobRow, PlanRow
+from store.tables import ClusterRow, JobRow
 
 NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
 
@@ -86,12 +86,7 @@ def explain(
 def planned_rounds(session: Session, job_id: str) -> tuple[list[int], str]:
     """The round indices the freshest plan gives ``job_id`` (current round on), and why."""
     cluster_row = session.get(ClusterRow, DEFAULT_CLUSTER)
-    plan = session.exec(
-        select(PlanRow)
-        .where(PlanRow.cluster_id == DEFAULT_CLUSTER)
-        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.id).desc())
-        .limit(1)
-    ).first()
+    plan = plans.newest_plan(session, DEFAULT_CLUSTER)
     if plan is None:
         return [], NO_PLAN_REASON
     current = cluster_row.current_round if cluster_row is not None else -1

@@ -2,17 +2,42 @@
 
 Every scheduling policy (the baselines and Shockwave) is an object with a ``name``, a frozen
 ``Params`` dataclass with documented defaults, and ``decide(snapshot, params) -> Decision``. The
-simulator and the service call exactly this; nobody compares policy names in an engine.
+simulator and the service call exactly this; nobody compares policy names in an engine, and no
+shell looks inside a policy's state: what they need from any policy (the round's jobs, the
+rounds planned after it, the last solve's figures) is in the :class:`Decision`, and the
+service's options reach a policy's knobs through :func:`service_params`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from shockwave.planner import PlannerParams
 from shockwave.snapshot import Snapshot
+
+REPLAN_MODES = ("reactive", "lazy")
+"""When a policy that plans ahead re-plans: on every change (reactive) or only when its plan
+runs out or is old (lazy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SolveSummary:
+    """What a policy's latest solve reported (policies that solve a program): its ``status``
+    and ``solver``, the ``objective`` and the ``bound`` it proved, the relative gaps
+    (``gain_gap`` on the welfare gain, ``gap`` as the solver reports it), and how many
+    ``solves`` the policy has made so far."""
+
+    status: str
+    solver: str
+    objective: float
+    bound: float
+    gain_gap: float
+    gap: float
+    solves: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +48,24 @@ class Decision:
     at most the cluster's GPUs (placement turns them into GPUs). ``state``: handed back to the
     same policy in the next snapshot. ``allocation``: each job's share as the policy sees it (a
     time fraction, or the fraction of planned rounds), for explanations and plots. ``reasons``:
-    why a job that is not in ``jobs`` waits, keyed by job id.
+    why a job that is not in ``jobs`` waits, keyed by job id. ``planned``: the rounds after this
+    one as the policy plans them now, ``planned[t]`` the jobs of round ``round_index + 1 + t``
+    (the snapshot's jobs only, not yet filled with waiting jobs); empty for a policy that
+    decides one round at a time. ``solve``: its latest solve's figures, None for a policy that
+    solves nothing. The shells read these, never ``state`` (which only the policy reads).
     """
 
     jobs: tuple[str, ...]
     state: object | None = None
     allocation: Mapping[str, float] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
+    planned: tuple[tuple[str, ...], ...] = ()
+    solve: SolveSummary | None = None
+
+    @property
+    def rounds(self) -> tuple[tuple[str, ...], ...]:
+        """This round's jobs, then the planned rounds after it."""
+        return (self.jobs, *self.planned)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allocation", MappingProxyType(dict(self.allocation)))
@@ -90,6 +126,23 @@ def make_params(policy: Policy, overrides: Mapping[str, Any] | None = None) -> A
     if unknown:
         raise ValueError(f"policy {policy.name!r} has no parameter(s) {', '.join(unknown)}")
     return params_type(**dict(overrides or {}))
+
+
+def service_params(policy: Policy, *, replan: str, solver_time_limit_s: float | None) -> Any:
+    """The policy's default params with the service's options wherever the policy has such
+    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`) and the
+    solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`)."""
+    params = make_params(policy)
+    if not dataclasses.is_dataclass(params) or isinstance(params, type):
+        return params
+    names = {f.name for f in dataclasses.fields(params)}
+    changes: dict[str, Any] = {}
+    if "replan" in names and replan in REPLAN_MODES:
+        changes["replan"] = replan
+    planner = getattr(params, "planner", None)
+    if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
+        changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)
+    return dataclasses.replace(params, **changes) if changes else params
 
 
 def _load_builtin_policies() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from shockwave.model import Cluster, Regime
 from shockwave.placement import place
-from shockwave.policy import Decision, Policy
+from shockwave.policy import Decision, Policy, SolveSummary
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
 from shockwave.workload import SimJob, Workload
@@ -112,8 +112,9 @@ class JobOutcome:
 class SimResult:
     """Everything a run produced; :mod:`shockwave.metrics` turns it into figures.
 
-    ``final_state``: the policy state of the last decision (the policy's own type, e.g. a plan
-    and its solver summary), for reports; None for a policy without state.
+    ``final_state``: the policy state of the last decision (the policy's own type), None for a
+    policy without state. ``solve``: the last decision's solve figures, for reports (None for
+    a policy that solves nothing).
     """
 
     policy: str
@@ -126,6 +127,7 @@ class SimResult:
     rounds: tuple[RoundRecord, ...]
     notes: Mapping[str, Any] = field(default_factory=dict)
     final_state: object | None = None
+    solve: SolveSummary | None = None
 
     @property
     def completed(self) -> int:
@@ -246,6 +248,7 @@ def simulate(
     rounds: list[RoundRecord] = []
     state: object | None = None
     prior: PopulationPrior = EMPTY_PRIOR
+    solve: SolveSummary | None = None
     finished = 0
     now = pending[-1].sim.spec.arrival_s if pending else 0.0
     makespan = now
@@ -271,7 +274,7 @@ def simulate(
         started = timer() if timer else 0.0
         decision = policy.decide(snapshot, params)
         spent = (timer() - started) if timer else 0.0
-        state = decision.state
+        state, solve = decision.state, decision.solve
         by_id = {run.job_id: run for run in active}
         chosen = _checked_jobs(decision, by_id, cluster)
         placement = place(cluster, [(j, by_id[j].sim.spec.gpus) for j in chosen], previous)
@@ -354,6 +357,7 @@ def simulate(
         jobs=outcomes,
         rounds=tuple(rounds),
         final_state=state,
+        solve=solve,
     )
 
 

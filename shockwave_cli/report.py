@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.table import Table
 
 from shockwave.metrics import RunMetrics
-from shockwave.policies.shockwave import ShockwaveState
+from shockwave.policy import SolveSummary
 from shockwave.prediction_report import PredictionReport, Predictor
 from shockwave.simulator import SimResult
 
@@ -82,27 +82,26 @@ def run_record(result: SimResult, run: RunMetrics, params: object) -> dict[str, 
     record = run.as_dict()
     if is_dataclass(params) and not isinstance(params, type):
         record["params"] = asdict(params)
-    solver = solver_summary(result.final_state)
+    solver = solver_summary(result.solve)
     if solver is not None:
         record["solver"] = solver
     return record
 
 
-def solver_summary(state: object) -> dict[str, object] | None:
-    """What the Shockwave planner reported, from the run's last policy state; None for a
-    policy that plans nothing."""
-    if not isinstance(state, ShockwaveState):
+def solver_summary(solve: SolveSummary | None) -> dict[str, object] | None:
+    """What the policy's planner reported at the run's last decision; None for a policy that
+    solves nothing."""
+    if solve is None:
         return None
-    last = state.last
     return {
-        "solves": last.solves,
+        "solves": solve.solves,
         "last_solve": {
-            "status": last.status,
-            "solver": last.solver,
-            "objective": last.objective,
-            "bound": last.bound,
-            "gain_gap": last.gain_gap,
-            "gap": last.gap,
+            "status": solve.status,
+            "solver": solve.solver,
+            "objective": solve.objective,
+            "bound": solve.bound,
+            "gain_gap": solve.gain_gap,
+            "gap": solve.gap,
         },
     }
 

@@ -44,13 +44,12 @@ from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
+from store.plans import freshest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 SOURCES = ("plan", "previous_plan", "greedy")
 GREEDY_POLICY = "fifo"
-MAX_PLAN_WINDOW = 256
-"""Plans whose base round lies further back than this are not searched for a column."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,27 +215,6 @@ def choose_jobs(
     if r > plan.base_round or not fresh:
         column = _fill(column, jobs, layout)
     return Choice("plan" if fresh else "previous_plan", tuple(column), plan)
-
-
-def freshest_plan(session: Session, cluster_id: str, r: int) -> PlanRow | None:
-    """The plan with a column for round ``r`` made at the highest state version (the latest
-    base round among equals), or None.
-
-    Only that one plan is loaded: the candidates are ranked by their ids, base rounds and
-    column counts (``json_array_length``, on Postgres and SQLite alike), because a busy
-    cluster stores a plan per change and each carries a whole window of job ids."""
-    ranked = session.exec(
-        select(PlanRow.id)
-        .where(
-            PlanRow.cluster_id == cluster_id,
-            col(PlanRow.base_round) <= r,
-            col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
-            func.json_array_length(col(PlanRow.rounds)) > r - col(PlanRow.base_round),
-        )
-        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc())
-        .limit(1)
-    ).first()
-    return None if ranked is None else session.get(PlanRow, ranked)
 
 
 def greedy(

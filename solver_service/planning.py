@@ -18,11 +18,12 @@ request ``(cluster, state_version)``. In order:
    from the stored memory. The unique (cluster, version, base round) constraint settles races
    the lock cannot see.
 
-A plan's ``rounds[t]`` are the jobs of round ``base_round + t``. ``rounds[0]`` is exactly the
-policy's decision (``Decision.jobs``, work-conserving fill included). For a policy that plans
-ahead (:class:`~shockwave.policies.shockwave.ShockwaveState`), ``rounds[1:]`` are the rest of
-its planned window as solved, restricted to the jobs in the snapshot and not yet filled with
-waiting jobs; other policies decide one round at a time, so their plans have one round.
+A plan's ``rounds[t]`` are the jobs of round ``base_round + t``: ``Decision.rounds``. ``rounds[0]``
+is exactly the policy's decision (``Decision.jobs``, work-conserving fill included); for a policy
+that plans ahead, ``rounds[1:]`` are the rest of its planned window (``Decision.planned``:
+restricted to the jobs in the snapshot and not yet filled with waiting jobs); other policies
+decide one round at a time, so their plans have one round. The solve's figures stored with the
+plan are ``Decision.solve``'s. Nothing here looks inside a policy's state or params.
 """
 
 from __future__ import annotations
@@ -35,19 +36,15 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from shockwave import state_codec
-from shockwave.planner import PlannerParams
-from shockwave.policies.shockwave import ShockwaveState
-from shockwave.policy import Decision, Policy, get_policy, make_params
-from shockwave.snapshot import Snapshot
+from shockwave.policy import SolveSummary, get_policy, service_params
+from store.plans import plan_at
 from store.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
 from store.tables import ClusterRow, PlanRow, utcnow
 
 log = logging.getLogger(__name__)
-
-REPLAN_MODES = ("reactive", "lazy")
 
 
 def plan_cluster(
@@ -85,7 +82,7 @@ def plan_cluster(
         return _release(session, existing)
     policy = get_policy(cluster.policy)
     if params is None:
-        params = policy_params(
+        params = service_params(
             policy, replan=cluster.replan, solver_time_limit_s=solver_time_limit_s
         )
     loading = time.perf_counter()
@@ -108,9 +105,9 @@ def plan_cluster(
         state_version=version,
         base_round=base_round,
         policy=policy.name,
-        rounds=plan_rounds(snapshot, decision),
+        rounds=[list(column) for column in decision.rounds],
         solve_seconds=seconds,
-        **solve_summary(decision.state),
+        **solve_summary(decision.solve),
     )
     return _store(session, plan, decision.state, timings)
 
@@ -125,61 +122,17 @@ class PlanTimings:
     solve_s: float
 
 
-def plan_at(
-    session: Session, cluster_id: str, state_version: int, base_round: int
-) -> PlanRow | None:
-    """The stored plan for this cluster, version and base round, if any."""
-    return session.exec(
-        select(PlanRow).where(
-            PlanRow.cluster_id == cluster_id,
-            PlanRow.state_version == state_version,
-            PlanRow.base_round == base_round,
-        )
-    ).first()
-
-
-def plan_rounds(snapshot: Snapshot, decision: Decision) -> list[list[str]]:
-    """The plan's rounds: the decision's jobs first, then any later planned columns (see the
-    module docstring)."""
-    first = list(decision.jobs)
-    state = decision.state
-    if not isinstance(state, ShockwaveState):
-        return [first]
-    active = {job.job_id for job in snapshot.jobs}
-    offset = snapshot.round_index - state.planned_at_round
-    later = [[j for j in column if j in active] for column in state.plan_rounds[offset + 1 :]]
-    return [first, *later]
-
-
-def solve_summary(state: object | None) -> dict[str, Any]:
-    """objective, bound, gain_gap, status and solver of the policy's last solve, where the
-    policy solves one (empty status and solver otherwise)."""
-    if not isinstance(state, ShockwaveState):
+def solve_summary(solve: SolveSummary | None) -> dict[str, Any]:
+    """The plan row's columns of a solve's figures (none for a policy that solves nothing)."""
+    if solve is None:
         return {}
-    last = state.last
     return {
-        "objective": last.objective,
-        "bound": last.bound,
-        "gain_gap": last.gain_gap,
-        "status": last.status,
-        "solver": last.solver,
+        "objective": solve.objective,
+        "bound": solve.bound,
+        "gain_gap": solve.gain_gap,
+        "status": solve.status,
+        "solver": solve.solver,
     }
-
-
-def policy_params(policy: Policy, *, replan: str, solver_time_limit_s: float | None) -> Any:
-    """The policy's default params, with the service's re-plan mode and solver time limit
-    wherever the policy has such knobs (a ``replan`` field, a ``planner`` of PlannerParams)."""
-    params = make_params(policy)
-    if not dataclasses.is_dataclass(params) or isinstance(params, type):
-        return params
-    names = {f.name for f in dataclasses.fields(params)}
-    changes: dict[str, Any] = {}
-    if "replan" in names and replan in REPLAN_MODES:
-        changes["replan"] = replan
-    planner = getattr(params, "planner", None)
-    if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
-        changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)
-    return dataclasses.replace(params, **changes) if changes else params
 
 
 def _stale(requested: int | None, current: int) -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
-from shockwave.policy import Decision
+from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import (
     Prediction,
@@ -82,7 +82,7 @@ class ShockwaveParams:
     error_seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.replan not in ("reactive", "lazy"):
+        if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
         check_regime_predictor(self.regime_predictor)
         if self.replan_every_rounds <= 0:
@@ -108,6 +108,17 @@ class PlanSummary:
     status: str = "empty"
     solver: str = "none"
     solves: int = 0
+
+    def summary(self) -> SolveSummary:
+        return SolveSummary(
+            status=self.status,
+            solver=self.solver,
+            objective=self.objective,
+            bound=self.bound,
+            gain_gap=self.gain_gap,
+            gap=self.gap,
+            solves=self.solves,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +205,15 @@ class Shockwave:
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
-        return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+        planned = tuple(tuple(j for j in column if j in active) for column in rounds[offset + 1 :])
+        return Decision(
+            jobs=tuple(chosen),
+            state=new_state,
+            allocation=allocation,
+            reasons=reasons,
+            planned=planned,
+            solve=last.summary(),
+        )
 
     def outlook(
         self,

@@ -27,9 +27,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from shockwave.policy import get_policy
+from shockwave.policy import get_policy, service_params
 from solver_service import enqueue
-from solver_service.planning import plan_cluster, policy_params
+from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings
 from store import migrate
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
@@ -417,7 +417,7 @@ def test_plan_starts_with_what_the_core_decides(
         session.rollback()
         core = get_policy(policy)
         decision = core.decide(
-            snapshot, policy_params(core, replan="reactive", solver_time_limit_s=None)
+            snapshot, service_params(core, replan="reactive", solver_time_limit_s=None)
         )
         plan = plan_cluster(session, DEFAULT_CLUSTER, version, now=NOW)
 

@@ -576,6 +576,10 @@ def assert_valid_decision(decision: Decision, snap: Snapshot) -> None:
     assert sum(active[j] for j in decision.jobs) <= snap.cluster.total_gpus
     assert set(decision.reasons) <= set(active) - set(decision.jobs)
     assert all(0.0 <= x <= 1.0 + 1e-9 for x in decision.allocation.values())
+    assert decision.rounds[0] == decision.jobs
+    for column in decision.planned:
+        assert set(column) <= set(active), "a planned job is not active"
+        assert sum(active[j] for j in column) <= snap.cluster.total_gpus
 
 
 SNAPSHOT_SHAPES = [
@@ -606,6 +610,29 @@ def test_every_policy_decides_validly_and_deterministically(
     assert again.allocation == first.allocation
     assert again.reasons == first.reasons
     assert again.state == first.state
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_a_decision_carries_the_planned_rounds_and_the_solve(name: str) -> None:
+    """What the service stores with a plan comes from the decision, never from the state: a
+    policy that plans ahead says which rounds it planned and what its solve reported."""
+    policy = get_policy(name)
+    snap = snapshot(random_jobs(2, 40, 32), gpus=32, per_node=8, now=600.0)
+    decision = policy.decide(snap, make_params(policy))
+    if name == "shockwave":
+        assert len(decision.planned) >= 1
+        assert decision.solve is not None and decision.solve.solves == 1
+        assert decision.solve.status != "empty"
+        later = policy.decide(
+            dataclasses.replace(
+                snap, round_index=snap.round_index + 1, policy_state=decision.state
+            ),
+            make_params(policy),
+        )
+        assert later.planned == decision.planned[1:], "a followed plan moves on by a round"
+        assert later.solve == decision.solve, "no new solve while the plan is followed"
+    else:
+        assert decision.planned == () and decision.solve is None
 
 
 @pytest.mark.parametrize("name", policy_names())

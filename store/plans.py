@@ -1,0 +1,61 @@
+"""Stored plans: the one for a version and base round, the freshest with a column for a round,
+the newest of a cluster.
+
+A plan's ``rounds[t]`` are the job ids of round ``base_round + t`` (:class:`~store.tables.PlanRow`);
+the solver service writes them (:mod:`solver_service.planning`), the round driver and the
+prediction endpoint read them through these queries.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from store.tables import PlanRow
+
+MAX_PLAN_WINDOW = 256
+"""Plans whose base round lies further back than this are not searched for a column."""
+
+
+def plan_at(
+    session: Session, cluster_id: str, state_version: int, base_round: int
+) -> PlanRow | None:
+    """The stored plan for this cluster, version and base round, if any."""
+    return session.exec(
+        select(PlanRow).where(
+            PlanRow.cluster_id == cluster_id,
+            PlanRow.state_version == state_version,
+            PlanRow.base_round == base_round,
+        )
+    ).first()
+
+
+def freshest_plan(session: Session, cluster_id: str, r: int) -> PlanRow | None:
+    """The plan with a column for round ``r`` made at the highest state version (the latest
+    base round among equals), or None.
+
+    Only that one plan is loaded: the candidates are ranked by their ids, base rounds and
+    column counts (``json_array_length``, on Postgres and SQLite alike), because a busy
+    cluster stores a plan per change and each carries a whole window of job ids."""
+    ranked = session.exec(
+        select(PlanRow.id)
+        .where(
+            PlanRow.cluster_id == cluster_id,
+            col(PlanRow.base_round) <= r,
+            col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
+            func.json_array_length(col(PlanRow.rounds)) > r - col(PlanRow.base_round),
+        )
+        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc())
+        .limit(1)
+    ).first()
+    return None if ranked is None else session.get(PlanRow, ranked)
+
+
+def newest_plan(session: Session, cluster_id: str) -> PlanRow | None:
+    """The plan made at the cluster's highest state version (the last stored among equals)."""
+    return session.exec(
+        select(PlanRow)
+        .where(PlanRow.cluster_id == cluster_id)
+        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.id).desc())
+        .limit(1)
+    ).first()
