@@ -42,8 +42,7 @@ def explain(
     session: Session, row: JobRow, now: datetime, params: PredictorParams | None = None
 ) -> PredictionPublic:
     """The prediction for the job in ``row`` at time ``now`` (timezone-aware)."""
-    state = events.observed_state(session, row)
-    job = events.active_job(row, state)
+    job = events.active_job(row)
     prior = population.load_prior(session)
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]

@@ -303,12 +303,7 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
 
 
 def _active_job(row: JobRow) -> ActiveJob:
-    spec = events.spec_of_row(row)
-    arrival = row.created_at.timestamp()
-    return ActiveJob(
-        spec=dataclasses.replace(spec, arrival_s=arrival),
-        progress=JobProgress(batch_size=row.batch_size),
-    )
+    return ActiveJob(spec=events.spec_of_row(row), progress=JobProgress(batch_size=row.batch_size))
 
 
 def _fill(column: list[str], jobs: Mapping[str, JobRow], layout: GpuLayout | None) -> list[str]:

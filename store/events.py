@@ -1,4 +1,4 @@
-"""A job's client events (epoch progress, batch-size scaling) and the state observed from them.
+"""A job's client events (epoch progress, batch-size scaling), stored, and the state they fold into.
 
 Training programs report through ``POST /v1/jobs/{id}/events``. Each event carries the client's
 per-job sequence number ``seq``, unique per job in ``job_events``, so that retries and
@@ -6,15 +6,10 @@ reordering are harmless:
 
 - a duplicate (same seq, same body) replays the stored event; the same seq with another body is
   a conflict;
-- the job's observed state is recomputed from all of its stored client events after every new
-  one, so it does not depend on arrival order and a late, older event never moves it backwards:
-
-  - ``epochs_done``: the highest finished epoch of any progress event;
-  - ``batch_size``: that of the scaling event with the highest epoch (ties: the highest seq),
-    else the job's initial batch size;
-  - ``attained_s``: the sum of the progress events' seconds (one per seq);
-  - ``measured_epoch_seconds``: the mean seconds of the progress events at each batch size;
-  - ``observed_regimes``: the regimes the job has left behind, cut where its batch size changed.
+- a new event is folded into the job's observed state, stored on its row, with the core's one
+  rule (:func:`shockwave.observed.fold`: constant work per event, the same state whatever
+  order the events arrive in); the planner's snapshot reads that state back
+  (:func:`observed_of`), never the events.
 
 A job token handed to one attempt (:func:`api.agent.job_token`) speaks for that attempt only:
 once the attempt is fenced (:func:`store.leases.fenced_reason`: lost with its node, stopped, or
@@ -30,17 +25,16 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import JobState
-from shockwave.model import JobSpec, Regime
-from shockwave.snapshot import ActiveJob, JobProgress
+from shockwave.model import JobSpec
+from shockwave.observed import ClientEvent, Observed, fold
+from shockwave.snapshot import ActiveJob
 from store import jobs
 from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason
@@ -48,111 +42,32 @@ from store.paging import cut, page_key
 from store.principals import Principal, Role, require
 from store.tables import INT4_MAX, JobEventRow, JobRow, utcnow
 
-CLIENT_KINDS = ("progress", "scaling")
 EventKind = Literal["progress", "scaling", "state"]
 REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClientEvent:
-    """A stored client event: ``payload`` is its body without ``seq`` and ``kind``."""
-
-    seq: int
-    kind: str
-    payload: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ObservedState:
-    """What a job's client events say about it (see the module docstring)."""
-
-    epochs_done: int
-    batch_size: int
-    attained_s: float
-    measured_epoch_seconds: Mapping[int, float]
-    observed_regimes: tuple[Regime, ...]
-    last_seq: int
-
-
-def observe(initial_batch_size: int, events: Iterable[ClientEvent]) -> ObservedState:
-    """The observed state of a job that started at ``initial_batch_size``, from its client
-    events in any order."""
-    epochs_done, attained, last_seq = 0, 0.0, 0
-    seconds_at: dict[int, list[float]] = defaultdict(list)
-    scalings: list[tuple[int, int, int]] = []
-    for event in events:
-        last_seq = max(last_seq, event.seq)
-        if event.kind == "progress":
-            epochs_done = max(epochs_done, int(event.payload["epoch"]))
-            seconds = float(event.payload["seconds"])
-            attained += seconds
-            seconds_at[int(event.payload["batch_size"])].append(seconds)
-        elif event.kind == "scaling":
-            scalings.append(
-                (int(event.payload["epoch"]), event.seq, int(event.payload["batch_size"]))
-            )
-    regimes, batch_size = regimes_of(initial_batch_size, scalings)
-    return ObservedState(
-        epochs_done=epochs_done,
-        batch_size=batch_size,
-        attained_s=attained,
-        measured_epoch_seconds={bs: sum(s) / len(s) for bs, s in sorted(seconds_at.items())},
-        observed_regimes=regimes,
-        last_seq=last_seq,
+def observed_of(row: JobRow) -> Observed:
+    """The job's observed state as its row stores it (see :mod:`store.tables`)."""
+    return Observed(
+        initial_batch_size=row.initial_batch_size,
+        epochs_done=int(row.epochs_done),
+        attained_s=row.attained_s,
+        epoch_seconds={int(bs): (float(s), int(n)) for bs, (s, n) in row.epoch_seconds.items()},
+        scalings=tuple((int(e), int(seq), int(bs)) for e, seq, bs in row.scalings),
+        last_seq=row.last_seq,
     )
-
-
-def regimes_of(
-    initial_batch_size: int, scalings: Iterable[tuple[int, int, int]]
-) -> tuple[tuple[Regime, ...], int]:
-    """The finished regimes and the current batch size, from scaling events given as
-    ``(epoch, seq, batch_size)``: a regime ends where the batch size changes; several changes
-    at one epoch count as the last of them (highest seq)."""
-    regimes: list[Regime] = []
-    current, start = initial_batch_size, 0
-    for epoch, _seq, batch_size in sorted(scalings):
-        if batch_size == current:
-            continue
-        if epoch > start:
-            regimes.append(Regime(current, epoch - start))
-            start = epoch
-        elif regimes and regimes[-1].batch_size == batch_size:
-            start -= regimes.pop().epochs
-        current = batch_size
-    return tuple(regimes), current
-
-
-def client_events(session: Session, job_id: str) -> list[ClientEvent]:
-    rows = session.exec(
-        select(JobEventRow)
-        .where(JobEventRow.job_id == job_id, col(JobEventRow.kind).in_(CLIENT_KINDS))
-        .order_by(col(JobEventRow.seq))
-    ).all()
-    return [ClientEvent(r.seq or 0, r.kind, r.payload) for r in rows]
-
-
-def observed_state(session: Session, row: JobRow) -> ObservedState:
-    return observe(row.initial_batch_size, client_events(session, row.id))
 
 
 def spec_of_row(row: JobRow) -> JobSpec:
-    """The core's model of a stored job."""
-    return jobs.spec_of(row, row.id)
+    """The core's model of a stored job; it arrived when it was submitted (seconds since the
+    Unix epoch)."""
+    return dataclasses.replace(jobs.spec_of(row, row.id), arrival_s=row.created_at.timestamp())
 
 
-def active_job(row: JobRow, state: ObservedState) -> ActiveJob:
-    """The snapshot view of a job: its spec and what its events say (no future, no GPUs)."""
-    return ActiveJob(
-        spec=spec_of_row(row),
-        progress=JobProgress(
-            batch_size=state.batch_size,
-            epochs_done=float(state.epochs_done),
-            observed_regimes=state.observed_regimes,
-            measured_epoch_seconds=state.measured_epoch_seconds,
-            attained_s=state.attained_s,
-        ),
-    )
+def active_job(row: JobRow, gpus: tuple[int, ...] = ()) -> ActiveJob:
+    """The snapshot view of a job: its spec and what its events say (no future), on ``gpus``."""
+    return ActiveJob(spec=spec_of_row(row), progress=observed_of(row).progress(gpus))
 
 
 def record_event(
@@ -183,7 +98,7 @@ def record_event(
         if stored is None:
             raise
         return 200, _same_or_conflict(stored, event.kind, payload)
-    _apply(row, observed_state(session, row))
+    _apply(row, fold(observed_of(row), event))
     session.add(row)
     return 201, new
 
@@ -235,10 +150,13 @@ def _check_epoch(row: JobRow, event: ClientEvent) -> None:
         )
 
 
-def _apply(row: JobRow, state: ObservedState) -> None:
+def _apply(row: JobRow, state: Observed) -> None:
+    """Store ``state`` on the job's row (its derived means too, which the API shows)."""
     row.epochs_done = float(state.epochs_done)
     row.batch_size = state.batch_size
     row.attained_s = state.attained_s
+    row.epoch_seconds = {str(bs): [s, n] for bs, (s, n) in sorted(state.epoch_seconds.items())}
+    row.scalings = [list(scaling) for scaling in state.scalings]
     row.measured_epoch_seconds = {str(bs): s for bs, s in state.measured_epoch_seconds.items()}
     row.last_seq = state.last_seq
     row.updated_at = utcnow()

@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
 from shockwave.model import Regime
+from shockwave.observed import Observed
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
 from store import events
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
@@ -32,7 +33,7 @@ from store.tables import JobRow, PopulationRow, utcnow
 log = logging.getLogger(__name__)
 
 
-def finished_job(row: JobRow, state: events.ObservedState) -> FinishedJob:
+def finished_job(row: JobRow, state: Observed) -> FinishedJob:
     """What the scheduler saw of a job that succeeded: its regimes, the last one running from
     its last batch-size change to its last epoch, and its measured epoch times."""
     regimes = list(state.observed_regimes)
@@ -45,7 +46,7 @@ def finished_job(row: JobRow, state: events.ObservedState) -> FinishedJob:
 def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLUSTER) -> None:
     """Learn the job in ``row``, which has just succeeded, into the cluster's prior (in the
     caller's transaction)."""
-    finished = finished_job(row, events.observed_state(session, row))
+    finished = finished_job(row, events.observed_of(row))
     _ensure_row(session, cluster_id)
     stored = session.get(PopulationRow, cluster_id, with_for_update=True, populate_existing=True)
     assert stored is not None, f"population prior of {cluster_id} vanished"

@@ -3,13 +3,11 @@
 What the snapshot for planning round ``r`` holds, and where it comes from:
 
 - ``jobs``: the admitted, unfinished jobs (PENDING, RUNNING, SUSPENDED) in arrival order, each
-  with its spec and the progress its client events show (:mod:`store.events`, the same view the
-  prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the Unix epoch, so
-  ages and deadlines are real wall-clock spans. Epochs done, batch size, attained seconds and
-  measured epoch times are read from the job's row, which every recorded event updates in its
-  own transaction; only the scaling events are read, for the regimes the job has left behind.
-  A job that has trained for days has thousands of progress events, and reading them all on
-  every plan made the snapshot grow with the cluster's history instead of its size.
+  with its spec and the progress its client events show (:func:`store.events.active_job`, the
+  same view the prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the
+  Unix epoch, so ages and deadlines are real wall-clock spans. The progress is the state every
+  recorded event was folded into on the job's row (:mod:`shockwave.observed`); no event is
+  read, so the snapshot grows with the cluster's size, not with its history.
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes, assumed identical (the core's :class:`~shockwave.model.Cluster`
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -43,13 +40,9 @@ from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
 from shockwave.model import Cluster
 from shockwave.snapshot import ActiveJob, Snapshot
 from store import events, population
-from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
 
 log = logging.getLogger(__name__)
-
-Scaling = tuple[int, int, int]
-"""A scaling event as ``(epoch, seq, batch size)``, the form :func:`store.events.regimes_of`
-takes."""
 
 WITHOUT_POLICY_STATE = (defer(cast("QueryableAttribute[Any]", ClusterRow.policy_state)),)
 """Load options for a cluster row read for its round, version or settings only: the policy's
@@ -106,9 +99,8 @@ def load_snapshot(
     if layout is None:
         raise NoCapacity(cluster_id)
     rows = active_job_rows(session)
-    scalings = _scaling_events(session, [r.id for r in rows])
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs = tuple(_active_job(r, scalings.get(r.id, ()), held.get(r.id, ())) for r in rows)
+    jobs = tuple(_active_job(r, held.get(r.id, ())) for r in rows)
     snapshot = Snapshot(
         now=now.timestamp(),
         round_index=round_index,
@@ -158,21 +150,6 @@ def _running(row: JobRow) -> bool:
     return row.state == JobState.RUNNING.value
 
 
-def _scaling_events(session: Session, job_ids: Sequence[str]) -> Mapping[str, list[Scaling]]:
-    """Each job's scaling events as ``(epoch, seq, batch size)``."""
-    if not job_ids:
-        return {}
-    rows = session.exec(
-        select(JobEventRow.job_id, JobEventRow.seq, JobEventRow.payload).where(
-            col(JobEventRow.job_id).in_(job_ids), JobEventRow.kind == "scaling"
-        )
-    ).all()
-    by_job: dict[str, list[Scaling]] = defaultdict(list)
-    for job_id, seq, payload in rows:
-        by_job[job_id].append((int(payload["epoch"]), seq or 0, int(payload["batch_size"])))
-    return by_job
-
-
 def _held_gpus(
     session: Session, layout: GpuLayout, round_index: int, job_ids: Sequence[str]
 ) -> Mapping[str, tuple[int, ...]]:
@@ -194,24 +171,5 @@ def _held_gpus(
     return held
 
 
-def observed_from_row(row: JobRow, scalings: Sequence[Scaling]) -> events.ObservedState:
-    """What the job's client events say (:func:`store.events.observe`), from the state each
-    recorded event leaves on its row plus the regimes its scaling events cut."""
-    regimes, _ = events.regimes_of(row.initial_batch_size, scalings)
-    return events.ObservedState(
-        epochs_done=int(row.epochs_done),
-        batch_size=row.batch_size,
-        attained_s=row.attained_s,
-        measured_epoch_seconds={int(bs): s for bs, s in row.measured_epoch_seconds.items()},
-        observed_regimes=regimes,
-        last_seq=row.last_seq,
-    )
-
-
-def _active_job(row: JobRow, scalings: Sequence[Scaling], gpus: tuple[int, ...]) -> ActiveJob:
-    job = events.active_job(row, observed_from_row(row, scalings))
-    arrival = row.created_at.timestamp()
-    return ActiveJob(
-        spec=dataclasses.replace(job.spec, arrival_s=arrival),
-        progress=dataclasses.replace(job.progress, gpus=tuple(sorted(gpus))),
-    )
+def _active_job(row: JobRow, gpus: tuple[int, ...]) -> ActiveJob:
+    return events.active_job(row, tuple(sorted(gpus)))

@@ -1,6 +1,10 @@
 """Tables (SQLModel). The schema changes only through the Alembic migrations in migrations/.
 
-- ``jobs``: one row per submitted job: its spec, tenant, state and observed progress.
+- ``jobs``: one row per submitted job: its spec, tenant, state and observed progress (the
+  state its client events are folded into, :mod:`shockwave.observed`: ``epochs_done``,
+  ``batch_size``, ``attained_s``, ``last_seq``, ``epoch_seconds`` (per batch size: total
+  seconds, count), ``scalings`` (sorted ``[epoch, seq, batch size]``), and the means derived
+  from them, ``measured_epoch_seconds``).
 - ``job_events``: everything that happened to a job, in order: client events (epoch progress,
   batch-size scaling) carry the client's per-job sequence number, unique per job, so a
   duplicate or reordered post is harmless; state changes are server events with a reason.
@@ -82,6 +86,12 @@ class JobRow(SQLModel, table=True):
     attained_s: float = 0.0
     measured_epoch_seconds: dict[str, float] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
+    epoch_seconds: dict[str, list[float]] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
+    scalings: list[list[int]] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")
     )
     last_seq: int = 0
     command: list[str] = Field(

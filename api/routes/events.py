@@ -13,6 +13,7 @@ from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
 from api.schemas import EventCreate, EventPublic, JobIdPath, Page
+from shockwave.observed import ClientEvent
 from store import cluster_version, events, jobs
 from store.tables import INT4_MAX, JobEventRow
 
@@ -23,10 +24,10 @@ def _public(row: JobEventRow) -> EventPublic:
     return EventPublic.model_validate(row, from_attributes=True)
 
 
-def _client_event(event: EventCreate) -> events.ClientEvent:
+def _client_event(event: EventCreate) -> ClientEvent:
     """The event as the data layer stores it: its body without ``seq`` and ``kind``."""
     payload = event.model_dump(mode="json", exclude={"seq", "kind"})
-    return events.ClientEvent(seq=event.seq, kind=event.kind, payload=payload)
+    return ClientEvent(seq=event.seq, kind=event.kind, payload=payload)
 
 
 JobId = JobIdPath

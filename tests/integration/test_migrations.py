@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,52 @@ def test_documented_alembic_commands_migrate_a_fresh_database(postgres_server: E
         engine.dispose()
         with postgres_server.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _job_with_events(engine: Engine) -> None:
+    """A job at revision 0007 with two progress events and two scaling events, out of order."""
+    now = "2026-11-28 09:00:00+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO jobs (id, tenant, name, state, gpus, epochs, samples_per_epoch, "
+                "initial_batch_size, mode, batch_sizes, throughput, budget, model, epochs_done, "
+                "batch_size, attained_s, last_seq, created_at, updated_at) VALUES ('j1', 't', "
+                "'n', 'RUNNING', 1, 10, 100, 32, 'gns', '[32, 64]', '{}', 1.0, '', 2.0, 64, "
+                f"21.0, 4, '{now}', '{now}')"
+            )
+        )
+        for seq, kind, payload in (
+            (2, "progress", '{"epoch": 2, "seconds": 12.0, "batch_size": 32}'),
+            (4, "scaling", '{"epoch": 3, "batch_size": 64}'),
+            (1, "progress", '{"epoch": 1, "seconds": 9.0, "batch_size": 32}'),
+            (3, "scaling", '{"epoch": 2, "batch_size": 64}'),
+        ):
+            connection.execute(
+                text(
+                    "INSERT INTO job_events (job_id, seq, kind, payload, reason, created_at) "
+                    f"VALUES ('j1', {seq}, '{kind}', '{payload}', '', '{now}')"
+                )
+            )
+
+
+def test_the_fold_migration_folds_the_stored_events(
+    postgres_server: Engine, tmp_path: Path
+) -> None:
+    """0008 gives existing jobs the state their stored events fold into, on both databases."""
+    with postgres_schema(postgres_server, "it_fold") as schema:
+        for url, on in ((POSTGRES_URL, schema), (f"sqlite:///{tmp_path / 'fold.db'}", None)):
+            migrate.upgrade(url, schema=on, revision="0007")
+            engine = make_engine(url, on)
+            try:
+                _job_with_events(engine)
+                migrate.upgrade(url, schema=on)
+                with engine.connect() as connection:
+                    row = connection.execute(
+                        text("SELECT epoch_seconds, scalings FROM jobs WHERE id = 'j1'")
+                    ).one()
+            finally:
+                engine.dispose()
+            totals, scalings = (json.loads(v) if isinstance(v, str) else v for v in row)
+            assert totals == {"32": [21.0, 2]}, url
+            assert scalings == [[2, 3, 64], [3, 4, 64]], url

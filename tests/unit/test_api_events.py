@@ -18,18 +18,21 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, inspect, text
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, delete, inspect, text
 from sqlmodel import Session
 
 from api.app import create_app
 from api.routes.prediction import get_now
 from api.settings import Settings
 from shockwave.model import Regime
+from shockwave.observed import ClientEvent, Observed, fold, observe, regimes_of
 from store import events as progress_module
 from store import migrate
-from store.events import ClientEvent, observe, regimes_of
 from store.principals import Role
-from store.tables import NodeRow
+from store.snapshot import load_snapshot
+from store.tables import JobEventRow, NodeRow
 from store.tokens import create_token
 
 JOB = {
@@ -254,6 +257,25 @@ def test_events_list_in_pages_in_stored_order(api: Api) -> None:
     assert api.client.get(f"/v1/jobs/{job}/events/999999").status_code == 404
 
 
+def test_the_snapshot_reads_the_folded_state_not_the_events(api: Api) -> None:
+    """The planner's snapshot and the API see a job through the same folded state, kept on
+    its row: with the events themselves gone, the snapshot still knows the regimes."""
+    job = api.submit()
+    for body in (progress(1, 1, 10.0), progress(2, 2, 12.0), scaling(3, 2, 256)):
+        assert api.post(job, body).status_code == 201
+    assert api.post(job, progress(4, 3, 4.0, batch_size=256)).status_code == 201
+    with api.session() as session:
+        session.add(NodeRow(id="n1", hostname="gpu-1", gpus=2))
+        session.exec(delete(JobEventRow))
+        session.commit()
+        snapshot, _ = load_snapshot(session, "default", 0, datetime.now(UTC))
+    (seen,) = snapshot.jobs
+    assert seen.progress.observed_regimes == (Regime(32, 2),)
+    assert (seen.progress.batch_size, seen.progress.epochs_done) == (256, 3.0)
+    assert dict(seen.progress.measured_epoch_seconds) == {32: 11.0, 256: 4.0}
+    assert seen.progress.attained_s == 26.0
+
+
 def test_prediction_returns_regimes_remaining_time_and_ftf(api: Api) -> None:
     job = api.submit()
     api.post(job, progress(1, 1, seconds=10.0))
@@ -406,6 +428,67 @@ def test_observe_is_order_independent() -> None:
     assert dict(forward.measured_epoch_seconds) == {32: 5.0, 64: 3.0}
     assert forward.observed_regimes == (Regime(32, 2),)
     assert forward.last_seq == 4
+
+
+EVENTS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("progress"),
+            st.integers(1, 20),
+            st.integers(1, 600),
+            st.sampled_from([16, 32, 64, 128]),
+        ),
+        st.tuples(
+            st.just("scaling"), st.integers(0, 19), st.just(0), st.sampled_from([16, 32, 64])
+        ),
+    ),
+    max_size=24,
+)
+
+
+@given(EVENTS, st.randoms(use_true_random=False))
+def test_folding_events_one_by_one_gives_the_same_state_in_any_order(
+    raw: list[tuple[str, int, int, int]], rng: Any
+) -> None:
+    """One rule for the API and the snapshot: each event folded in with constant work, and the
+    state does not depend on the order the events arrive in (whole seconds keep the sums
+    exact)."""
+    events = [
+        ClientEvent(
+            seq,
+            kind,
+            {"epoch": epoch, "seconds": float(seconds), "batch_size": bs}
+            if kind == "progress"
+            else {"epoch": epoch, "batch_size": bs},
+        )
+        for seq, (kind, epoch, seconds, bs) in enumerate(raw, start=1)
+    ]
+    shuffled = list(events)
+    rng.shuffle(shuffled)
+    in_order, any_order = observe(32, events), observe(32, shuffled)
+    assert any_order == in_order
+    progress_events = [e for e in events if e.kind == "progress"]
+    scalings = [
+        (e.payload["epoch"], e.seq, e.payload["batch_size"]) for e in events if e.kind == "scaling"
+    ]
+    assert in_order.epochs_done == max((e.payload["epoch"] for e in progress_events), default=0)
+    assert in_order.attained_s == sum(e.payload["seconds"] for e in progress_events)
+    assert (in_order.observed_regimes, in_order.batch_size) == regimes_of(32, scalings)
+    assert in_order.last_seq == len(events)
+    for bs, mean in in_order.measured_epoch_seconds.items():
+        at = [e.payload["seconds"] for e in progress_events if e.payload["batch_size"] == bs]
+        assert mean == sum(at) / len(at)
+
+
+def test_a_fold_adds_one_event_to_a_stored_state() -> None:
+    stored = Observed(32, epochs_done=2, attained_s=20.0, epoch_seconds={32: (20.0, 2)}, last_seq=2)
+    after = fold(
+        stored, ClientEvent(3, "progress", {"epoch": 3, "seconds": 13.0, "batch_size": 32})
+    )
+    assert (after.epochs_done, after.attained_s, after.last_seq) == (3, 33.0, 3)
+    assert dict(after.measured_epoch_seconds) == {32: 11.0}
+    scaled = fold(after, ClientEvent(4, "scaling", {"epoch": 3, "batch_size": 64}))
+    assert scaled.batch_size == 64 and scaled.observed_regimes == (Regime(32, 3),)
 
 
 def _tables_and_job_columns(url: str, schema: str | None) -> tuple[set[str], set[str]]:
