@@ -29,7 +29,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,15 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
+from shockwave_cli.supervision import (
+    Supervised,
+    free_port,
+    group_cpu_seconds,
+    shockwave_argv,
+    wait_http,
+)
+
+SHOCKWAVE = shockwave_argv(from_cwd=True)
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -91,13 +98,6 @@ class PhaseResult:
     server_cpu_percent: float | None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def postgres_database(admin_dsn: str, prefix: str = "shockwave_bench") -> Iterator[str]:
     """A new, empty Postgres database for the run (``<prefix>_<pid>``); yields its SQLAlchemy
@@ -136,55 +136,25 @@ the benchmark's own takes those messages, and it is emptied afterwards so no wor
 
 
 @contextmanager
-def api_server(database_url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def api_server(database_url: str, port: int, log: Path) -> Iterator[Supervised]:
     """``shockwave api`` (one uvicorn worker, migrating first) until the block ends; always
     stopped: SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
     env["SHOCKWAVE_DATABASE_URL"] = database_url
     env["SHOCKWAVE_BROKER_URL"] = BENCH_BROKER_URL
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*SHOCKWAVE, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    argv = [*SHOCKWAVE, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"]
+    server = Supervised("the API", argv, env, log, grace_s=STOP_TIMEOUT_S).start()
     try:
-        yield process
+        yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop()
         redis.Redis.from_url(BENCH_BROKER_URL).flushdb()
 
 
-def wait_ready(
-    base_url: str,
-    process: subprocess.Popen[bytes],
-    log: Path,
-    name: str = "the API",
-    timeout_s: float = START_TIMEOUT_S,
-) -> None:
-    """Return once ``base_url``/readyz answers 200; RuntimeError, with the end of ``log``, if
-    ``process`` exits first or ``timeout_s`` passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{name} did not become ready in {timeout_s:g} s:\n{_tail(log)}")
-
-
-def _tail(log: Path, chars: int = 3000) -> str:
-    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+def wait_ready(base_url: str, process: Supervised, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Return once ``base_url``/readyz answers 200; :class:`NotReady`, with the end of the
+    process's log, if it exits first or ``timeout_s`` passes."""
+    wait_http(f"{base_url}/readyz", process, timeout_s)
 
 
 def admin_token(database_url: str) -> str:
@@ -201,15 +171,6 @@ def admin_token(database_url: str) -> str:
     if made.returncode != 0:
         raise RuntimeError(f"shockwave admin create-token failed: {made.stderr.strip()}")
     return made.stdout.strip()
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc), else None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_phase(
@@ -249,7 +210,7 @@ def run_phase(
                     log.errors[f"HTTP {response.status_code}"] += 1
         return log
 
-    cpu_before = cpu_seconds(server_pid)
+    cpu_before = group_cpu_seconds([server_pid])[server_pid]
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=name) as pool:
         try:
@@ -258,14 +219,12 @@ def run_phase(
             stop.set()
             raise
     wall = time.perf_counter() - started
-    cpu_after = cpu_seconds(server_pid)
+    cpu_after = group_cpu_seconds([server_pid])[server_pid]
     latencies = sorted(x for log in logs for x in log.latencies)
     errors: Counter[str] = Counter()
     for log in logs:
         errors.update(log.errors)
-    cpu = None
-    if cpu_before is not None and cpu_after is not None:
-        cpu = 100.0 * (cpu_after - cpu_before) / wall
+    cpu = 100.0 * (cpu_after - cpu_before) / wall
     result = PhaseResult(
         phase=name,
         requests=len(latencies) + sum(errors.values()),
@@ -370,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             log = Path(logs) / "api.log"
             with api_server(database_url, port, log) as server:
-                wait_ready(base_url, server, log)
+                wait_ready(base_url, server)
                 token = admin_token(database_url)
                 common: dict[str, Any] = {
                     "base_url": base_url,

@@ -46,7 +46,6 @@ import os
 import platform
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,8 +64,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import wire
-from bench.api import SHOCKWAVE, cpu_seconds, free_port, postgres_database, quantile
-from bench.api import wait_ready as wait_http_ready
+from bench.api import SHOCKWAVE, postgres_database, quantile
+from shockwave_cli.supervision import Supervised, free_port, group_cpu_seconds, wait_http
 
 HOST = "127.0.0.1"
 REQUEST_TIMEOUT_S = 10.0
@@ -501,42 +500,20 @@ def prepare(database_url: str, agents: int) -> Tokens:
     return Tokens(user=user, agents=nodes)
 
 
-@dataclass
-class Process:
-    """A started service and its log file."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 @contextmanager
 def started(
     name: str, argv: Sequence[str], env: dict[str, str], logs: Path, cwd: Path | None
-) -> Iterator[Process]:
+) -> Iterator[Supervised]:
     """``argv`` running (in ``cwd``) until the block ends (SIGTERM, then SIGKILL)."""
-    log = logs / f"{name}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            list(argv), env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd
-        )
-    service = Process(name, process, log)
+    service = Supervised(name, argv, env, logs / f"{name}.log", cwd, STOP_TIMEOUT_S).start()
     try:
         yield service
     finally:
         service.stop()
 
 
-def wait_ready(base_url: str, service: Process) -> None:
-    wait_http_ready(base_url, service.process, service.log, service.name, START_TIMEOUT_S)
+def wait_ready(base_url: str, service: Supervised) -> None:
+    wait_http(f"{base_url}/readyz", service, START_TIMEOUT_S)
 
 
 def api_argv(port: int, extra: Sequence[str]) -> list[str]:
@@ -734,7 +711,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         tokens = prepare(database_url, args.agents)
         env = service_env(database_url, args.broker, args.tree)
         apis: list[str] = []
-        servers: list[Process] = []
+        servers: list[Supervised] = []
         for i in range(args.apis):
             port = free_port()
             argv = api_argv(port, args.api_arg)
@@ -748,7 +725,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         t0 = time.time() + 1.0
         plan = shards(args, apis, tokens, t0)
         pending = pool.map_async(run_shard, plan)
-        driver: Process | None = None
+        driver: Supervised | None = None
         if not args.no_driver:
             time.sleep(max(0.0, t0 + args.interval + 1.0 - time.time()))
             mode = "inline" if args.solver == "inline" else "celery"
@@ -768,19 +745,19 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             driver = stack.enter_context(started("driver", argv, driver_env, logs, args.tree))
         measure_at = plan[0].measure_at
         time.sleep(max(0.0, measure_at - time.time()))
-        watched = {s.name: s.process.pid for s in [*servers, *([driver] if driver else [])]}
-        cpu_before = {name: cpu_seconds(pid) for name, pid in watched.items()}
+        watched = {s.name: s.pid for s in [*servers, *([driver] if driver else [])]}
+        cpu_before = group_cpu_seconds(watched.values())
         busy_before = machine_busy()
         load_before = os.getloadavg()
         time.sleep(max(0.0, plan[0].end_at - time.time()))
-        cpu_after = {name: cpu_seconds(pid) for name, pid in watched.items()}
+        cpu_after = group_cpu_seconds(watched.values())
         busy_after = machine_busy()
         shard_logs: list[ShardLog] = pending.get(timeout=args.duration + REQUEST_TIMEOUT_S + 120)
         rounds = count_rounds(database_url)
         window = args.duration
         cpu = {
-            name: 100.0 * ((cpu_after[name] or 0.0) - (cpu_before[name] or 0.0)) / window
-            for name in watched
+            name: 100.0 * (cpu_after[pid] - cpu_before[pid]) / window
+            for name, pid in watched.items()
         }
         cpu["generator"] = 100.0 * sum(log.cpu_s for log in shard_logs) / window
         lag = sorted(x for log in shard_logs for x in log.lag)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.api import free_port, postgres_database
+from bench.api import postgres_database
 from bench.load import (
     HOST,
     api_argv,
@@ -38,14 +37,14 @@ from bench.load import (
     started,
     wait_ready,
 )
+from shockwave_cli.supervision import free_port, group_cpu_seconds
 
 WARMUP = 10
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of the process ``pid`` and its group (Linux /proc)."""
+    return group_cpu_seconds([pid])[pid]
 
 
 def measure(
@@ -119,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
         ]
-        pid = server.process.pid
+        pid = server.pid
         for name, send in endpoints:
             cpu_ms, wall_ms, status = measure(pid, send, args.requests)
             rows.append({"endpoint": name, "status": status, "cpu_ms": cpu_ms, "wall_ms": wall_ms})

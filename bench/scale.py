@@ -44,7 +44,6 @@ import os
 import platform
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -65,7 +64,7 @@ from sqlalchemy import create_engine
 from sqlmodel import Session, col, select
 
 from api.schemas import JobCreate
-from bench.api import free_port, postgres_database, quantile, wait_ready
+from bench.api import postgres_database, quantile
 from bench.scale_fleet import Fleet, TrainingJob
 from bench.scale_report import (
     RoundFigures,
@@ -77,6 +76,7 @@ from bench.scale_report import (
 )
 from shockwave.workload import SimJob
 from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave_cli.supervision import Supervisor, free_port, wait_http
 from store import migrate
 from store.cluster_version import bump_state_version
 from store.jobs import create_job
@@ -84,7 +84,6 @@ from store.principals import Principal, Role
 from store.tables import PlanRow, RoundRow
 from store.tokens import create_token
 
-SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
 HOST = "127.0.0.1"
 TRACE = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 DEFAULT_ROUND_S = 30.0
@@ -127,65 +126,6 @@ class Watcher:
     @property
     def current(self) -> int:
         return max(self.visible_at, default=-1)
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-
-class Processes:
-    """The service's processes, each in a session of its own, all stopped at the end."""
-
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
-        self.log_dir = log_dir
-        self.env = env
-        self.started: dict[str, Process] = {}
-
-    def start(self, name: str, *args: str) -> Process:
-        log = self.log_dir / f"{name}.log"
-        with log.open("wb") as sink:
-            popen = subprocess.Popen(
-                [*SHOCKWAVE, *args],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.started[name] = Process(name, popen, log)
-        return self.started[name]
-
-    def stop(self, name: str) -> None:
-        process = self.started[name].popen
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-    def stop_all(self) -> None:
-        for name in reversed(list(self.started)):
-            self.stop(name)
-
-    def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system) used so far by each service's process group."""
-        groups = {p.popen.pid: name for name, p in self.started.items()}
-        used = dict.fromkeys(self.started, 0.0)
-        tick = os.sysconf("SC_CLK_TCK")
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            name = groups.get(int(fields[2]))
-            if name is not None:
-                used[name] += (int(fields[11]) + int(fields[12])) / tick
-        return used
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -364,19 +304,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             SHOCKWAVE_SOLVER_TIME_LIMIT_S=f"{solver_limit:g}",
             PYTHONUNBUFFERED="1",
         )
-        processes = Processes(args.log_dir, env)
+        processes = Supervisor(args.log_dir, env)
         stack.callback(processes.stop_all)
         base_urls = []
         for index in range(args.apis):
             port = free_port()
             name = "api" if args.apis == 1 else f"api-{index}"
-            api = processes.start(
+            api = processes.shockwave(
                 name, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
             )
             base_urls.append(f"http://{HOST}:{port}")
-            wait_ready(base_urls[-1], api.popen, api.log, api.name, START_TIMEOUT_S)
+            wait_http(f"{base_urls[-1]}/readyz", api, START_TIMEOUT_S)
         base_url = base_urls[0]
-        processes.start("worker", "worker", "--concurrency", "1", "--log-level", "info")
+        processes.shockwave("worker", "worker", "--concurrency", "1", "--log-level", "info")
 
         began = time.perf_counter()
         if args.submit == "http":
@@ -400,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics_port = free_port()
 
         def start_driver() -> None:
-            processes.start(
+            processes.shockwave(
                 "driver",
                 "driver",
                 "--round-seconds",
@@ -427,8 +367,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 plans = {p.id: p for p in session.exec(select(PlanRow)).all() if p.id is not None}
         finally:
             engine.dispose()
-        plan_log_text = read_log(processes.started["worker"].log)
-        driver_log = read_log(processes.started["driver"].log)
+        plan_log_text = read_log(processes.named("worker").log_path)
+        driver_log = read_log(processes.named("driver").log_path)
         figures = round_figures(
             [r for r in rows if r.index <= args.rounds],
             plans,

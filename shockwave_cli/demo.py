@@ -19,17 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 from rich import box
@@ -41,6 +38,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import LIVE_LEASES, STARTED_LEASES, TERMINAL, JobState, LeaseState
+from shockwave_cli.supervision import Supervisor, stop_together
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow
 
 log = logging.getLogger(__name__)
@@ -165,11 +163,14 @@ class Demo:
     round_seconds: float = 4.0
     error: str | None = None
     started_at: float = 0.0
-    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _logs: list[IO[bytes]] = field(default_factory=list)
+    _agents: Supervisor = field(init=False)
     _seen_events: int = 0
     _submitted: set[str] = field(default_factory=set)
     _feed: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
+        self._agents = Supervisor(self.work_dir, env, cwd=ROOT)
 
     @property
     def checkpoints(self) -> Path:
@@ -216,14 +217,8 @@ class Demo:
         link = work / "checkpoints"
         if not link.exists():
             link.symlink_to(self.checkpoints, target_is_directory=True)
-        script = Path(sys.executable).parent / "shockwave"
-        command = (
-            [str(script)]
-            if script.is_file()
-            else [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
-        )
-        argv = [
-            *command,
+        self._agents.shockwave(
+            node,
             "agent",
             "--api",
             self.api_url,
@@ -243,41 +238,12 @@ class Demo:
             str(AGENT_GRACE_S),
             "--log-level",
             "warning",
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
-        output = (self.work_dir / f"{node}.log").open("ab")
-        self._logs.append(output)
-        self._processes.append(
-            subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=ROOT,
-            )
         )
 
     def close(self) -> None:
-        """Stop the agents (SIGTERM: each checkpoints and stops its jobs and reports them, while
-        the API still answers), then SIGKILL whatever is left. Idempotent."""
-        for process in self._processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + AGENT_GRACE_S + 10.0
-        for process in self._processes:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("agent %s did not stop: killing it", process.pid)
-                with suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=5.0)
-        self._processes.clear()
-        for output in self._logs:
-            output.close()
-        self._logs.clear()
+        """Stop the agents together (SIGTERM: each checkpoints and stops its jobs and reports
+        them, while the API still answers), then SIGKILL whatever is left. Idempotent."""
+        stop_together(self._agents.started, AGENT_GRACE_S + 10.0)
 
     # --- watching -----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The deployment under test, every part of it a real process the chaos run can kill.
 
-A private Postgres (:class:`tests.e2e.processes.PostgresServer`) and a private Redis on free
+A private Postgres (:class:`bench.servers.PostgresServer`) and a private Redis on free
 ports (the shared servers are never touched), a migrated database on it, ``apis`` API
 processes on fixed ports (so a restarted one is found where the clients expect it), one solver
 worker, two round drivers (one active, one standby on the advisory lock) and ``nodes``
@@ -17,20 +17,11 @@ from pathlib import Path
 
 from sqlmodel import Session
 
+from bench.deployment import Deployment, deployment, driver_metrics
+from bench.servers import PostgresServer, RedisServer, private_postgres, private_redis
+from shockwave_cli.supervision import LOOPBACK, Supervised, free_port, wait_http, wait_until
 from store.principals import Role
 from store.tokens import create_token
-from tests.e2e.processes import (
-    LOOPBACK,
-    PostgresServer,
-    RedisServer,
-    Service,
-    free_port,
-    private_postgres,
-    private_redis,
-    wait_healthy,
-    wait_until,
-)
-from tests.e2e.stack import Deployment, deployment, driver_metrics
 
 AGENT_MODULE = "bench.chaos.agent"
 GPUS_PER_NODE = 2
@@ -61,7 +52,7 @@ class Cluster:
     def urls(self) -> list[str]:
         return list(self.api_urls.values())
 
-    def service(self, name: str) -> Service:
+    def service(self, name: str) -> Supervised:
         return self.stack.services.named(name)
 
     def leader(self) -> str | None:
@@ -82,7 +73,7 @@ class Cluster:
         seen = journal.stat().st_size if journal is not None and journal.exists() else 0
         service.start()
         if name in self.api_urls:
-            wait_healthy(service, self.api_urls[name], API_START_TIMEOUT_S)
+            wait_http(f"{self.api_urls[name]}/healthz", service, API_START_TIMEOUT_S)
         elif name in self.drivers:
             port = self.drivers[name]
             _wait_up(service, lambda: bool(driver_metrics(port)), "its metrics")
@@ -149,12 +140,12 @@ def cluster(log_dir: Path, *, apis: int, nodes: int, round_seconds: float) -> It
             round_seconds=round_seconds,
         )
         for name, url in api_urls.items():  # started together: a slow machine starts slowly
-            wait_healthy(deployed.services.named(name), url, API_START_TIMEOUT_S)
+            wait_http(f"{url}/healthz", deployed.services.named(name), API_START_TIMEOUT_S)
         wait_until(lambda: running.leader() is not None, API_START_TIMEOUT_S, "an active driver")
         yield running
 
 
-def _wait_up(service: Service, condition: Callable[[], bool], what: str) -> None:
+def _wait_up(service: Supervised, condition: Callable[[], bool], what: str) -> None:
     def up() -> bool:
         if not service.alive:
             raise AssertionError(f"{service.name} exited on start:\n{service.log_tail()}")

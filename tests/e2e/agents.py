@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from bench.deployment import Deployment, parallel_tokens
 
 HEARTBEAT_EVERY_S = 1.0
 EPOCH_SECONDS = 2.0
@@ -174,3 +177,37 @@ class Fleet:
     def close(self) -> None:
         for agent in self.agents:
             agent.close()
+
+
+def register_fleet(stack: Deployment, api_url: str, nodes: Mapping[str, int]) -> Fleet:
+    """Registered agents of ``stack``: node id -> GPUs."""
+    tokens = parallel_tokens(stack.env, [["--role", "agent", "--node", n] for n in nodes])
+    agents = [
+        SimulatedAgent(node, token, api_url, gpus)
+        for (node, gpus), token in zip(nodes.items(), tokens, strict=True)
+    ]
+    for agent in agents:
+        agent.register()
+    return Fleet(agents)
+
+
+def submit_job(stack: Deployment, api_url: str, fleet: Fleet, **body: Any) -> Job:
+    """Submit a job (``body``: its fields, small defaults for the rest) for ``fleet`` to run."""
+    spec = {"samples_per_epoch": 1000, "initial_batch_size": 32, **body}
+    response = httpx.post(
+        f"{api_url}/v1/jobs",
+        json=spec,
+        headers={"Authorization": f"Bearer {stack.admin_token}"},
+        timeout=10.0,
+    )
+    assert response.status_code == 201, response.text
+    created = response.json()
+    job = Job(
+        id=created["id"],
+        gpus=spec["gpus"],
+        epochs=spec["epochs"],
+        samples_per_epoch=spec["samples_per_epoch"],
+        batch_size=spec["initial_batch_size"],
+    )
+    fleet.jobs[job.id] = job
+    return job

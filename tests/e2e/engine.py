@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.processes import ROOT
+from bench.deployment import ROOT
 
 IMAGE = "shockwave:latest"
 BUILD_TIMEOUT_S = 900.0

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from sqlmodel import Session
 
+from bench.deployment import Deployment
 from shockwave import state_codec
 from shockwave.policy import Decision, Policy
 from shockwave.snapshot import Snapshot
@@ -92,6 +93,22 @@ def install(directory: Path, delay_s: float = 0.0) -> None:
 
     setattr(planning, "get_policy", get_policy)  # noqa: B010  (a test hook, on purpose)
     setattr(planning, "load_snapshot", load_snapshot)  # noqa: B010
+
+
+def start(
+    stack: Deployment, name: str = "worker", *, record_dir: Path | None = None, delay_s: float = 0.0
+) -> None:
+    """Start this wrapper as ``stack``'s solver worker ``name``, recording into ``record_dir``
+    (default: ``<name>-decisions`` in the stack's log directory), each decision ``delay_s``
+    late."""
+    record_dir = record_dir or stack.log_dir / f"{name}-decisions"
+    stack.services.module(
+        name,
+        __name__,
+        "--concurrency",
+        "1",
+        env={RECORD_DIR_ENV: str(record_dir), DELAY_ENV: str(delay_s)},
+    )
 
 
 def main() -> None:

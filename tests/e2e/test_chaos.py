@@ -20,9 +20,12 @@ from bench.chaos.faults import KINDS
 from bench.chaos.invariants import Findings
 from bench.chaos.run import Config, run
 from bench.chaos.workload import Acknowledged
+from bench.deployment import deployment, plans
+from bench.servers import private_redis
+from shockwave_cli.supervision import wait_until
 from store.tables import JobEventRow, JobRow, LeaseRow, RoundRow
-from tests.e2e.processes import private_redis, wait_until
-from tests.e2e.stack import deployment, plans
+from tests.e2e import recording_worker
+from tests.e2e.agents import register_fleet, submit_job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -187,11 +190,11 @@ def test_worker_survives_losing_redis_mid_solve(tmp_path: Path) -> None:
     so planning stopped for good. It must stay up and plan again once Redis is back."""
     with private_redis() as redis, deployment(tmp_path, broker_url=redis.url) as stack:
         decisions = tmp_path / "decisions"
-        stack.worker("slow-worker", record_dir=decisions, decide_delay_s=4.0)
+        recording_worker.start(stack, "slow-worker", record_dir=decisions, delay_s=4.0)
         api = stack.api()
-        fleet = stack.fleet(api, {"n1": 2})
+        fleet = register_fleet(stack, api, {"n1": 2})
         try:
-            stack.submit(api, fleet, name="long", gpus=1, epochs=100)
+            submit_job(stack, api, fleet, name="long", gpus=1, epochs=100)
             wait_until(lambda: any(decisions.glob("solving-*")), 60, "a solve in progress")
             redis.stop()
             worker = stack.services.named("slow-worker")

@@ -13,9 +13,9 @@ import subprocess
 from contextlib import suppress
 from pathlib import Path
 
+from bench.deployment import base_env
 from shockwave_cli.demo import DEMO_JOBS
-from tests.e2e.processes import free_port, shockwave_command
-from tests.e2e.stack import base_env
+from shockwave_cli.supervision import free_port, shockwave_argv
 
 NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://127.0.0.1:1/0")
 TIMEOUT_S = 180
@@ -23,7 +23,7 @@ TIMEOUT_S = 180
 
 def test_demo_runs_every_job_to_the_end(tmp_path: Path) -> None:
     env = {**NOWHERE_ENV, "TMPDIR": str(tmp_path)}
-    argv = [shockwave_command(), "up", "--demo", "--agents", "2", "--slots", "2"]
+    argv = [*shockwave_argv(), "up", "--demo", "--agents", "2", "--slots", "2"]
     argv += ["--round-seconds", "2", "--port", str(free_port())]
     process = subprocess.Popen(
         argv,

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from agent.config import safe_name
+from bench.deployment import job_states
+from shockwave.lifecycle import LIVE_LEASES
+from shockwave_cli.supervision import wait_until
 from tests.e2e.engine import containers, docker, remove
-from tests.e2e.processes import wait_until
-from tests.e2e.stack import job_states
 from tests.e2e.test_training_e2e import (
-    LIVE_LEASES,
     Training,
     attempts_in_log,
     check_fencing,

@@ -15,18 +15,19 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.processes import Service, free_port, shockwave_command, wait_until
-from tests.e2e.stack import base_env
+from bench.deployment import ROOT, base_env
+from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
 
 NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://127.0.0.1:1/0")
 STOP_TIMEOUT_S = 15.0
 
 
-def up(tmp_path: Path, name: str, database: Path, port: int, *args: str) -> Service:
-    return Service(
+def up(tmp_path: Path, name: str, database: Path, port: int, *args: str) -> Supervised:
+    return Supervised(
+        cwd=ROOT,
         name=name,
         argv=[
-            shockwave_command(),
+            *shockwave_argv(),
             "up",
             "--port",
             str(port),
@@ -47,7 +48,7 @@ def plan_rounds(database: Path, job_id: str) -> list[tuple[int, str]]:
     return [(index, source) for index, source, jobs in rows if job_id in jobs]
 
 
-def stop(service: Service, signum: signal.Signals) -> int:
+def stop(service: Supervised, signum: signal.Signals) -> int:
     assert service.process is not None
     service.process.send_signal(signum)
     return service.process.wait(timeout=STOP_TIMEOUT_S)
@@ -114,7 +115,7 @@ def test_up_serves_plans_and_leases_from_one_process(tmp_path: Path) -> None:
 
 def test_up_refuses_open_mode_off_loopback(tmp_path: Path) -> None:
     result = subprocess.run(
-        [shockwave_command(), "up", "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")],
+        [*shockwave_argv(), "up", "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")],
         env=NOWHERE_ENV,
         capture_output=True,
         text=True,

@@ -21,10 +21,7 @@ from pathlib import Path
 import httpx
 from sqlmodel import Session, col, func, select
 
-from store.tables import ClusterRow, JobEventRow, RoundRow
-from tests.e2e.agents import Fleet
-from tests.e2e.processes import private_redis
-from tests.e2e.stack import (
+from bench.deployment import (
     ROUND_SECONDS,
     Deployment,
     deployment,
@@ -33,6 +30,10 @@ from tests.e2e.stack import (
     plans,
     rounds,
 )
+from bench.servers import private_redis
+from store.tables import ClusterRow, JobEventRow, RoundRow
+from tests.e2e import recording_worker
+from tests.e2e.agents import Fleet, register_fleet, submit_job
 
 TICK_S = 0.2
 FALLBACKS = ("previous_plan", "greedy")
@@ -53,9 +54,9 @@ def drive(fleet: Fleet, condition: Callable[[], bool], timeout_s: float, what: s
 
 
 def start_cluster(stack: Deployment, api: str) -> Fleet:
-    fleet = stack.fleet(api, {"n1": 2, "n2": 2})
+    fleet = register_fleet(stack, api, {"n1": 2, "n2": 2})
     for name, gpus, epochs in LONG_JOBS:
-        stack.submit(api, fleet, name=name, gpus=gpus, epochs=epochs)
+        submit_job(stack, api, fleet, name=name, gpus=gpus, epochs=epochs)
     return fleet
 
 
@@ -75,7 +76,7 @@ def fallback_count(port: int) -> float:
 def test_worker_killed_mid_solve(tmp_path: Path) -> None:
     with deployment(tmp_path) as stack:
         decisions = tmp_path / "decisions"
-        stack.worker("slow-worker", record_dir=decisions, decide_delay_s=20.0)
+        recording_worker.start(stack, "slow-worker", record_dir=decisions, delay_s=20.0)
         api = stack.api()
         fleet = start_cluster(stack, api)
         try:
@@ -195,7 +196,7 @@ def test_api_keeps_accepting_while_redis_is_down(tmp_path: Path) -> None:
             accepted = []
             for i in range(4):
                 began = time.monotonic()
-                job = stack.submit(api, fleet, name=f"during-outage-{i}", gpus=1, epochs=50)
+                job = submit_job(stack, api, fleet, name=f"during-outage-{i}", gpus=1, epochs=50)
                 assert time.monotonic() - began < 3.0, "a submission waited on the broker"
                 accepted.append(job.id)
             scaled = next(iter(fleet.jobs.values()))

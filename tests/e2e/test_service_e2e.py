@@ -26,11 +26,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from bench.deployment import ROUND_SECONDS, deployment, job_states, plans, rounds
 from shockwave import state_codec
 from shockwave.policy import get_policy
 from store.tables import PlanRow
-from tests.e2e.agents import Fleet
-from tests.e2e.stack import ROUND_SECONDS, deployment, job_states, plans, rounds
+from tests.e2e import recording_worker
+from tests.e2e.agents import Fleet, register_fleet, submit_job
 
 JOBS = [  # (name, gpus, epochs): 6 GPUs asked of 4, so some wait and some are preempted
     ("resnet-a", 1, 3),
@@ -45,13 +46,13 @@ TICK_S = 0.2
 def test_jobs_run_to_success_on_the_rounds_the_core_decides(tmp_path: Path) -> None:
     record_dir = tmp_path / "decisions"
     with deployment(tmp_path) as stack:
-        stack.worker(record_dir=record_dir)
+        recording_worker.start(stack, record_dir=record_dir)
         api = stack.api()
-        fleet = stack.fleet(api, {"n1": 2, "n2": 2})
+        fleet = register_fleet(stack, api, {"n1": 2, "n2": 2})
         try:
             for name, gpus, epochs in JOBS:
-                stack.submit(
-                    api, fleet, name=name, gpus=gpus, epochs=epochs, throughput={"32": 500.0}
+                submit_job(
+                    stack, api, fleet, name=name, gpus=gpus, epochs=epochs, throughput={"32": 500.0}
                 )
             stack.driver()
             samples = run_until_all_succeed(stack.engine, fleet, stack.services.logs)

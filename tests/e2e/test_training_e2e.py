@@ -50,10 +50,10 @@ from typing import Any
 import httpx
 from sqlmodel import Session, col, select
 
+from bench.deployment import ROOT, Deployment, deployment, job_states, parallel_tokens, rounds
 from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
+from shockwave_cli.supervision import Supervised, wait_until
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
-from tests.e2e.processes import ROOT, Service, wait_until
-from tests.e2e.stack import Deployment, deployment, job_states, parallel_tokens, rounds
 
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"
 ROUND_SECONDS = 3.0
@@ -78,7 +78,7 @@ class Training:
     api: str
     http: httpx.Client
     checkpoints: Path
-    agents: dict[str, Service]
+    agents: dict[str, Supervised]
     tokens: dict[str, str]
     image: str | None = None
     """The image the jobs run in (agents with the Docker runtime); None: processes."""
@@ -153,7 +153,7 @@ def training(
     runtime, the jobs in containers of it); every process, the jobs' own included, is stopped
     at the end whatever happens."""
     with deployment(tmp_path) as stack:
-        agents: dict[str, Service] = {}
+        agents: dict[str, Supervised] = {}
         try:
             stack.worker()
             api = stack.api()
@@ -199,7 +199,7 @@ def training(
 
 def start_agent(
     stack: Deployment, api: str, node: str, token: str, *, docker: bool = False
-) -> Service:
+) -> Supervised:
     work = stack.log_dir / f"agent-{node}"
     work.mkdir(exist_ok=True)
     shared = stack.log_dir / "checkpoints"
@@ -292,7 +292,7 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def crash(agent: Service) -> list[int]:
+def crash(agent: Supervised) -> list[int]:
     """kill -9 the agent and every process it started, at once (the machine dies): frozen
     first (SIGSTOP) so that it starts nothing new meanwhile. The pids of its jobs' processes."""
     os.kill(agent.pid, signal.SIGSTOP)
@@ -634,7 +634,7 @@ def test_an_agent_killed_alone_leaves_no_job_running_unfenced(tmp_path: Path) ->
     node_dies(tmp_path, kill_agent_alone, stopped_cleanly=True)
 
 
-def kill_agent_alone(agent: Service) -> list[int]:
+def kill_agent_alone(agent: Supervised) -> list[int]:
     """kill -9 the agent alone; the pids of the wrappers it had started (still running)."""
     wrappers = [pid for pid in process_tree(agent.pid) if pid != agent.pid]
     agent.kill()
@@ -643,7 +643,7 @@ def kill_agent_alone(agent: Service) -> list[int]:
 
 
 def node_dies(
-    tmp_path: Path, kill: Callable[[Service], list[int]], *, stopped_cleanly: bool = False
+    tmp_path: Path, kill: Callable[[Supervised], list[int]], *, stopped_cleanly: bool = False
 ) -> None:
     """Four jobs on two nodes; in the middle of a round ``kill`` takes n1's agent down (and
     returns the pids of n1's job processes). n1 is LOST after the TTL, its jobs go back to the

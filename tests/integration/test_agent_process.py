@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.processes import Service, free_port, shockwave_command, wait_until
+from bench.deployment import ROOT
+from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
 
 FAKE_JOB = Path(__file__).with_name("agent_fake_job.py")
 ROUND_S = 5.0
@@ -47,7 +48,7 @@ def clean_env() -> dict[str, str]:
 
 def create_token(database: Path, role: str, *args: str) -> str:
     done = subprocess.run(
-        [shockwave_command(), "admin", "create-token", "--role", role, *args],
+        [*shockwave_argv(), "admin", "create-token", "--role", role, *args],
         env={**clean_env(), "SHOCKWAVE_DATABASE_URL": f"sqlite:///{database}"},
         capture_output=True,
         text=True,
@@ -66,7 +67,7 @@ class Scene:
     base: str
     admin: str
     agent_token: str
-    up: Service
+    up: Supervised
     work_dir: Path
     out_dir: Path
 
@@ -137,11 +138,12 @@ class Scene:
     def starts(self, job_id: str) -> list[dict[str, Any]]:
         return [r for r in self.records(job_id) if r["event"] == "start"]
 
-    def agent(self, name: str) -> Service:
-        return Service(
+    def agent(self, name: str) -> Supervised:
+        return Supervised(
+            cwd=ROOT,
             name=name,
             argv=[
-                shockwave_command(),
+                *shockwave_argv(),
                 "agent",
                 "--api",
                 self.base,
@@ -196,10 +198,11 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
     admin = create_token(database, "admin")
     agent_token = create_token(database, "agent", "--node", NODE)
     port = free_port()
-    up = Service(
+    up = Supervised(
+        cwd=ROOT,
         name="up",
         argv=[
-            shockwave_command(),
+            *shockwave_argv(),
             "up",
             "--no-open",
             "--port",

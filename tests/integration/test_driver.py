@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from shockwave_cli.supervision import Supervised, shockwave_argv, wait_until
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
 from store import migrate
@@ -404,13 +401,12 @@ def test_a_standby_takes_over_within_two_rounds_when_the_driver_process_is_kille
         "SHOCKWAVE_SOLVER_MODE": "inline",
         "SHOCKWAVE_TICK_S": "0.05",
     }
-    command = [str(Path(sys.executable).with_name("shockwave")), "driver", "--round-seconds", "1"]
-    log = (tmp_path / "driver.log").open("w+b")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    command = [*shockwave_argv(), "driver", "--round-seconds", "1"]
+    process = Supervised("the driver", command, env, tmp_path / "driver.log", ROOT).start()
     stop = threading.Event()
     standby_thread: threading.Thread | None = None
     try:
-        wait_for(lambda: count_rounds(postgres) >= 2, 20, process, log)
+        wait_for(lambda: count_rounds(postgres) >= 2, 20, process)
         settings = DriverSettings(
             database_url=postgres.url, database_schema=postgres.schema, tick_s=0.05
         )
@@ -421,8 +417,7 @@ def test_a_standby_takes_over_within_two_rounds_when_the_driver_process_is_kille
         assert not standby.is_leader
         led = count_rounds(postgres)
 
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(5)
+        process.kill()
         killed_at = time.time()
 
         wait_for(lambda: count_rounds(postgres) > led, 2 * round_s)
@@ -430,12 +425,9 @@ def test_a_standby_takes_over_within_two_rounds_when_the_driver_process_is_kille
         assert time.time() - killed_at <= 2 * round_s
     finally:
         stop.set()
-        if process.poll() is None:
-            process.kill()
-            process.wait(5)
+        process.kill()
         if standby_thread is not None:
             standby_thread.join(5)
-        log.close()
     indices = sorted(r.index for r in all_rounds(postgres))
     assert indices == list(range(len(indices))), "no round skipped or repeated"
 
@@ -450,20 +442,13 @@ def all_rounds(database: Database) -> list[RoundRow]:
 
 
 def wait_for(
-    condition: Callable[[], bool],
-    timeout: float,
-    process: subprocess.Popen[bytes] | None = None,
-    log: BinaryIO | None = None,
+    condition: Callable[[], bool], timeout: float, process: Supervised | None = None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if process is not None and process.poll() is not None:
-            output = ""
-            if log is not None:
-                log.seek(0)
-                output = log.read().decode(errors="replace")
-            pytest.fail(f"the driver exited with {process.returncode}: {output}")
-        time.sleep(0.02)
-    pytest.fail(f"not within {timeout} s")
+    """Wait until ``condition`` holds (polling every 20 ms); fail if ``process`` exits."""
+
+    def holds() -> bool:
+        if process is not None and not process.alive:
+            raise AssertionError(f"{process.name} exited: {process.log_tail()}")
+        return condition()
+
+    wait_until(holds, timeout, "the condition", poll_s=0.02)

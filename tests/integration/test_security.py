@@ -46,6 +46,7 @@ from api.app import create_app
 from api.auth import Access
 from api.ratelimit import RateLimiter
 from api.settings import Settings
+from shockwave_cli.supervision import Supervised, free_port, wait_http
 from store.db import make_engine
 from store.principals import Role
 from store.tokens import create_token
@@ -572,12 +573,6 @@ BOOT = (
 TOKEN_PATTERN = re.compile(r"swk_[A-Za-z0-9_-]{16,}")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_secrets_never_reach_the_logs(postgres_server: Engine, tmp_path: Path) -> None:
     """``shockwave api`` at DEBUG (root logger too: SQL, parameters and rows), on Postgres
     through a URL with a password; requests of every role, a job token handed out by the API,
@@ -597,18 +592,16 @@ def test_secrets_never_reach_the_logs(postgres_server: Engine, tmp_path: Path) -
             "SHOCKWAVE_MAX_BODY_BYTES": "5000",
         }
         command = [sys.executable, "-c", BOOT, "api", "--port", str(port), "--log-level", "debug"]
-        with log_path.open("wb") as log:
-            server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-            engine = make_engine(url, schema)
-            try:
-                base = f"http://127.0.0.1:{port}"
-                wait_until_up(base, server, log_path)
-                database = Database("postgres", url, engine, schema)
-                plain = {**exercise(base, database), "database password": password}
-            finally:
-                server.terminate()
-                server.wait(timeout=20)
-                engine.dispose()
+        server = Supervised("the API", command, env, log_path, grace_s=20.0).start()
+        engine = make_engine(url, schema)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/healthz", server, 300)
+            database = Database("postgres", url, engine, schema)
+            plain = {**exercise(base, database), "database password": password}
+        finally:
+            server.stop()
+            engine.dispose()
     logs = log_path.read_text(errors="replace")
 
     assert "DEBUG" in logs and "/v1/agent/leases/" in logs and " 429" in logs, logs[-3000:]
@@ -616,19 +609,6 @@ def test_secrets_never_reach_the_logs(postgres_server: Engine, tmp_path: Path) -
     leaked = [name for name, secret in plain.items() if secret in logs]
     assert not leaked, f"logged: {leaked}"
     assert not TOKEN_PATTERN.findall(logs)
-
-
-def wait_until_up(base: str, server: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert server.poll() is None, "the API exited"
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the API did not start: {log_path.read_text()[-3000:]}")
 
 
 def exercise(base: str, database: Database) -> dict[str, str]:

@@ -7,11 +7,8 @@ here sees another test session's plans or messages. Every subprocess is killed a
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from shockwave.policy import get_policy, service_params
+from shockwave_cli.supervision import Supervised
 from solver_service import enqueue
 from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings
@@ -165,33 +163,16 @@ def service(
             "SHOCKWAVE_BROKER_URL": REDIS_URL,
             "SHOCKWAVE_SOLVER_QUEUE": queue,
         }
-        with log.open("wb") as output:
-            worker = subprocess.Popen(
-                [str(SHOCKWAVE), "worker", "--concurrency", "1", "--log-level", "info"],
-                env=env,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        argv = [str(SHOCKWAVE), "worker", "--concurrency", "1", "--log-level", "info"]
+        worker = Supervised("worker", argv, env, log, grace_s=10.0).start()
         try:
             wait_for("ready worker", lambda: b" ready." in log.read_bytes(), WORKER_START_S, log)
             yield Service(Database("postgres", POSTGRES_URL, engine, schema), queue, log, settings)
         finally:
-            _stop(worker)
+            worker.stop()
             engine.dispose()
             for key in redis_broker.scan_iter(match=f"*{queue}*"):
                 redis_broker.delete(key)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the worker's process group (the worker and its pool), SIGKILL if it lingers."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=10)
 
 
 @pytest.fixture

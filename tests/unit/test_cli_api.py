@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
 from shockwave_cli.main import app
+from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_http
 
 runner = CliRunner()
 START_TIMEOUT_S = 20.0
-SHOCKWAVE = [sys.executable, "-c", "from shockwave_cli.main import app; app()"]
+SHOCKWAVE = shockwave_argv(from_cwd=True)
 
 
 @dataclass(frozen=True)
@@ -34,13 +31,6 @@ class Server:
     url: str
     database_url: str
     admin_token: str
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -59,46 +49,23 @@ def create_token(database_url: str, *args: str) -> subprocess.CompletedProcess[s
     )
 
 
-def wait_until_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"`shockwave api` exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"`shockwave api` did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     directory = tmp_path_factory.mktemp("api")
     database_url = f"sqlite:///{directory / 'shockwave.db'}"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = directory / "server.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*SHOCKWAVE, "api", "--port", str(port), "--log-level", "warning"],
-            env=clean_env(SHOCKWAVE_DATABASE_URL=database_url),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    argv = [*SHOCKWAVE, "api", "--port", str(port), "--log-level", "warning"]
+    env = clean_env(SHOCKWAVE_DATABASE_URL=database_url)
+    process = Supervised("`shockwave api`", argv, env, directory / "server.log", grace_s=10.0)
+    process.start()
     try:
-        wait_until_healthy(url, process, log)
+        wait_http(f"{url}/healthz", process, START_TIMEOUT_S)
         admin = create_token(database_url, "--role", "admin", "--name", "test-admin")
         assert admin.returncode == 0, admin.stderr
         yield Server(url, database_url, admin.stdout.strip())
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
-"""The distributed deployment, assembled from real processes for one test.
+"""The distributed deployment, assembled from real processes for one run (the chaos run, the
+end-to-end tests).
 
 :func:`deployment` gives a migrated throwaway Postgres database, the environment every process
-shares (database, broker, ``celery`` solver mode), an admin token, and a :class:`Services`
-registry that stops every process it started. Tests then start the API, solver workers and round
-drivers they need, register :class:`~tests.e2e.agents.SimulatedAgent` nodes, and read the
-outcome from the database with the helpers below.
+shares (database, broker, ``celery`` solver mode), an admin token, and a
+:class:`~shockwave_cli.supervision.Supervisor` that stops every process it started. Runs then
+start the API, solver workers and round drivers they need, their agents, and read the outcome
+from the database with the helpers below.
 """
 
 from __future__ import annotations
@@ -16,29 +17,28 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from bench.servers import REDIS_URL, database_engine, require_shared_redis, throwaway_database
+from shockwave_cli.supervision import (
+    LOOPBACK,
+    Supervisor,
+    free_port,
+    shockwave_argv,
+    wait_http,
+)
 from store import migrate
 from store.tables import JobRow, LeaseRow, PlanRow, RoundRow
-from tests.e2e.agents import Fleet, Job, SimulatedAgent
-from tests.e2e.processes import (
-    REDIS_URL,
-    Services,
-    database_engine,
-    free_port,
-    require_shared_redis,
-    shockwave_command,
-    throwaway_database,
-)
 
+ROOT = Path(__file__).resolve().parents[1]
 ROUND_SECONDS = 2.0
 SOLVER_TIME_LIMIT_S = 5.0
-RECORDING_WORKER = "tests.e2e.recording_worker"
+API_START_TIMEOUT_S = 90.0
+"""An API process imports a lot; on a loaded 2-core machine its start can take a minute."""
 
 
 @dataclass
@@ -46,34 +46,25 @@ class Deployment:
     database_url: str
     engine: Engine
     env: dict[str, str]
-    services: Services
+    services: Supervisor
     admin_token: str
     log_dir: Path
 
     def api(self, name: str = "api", *, port: int | None = None) -> str:
-        """Start an API process (on ``port``, default a free one); its base URL."""
-        return self.services.api(name, port=port)
-
-    def worker(
-        self, name: str = "worker", *, record_dir: Path | None = None, decide_delay_s: float = 0.0
-    ) -> None:
-        """A solver worker: ``shockwave worker`` itself, or (``record_dir`` set) the same
-        command run by :mod:`tests.e2e.recording_worker`, which records every decision and
-        may slow each one down by ``decide_delay_s``."""
-        if record_dir is None and not decide_delay_s:
-            self.services.shockwave(name, "worker", "--concurrency", "1")
-            return
-        record_dir = record_dir or self.log_dir / f"{name}-decisions"
-        self.services.module(
-            name,
-            RECORDING_WORKER,
-            "--concurrency",
-            "1",
-            env={
-                "SHOCKWAVE_E2E_RECORD_DIR": str(record_dir),
-                "SHOCKWAVE_E2E_DECIDE_DELAY_S": str(decide_delay_s),
-            },
+        """Start ``shockwave api`` on ``port`` (default a free loopback port); its base URL once
+        it answers. A fixed port lets a run restart a killed API where its clients expect it
+        (``services.named(name).start()``, then :func:`~shockwave_cli.supervision.wait_http`)."""
+        port = port or free_port()
+        process = self.services.shockwave(
+            name, "api", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"
         )
+        base = f"http://{LOOPBACK}:{port}"
+        wait_http(f"{base}/healthz", process, API_START_TIMEOUT_S, self.services.logs)
+        return base
+
+    def worker(self, name: str = "worker") -> None:
+        """A solver worker (``shockwave worker``), one plan at a time."""
+        self.services.shockwave(name, "worker", "--concurrency", "1")
 
     def driver(self, name: str = "driver", *, metrics_port: int | None = None) -> int:
         """A round driver with short rounds; the port its metrics are served on."""
@@ -92,37 +83,6 @@ class Deployment:
 
     def agent_token(self, node: str) -> str:
         return admin_command(self.env, "--role", "agent", "--node", node)
-
-    def fleet(self, api_url: str, nodes: Mapping[str, int]) -> Fleet:
-        """Registered agents: node id -> GPUs."""
-        tokens = parallel_tokens(self.env, [["--role", "agent", "--node", n] for n in nodes])
-        agents = [
-            SimulatedAgent(node, token, api_url, gpus)
-            for (node, gpus), token in zip(nodes.items(), tokens, strict=True)
-        ]
-        for agent in agents:
-            agent.register()
-        return Fleet(agents)
-
-    def submit(self, api_url: str, fleet: Fleet, **body: Any) -> Job:
-        spec = {"samples_per_epoch": 1000, "initial_batch_size": 32, **body}
-        response = httpx.post(
-            f"{api_url}/v1/jobs",
-            json=spec,
-            headers={"Authorization": f"Bearer {self.admin_token}"},
-            timeout=10.0,
-        )
-        assert response.status_code == 201, response.text
-        created = response.json()
-        job = Job(
-            id=created["id"],
-            gpus=spec["gpus"],
-            epochs=spec["epochs"],
-            samples_per_epoch=spec["samples_per_epoch"],
-            batch_size=spec["initial_batch_size"],
-        )
-        fleet.jobs[job.id] = job
-        return job
 
 
 def base_env(database_url: str, broker_url: str) -> dict[str, str]:
@@ -158,7 +118,7 @@ def deployment(
         engine = database_engine(url)
         env = base_env(url, broker_url or shared_redis_url())
         try:
-            with Services(log_dir, env) as services:
+            with Supervisor(log_dir, env, cwd=ROOT) as services:
                 admin = admin_command(env, "--role", "admin")
                 yield Deployment(url, engine, env, services, admin, log_dir)
         finally:
@@ -174,7 +134,7 @@ def parallel_tokens(env: Mapping[str, str], requests: list[list[str]]) -> list[s
     """Create several tokens with ``shockwave admin create-token``, concurrently."""
     processes = [
         subprocess.Popen(
-            [shockwave_command(), "admin", "create-token", *args],
+            [*shockwave_argv(), "admin", "create-token", *args],
             env=dict(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,10 +1,9 @@
-"""Real processes for the end-to-end tests: the ``shockwave`` commands as subprocesses, a
-throwaway Postgres database, a private Redis server.
+"""Database and broker servers for runs of the whole service: a throwaway database on the shared
+Postgres, and private Postgres and Redis servers that a fault run may restart or crash.
 
-Every process runs in a session of its own, so :meth:`Service.kill` (SIGKILL to the whole
-process group: a Celery worker's pool children die with it, as on a crashed machine) and
-:meth:`Service.stop` (SIGTERM, then SIGKILL) leave nothing behind. Output goes to a log file per
-process; failures quote its tail. Nothing here skips: a missing server or command fails.
+Used by the chaos run (:mod:`bench.chaos`) and the end-to-end tests. Nothing here skips: a
+server that cannot be reached or started raises :class:`ServerUnavailable` saying how to get
+one (``scripts/services.sh`` starts the shared ones).
 """
 
 from __future__ import annotations
@@ -15,233 +14,28 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 from urllib.parse import urlsplit
 
-import httpx
-import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
+
+from shockwave_cli.supervision import LOOPBACK, STOP_GRACE_S, free_port, wait_until
 
 POSTGRES_URL = os.environ.get(
     "SHOCKWAVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-LOOPBACK = "127.0.0.1"
-ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 5.0
-API_START_TIMEOUT_S = 90.0
-"""An API process imports a lot; on a loaded 2-core machine its start can take a minute."""
 
 
-def shockwave_command() -> str:
-    """The ``shockwave`` console script of the interpreter running the tests."""
-    path = Path(sys.executable).parent / "shockwave"
-    if not path.is_file():
-        pytest.fail(f"no shockwave command next to {sys.executable}; install the project")
-    return str(path)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def wait_until(
-    condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1
-) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
-
-
-@dataclass
-class Service:
-    """One long-running process, logged to ``log_path``."""
-
-    name: str
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    def start(self) -> Service:
-        assert not self.alive, f"{self.name} is already running"
-        self._log = self.log_path.open("ab")
-        self._log.write(f"\n=== start {' '.join(self.argv)}\n".encode())
-        self._log.flush()
-        self.process = subprocess.Popen(
-            list(self.argv),
-            env=dict(self.env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=ROOT,
-        )
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, f"{self.name} never started"
-        return self.process.pid
-
-    def kill(self) -> None:
-        """SIGKILL the process and everything it started (kill -9, no chance to clean up)."""
-        self._signal(signal.SIGKILL)
-        self._reap(STOP_GRACE_S)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL whatever is left after the grace period."""
-        self._signal(signal.SIGTERM)
-        if not self._reap(STOP_GRACE_S):
-            self._signal(signal.SIGKILL)
-            self._reap(STOP_GRACE_S)
-        self._signal(signal.SIGKILL)  # pool children that outlived their parent
-
-    def log_tail(self, chars: int = 4000) -> str:
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def _signal(self, number: signal.Signals) -> None:
-        if self.process is None:
-            return
-        with suppress(ProcessLookupError):
-            os.killpg(self.process.pid, number)
-
-    def _reap(self, timeout_s: float) -> bool:
-        if self.process is None:
-            return True
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return False
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return True
-
-
-class Services:
-    """Starts services and stops every one of them at the end (use as a context manager)."""
-
-    def __init__(self, log_dir: Path, env: Mapping[str, str]) -> None:
-        self.log_dir = log_dir
-        self.env = dict(env)
-        self.started: list[Service] = []
-
-    def __enter__(self) -> Services:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for service in reversed(self.started):
-            service.stop()
-
-    def start(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
-    ) -> Service:
-        """Start ``argv`` (in the project root) as the service ``name``."""
-        service = Service(
-            name=name,
-            argv=list(argv),
-            env={**self.env, **(env or {})},
-            log_path=self.log_dir / f"{name}.log",
-        )
-        self.started.append(service)
-        return service.start()
-
-    def shockwave(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Service:
-        """Start ``shockwave <args>``."""
-        return self.start(name, [shockwave_command(), *args], env)
-
-    def module(
-        self, name: str, module: str, *args: str, env: Mapping[str, str] | None = None
-    ) -> Service:
-        """Start ``python -m <module> <args>`` with the tests' interpreter."""
-        return self.start(name, [sys.executable, "-m", module, *args], env)
-
-    def named(self, name: str) -> Service:
-        """The last service started as ``name``."""
-        return next(s for s in reversed(self.started) if s.name == name)
-
-    def logs(self) -> str:
-        """Every service's log tail, for a failure message."""
-        return "\n".join(f"--- {s.name} ({s.log_path})\n{s.log_tail()}" for s in self.started)
-
-    def api(
-        self, name: str = "api", *, env: Mapping[str, str] | None = None, port: int | None = None
-    ) -> str:
-        """Start ``shockwave api`` on ``port`` (default a free loopback port); its base URL once
-        it answers. A fixed port lets a test restart a killed API where its clients expect it
-        (``named(name).start()``, then :func:`wait_healthy`)."""
-        port = port or free_port()
-        service = self.shockwave(
-            name,
-            "api",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            env=env,
-        )
-        base = f"http://{LOOPBACK}:{port}"
-        wait_healthy(service, base, API_START_TIMEOUT_S, self.logs)
-        return base
-
-
-def wait_healthy(
-    service: Service, base: str, timeout_s: float, logs: Callable[[], str] | None = None
-) -> None:
-    """Wait until ``service`` (an API at ``base``) answers /healthz; fail if it exits."""
-    wait_until(
-        lambda: _answers(base, service),
-        timeout_s,
-        f"{service.name} at {base}/healthz\n{logs() if logs else service.log_tail()}",
-    )
-
-
-def _answers(base: str, service: Service) -> bool:
-    if not service.alive:
-        raise AssertionError(f"{service.name} exited:\n{service.log_tail()}")
-    try:
-        return httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def run_command(*args: str, env: Mapping[str, str]) -> str:
-    """Run a short ``shockwave`` command; its stdout (stripped). Fails on a non-zero exit."""
-    result = subprocess.run(
-        [shockwave_command(), *args],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, f"shockwave {' '.join(args)}: {result.stderr}"
-    return result.stdout.strip()
+class ServerUnavailable(RuntimeError):
+    """A server the run needs cannot be reached or started; the message says how to get one."""
 
 
 @contextmanager
@@ -264,12 +58,11 @@ def throwaway_database(prefix: str = "e2e", server_url: str | None = None) -> It
             connection.execute(text(f'CREATE DATABASE "{name}"'))
     except OperationalError as error:
         server.dispose()
-        pytest.fail(
-            f"PostgreSQL is not reachable at {server_url} ({error.orig}). The end-to-end "
-            "tests need it: run scripts/services.sh (CI does), or point "
-            "SHOCKWAVE_TEST_POSTGRES_URL at a server.",
-            pytrace=False,
-        )
+        raise ServerUnavailable(
+            f"PostgreSQL is not reachable at {server_url} ({error.orig}). Runs of the whole "
+            "service need it: run scripts/services.sh (CI does), or point "
+            "SHOCKWAVE_TEST_POSTGRES_URL at a server."
+        ) from None
     try:
         yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
@@ -297,10 +90,9 @@ def require_shared_redis() -> None:
     url = urlsplit(REDIS_URL)
     host, port = url.hostname or LOOPBACK, url.port or 6379
     if not redis_answers(host, port):
-        pytest.fail(
-            f"Redis is not answering at {REDIS_URL}. The end-to-end tests need it: run "
-            "scripts/services.sh (CI does), or point SHOCKWAVE_TEST_REDIS_URL at a server.",
-            pytrace=False,
+        raise ServerUnavailable(
+            f"Redis is not answering at {REDIS_URL}. Runs of the whole service need it: run "
+            "scripts/services.sh (CI does), or point SHOCKWAVE_TEST_REDIS_URL at a server."
         )
 
 
@@ -319,7 +111,9 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server is not installed; the fault tests start one of their own")
+            raise ServerUnavailable(
+                "redis-server is not installed; fault runs start one of their own"
+            )
         self.process = subprocess.Popen(
             [
                 binary,
@@ -374,7 +168,9 @@ def postgres_bindir() -> Path:
         Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3])
     )
     if not versions:
-        pytest.fail("PostgreSQL's initdb/pg_ctl are not installed; set SHOCKWAVE_TEST_PG_BINDIR")
+        raise ServerUnavailable(
+            "PostgreSQL's initdb/pg_ctl are not installed; set SHOCKWAVE_TEST_PG_BINDIR"
+        )
     return versions[-1].parent
 
 
