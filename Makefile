@@ -60,7 +60,9 @@ images:
 compose-check: venv
 	scripts/compose_check.sh
 
+# ruff, mypy, and the import rules of docs/architecture.md (import-linter, pyproject.toml).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
