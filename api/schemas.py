@@ -10,6 +10,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shockwave.lifecycle import JobState, NodeState
+from shockwave.model import AdaptationMode
 from store.tables import INT4_MAX
 
 BigInt = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
@@ -52,7 +53,7 @@ class JobCreate(BaseModel):
     epochs: BigInt
     samples_per_epoch: BigInt
     initial_batch_size: BigInt
-    mode: Literal["static", "accordion", "gns", "custom"] = "static"
+    mode: AdaptationMode = AdaptationMode.STATIC
     batch_sizes: Annotated[list[BigInt], Field(max_length=64)] = []
     throughput: Annotated[dict[BigInt, Finite], Field(max_length=64)] = {}
     budget: Finite = 1.0
