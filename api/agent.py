@@ -31,11 +31,13 @@ from api.agent_schemas import (
 )
 from shockwave.lifecycle import (
     LIVE_LEASES,
-    STOPPED_LEASES,
     TAKEN_BACK,
+    JobEffect,
     JobState,
     LeaseState,
     NodeState,
+    Report,
+    report_effect,
     transition,
 )
 from store import cluster_version, population
@@ -503,61 +505,38 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
 
 
 def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
-    """Apply ``report``; the reason it is refused, or None."""
-    if lease.state == LeaseState.LOST:
-        return f"attempt {lease.id} was lost with its node; its job went back to the queue"
-    if lease.state in STOPPED_LEASES:
-        if _same_stop(lease, report):
-            return None
-        return f"attempt {lease.id} has already stopped ({lease.state.lower()})"
-    revoked = lease.state == LeaseState.REVOKED
-    finished = JobState(job.state).terminal
-    if report.state in ("started", "running"):
-        if revoked:
-            return f"attempt {lease.id} was revoked"
-        if finished:
-            move_lease(session, lease, LeaseState.REVOKED)
-            return f"job {job.id} is {job.state.lower()}"
-        _run(session, lease, job, report.state)
-        return None
-    where = f"attempt {lease.id} on {lease.node_id}"
-    if report.state == "checkpointed":
-        move_lease(session, lease, LeaseState.CHECKPOINTED)
-        if not finished:
-            stop_running(session, job, f"{where} checkpointed", except_attempt=lease.id)
-        return None
-    code = report.exit_code if report.exit_code is not None else 0
-    move_lease(session, lease, LeaseState.EXITED, exit_code=code)
-    if finished:
-        return None
-    if code == 0:
-        _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
-    elif revoked or report.stop_requested:
-        stop_running(session, job, f"{where} stopped (exit {code})", except_attempt=lease.id)
-    else:
-        _finish(session, job, JobState.FAILED, f"{where} exited {code}", lease.id)
-    return None
-
-
-def _same_stop(lease: LeaseRow, report: LeaseStatusReport) -> bool:
-    if report.state == "checkpointed":
-        return lease.state == LeaseState.CHECKPOINTED
-    return (
-        report.state == "exited"
-        and lease.state == LeaseState.EXITED
-        and lease.exit_code == report.exit_code
+    """Apply ``report`` as the lease lifecycle says (:func:`shockwave.lifecycle.report_effect`);
+    the reason it is refused, or None."""
+    reported = Report(report.state)
+    effect = report_effect(
+        lease.id,
+        LeaseState(lease.state),
+        lease.exit_code,
+        job.id,
+        JobState(job.state),
+        reported,
+        report.exit_code,
+        report.stop_requested,
     )
-
-
-def _run(session: Session, lease: LeaseRow, job: JobRow, reported: str) -> None:
-    if reported == "running" or lease.state == LeaseState.ISSUED:
-        target = LeaseState.RUNNING if reported == "running" else LeaseState.STARTED
-        if lease.state != target:
-            move_lease(session, lease, target)
-    if job.state != JobState.RUNNING.value:
+    if effect.lease is not None:
+        move_lease(session, lease, effect.lease, exit_code=effect.exit_code)
+    where = f"attempt {lease.id} on {lease.node_id}"
+    if effect.job is JobEffect.RUN and job.state != JobState.RUNNING.value:
         record_state(
             session, job, JobState.RUNNING, f"attempt {lease.id} started on {lease.node_id}"
         )
+    elif effect.job is JobEffect.REQUEUE:
+        why = (
+            "checkpointed"
+            if reported is Report.CHECKPOINTED
+            else f"stopped (exit {effect.exit_code})"
+        )
+        stop_running(session, job, f"{where} {why}", except_attempt=lease.id)
+    elif effect.job is JobEffect.SUCCEED:
+        _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
+    elif effect.job is JobEffect.FAIL:
+        _finish(session, job, JobState.FAILED, f"{where} exited {effect.exit_code}", lease.id)
+    return effect.refused
 
 
 def _finish(session: Session, job: JobRow, target: JobState, reason: str, attempt: str) -> None:

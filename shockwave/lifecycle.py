@@ -23,6 +23,7 @@ READY again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -139,3 +140,101 @@ def lease_transition(current: LeaseState, target: LeaseState) -> LeaseState:
 class NodeState(StrEnum):
     READY = "READY"
     LOST = "LOST"
+
+
+class Report(StrEnum):
+    """What an agent reports about an attempt: its process ``started``, is ``running``,
+    ``checkpointed`` (saved its state and stopped) or ``exited`` with a code."""
+
+    STARTED = "started"
+    RUNNING = "running"
+    CHECKPOINTED = "checkpointed"
+    EXITED = "exited"
+
+
+class JobEffect(StrEnum):
+    """What a report does to the attempt's job: it ``run``s (RUNNING), goes back to the queue
+    unless it runs elsewhere (``requeue``: SUSPENDED with a checkpoint, else PENDING), or ends
+    (``succeed``, ``fail``: its other attempts are revoked)."""
+
+    RUN = "run"
+    REQUEUE = "requeue"
+    SUCCEED = "succeed"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportEffect:
+    """What a report does: ``lease``, the attempt's new state (None: unchanged) and the
+    ``exit_code`` it records; ``job``, what happens to the job (None: nothing); ``refused``,
+    why the attempt must stop instead (None: the report is applied)."""
+
+    lease: LeaseState | None = None
+    exit_code: int | None = None
+    job: JobEffect | None = None
+    refused: str | None = None
+
+
+def report_effect(
+    attempt_id: str,
+    lease: LeaseState,
+    lease_exit_code: int | None,
+    job_id: str,
+    job: JobState,
+    report: Report,
+    exit_code: int | None = None,
+    stop_requested: bool = False,
+) -> ReportEffect:
+    """The effect of ``report`` on attempt ``attempt_id`` (its lease in state ``lease``, which
+    recorded ``lease_exit_code``) of job ``job_id`` (in state ``job``):
+
+    - a ``LOST`` attempt's reports are refused: its job has already gone back to the queue;
+    - on a stopped attempt, the same stop again changes nothing; any other report is refused;
+    - ``started`` / ``running`` on a live lease: the lease moves on (ISSUED -> STARTED on
+      ``started``; RUNNING on ``running``), the job runs; refused on a revoked lease, and on a
+      live lease of a finished job, which is revoked;
+    - ``checkpointed``: the lease is CHECKPOINTED; an unfinished job goes back to the queue;
+    - ``exited`` (no code counts as 0): the lease is EXITED; an unfinished job succeeds on 0,
+      goes back to the queue on a nonzero code or a signal when the process was asked to stop
+      (the lease was revoked, or ``stop_requested``: the agent stopped it on its own), and
+      fails otherwise.
+    """
+    if lease is LeaseState.LOST:
+        return ReportEffect(
+            refused=f"attempt {attempt_id} was lost with its node; its job went back to the queue"
+        )
+    if lease in STOPPED_LEASES:
+        same = (report is Report.CHECKPOINTED and lease is LeaseState.CHECKPOINTED) or (
+            report is Report.EXITED and lease is LeaseState.EXITED and lease_exit_code == exit_code
+        )
+        if same:
+            return ReportEffect()
+        return ReportEffect(refused=f"attempt {attempt_id} has already stopped ({lease.lower()})")
+    revoked = lease is LeaseState.REVOKED
+    if report in (Report.STARTED, Report.RUNNING):
+        if revoked:
+            return ReportEffect(refused=f"attempt {attempt_id} was revoked")
+        if job.terminal:
+            return ReportEffect(
+                lease=LeaseState.REVOKED, refused=f"job {job_id} is {job.value.lower()}"
+            )
+        target: LeaseState | None = None
+        if report is Report.RUNNING:
+            target = LeaseState.RUNNING
+        elif lease is LeaseState.ISSUED:
+            target = LeaseState.STARTED
+        return ReportEffect(lease=None if target is lease else target, job=JobEffect.RUN)
+    if report is Report.CHECKPOINTED:
+        return ReportEffect(
+            lease=LeaseState.CHECKPOINTED, job=None if job.terminal else JobEffect.REQUEUE
+        )
+    code = exit_code if exit_code is not None else 0
+    effect: JobEffect | None = None
+    if not job.terminal:
+        if code == 0:
+            effect = JobEffect.SUCCEED
+        elif revoked or stop_requested:
+            effect = JobEffect.REQUEUE
+        else:
+            effect = JobEffect.FAIL
+    return ReportEffect(lease=LeaseState.EXITED, exit_code=code, job=effect)
