@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shockwave.lifecycle import NodeState
 from store import cluster
 
 log = logging.getLogger("shockwave.api")
@@ -86,8 +87,8 @@ class DatabaseCollector:
                 jobs = cluster.jobs_by_state(session)
                 capacity = cluster.capacity(session)
             gpus = {
-                "READY": capacity.ready_gpus,
-                "LOST": capacity.total_gpus - capacity.ready_gpus,
+                NodeState.READY.value: capacity.ready_gpus,
+                NodeState.LOST.value: capacity.total_gpus - capacity.ready_gpus,
             }
         except SQLAlchemyError as error:
             log.warning("metrics: could not read the database: %r", error)

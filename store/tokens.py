@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import TypedDict
 
 from sqlmodel import Session, select
+from typing_extensions import Unpack
 
 from store.principals import Principal, Role
 from store.tables import TokenRow
@@ -23,38 +25,31 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(
-    session: Session,
-    role: Role,
-    *,
-    tenant: str | None = None,
-    node: str | None = None,
-    job_id: str | None = None,
-    attempt_id: str | None = None,
-    name: str = "",
-) -> str:
+class Scope(TypedDict, total=False):
+    """What a token acts for: a user's ``tenant``, an agent's ``node``, a job token's
+    ``job_id`` (and the ``attempt_id`` it speaks for), and a ``name`` to tell tokens apart."""
+
+    tenant: str | None
+    node: str | None
+    job_id: str | None
+    attempt_id: str | None
+    name: str
+
+
+def create_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
     """Store a new token (hashed), commit, and return it; the plain token is never stored.
     ``attempt_id`` (job tokens only) ties the token to one attempt of the job."""
-    token = add_token(
-        session, role, tenant=tenant, node=node, job_id=job_id, attempt_id=attempt_id, name=name
-    )
+    token = add_token(session, role, **scope)
     session.commit()
     return token
 
 
-def add_token(
-    session: Session,
-    role: Role,
-    *,
-    tenant: str | None = None,
-    node: str | None = None,
-    job_id: str | None = None,
-    attempt_id: str | None = None,
-    name: str = "",
-) -> str:
+def add_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
     """:func:`create_token` without the commit: the caller commits once for all it adds.
     ValueError when the role's scope is missing (a user needs a tenant, an agent a node, a job
     token a job) or an attempt is named on another role."""
+    tenant, node = scope.get("tenant"), scope.get("node")
+    job_id, attempt_id = scope.get("job_id"), scope.get("attempt_id")
     if role is Role.USER and not tenant:
         raise ValueError("a user token needs a tenant")
     if role is Role.AGENT and not node:
@@ -72,7 +67,7 @@ def add_token(
             node=node,
             job_id=job_id,
             attempt_id=attempt_id,
-            name=name,
+            name=scope.get("name", ""),
         )
     )
     return token

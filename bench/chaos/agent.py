@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from bench.chaos.client import RoundRobin, Unavailable
+from shockwave.lifecycle import LeaseState
 
 TICK_S = 0.3
 HEARTBEAT_EVERY_S = 1.0
@@ -146,7 +147,7 @@ class Agent:
                 return
             self.reconcile(body)
         for lease in body["leases"]:
-            if lease["state"] == "RUNNING" and lease["attempt_id"] in self.state.attempts:
+            if lease["state"] == LeaseState.RUNNING and lease["attempt_id"] in self.state.attempts:
                 self.train_round(self.state.attempts[lease["attempt_id"]], lease)
 
     def poll(self, heartbeat: bool, tokens: bool) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.workload import Acknowledged
-from shockwave.lifecycle import TERMINAL
+from shockwave.lifecycle import TERMINAL, JobState
 from store.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 
 ROUND_SLACK_S = 0.01
@@ -215,7 +215,7 @@ def _state_chain(found: Findings, job: JobRow, chain: list[JobEventRow]) -> None
     states = [e.payload.get("to") for e in chain]
     froms = [e.payload.get("from") for e in chain[1:]]
     problems = []
-    if not states or states[0] != "PENDING":
+    if not states or states[0] != JobState.PENDING:
         problems.append("does not start PENDING")
     if froms != states[:-1]:
         problems.append("a change does not start where the last one ended")

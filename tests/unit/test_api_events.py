@@ -7,7 +7,6 @@ the same tests on Postgres, each in a throwaway schema that is dropped afterward
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from shockwave.model import Regime
 from shockwave.observed import ClientEvent, Observed, fold, observe, regimes_of
 from store import events as progress_module
 from store import migrate
+from store.paging import page_token
 from store.principals import Role
 from store.snapshot import load_snapshot
 from store.tables import JobEventRow, NodeRow
@@ -560,7 +560,7 @@ def test_ids_beyond_the_id_column_are_a_422(api: Api) -> None:
     job = api.submit()
     too_big = api.client.get(f"/v1/jobs/{job}/events/{2**31}")
     assert too_big.status_code == 422
-    token = base64.urlsafe_b64encode(f"event:{2**31}".encode()).decode()
+    token = page_token("event", str(2**31))
     page = api.client.get(f"/v1/jobs/{job}/events", params={"page_token": token})
     assert page.status_code == 422
     assert page.json()["errors"][0]["field"] == "page_token"
