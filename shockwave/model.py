@@ -169,17 +169,39 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """``nodes`` identical machines with ``gpus_per_node`` GPUs each.
+    """The GPU nodes of a cluster, as a list of node sizes: ``node_gpus[n]`` GPUs on node ``n``.
 
-    GPUs are numbered globally: GPU ``g`` sits on node ``g // gpus_per_node``.
+    Nodes may differ in size (an 8-GPU server, a 4-GPU one, a 2-GPU box). GPUs are numbered
+    globally in node order: node ``n`` holds GPUs ``first_gpu(n)`` to ``first_gpu(n) +
+    node_gpus[n] - 1``. Build one with :meth:`uniform` (``nodes`` identical nodes),
+    :meth:`of_gpus` (a GPU count in nodes of one size) or :meth:`parse` (``"2x8,3x4"``).
     """
 
-    nodes: int
-    gpus_per_node: int
+    node_gpus: tuple[int, ...]
+    _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _node_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require_positive_int("nodes", self.nodes)
-        _require_positive_int("gpus_per_node", self.gpus_per_node)
+        sizes = tuple(self.node_gpus)
+        if not sizes:
+            raise ValidationError("nodes", "a cluster needs at least one node")
+        for i, size in enumerate(sizes):
+            _require_positive_int(f"nodes[{i}].gpus", size)
+        first, node_of, at = [], [], 0
+        for n, size in enumerate(sizes):
+            first.append(at)
+            node_of.extend([n] * size)
+            at += size
+        object.__setattr__(self, "node_gpus", sizes)
+        object.__setattr__(self, "_first", tuple(first))
+        object.__setattr__(self, "_node_of", tuple(node_of))
+
+    @classmethod
+    def uniform(cls, nodes: int, gpus_per_node: int) -> Cluster:
+        """``nodes`` identical nodes of ``gpus_per_node`` GPUs each."""
+        _require_positive_int("nodes", nodes)
+        _require_positive_int("gpus_per_node", gpus_per_node)
+        return cls((gpus_per_node,) * nodes)
 
     @classmethod
     def of_gpus(cls, total_gpus: int, gpus_per_node: int) -> Cluster:
@@ -190,14 +212,59 @@ class Cluster:
             raise ValidationError(
                 "gpus", f"{total_gpus} GPUs do not divide into nodes of {gpus_per_node}"
             )
-        return cls(nodes=total_gpus // gpus_per_node, gpus_per_node=gpus_per_node)
+        return cls.uniform(total_gpus // gpus_per_node, gpus_per_node)
+
+    @classmethod
+    def parse(cls, text: str) -> Cluster:
+        """A node list written ``COUNTxGPUS`` separated by commas: ``"2x8,3x4,2x2"`` is two
+        8-GPU nodes, three 4-GPU nodes and two 2-GPU nodes (in that order)."""
+        sizes: list[int] = []
+        for part in (p.strip() for p in text.split(",")):
+            count, sep, gpus = part.lower().partition("x")
+            if not sep or not count.strip().isdigit() or not gpus.strip().isdigit():
+                raise ValidationError(
+                    "nodes", f"{part!r} is not COUNTxGPUS (for example 2x8,3x4), in {text!r}"
+                )
+            n, g = int(count), int(gpus)
+            if n <= 0 or g <= 0:
+                raise ValidationError("nodes", f"{part!r}: counts must be positive")
+            sizes.extend([g] * n)
+        return cls(tuple(sizes))
+
+    @property
+    def nodes(self) -> int:
+        return len(self.node_gpus)
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return len(self._node_of)
+
+    @property
+    def largest_node(self) -> int:
+        return max(self.node_gpus)
+
+    @property
+    def is_uniform(self) -> bool:
+        return len(set(self.node_gpus)) == 1
 
     def node_of(self, gpu: int) -> int:
-        return gpu // self.gpus_per_node
+        return self._node_of[gpu]
+
+    def first_gpu(self, node: int) -> int:
+        """Global index of node ``node``'s GPU 0."""
+        return self._first[node]
+
+    def describe(self) -> str:
+        """``"8 nodes x 4 GPUs"`` or, mixed, ``"2x8 + 3x4 + 2x2"`` (count x GPUs, in order)."""
+        if self.is_uniform:
+            return f"{self.nodes} nodes x {self.node_gpus[0]} GPUs"
+        runs: list[list[int]] = []
+        for size in self.node_gpus:
+            if runs and runs[-1][1] == size:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, size])
+        return " + ".join(f"{n}x{g}" for n, g in runs)
 
 
 def _require_positive_int(name: str, value: object) -> None:

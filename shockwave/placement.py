@@ -20,8 +20,7 @@ Pure: standard library only, no I/O, deterministic for a given input.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -85,6 +84,27 @@ def place(
     )
 
 
+def place_into(cluster: Cluster, jobs: Sequence[JobRequest], busy: Iterable[int]) -> Placement:
+    """Place ``jobs`` on the GPUs of ``cluster`` that ``busy`` leaves free, moving nobody.
+
+    The mid-round fill: jobs are taken in priority order while enough GPUs are free (a job that
+    does not fit is skipped, so a narrower one behind it may still start), each placed as
+    :func:`place` places a new gang. ``moved`` is always empty.
+    """
+    _check_requests(jobs)
+    free = _FreeGpus(cluster, busy)
+    admitted, unplaced = _admit(free.total(), jobs, cluster.total_gpus)
+    assignment = {}
+    for job_id, width in sorted(admitted, key=lambda job: -job[1]):
+        assignment[job_id] = free.take(_choose_gpus(free, width))
+    in_priority_order = {job_id: assignment[job_id] for job_id, _ in admitted}
+    return Placement(
+        assignment=MappingProxyType(in_priority_order),
+        unplaced=MappingProxyType(unplaced),
+        moved=frozenset(),
+    )
+
+
 def _check_requests(jobs: Sequence[JobRequest]) -> None:
     """Raise on a width that is not a positive integer or a repeated job id."""
     seen: set[str] = set()
@@ -99,16 +119,20 @@ def _check_requests(jobs: Sequence[JobRequest]) -> None:
         seen.add(job_id)
 
 
-def _admit(total_gpus: int, jobs: Sequence[JobRequest]) -> tuple[list[JobRequest], dict[str, str]]:
+def _admit(
+    free_gpus: int, jobs: Sequence[JobRequest], total_gpus: int | None = None
+) -> tuple[list[JobRequest], dict[str, str]]:
     """Split ``jobs`` into those that fit by count, taken in priority order, and the rest.
 
+    ``free_gpus`` are free to take, of the cluster's ``total_gpus`` (default: all free).
     Returns ``(admitted, unplaced)``: the admitted requests in priority order, and a reason for
-    each job left out. The admitted widths sum to at most ``total_gpus``, which is what lets
+    each job left out. The admitted widths sum to at most ``free_gpus``, which is what lets
     :func:`_choose_gpus` always succeed.
     """
     admitted: list[JobRequest] = []
     unplaced: dict[str, str] = {}
-    remaining = total_gpus
+    remaining = free_gpus
+    total_gpus = free_gpus if total_gpus is None else total_gpus
     for job_id, width in jobs:
         if width > total_gpus:
             unplaced[job_id] = f"needs {_count_gpus(width)}, cluster has {total_gpus}"
@@ -154,19 +178,25 @@ def _lease_holds(cluster: Cluster, gpus: tuple[int, ...], width: int, free: _Fre
 def _choose_gpus(free: _FreeGpus, width: int) -> list[int]:
     """Pick ``width`` free GPUs for a new gang; assumes ``free.count() >= width``.
 
-    A gang that fits on one node goes best fit; a wider gang takes the lowest whole free nodes;
+    A gang that fits on one node goes best fit (the fullest node that still holds it, whatever
+    the node's size); a gang wider than every node takes whole free nodes, largest first;
     otherwise the gang spreads over the fewest nodes (see :func:`_fewest_nodes`).
     """
-    per_node = free.gpus_per_node
-    if width <= per_node:
-        node = free.best_fit(width)
-        if node is not None:
-            return free.lowest(node, width)
-    else:
-        whole = [n for n in range(free.nodes) if free.count(n) == per_node]
-        needed = math.ceil(width / per_node)
-        if len(whole) >= needed:
-            return sorted(g for n in whole[:needed] for g in free.lowest(n, per_node))[:width]
+    node = free.best_fit(width)
+    if node is not None:
+        return free.lowest(node, width)
+    if width > free.largest:
+        whole = sorted(
+            (n for n in range(free.nodes) if free.count(n) == free.size(n)),
+            key=lambda n: (-free.size(n), n),
+        )
+        chosen: list[int] = []
+        for n in whole:
+            if len(chosen) >= width:
+                break
+            chosen += free.lowest(n, min(free.size(n), width - len(chosen)))
+        if len(chosen) == width:
+            return sorted(chosen)
     return _fewest_nodes(free, width)
 
 
@@ -196,18 +226,27 @@ def _fewest_nodes(free: _FreeGpus, width: int) -> list[int]:
 class _FreeGpus:
     """The free GPUs of a cluster, by node, while one placement is being built."""
 
-    __slots__ = ("_by_node", "gpus_per_node", "nodes")
+    __slots__ = ("_by_node", "_cluster", "largest", "nodes")
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, busy: Iterable[int] = ()) -> None:
+        self._cluster = cluster
         self.nodes = cluster.nodes
-        self.gpus_per_node = cluster.gpus_per_node
+        self.largest = cluster.largest_node
         self._by_node: list[set[int]] = [
-            set(range(n * cluster.gpus_per_node, (n + 1) * cluster.gpus_per_node))
-            for n in range(cluster.nodes)
+            set(range(cluster.first_gpu(n), cluster.first_gpu(n) + size))
+            for n, size in enumerate(cluster.node_gpus)
         ]
+        for g in busy:
+            self._by_node[cluster.node_of(g)].discard(g)
+
+    def size(self, node: int) -> int:
+        return self._cluster.node_gpus[node]
 
     def count(self, node: int) -> int:
         return len(self._by_node[node])
+
+    def total(self) -> int:
+        return sum(len(gpus) for gpus in self._by_node)
 
     def lowest(self, node: int, k: int) -> list[int]:
         """The ``k`` lowest free GPU indices on ``node``."""
@@ -219,10 +258,10 @@ class _FreeGpus:
         return min(fits, key=lambda n: (self.count(n), n)) if fits else None
 
     def all_free(self, gpus: Sequence[int]) -> bool:
-        return all(g in self._by_node[g // self.gpus_per_node] for g in gpus)
+        return all(g in self._by_node[self._cluster.node_of(g)] for g in gpus)
 
     def take(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """Mark ``gpus`` as used and return them as a sorted tuple."""
         for g in gpus:
-            self._by_node[g // self.gpus_per_node].remove(g)
+            self._by_node[self._cluster.node_of(g)].remove(g)
         return tuple(sorted(gpus))

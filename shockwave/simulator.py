@@ -5,16 +5,26 @@ It runs any registered policy on a :class:`~shockwave.workload.Workload` with th
 trajectory; the policy sees only what a real scheduler would (its spec, observed epochs, the
 regimes it has left behind, measured epoch times).
 
-Round mechanics follow the reference Gavel/Shockwave simulator (SIMULATOR-NOTES.md section 1):
+Rounds go through the core's round engine (:mod:`shockwave.engine`), the same rule the
+service's round driver applies, so a trace gets here what the service would give it:
 
-1. Admit every job whose arrival time has passed; jobs start only at round boundaries.
-2. Build the snapshot and ask the policy for the round's jobs; place them on GPUs.
-3. Each placed job runs ``e = min(round, time it needs to finish)`` seconds. A job that did not
+1. At a boundary, admit every job whose arrival time has passed, build the snapshot and ask the
+   policy for a plan. The plan is usable ``plan_latency_s`` after the state it reflects
+   (0: at once, the reference's setting); the engine takes the freshest usable plan's column
+   for the round (``plan``), an older plan's (``previous_plan``) or first in, first out
+   (``greedy``), and places it over the node list (nodes may differ in size).
+2. Each placed job runs ``e = min(lease, time it needs to finish)`` seconds. A job that did not
    run in the previous round (a start or a resume), or that was moved to other GPUs, pays the
    checkpoint-restart overhead: its useful time is ``e - overhead`` when ``e`` exceeds
-   ``round - overhead_guard`` (a short final stretch is not charged, as in the reference).
-4. The round ends when its longest task ends: normally after ``round_seconds``, sooner only when
-   every running job finishes early. GPUs freed mid-round stay idle until the boundary.
+   ``lease - overhead_guard`` (a short final stretch is not charged, as in the reference).
+3. Between boundaries (``mid_round_fills``, on by default), the simulation is event-driven: when
+   a job finishes or arrives, the engine's :func:`~shockwave.engine.fill` starts waiting jobs on
+   the free GPUs at once, with a lease to the boundary (a start, so the overhead rule applies
+   with that shorter lease). Off, the reference's mechanics hold exactly: jobs start only at
+   boundaries and a GPU freed mid-round idles until the boundary
+   (``SimSettings(mid_round_fills=False)`` reproduces the earlier figures).
+4. The round ends when its longest stretch ends: normally at the boundary, sooner only when
+   every running job finishes early and nothing waiting could start.
 
 What the policy may learn from finished jobs: when a job finishes, its observed trajectory and
 measured epoch times join the population prior (:mod:`shockwave.population`) that the next
@@ -26,13 +36,16 @@ policy takes per decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from shockwave import engine
+from shockwave.engine import SOURCES, Plan
 from shockwave.model import Cluster, Regime
-from shockwave.placement import place
 from shockwave.policy import Decision, Policy, SolveSummary
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
@@ -53,7 +66,10 @@ class SimSettings:
     ``reveal_trajectories``: hand the policy every job's true trajectory (oracle experiments
     only, to measure what prediction costs). ``learn_population``: learn the population prior
     from each job as it finishes (off: every snapshot carries the empty prior, the paper's
-    setting of one prior for every job).
+    setting of one prior for every job). ``mid_round_fills``: start waiting jobs on GPUs freed
+    between boundaries (off: the reference's mechanics). ``plan_latency_s``: seconds from the
+    state a plan is computed for to when the plan can be used (the solve time); > 0 exercises
+    the previous-plan and first-in-first-out fallbacks as the service meets them.
     """
 
     round_seconds: float = 120.0
@@ -63,8 +79,12 @@ class SimSettings:
     max_rounds: int = 200_000
     reveal_trajectories: bool = False
     learn_population: bool = True
+    mid_round_fills: bool = True
+    plan_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.plan_latency_s >= 0:
+            raise ValueError(f"plan_latency_s must be >= 0, got {self.plan_latency_s}")
         if not self.round_seconds > 0:
             raise ValueError(f"round_seconds must be > 0, got {self.round_seconds}")
         if self.restart_overhead_s < 0 or self.overhead_guard_s < 0:
@@ -79,7 +99,9 @@ class PolicyContractError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """One simulated round: when it ran, who held which GPUs, and the useful GPU-seconds."""
+    """One simulated round: when it ran, who held which GPUs from the boundary
+    (``assignment``) and who started mid-round (``fills``), the useful GPU-seconds, and where
+    the boundary's jobs came from (``source``: plan, previous_plan or greedy)."""
 
     index: int
     start_s: float
@@ -88,6 +110,8 @@ class RoundRecord:
     busy_gpu_seconds: float
     active_jobs: int
     decision_seconds: float
+    source: str = "plan"
+    fills: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,116 +260,120 @@ def simulate(
     """Run ``policy`` on ``workload`` until every job finishes (or ``max_rounds``).
 
     ``on_round(now, finished, total)`` is called after every round, for progress bars.
+    ``notes`` of the result count the boundaries by plan source (``sources``) and the jobs
+    started mid-round (``fills``).
     """
     settings = settings or SimSettings()
     for job in workload.jobs:
         job.spec.check_fits(cluster)
-    runs = [_JobRun(job) for job in workload.jobs]
-    pending = sorted(runs, key=lambda r: r.sim.spec.arrival_s)
-    pending.reverse()
-    active: list[_JobRun] = []
-    previous: dict[str, tuple[int, ...]] = {}
+    run = _Run(workload, cluster, settings)
     rounds: list[RoundRecord] = []
     state: object | None = None
-    prior: PopulationPrior = EMPTY_PRIOR
     solve: SolveSummary | None = None
-    finished = 0
-    now = pending[-1].sim.spec.arrival_s if pending else 0.0
+    plans: list[Plan] = []
+    sources: dict[str, int] = dict.fromkeys(SOURCES, 0)
+    fills = 0
+    now = run.pending[-1].sim.spec.arrival_s if run.pending else 0.0
     makespan = now
 
     for index in range(settings.max_rounds):
-        while pending and pending[-1].sim.spec.arrival_s <= now + _EPS:
-            active.append(pending.pop())
-        if not active:
-            if not pending:
+        run.admit(now)
+        if not run.active:
+            if not run.pending:
                 break
-            now = pending[-1].sim.spec.arrival_s
+            now = run.pending[-1].sim.spec.arrival_s
             continue
         snapshot = Snapshot(
             now=now,
             round_index=index,
             round_seconds=settings.round_seconds,
             cluster=cluster,
-            jobs=tuple(run.view() for run in active),
+            jobs=tuple(r.view() for r in run.active),
             policy_state=state,
-            revealed=_revealed(active) if settings.reveal_trajectories else {},
-            population=prior,
+            revealed=_revealed(run.active) if settings.reveal_trajectories else {},
+            population=run.prior,
         )
         started = timer() if timer else 0.0
         decision = policy.decide(snapshot, params)
         spent = (timer() - started) if timer else 0.0
         state, solve = decision.state, decision.solve
-        by_id = {run.job_id: run for run in active}
-        chosen = _checked_jobs(decision, by_id, cluster)
-        placement = place(cluster, [(j, by_id[j].sim.spec.gpus) for j in chosen], previous)
-
+        _check_decision(decision, {r.job_id: r for r in run.active}, cluster)
+        plans = [p for p in plans if p.base_round + len(p.rounds) > index]
+        plans.append(
+            Plan(index, decision.rounds, run.version, now + settings.plan_latency_s, index)
+        )
+        changes = engine.boundary(
+            r=index,
+            now=now,
+            state_version=run.version,
+            jobs=run.waiting_view(),
+            plans=plans,
+            leases=run.previous,
+            cluster=cluster,
+        )
+        sources[changes.source] += 1
+        lease_end = now + settings.round_seconds
         end = now
-        busy = 0.0
-        for job_id, gpus in placement.assignment.items():
-            run = by_id[job_id]
-            restarted = job_id not in previous or (
-                settings.charge_on_move and job_id in placement.moved
+        held: dict[str, tuple[int, ...]] = {}
+        for job_id, gpus in changes.assignment.items():
+            restarted = job_id not in run.previous or (
+                settings.charge_on_move and set(run.previous[job_id]) != set(gpus)
             )
-            needed = run.seconds_to_finish()
-            elapsed = min(settings.round_seconds, needed)
-            useful = elapsed
-            if restarted:
-                run.restarts += 1
-                if elapsed > settings.round_seconds - settings.overhead_guard_s:
-                    useful = max(0.0, elapsed - settings.restart_overhead_s)
-            run.advance(useful)
-            run.attained += useful
-            run.executed_last = useful
-            run.gpus = gpus
-            busy += useful * run.sim.spec.gpus
-            if run.done:
-                run.finish = now + elapsed
-            end = max(end, now + elapsed)
-        for run in active:
-            if run.job_id not in placement.assignment:
-                run.executed_last = 0.0
-                run.gpus = ()
-            run.active_sum += len(active)
-            run.active_rounds += 1
-        if not placement.assignment:
+            end = max(end, run.start(job_id, gpus, now, lease_end, restarted))
+            held[job_id] = gpus
+        for r in run.active:
+            if r.job_id not in held:
+                r.executed_last = 0.0
+                r.gpus = ()
+            r.active_sum += len(run.active)
+            r.active_rounds += 1
+        filled: dict[str, tuple[int, ...]] = {}
+        if settings.mid_round_fills:
+            prefer = _next_column(plans, index)
+            for t in run.events(now, lease_end):
+                fill = engine.fill(
+                    jobs=run.waiting_view(), leases=run.leases(held), cluster=cluster, prefer=prefer
+                )
+                for job_id, gpus in fill.assignment.items():
+                    end = max(end, run.start(job_id, gpus, t, lease_end, True))
+                    held[job_id] = gpus
+                    filled[job_id] = gpus
+            fills += len(filled)
+        if not held:
             end = now + settings.round_seconds
-            if pending:
-                end = min(end, max(now + _EPS, pending[-1].sim.spec.arrival_s))
+            if run.pending:
+                end = min(end, max(now + _EPS, run.pending[-1].sim.spec.arrival_s))
         rounds.append(
             RoundRecord(
                 index=index,
                 start_s=now,
                 end_s=end,
-                assignment=MappingProxyType(dict(placement.assignment)),
-                busy_gpu_seconds=busy,
-                active_jobs=len(active),
+                assignment=MappingProxyType(dict(changes.assignment)),
+                busy_gpu_seconds=run.take_busy(),
+                active_jobs=len(run.active),
                 decision_seconds=spent,
+                source=changes.source,
+                fills=MappingProxyType(filled),
             )
         )
-        still = [run for run in active if not run.done]
-        if settings.learn_population:
-            for run in sorted((r for r in active if r.done), key=lambda r: r.finish or 0.0):
-                prior = prior.learn(run.finished())
-        finished += len(active) - len(still)
-        active = still
-        previous = {run.job_id: run.gpus for run in active if run.gpus}
+        run.finish_round(held)
         makespan = end
         now = end
         if on_round:
-            on_round(now, finished, len(runs))
+            on_round(now, run.finished, len(run.runs))
 
     outcomes = tuple(
         JobOutcome(
-            job_id=run.job_id,
-            gpus=run.sim.spec.gpus,
-            arrival_s=run.sim.spec.arrival_s,
-            finish_s=run.finish,
-            t_exclusive_s=run.sim.t_exclusive_s,
-            attained_s=run.attained,
-            restarts=run.restarts,
-            mean_active_jobs=run.active_sum / run.active_rounds if run.active_rounds else 0.0,
+            job_id=r.job_id,
+            gpus=r.sim.spec.gpus,
+            arrival_s=r.sim.spec.arrival_s,
+            finish_s=r.finish,
+            t_exclusive_s=r.sim.t_exclusive_s,
+            attained_s=r.attained,
+            restarts=r.restarts,
+            mean_active_jobs=r.active_sum / r.active_rounds if r.active_rounds else 0.0,
         )
-        for run in runs
+        for r in run.runs
     )
     return SimResult(
         policy=policy.name,
@@ -356,9 +384,111 @@ def simulate(
         lower_bound_s=workload.makespan_lower_bound(cluster.total_gpus),
         jobs=outcomes,
         rounds=tuple(rounds),
+        notes={"sources": sources, "fills": fills},
         final_state=state,
         solve=solve,
     )
+
+
+class _Run:
+    """The mutable state of one simulation between and within rounds: who is pending, active,
+    holding GPUs, and the finish and arrival events of the round under way."""
+
+    def __init__(self, workload: Workload, cluster: Cluster, settings: SimSettings) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.runs = [_JobRun(job) for job in workload.jobs]
+        self.pending = sorted(self.runs, key=lambda r: r.sim.spec.arrival_s)
+        self.pending.reverse()
+        self.active: list[_JobRun] = []
+        self.previous: dict[str, tuple[int, ...]] = {}
+        self.prior: PopulationPrior = EMPTY_PRIOR
+        self.version = 0
+        self.finished = 0
+        self._busy = 0.0
+        self._ends: list[tuple[float, int, str]] = []
+        self._seq = 0
+
+    def admit(self, now: float) -> None:
+        while self.pending and self.pending[-1].sim.spec.arrival_s <= now + _EPS:
+            self.active.append(self.pending.pop())
+            self.version += 1
+
+    def waiting_view(self) -> list[engine.Waiting]:
+        return [engine.Waiting(r.job_id, r.sim.spec.gpus) for r in self.active]
+
+    def start(
+        self, job_id: str, gpus: tuple[int, ...], now: float, lease_end: float, restarted: bool
+    ) -> float:
+        """Run ``job_id`` on ``gpus`` from ``now`` to at most ``lease_end``; when its stretch
+        ends (the job finishes then if it is done)."""
+        r = next(x for x in self.active if x.job_id == job_id)
+        lease = lease_end - now
+        needed = r.seconds_to_finish()
+        elapsed = min(lease, needed)
+        useful = elapsed
+        if restarted:
+            r.restarts += 1
+            if elapsed > lease - self.settings.overhead_guard_s:
+                useful = max(0.0, elapsed - self.settings.restart_overhead_s)
+        r.advance(useful)
+        r.attained += useful
+        r.executed_last = useful
+        r.gpus = gpus
+        self._busy += useful * r.sim.spec.gpus
+        if r.done:
+            r.finish = now + elapsed
+            heapq.heappush(self._ends, (now + elapsed, self._seq, job_id))
+            self._seq += 1
+        return now + elapsed
+
+    def leases(self, held: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """The GPUs held now: every stretch of the round whose job is still active."""
+        active = {r.job_id for r in self.active}
+        return {j: g for j, g in held.items() if j in active}
+
+    def events(self, now: float, lease_end: float) -> Iterator[float]:
+        """Mid-round event times in order, after each has been applied (a finish frees the
+        job's GPUs and teaches the prior; an arrival admits the job). The caller fills the
+        GPUs then; a stretch it starts may add a finish event."""
+        while True:
+            t_end = self._ends[0][0] if self._ends else math.inf
+            t_arr = self.pending[-1].sim.spec.arrival_s if self.pending else math.inf
+            t = min(t_end, t_arr)
+            if t >= lease_end - _EPS:
+                return
+            while self._ends and self._ends[0][0] <= t + _EPS:
+                _, _, job_id = heapq.heappop(self._ends)
+                self._retire([r for r in self.active if r.job_id == job_id])
+            self.admit(t)
+            yield t
+
+    def _retire(self, done: list[_JobRun]) -> None:
+        if not done:
+            return
+        if self.settings.learn_population:
+            for r in sorted(done, key=lambda r: r.finish or 0.0):
+                self.prior = self.prior.learn(r.finished())
+        gone = {r.job_id for r in done}
+        self.active = [r for r in self.active if r.job_id not in gone]
+        self.finished += len(done)
+        self.version += 1
+
+    def take_busy(self) -> float:
+        busy, self._busy = self._busy, 0.0
+        return busy
+
+    def finish_round(self, held: Mapping[str, tuple[int, ...]]) -> None:
+        """Close the round: retire the jobs done by its end, keep who holds which GPUs."""
+        self._ends.clear()
+        self._retire([r for r in self.active if r.done])
+        self.previous = {r.job_id: r.gpus for r in self.active if r.job_id in held and r.gpus}
+
+
+def _next_column(plans: Sequence[Plan], index: int) -> tuple[str, ...]:
+    """The jobs the freshest plan wants in the round after ``index`` (a fill's preference)."""
+    plan = engine.choose_plan(plans, index + 1, math.inf)
+    return plan.rounds[index + 1 - plan.base_round] if plan is not None else ()
 
 
 def _revealed(active: list[_JobRun]) -> dict[str, RevealedTrajectory]:
@@ -367,8 +497,8 @@ def _revealed(active: list[_JobRun]) -> dict[str, RevealedTrajectory]:
     }
 
 
-def _checked_jobs(decision: Decision, active: Mapping[str, _JobRun], cluster: Cluster) -> list[str]:
-    """The decision's jobs, after checking the policy kept the interface's promises."""
+def _check_decision(decision: Decision, active: Mapping[str, _JobRun], cluster: Cluster) -> None:
+    """Check the policy kept the interface's promises (known jobs, once each, within the GPUs)."""
     seen: set[str] = set()
     width = 0
     for job_id in decision.jobs:
@@ -382,4 +512,3 @@ def _checked_jobs(decision: Decision, active: Mapping[str, _JobRun], cluster: Cl
         raise PolicyContractError(
             f"decision asks for {width} GPUs but the cluster has {cluster.total_gpus}"
         )
-    return list(decision.jobs)

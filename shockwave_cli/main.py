@@ -107,8 +107,17 @@ def simulate_command(
     throughputs: Annotated[
         Path, typer.Option(help="Throughput table (reference JSON, e.g. tacc_throughputs.json).")
     ],
-    gpus: Annotated[int, typer.Option(help="GPUs in the simulated cluster.")],
     out: Annotated[Path, typer.Option(help="Directory for metrics.json, CSVs and plots.")],
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs in the simulated cluster (nodes of --gpus-per-node).")
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of --gpus: the node list, COUNTxGPUS comma-separated "
+            "(2x8,3x4,2x2: two 8-GPU nodes, three 4-GPU nodes, two 2-GPU nodes)."
+        ),
+    ] = None,
     trace: Annotated[
         Path | None, typer.Option(help="Gavel-format trace (12 tab-separated fields a line).")
     ] = None,
@@ -124,6 +133,20 @@ def simulate_command(
     restart_overhead: Annotated[
         float, typer.Option(help="Checkpoint-restart cost of a start, resume or move (s).")
     ] = 20.0,
+    plan_latency: Annotated[
+        float,
+        typer.Option(
+            help="Seconds from the state a plan is computed for to when it can be used "
+            "(its solve time); rounds before it take the previous plan or first in, first out."
+        ),
+    ] = 0.0,
+    mid_round_fills: Annotated[
+        bool,
+        typer.Option(
+            help="Start waiting jobs on GPUs freed between boundaries (--no-mid-round-fills: "
+            "the reference simulator's mechanics, jobs start only at boundaries)."
+        ),
+    ] = True,
     seed: Annotated[
         int | None,
         typer.Option(
@@ -175,8 +198,8 @@ def simulate_command(
     try:
         knowledge = knobs.parse_knowledge(throughput_knowledge)
         policies = resolve_policies(policy)
-        cluster = _cluster(gpus, gpus_per_node)
-        settings = _settings(round_seconds, restart_overhead)
+        cluster = _cluster(gpus, gpus_per_node, nodes)
+        settings = _settings(round_seconds, restart_overhead, plan_latency, mid_round_fills)
         setups = _policy_setups(policies, seed, settings, tuning)
         mix = _mode_mix(mode_mix, generate)
         workload = _workload(
@@ -190,7 +213,7 @@ def simulate_command(
     lower_bound = workload.makespan_lower_bound(cluster.total_gpus)
     errors.print(
         f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
-        f"({cluster.nodes} nodes x {cluster.gpus_per_node}), "
+        f"({cluster.describe()}), "
         f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}",
         soft_wrap=True,
     )
@@ -428,18 +451,33 @@ def _generated(
         raise InputError(f"cannot generate the workload: {error}") from None
 
 
-def _cluster(gpus: int, gpus_per_node: int) -> Cluster:
+def _cluster(gpus: int | None, gpus_per_node: int, nodes: str | None) -> Cluster:
+    if (gpus is None) == (nodes is None):
+        raise InputError("give the cluster as --gpus N [--gpus-per-node K] or as --nodes 2x8,3x4")
     try:
+        if nodes is not None:
+            return Cluster.parse(nodes)
+        assert gpus is not None
         return Cluster.of_gpus(gpus, gpus_per_node)
     except ValidationError as error:
-        raise InputError(f"--{error.field.replace('_', '-')}: {error.message}") from None
+        field = "nodes" if nodes is not None else error.field.replace("_", "-")
+        raise InputError(f"--{field}: {error.message}") from None
 
 
-def _settings(round_seconds: float, restart_overhead: float) -> SimSettings:
+def _settings(
+    round_seconds: float, restart_overhead: float, plan_latency: float, mid_round_fills: bool
+) -> SimSettings:
     try:
-        return SimSettings(round_seconds=round_seconds, restart_overhead_s=restart_overhead)
+        return SimSettings(
+            round_seconds=round_seconds,
+            restart_overhead_s=restart_overhead,
+            plan_latency_s=plan_latency,
+            mid_round_fills=mid_round_fills,
+        )
     except ValueError as error:
-        raise InputError(f"--round-seconds/--restart-overhead: {error}") from None
+        raise InputError(
+            f"--round-seconds/--restart-overhead/--plan-latency: {error}"
+        ) from None
 
 
 def _check_fits(workload: Workload, cluster: Cluster) -> None:

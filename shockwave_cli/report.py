@@ -85,6 +85,13 @@ def run_record(result: SimResult, run: RunMetrics, params: object) -> dict[str, 
     solver = solver_summary(result.solve)
     if solver is not None:
         record["solver"] = solver
+    record["cluster"] = {"nodes": list(result.cluster.node_gpus)}
+    record["engine"] = {
+        "mid_round_fills": result.settings.mid_round_fills,
+        "plan_latency_s": result.settings.plan_latency_s,
+        "plan_sources": dict(result.notes.get("sources", {})),
+        "fills": result.notes.get("fills", 0),
+    }
     return record
 
 

@@ -69,9 +69,9 @@ def test_mode_is_parsed_from_text() -> None:
 
 def test_job_wider_than_cluster_is_rejected() -> None:
     with pytest.raises(ValidationError) as caught:
-        spec(gpus=8).check_fits(Cluster(nodes=1, gpus_per_node=4))
+        spec(gpus=8).check_fits(Cluster.uniform(1, 4))
     assert caught.value.field == "gpus"
-    spec(gpus=4).check_fits(Cluster(nodes=1, gpus_per_node=4))
+    spec(gpus=4).check_fits(Cluster.uniform(1, 4))
 
 
 @pytest.mark.parametrize(

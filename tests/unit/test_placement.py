@@ -15,7 +15,7 @@ Lease = Mapping[str, tuple[int, ...]]
 
 
 def cluster(nodes: int, gpus_per_node: int) -> Cluster:
-    return Cluster(nodes=nodes, gpus_per_node=gpus_per_node)
+    return Cluster.uniform(nodes, gpus_per_node)
 
 
 def jobs(spec: str) -> list[JobRequest]:
@@ -276,13 +276,14 @@ def test_rejects_malformed_requests_naming_the_job(
 
 @st.composite
 def fitting_rounds(draw: st.DrawFn) -> tuple[Cluster, list[JobRequest], dict[str, tuple[int, ...]]]:
-    """A cluster, a job set whose total width fits it, and a previous round to renew from.
+    """A cluster (uniform or of mixed node sizes), a job set whose total width fits it, and a previous round to renew from.
 
     The previous round is itself a placement of a random job set (some of which continue, some
     at a new width), so leases are realistic; with some chance it is shifted off the cluster to
     mimic a shrink.
     """
-    c = cluster(draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4, 8])))
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=5))
+    c = Cluster(tuple(sizes)) if draw(st.booleans()) else cluster(len(sizes), sizes[0])
     ids = [f"j{i}" for i in range(12)]
 
     def job_set() -> list[JobRequest]:
@@ -297,7 +298,7 @@ def fitting_rounds(draw: st.DrawFn) -> tuple[Cluster, list[JobRequest], dict[str
         return requests
 
     earlier = place(c, job_set(), {}).assignment
-    shift = draw(st.sampled_from([0, 0, 0, 1, c.gpus_per_node]))
+    shift = draw(st.sampled_from([0, 0, 0, 1, c.largest_node]))
     previous = {job: tuple(g + shift for g in held) for job, held in earlier.items()}
     return c, job_set(), previous
 

@@ -1,0 +1,305 @@
+"""The round engine: from what is known at an instant, the leases to issue, extend and revoke.
+
+One pure rule, called by the simulator and by the service's round driver alike, so what a
+trace gets in simulation is what the service does with it. A shell gathers the inputs, calls
+the engine, and applies the :class:`Change` values it returns (the service writes lease rows;
+the simulator runs stretches of training).
+
+Inputs (all values, no I/O):
+
+- ``jobs``: the active jobs as :class:`Waiting` ``(job_id, gpus)`` pairs, **in arrival order**.
+- ``plans``: the plans on hand, as :class:`Plan` (its base round, its columns of job ids, the
+  cluster state version it was computed at, and ``usable_from``: when it came back, i.e. the
+  time of the state it reflects plus its solve time). A plan is usable at ``now`` once
+  ``usable_from <= now``.
+- ``leases``: the live leases, job id -> global GPU indices (on ``cluster``'s numbering).
+  A job holding GPUs off the inventory is given as holding nothing.
+- ``cluster``: the node inventory (:class:`~shockwave.model.Cluster`; nodes may differ in size).
+- ``state_version``: the cluster's current state version (bumped by arrivals, finishes,
+  batch-size changes, nodes coming and going), to tell a fresh plan from a previous one.
+
+Two entry points:
+
+:func:`boundary` (round ``r`` starts at ``now``) chooses the round's jobs and places them:
+
+1. The column for ``r`` of the usable plan with the highest state version that covers ``r``
+   (ties: the one that came back last): source ``plan`` when that version is the current one,
+   ``previous_plan`` otherwise; no such plan: source ``greedy`` (first in, first out with
+   backfill: arrival order, a narrower later job takes what a blocked wide one cannot). A
+   fresh plan's first column is kept as the policy decided it; a later column or a previous
+   plan's column is filled up with waiting jobs in arrival order (the policy filled only its
+   first column, and a stale column names jobs that have gone).
+2. Jobs wider than the whole inventory cannot run: they are left out and listed in
+   ``unfit`` with the reason, and never hold up anyone else.
+3. Placement (:func:`shockwave.placement.place`): a continuing job keeps its GPUs where it can,
+   new gangs go best fit on nodes of any size, so no GPU idles because a node is larger than
+   another.
+4. The changes: ``extend`` for a job placed on exactly the GPUs it holds, ``revoke`` then
+   ``issue`` for a job placed elsewhere, ``issue`` for a job placed anew, ``revoke`` for every
+   other live lease; ``suspend`` for a job the shell reports still running with no lease since
+   before round ``r - 1`` (``unconfirmed``: its revoked attempt never confirmed a checkpoint).
+
+:func:`fill` (mid-round, work conservation): GPUs no live lease holds go at once to waiting jobs
+that fit them, in the order of ``prefer`` (the jobs the plan wants next), then arrival order,
+each with an ``issue`` lease to the next boundary; no running job is moved. A shell calls it
+when a GPU frees up (a job finished, failed or was cancelled), when a node joins and when a job
+arrives.
+
+Every change carries a ``reason`` in words, for logs, the rounds table and ``GET /v1/jobs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from shockwave.model import Cluster
+from shockwave.placement import place, place_into
+
+SOURCES = ("plan", "previous_plan", "greedy")
+"""Where a boundary's jobs came from; a fill's source is ``fill``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """An active job as the engine sees it: its id and gang width."""
+
+    job_id: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A policy's plan as it came back from a solve.
+
+    ``rounds[t]``: job ids of round ``base_round + t``, highest priority first.
+    ``state_version``: the cluster state it was computed for. ``usable_from``: when it became
+    available (computed-at time plus solve time). ``plan_id``: the shell's handle (a row id).
+    """
+
+    base_round: int
+    rounds: tuple[tuple[str, ...], ...]
+    state_version: int
+    usable_from: float
+    plan_id: object = None
+
+    def covers(self, r: int) -> bool:
+        return self.base_round <= r < self.base_round + len(self.rounds)
+
+
+class ChangeKind(StrEnum):
+    ISSUE = "issue"
+    EXTEND = "extend"
+    REVOKE = "revoke"
+    SUSPEND = "suspend"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change to apply: ``gpus`` is the new lease's global GPUs (issue), the kept ones
+    (extend), the released ones (revoke), or () (suspend)."""
+
+    kind: ChangeKind
+    job_id: str
+    gpus: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoundChanges:
+    """What the engine decided at one instant.
+
+    ``source``: ``plan``, ``previous_plan``, ``greedy`` or ``fill``. ``plan``: the plan used
+    (None for greedy and fills). ``assignment``: job id -> GPUs of every job that holds a lease
+    after the changes are applied and that the engine placed now (priority order). ``changes``:
+    revokes first, then extends, issues and suspends. ``unfit``: job id -> why it can never run
+    on this inventory. ``waiting``: job id -> why an active job got no GPUs now.
+    """
+
+    source: str
+    plan: Plan | None
+    assignment: Mapping[str, tuple[int, ...]]
+    changes: tuple[Change, ...]
+    unfit: Mapping[str, str] = field(default_factory=dict)
+    waiting: Mapping[str, str] = field(default_factory=dict)
+
+    def count(self, kind: ChangeKind) -> int:
+        return sum(1 for c in self.changes if c.kind is kind)
+
+    @property
+    def issued(self) -> dict[str, tuple[int, ...]]:
+        return {c.job_id: c.gpus for c in self.changes if c.kind is ChangeKind.ISSUE}
+
+
+def unfit_reason(width: int, cluster: Cluster) -> str | None:
+    """Why a gang of ``width`` GPUs can never run on ``cluster``, or None when it can."""
+    if width > cluster.total_gpus:
+        gpus = "1 GPU" if width == 1 else f"{width} GPUs"
+        return (
+            f"needs {gpus} but the ready nodes have {cluster.total_gpus} in all "
+            f"({cluster.describe()}); it waits until nodes join"
+        )
+    return None
+
+
+def choose_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
+    """The usable plan covering round ``r`` with the highest state version (then the latest)."""
+    usable = [p for p in plans if p.covers(r) and p.usable_from <= now]
+    return max(usable, key=lambda p: (p.state_version, p.usable_from), default=None)
+
+
+def boundary(
+    *,
+    r: int,
+    now: float,
+    state_version: int,
+    jobs: Sequence[Waiting],
+    plans: Iterable[Plan],
+    leases: Mapping[str, tuple[int, ...]],
+    cluster: Cluster | None,
+    unconfirmed: Iterable[str] = (),
+) -> RoundChanges:
+    """Round ``r``'s changes at ``now`` (module docstring, steps 1-4). ``cluster`` None: no
+    ready node, so every live lease is revoked and nothing runs."""
+    width = {j.job_id: j.gpus for j in jobs}
+    unfit = _unfit(jobs, cluster)
+    fits = [j for j in jobs if j.job_id not in unfit]
+    plan = choose_plan(plans, r, now)
+    if cluster is None:
+        source, column = "greedy", []
+    elif plan is None:
+        source, column = "greedy", _greedy(fits, cluster.total_gpus)
+    else:
+        column = [j for j in dict.fromkeys(plan.rounds[r - plan.base_round]) if j in width]
+        column = [j for j in column if j not in unfit]
+        fresh = plan.state_version == state_version
+        source = "plan" if fresh else "previous_plan"
+        if r > plan.base_round or not fresh:
+            column = _fill_column(column, fits, cluster.total_gpus, width)
+    assignment: Mapping[str, tuple[int, ...]] = {}
+    if cluster is not None:
+        placed = place(cluster, [(j, width[j]) for j in column], leases)
+        assignment = placed.assignment
+    why = _why(source, plan, r)
+    revokes: list[Change] = []
+    kept: list[Change] = []
+    for job_id, gpus in assignment.items():
+        held = leases.get(job_id)
+        if held is not None and set(held) == set(gpus):
+            kept.append(Change(ChangeKind.EXTEND, job_id, tuple(gpus), f"keeps its GPUs ({why})"))
+            continue
+        if held:
+            revokes.append(Change(ChangeKind.REVOKE, job_id, tuple(held), f"moved ({why})"))
+        kept.append(Change(ChangeKind.ISSUE, job_id, tuple(gpus), f"runs in round {r} ({why})"))
+    for job_id, held in leases.items():
+        if job_id not in assignment:
+            reason = (
+                "no ready node"
+                if cluster is None
+                else f"not in round {r} ({why})"
+                if job_id in width
+                else "no longer active"
+            )
+            revokes.append(Change(ChangeKind.REVOKE, job_id, tuple(held), reason))
+    for job_id in unconfirmed:
+        if job_id not in assignment:
+            kept.append(
+                Change(
+                    ChangeKind.SUSPEND,
+                    job_id,
+                    (),
+                    f"preempted before round {r}; its attempt never confirmed a checkpoint",
+                )
+            )
+    waiting = {
+        j.job_id: f"waits: not in round {r} ({why})"
+        for j in fits
+        if j.job_id not in assignment
+    }
+    return RoundChanges(
+        source=source,
+        plan=plan,
+        assignment=MappingProxyType(dict(assignment)),
+        changes=(*revokes, *kept),
+        unfit=MappingProxyType(unfit),
+        waiting=MappingProxyType(waiting),
+    )
+
+
+def fill(
+    *,
+    jobs: Sequence[Waiting],
+    leases: Mapping[str, tuple[int, ...]],
+    cluster: Cluster | None,
+    prefer: Sequence[str] = (),
+    busy: Iterable[int] = (),
+) -> RoundChanges:
+    """Mid-round: start waiting jobs on the GPUs no lease holds (module docstring). ``busy``:
+    GPUs that are not free although no live lease holds them (a revoked attempt still
+    checkpointing)."""
+    if cluster is None:
+        return RoundChanges("fill", None, MappingProxyType({}), ())
+    unfit = _unfit(jobs, cluster)
+    width = {j.job_id: j.gpus for j in jobs}
+    taken = {g for gpus in leases.values() for g in gpus} | set(busy)
+    if len(taken) >= cluster.total_gpus:
+        return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
+    order = [j for j in dict.fromkeys((*prefer, *width)) if j in width]
+    candidates = [(j, width[j]) for j in order if j not in leases and j not in unfit]
+    if not candidates:
+        return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
+    placed = place_into(cluster, candidates, taken)
+    free = cluster.total_gpus - len(taken)
+    changes = tuple(
+        Change(ChangeKind.ISSUE, job_id, gpus, f"work conservation: {free} GPUs were free")
+        for job_id, gpus in placed.assignment.items()
+    )
+    return RoundChanges(
+        source="fill",
+        plan=None,
+        assignment=placed.assignment,
+        changes=changes,
+        unfit=MappingProxyType(unfit),
+        waiting=MappingProxyType({j: f"waits: {why}" for j, why in placed.unplaced.items()}),
+    )
+
+
+def _unfit(jobs: Sequence[Waiting], cluster: Cluster | None) -> dict[str, str]:
+    if cluster is None:
+        return {}
+    return {j.job_id: why for j in jobs if (why := unfit_reason(j.gpus, cluster)) is not None}
+
+
+def _greedy(jobs: Sequence[Waiting], total_gpus: int) -> list[str]:
+    """First in, first out with backfill over ``jobs`` (arrival order)."""
+    chosen: list[str] = []
+    free = total_gpus
+    for job in jobs:
+        if job.gpus <= free:
+            chosen.append(job.job_id)
+            free -= job.gpus
+    return chosen
+
+
+def _fill_column(
+    column: list[str], jobs: Sequence[Waiting], total_gpus: int, width: Mapping[str, int]
+) -> list[str]:
+    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves."""
+    free = total_gpus - sum(width[j] for j in column)
+    filled = list(column)
+    named = set(column)
+    for job in jobs:
+        if job.job_id not in named and job.gpus <= free:
+            filled.append(job.job_id)
+            free -= job.gpus
+    return filled
+
+
+def _why(source: str, plan: Plan | None, r: int) -> str:
+    if source == "greedy" or plan is None:
+        return "no plan covers it: first in, first out"
+    label = "plan" if source == "plan" else "previous plan"
+    ident = f" {plan.plan_id}" if plan.plan_id is not None else ""
+    return f"{label}{ident}, column {r - plan.base_round}"
