@@ -214,9 +214,7 @@ def boundary(
                 )
             )
     waiting = {
-        j.job_id: f"waits: not in round {r} ({why})"
-        for j in fits
-        if j.job_id not in assignment
+        j.job_id: f"waits: not in round {r} ({why})" for j in fits if j.job_id not in assignment
     }
     return RoundChanges(
         source=source,

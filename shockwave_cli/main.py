@@ -475,9 +475,7 @@ def _settings(
             mid_round_fills=mid_round_fills,
         )
     except ValueError as error:
-        raise InputError(
-            f"--round-seconds/--restart-overhead/--plan-latency: {error}"
-        ) from None
+        raise InputError(f"--round-seconds/--restart-overhead/--plan-latency: {error}") from None
 
 
 def _check_fits(workload: Workload, cluster: Cluster) -> None:

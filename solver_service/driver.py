@@ -14,13 +14,17 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    after a takeover that missed one) materialize round ``current_round + 1``
    (:func:`solver_service.leases.start_round`). Rounds are never skipped: a late boundary
    starts the next round now, with a full round's length.
-4. Half-way through a round, ask for the next round's plan (``request_plan``), once a round.
+4. Between boundaries, whenever the cluster's state version moved (a job submitted, finished,
+   failed or cancelled, a node joined): start waiting jobs on the free GPUs at once
+   (:func:`solver_service.leases.fill_round`, work conservation), with leases to the round's end.
+5. Half-way through a round, ask for the next round's plan (``request_plan``), once a round.
 
 Time comes from the injected ``clock`` and waiting from the injected ``sleep``, so tests run
 rounds of milliseconds by calling :meth:`step` with the times they choose.
 
 Metrics (Prometheus, on the driver's own registry, ``shockwave_driver_`` prefix): rounds by
-source (``plan``, ``previous_plan``, ``greedy``: the last two are fallbacks), leases issued,
+source (``plan``, ``previous_plan``, ``greedy``: the last two are fallbacks), jobs started by
+mid-round fills, leases issued,
 extended and revoked, nodes lost, plan requests, the plan's age at the last boundary, the solve
 time and gap of the plan used, the current round and whether this instance leads, how late
 the last boundary began after its due time and how long materializing each round took. The
@@ -86,6 +90,11 @@ class DriverMetrics:
             "shockwave_driver_leases",
             "Leases at round boundaries, by action: issued, extended, revoked.",
             ["action"],
+            registry=r,
+        )
+        self.fills = Counter(
+            "shockwave_driver_fill_jobs",
+            "Jobs started between boundaries on GPUs that freed up (work conservation).",
             registry=r,
         )
         self.nodes_lost = Counter(
@@ -239,7 +248,9 @@ class RoundDriver:
             self._lock = LeaderLock(engine, lock_key(cluster_id, settings.database_schema))
         self._leading = False
         self._requested_round: int | None = None
+        self._filled_version: tuple[int, int] | None = None
         self.last_round: RoundOutcome | None = None
+        self.last_fill: leases.FillOutcome | None = None
         self.last_lost: LostNodes | None = None
         self._lost_grace_until = -math.inf
         """No node is marked LOST before this time: a database outage (seen here as an error,
@@ -279,6 +290,10 @@ class RoundDriver:
                 took,
             )
             cluster = self._cluster()
+            self._filled_version = (cluster.current_round, cluster.state_version)
+        elif self._filled_version != (cluster.current_round, cluster.state_version):
+            self._filled_version = (cluster.current_round, cluster.state_version)
+            did = self._fill(now) or did
         if _halfway_due(cluster, now) and self._requested_round != cluster.current_round:
             self._requested_round = cluster.current_round
             log.info(
@@ -340,6 +355,7 @@ class RoundDriver:
                 session.add(cluster)
             session.commit()
         self._requested_round = None
+        self._filled_version = None
         log.info("round driver: active for cluster %s", self.cluster_id)
 
     def _mark_lost(self, now: float) -> LostNodes | None:
@@ -364,6 +380,22 @@ class RoundDriver:
         self.last_round = outcome
         self.metrics.observe_round(outcome)
         return outcome
+
+    def _fill(self, now: float) -> bool:
+        with Session(self.engine) as session:
+            fill = leases.fill_round(session, self.cluster_id, now)
+        if not fill.jobs:
+            return False
+        self.last_fill = fill
+        self.metrics.fills.inc(len(fill.jobs))
+        self.metrics.leases.labels("issued").inc(fill.issued)
+        log.info(
+            "round %s: %s started on free GPUs (work conservation), %s leases issued",
+            fill.round_index,
+            ", ".join(fill.jobs),
+            fill.issued,
+        )
+        return True
 
     def _cluster(self) -> ClusterRow:
         """The cluster's row without its policy state (hundreds of kB at scale, and read every

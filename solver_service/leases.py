@@ -1,29 +1,27 @@
-"""The round driver's writes: a round's leases from a plan, and nodes lost to silence.
+"""The round driver's writes: gather, run the core's round engine, apply.
 
-:func:`start_round` materializes round ``r = current_round + 1`` in one transaction, in steps:
+:func:`start_round` materializes round ``r = current_round + 1`` in one transaction:
 
-1. Lock the active jobs (PENDING, RUNNING, SUSPENDED) and read the READY nodes.
-2. Choose the round's jobs (:func:`choose_jobs`): the column for ``r`` of the plan with the
-   highest state version that covers ``r``: ``plan`` when that version is the cluster's
-   current one, ``previous_plan`` when the cluster has moved on since; with no such plan,
-   ``greedy`` (the core's ``fifo`` policy with backfill: arrival order, narrower later jobs
-   fill what a blocked wide job leaves). A plan's column is kept as the policy decided it,
-   except that a later column (the plan's own ``rounds[0]`` was used up in an earlier round) or
-   a previous plan's column is filled up with waiting jobs in arrival order: the policy filled
-   only its first column (work conservation), and a stale column names jobs that have gone.
-3. Place them (:func:`shockwave.placement.place`) over the READY nodes, each continuing job on
-   the GPUs its live lease holds. The nodes are taken as identical (the core's cluster is
-   homogeneous): ``gpus_per_node`` is the smallest READY node's GPU count, a larger node's
-   extra GPUs stay idle, and READY nodes are numbered by id (:mod:`store.snapshot`).
-4. Apply: a job placed on exactly its previous GPUs keeps its attempts (lease extension: new
-   round index and end time); a job placed elsewhere or anew gets one new attempt per node it
-   spans; every other live lease is revoked. A job revoked a round ago whose attempt never
-   confirmed its checkpoint is suspended now (see :mod:`store.leases`).
-5. Record the round (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts)
-   and move the cluster's ``current_round`` and round times, last.
+1. **Gather** (locks in the order jobs, nodes, leases, cluster, the order the agent endpoints
+   take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
+   (PENDING, RUNNING, SUSPENDED) in arrival order, the READY nodes with their real sizes
+   (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the freshest plan with a
+   column for ``r`` (:func:`store.plans.freshest_plan`), and the RUNNING jobs whose last lease
+   is older than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
+2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
+   column (``plan``, or ``previous_plan`` when the cluster has moved on since), else first in,
+   first out (``greedy``); placement over nodes of any size; the changes with their reasons.
+3. **Apply**: an ``extend`` moves the job's attempts to round ``r`` (new end time); an
+   ``issue`` writes one new attempt per node the gang spans; a ``revoke`` revokes the live
+   lease; a ``suspend`` sends the job back to the queue (see :mod:`store.leases`). The round
+   is recorded (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts) and
+   the cluster's ``current_round`` and round times move, last.
 
-Locks are taken in the order jobs, nodes, leases, cluster, the order the agent endpoints take
-them in, so a report racing a boundary waits instead of deadlocking.
+:func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
+GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
+that fit, each with a lease of the current round (to its end). The driver calls it whenever
+the cluster's state version moved (a job submitted, finished, failed or cancelled, a node
+joined).
 """
 
 from __future__ import annotations
@@ -31,34 +29,22 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
+from shockwave import engine
+from shockwave.engine import SOURCES
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
-from shockwave.placement import place
-from shockwave.policy import get_policy, make_params
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
-SOURCES = ("plan", "previous_plan", "greedy")
-GREEDY_POLICY = "fifo"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Choice:
-    """The round's jobs, highest priority first, and where they came from."""
-
-    source: str
-    jobs: tuple[str, ...]
-    plan: PlanRow | None = None
+__all__ = ["SOURCES", "FillOutcome", "LostNodes", "RoundOutcome", "fill_round", "start_round"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +66,7 @@ class RoundOutcome:
     suspended: tuple[str, ...]
     started_at: datetime
     ends_at: datetime
+    unfit: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,65 +93,31 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     started, ends = at(now), at(now + cluster.round_seconds)
     jobs = {row.id: row for row in _lock_active_jobs(session)}
     layout = gpu_layout(session)
-    choice = choose_jobs(session, cluster, r, jobs, layout, now)
-    live = list(
-        session.exec(
-            select(LeaseRow)
-            .where(col(LeaseRow.state).in_(LIVE_LEASES))
-            .order_by(col(LeaseRow.id))
-            .with_for_update()
-        ).all()
-    )
+    live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
-    assignment: Mapping[str, tuple[int, ...]] = {}
-    if layout is not None:
-        requests = [(job_id, jobs[job_id].gpus) for job_id in choice.jobs]
-        assignment = place(layout.cluster, requests, held).assignment
-    leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
-    for lease in live:
-        leases_of[lease.job_id].append(lease)
-
-    issued = extended = revoked = 0
-    for job_id, gpus in assignment.items():
-        if job_id in held and set(gpus) == set(held[job_id]):
-            for lease in leases_of.pop(job_id):
-                _extend(session, lease, r, ends, started)
-                extended += 1
-            continue
-        for lease in leases_of.pop(job_id, []):
-            move_lease(session, lease, LeaseState.REVOKED, now=started)
-            revoked += 1
-        assert layout is not None
-        for node_id, local in _by_node(layout, gpus).items():
-            session.add(
-                LeaseRow(
-                    id=str(uuid.uuid4()),
-                    job_id=job_id,
-                    node_id=node_id,
-                    round_index=r,
-                    gpus=local,
-                    issued_at=started,
-                    ends_at=ends,
-                    updated_at=started,
-                )
-            )
-            issued += 1
-    for leftover in leases_of.values():
-        for lease in leftover:
-            move_lease(session, lease, LeaseState.REVOKED, now=started)
-            revoked += 1
-    session.flush()
-    suspended = _suspend_unconfirmed(session, jobs, set(assignment), r)
-
-    plan = choice.plan
-    age = max(0.0, now - plan.created_at.timestamp()) if plan else None
+    plan = freshest_plan(session, cluster.id, r)
+    changes = engine.boundary(
+        r=r,
+        now=now,
+        state_version=cluster.state_version,
+        jobs=[engine.Waiting(j.id, j.gpus) for j in jobs.values()],
+        plans=[_engine_plan(plan)] if plan is not None else [],
+        leases=held,
+        cluster=layout.cluster if layout is not None else None,
+        unconfirmed=_unconfirmed(session, jobs, held, r),
+    )
+    issued, extended, revoked, suspended = _apply(
+        session, changes, jobs, live, layout, r, started, ends
+    )
+    used = plan if changes.plan is not None else None
+    age = max(0.0, now - used.created_at.timestamp()) if used else None
     session.add(
         RoundRow(
             cluster_id=cluster_id,
             index=r,
-            plan_id=plan.id if plan else None,
-            source=choice.source,
-            jobs=list(assignment),
+            plan_id=used.id if used else None,
+            source=changes.source,
+            jobs=list(changes.assignment),
             started_at=started,
             ends_at=ends,
             plan_age_s=age,
@@ -181,59 +134,175 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     )
     outcome = RoundOutcome(
         index=r,
-        source=choice.source,
-        plan_id=plan.id if plan else None,
+        source=changes.source,
+        plan_id=used.id if used else None,
         plan_age_s=age,
-        plan_solve_s=plan.solve_seconds if plan else None,
-        plan_gap=plan.gain_gap if plan else None,
-        jobs=tuple(assignment),
+        plan_solve_s=used.solve_seconds if used else None,
+        plan_gap=used.gain_gap if used else None,
+        jobs=tuple(changes.assignment),
         issued=issued,
         extended=extended,
         revoked=revoked,
         suspended=suspended,
         started_at=started,
         ends_at=ends,
+        unfit=dict(changes.unfit),
     )
     session.commit()
     return outcome
 
 
-def choose_jobs(
-    session: Session,
-    cluster: ClusterRow,
-    r: int,
-    jobs: Mapping[str, JobRow],
-    layout: GpuLayout | None,
-    now: float,
-) -> Choice:
-    """The jobs of round ``r``: the freshest plan's column, else greedy (module docstring)."""
-    plan = freshest_plan(session, cluster.id, r)
-    if plan is None:
-        return Choice("greedy", greedy(jobs.values(), layout, r, cluster.round_seconds, now))
-    column = [j for j in dict.fromkeys(plan.rounds[r - plan.base_round]) if j in jobs]
-    fresh = plan.state_version == cluster.state_version
-    if r > plan.base_round or not fresh:
-        column = _fill(column, jobs, layout)
-    return Choice("plan" if fresh else "previous_plan", tuple(column), plan)
+@dataclasses.dataclass(frozen=True, slots=True)
+class FillOutcome:
+    """What a mid-round fill did: the round the jobs join, the jobs started (in the engine's
+    order) and the lease rows issued (one per node a gang spans)."""
+
+    round_index: int
+    jobs: tuple[str, ...]
+    issued: int
 
 
-def greedy(
-    rows: Iterable[JobRow],
-    layout: GpuLayout | None,
-    r: int,
-    round_seconds: float,
-    now: float,
-) -> tuple[str, ...]:
-    """The core's ``fifo`` policy with backfill on the active jobs (arrival order): the fast
-    fallback when no plan covers the round. Nothing runs without a READY node."""
-    if layout is None:
-        return ()
-    jobs = tuple(_active_job(row) for row in rows)
-    policy = get_policy(GREEDY_POLICY)
-    snapshot = Snapshot(
-        now=now, round_index=r, round_seconds=round_seconds, cluster=layout.cluster, jobs=jobs
+def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
+    """Start waiting jobs on the GPUs no live lease holds, with leases to the current round's
+    end, and commit (module docstring). Nothing is written before the first round or once the
+    current round's end has passed (the boundary is due)."""
+    cluster = session.get(
+        ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
     )
-    return policy.decide(snapshot, make_params(policy, {"backfill": True})).jobs
+    if cluster is None or cluster.round_ends_at is None:
+        return FillOutcome(-1, (), 0)
+    r = cluster.current_round
+    ends = cluster.round_ends_at
+    if now >= ends.timestamp():
+        return FillOutcome(r, (), 0)
+    jobs = {row.id: row for row in _lock_active_jobs(session)}
+    layout = gpu_layout(session)
+    live = _lock_live_leases(session)
+    held = _held_gpus(live, layout)
+    if layout is None or all(j in held for j in jobs):
+        session.rollback()
+        return FillOutcome(r, (), 0)
+    plan = freshest_plan(session, cluster.id, r + 1)
+    prefer = tuple(plan.rounds[r + 1 - plan.base_round]) if plan is not None else ()
+    changes = engine.fill(
+        jobs=[engine.Waiting(j.id, j.gpus) for j in jobs.values()],
+        leases=held,
+        cluster=layout.cluster,
+        prefer=prefer,
+        busy=_still_checkpointing(session, layout),
+    )
+    if not changes.changes:
+        session.rollback()
+        return FillOutcome(r, (), 0)
+    issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends)
+    session.commit()
+    return FillOutcome(r, tuple(changes.assignment), issued)
+
+
+def _engine_plan(plan: PlanRow) -> engine.Plan:
+    return engine.Plan(
+        base_round=plan.base_round,
+        rounds=tuple(tuple(column) for column in plan.rounds),
+        state_version=plan.state_version,
+        usable_from=plan.created_at.timestamp(),
+        plan_id=plan.id,
+    )
+
+
+def _apply(
+    session: Session,
+    changes: engine.RoundChanges,
+    jobs: Mapping[str, JobRow],
+    live: Sequence[LeaseRow],
+    layout: GpuLayout | None,
+    r: int,
+    started: datetime,
+    ends: datetime,
+) -> tuple[int, int, int, tuple[str, ...]]:
+    """Write the engine's changes: the lease rows issued, extended and revoked, and the jobs
+    actually suspended. At a boundary, a live lease the engine could not see (held off the
+    READY nodes) is revoked too."""
+    leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
+    for lease in live:
+        leases_of[lease.job_id].append(lease)
+    issued = extended = revoked = 0
+    suspend: list[engine.Change] = []
+    for change in changes.changes:
+        if change.kind is engine.ChangeKind.REVOKE:
+            for lease in leases_of.pop(change.job_id, []):
+                move_lease(session, lease, LeaseState.REVOKED, now=started)
+                revoked += 1
+        elif change.kind is engine.ChangeKind.EXTEND:
+            for lease in leases_of.pop(change.job_id, []):
+                _extend(session, lease, r, ends, started)
+                extended += 1
+        elif change.kind is engine.ChangeKind.ISSUE:
+            assert layout is not None
+            for node_id, local in layout.by_node(change.gpus).items():
+                session.add(
+                    LeaseRow(
+                        id=str(uuid.uuid4()),
+                        job_id=change.job_id,
+                        node_id=node_id,
+                        round_index=r,
+                        gpus=local,
+                        issued_at=started,
+                        ends_at=ends,
+                        updated_at=started,
+                    )
+                )
+                issued += 1
+        else:
+            suspend.append(change)
+    if changes.source != "fill":
+        for leftover in leases_of.values():
+            for lease in leftover:
+                move_lease(session, lease, LeaseState.REVOKED, now=started)
+                revoked += 1
+    session.flush()
+    suspended = tuple(
+        c.job_id
+        for c in suspend
+        if c.job_id in jobs and stop_running(session, jobs[c.job_id], c.reason, except_attempt=None)
+    )
+    return issued, extended, revoked, suspended
+
+
+def _lock_live_leases(session: Session) -> list[LeaseRow]:
+    return list(
+        session.exec(
+            select(LeaseRow)
+            .where(col(LeaseRow.state).in_(LIVE_LEASES))
+            .order_by(col(LeaseRow.id))
+            .with_for_update()
+        ).all()
+    )
+
+
+def _still_checkpointing(session: Session, layout: GpuLayout) -> tuple[int, ...]:
+    """GPUs of REVOKED attempts whose process has not exited yet (it is checkpointing)."""
+    revoked = session.exec(
+        select(LeaseRow.node_id, LeaseRow.gpus).where(LeaseRow.state == LeaseState.REVOKED)
+    ).all()
+    return tuple(g for node_id, gpus in revoked for g in layout.global_gpus(node_id, gpus))
+
+
+def _unconfirmed(
+    session: Session, jobs: Mapping[str, JobRow], held: Mapping[str, tuple[int, ...]], r: int
+) -> tuple[str, ...]:
+    """RUNNING jobs with no live lease whose last attempt ended before round ``r - 1`` (revoked
+    a round ago, never confirmed a checkpoint)."""
+    running = [j for j in jobs if jobs[j].state == JobState.RUNNING.value and j not in held]
+    if not running:
+        return ()
+    last_round = dict(
+        session.exec(
+            select(LeaseRow.job_id, func.max(LeaseRow.round_index))
+            .where(col(LeaseRow.job_id).in_(running))
+            .group_by(col(LeaseRow.job_id))
+        ).all()
+    )
+    return tuple(j for j in running if (last := last_round.get(j)) is not None and last < r - 1)
 
 
 def mark_lost_nodes(
@@ -302,23 +371,6 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
     )
 
 
-def _active_job(row: JobRow) -> ActiveJob:
-    return ActiveJob(spec=events.spec_of_row(row), progress=JobProgress(batch_size=row.batch_size))
-
-
-def _fill(column: list[str], jobs: Mapping[str, JobRow], layout: GpuLayout | None) -> list[str]:
-    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves."""
-    if layout is None:
-        return column
-    free = layout.cluster.total_gpus - sum(jobs[j].gpus for j in column)
-    filled = list(column)
-    for job_id, row in jobs.items():
-        if job_id not in filled and row.gpus <= free:
-            filled.append(job_id)
-            free -= row.gpus
-    return filled
-
-
 def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, tuple[int, ...]]:
     """Each job's global GPUs from its live leases; a job with a lease off the READY layout
     (a lost node, a GPU past the homogeneous width) holds nothing placement can keep."""
@@ -334,45 +386,11 @@ def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, 
     return {job: tuple(sorted(gpus)) for job, gpus in held.items() if job not in broken}
 
 
-def _by_node(layout: GpuLayout, gpus: Sequence[int]) -> dict[str, list[int]]:
-    """Global GPU indices grouped into local indices per node id."""
-    by_node: dict[str, list[int]] = defaultdict(list)
-    for g in sorted(gpus):
-        by_node[layout.node_ids[g // layout.gpus_per_node]].append(g % layout.gpus_per_node)
-    return dict(by_node)
-
-
 def _extend(session: Session, lease: LeaseRow, r: int, ends: datetime, now: datetime) -> None:
     lease.round_index = r
     lease.ends_at = ends
     lease.updated_at = now
     session.add(lease)
-
-
-def _suspend_unconfirmed(
-    session: Session, jobs: Mapping[str, JobRow], placed: set[str], r: int
-) -> tuple[str, ...]:
-    """RUNNING jobs that hold no lease in round ``r`` and whose last attempt ended before
-    round ``r - 1`` (revoked a round ago, never confirmed): back to the queue."""
-    running = [j for j in jobs if jobs[j].state == JobState.RUNNING.value and j not in placed]
-    if not running:
-        return ()
-    last_round = dict(
-        session.exec(
-            select(LeaseRow.job_id, func.max(LeaseRow.round_index))
-            .where(col(LeaseRow.job_id).in_(running))
-            .group_by(col(LeaseRow.job_id))
-        ).all()
-    )
-    suspended = []
-    for job_id in running:
-        latest = last_round.get(job_id)
-        if latest is not None and latest >= r - 1:
-            continue
-        reason = f"preempted before round {r}; its attempt never confirmed a checkpoint"
-        if stop_running(session, jobs[job_id], reason, except_attempt=None):
-            suspended.append(job_id)
-    return tuple(suspended)
 
 
 def _silent_nodes(session: Session, cutoff: datetime) -> list[str]:

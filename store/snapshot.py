@@ -10,10 +10,10 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   read, so the snapshot grows with the cluster's size, not with its history.
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
-- ``cluster``: the READY nodes, assumed identical (the core's :class:`~shockwave.model.Cluster`
-  is homogeneous): ``Cluster(nodes=n, gpus_per_node=min GPUs of a READY node)``. GPUs a larger
-  node has beyond that minimum are not scheduled. READY nodes are numbered by id, so global GPU
-  ``g`` is local GPU ``g % gpus_per_node`` of the ``g // gpus_per_node``-th node.
+- ``cluster``: the READY nodes in id order, each with its real GPU count (the core's
+  :class:`~shockwave.model.Cluster` is a list of node sizes): global GPUs are numbered node
+  after node, so node ``n``'s local GPU ``i`` is global GPU ``cluster.first_gpu(n) + i``
+  (:class:`GpuLayout` converts both ways).
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row.
 - ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
@@ -67,22 +67,32 @@ class NoCapacity(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuLayout:
-    """The READY nodes in id order and the GPUs the core sees on each."""
+    """The READY nodes in id order and each one's GPU count: the core's node inventory."""
 
     node_ids: tuple[str, ...]
-    gpus_per_node: int
+    node_gpus: tuple[int, ...]
 
     @property
     def cluster(self) -> Cluster:
-        return Cluster(nodes=len(self.node_ids), gpus_per_node=self.gpus_per_node)
+        return Cluster(self.node_gpus)
 
     def global_gpus(self, node_id: str, local: Sequence[int]) -> tuple[int, ...]:
         """Global indices of ``local`` GPUs of ``node_id``; () if the node is not READY, and
-        without the local GPUs past the homogeneous width."""
+        without local indices the node does not have."""
         if node_id not in self.node_ids:
             return ()
-        base = self.node_ids.index(node_id) * self.gpus_per_node
-        return tuple(base + g for g in sorted(local) if 0 <= g < self.gpus_per_node)
+        n = self.node_ids.index(node_id)
+        base = self.cluster.first_gpu(n)
+        return tuple(base + g for g in sorted(local) if 0 <= g < self.node_gpus[n])
+
+    def by_node(self, gpus: Sequence[int]) -> dict[str, list[int]]:
+        """Global GPU indices grouped into local indices per node id."""
+        cluster = self.cluster
+        grouped: dict[str, list[int]] = {}
+        for g in sorted(gpus):
+            n = cluster.node_of(g)
+            grouped.setdefault(self.node_ids[n], []).append(g - cluster.first_gpu(n))
+        return grouped
 
 
 def load_snapshot(
@@ -120,7 +130,7 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     ).all()
     if not nodes:
         return None
-    return GpuLayout(tuple(n.id for n in nodes), min(n.gpus for n in nodes))
+    return GpuLayout(tuple(n.id for n in nodes), tuple(n.gpus for n in nodes))
 
 
 def active_job_rows(session: Session) -> list[JobRow]:
