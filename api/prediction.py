@@ -31,6 +31,7 @@ from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
 from store import cluster, events, plans, population
 from store.cluster_version import DEFAULT_CLUSTER
+from store.snapshot import waiting_reason
 from store.tables import ClusterRow, JobRow
 
 NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
@@ -54,6 +55,7 @@ def explain(
     age = max(0.0, (end - row.created_at).total_seconds())
     factor = cluster.contention(session)
     planned, why = planned_rounds(session, row.id)
+    why = waiting_reason(session, row) or why
     regimes = [
         RegimePublic(
             batch_size=r.batch_size,

@@ -36,6 +36,7 @@ from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from shockwave import state_codec
+from shockwave.engine import unfit_reason
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
 from shockwave.model import Cluster
 from shockwave.snapshot import ActiveJob, Snapshot
@@ -131,6 +132,18 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     if not nodes:
         return None
     return GpuLayout(tuple(n.id for n in nodes), tuple(n.gpus for n in nodes))
+
+
+def waiting_reason(session: Session, row: JobRow, layout: GpuLayout | None = None) -> str | None:
+    """Why a queued (PENDING or SUSPENDED) job cannot run on the READY nodes at all, or None:
+    wider than all of them together (:func:`shockwave.engine.unfit_reason`), or no READY node.
+    ``layout``: the READY nodes when the caller already read them."""
+    if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
+        return None
+    layout = layout or gpu_layout(session)
+    if layout is None:
+        return "no ready node: it starts when a node registers"
+    return unfit_reason(row.gpus, layout.cluster)
 
 
 def active_job_rows(session: Session) -> list[JobRow]:

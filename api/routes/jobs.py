@@ -6,19 +6,23 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
+from sqlmodel import Session
 
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import JobCreate, JobIdPath, JobPublic, Page
 from shockwave.lifecycle import JobState
 from store import cluster_version, jobs
+from store.snapshot import GpuLayout, gpu_layout, waiting_reason
 from store.tables import JobRow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _public(row: JobRow) -> JobPublic:
-    return JobPublic.model_validate(row, from_attributes=True)
+def _public(row: JobRow, session: Session, layout: GpuLayout | None = None) -> JobPublic:
+    public = JobPublic.model_validate(row, from_attributes=True)
+    public.waiting_reason = waiting_reason(session, row, layout)
+    return public
 
 
 IdempotencyKey = Annotated[
@@ -61,7 +65,7 @@ def submit_job(
         row = jobs.create_job(session, principal, data)
         session.flush()
         cluster_version.bump_and_request(session, "job submitted")
-        body = _public(row).model_dump(mode="json")
+        body = _public(row, session).model_dump(mode="json")
         return 201, body, f"/v1/jobs/{row.id}"
 
     status, body, location = jobs.idempotent(
@@ -98,7 +102,8 @@ def list_jobs(
         tenant=tenant,
         name=name,
     )
-    return Page[JobPublic](items=[_public(r) for r in rows], next_page_token=token)
+    layout = gpu_layout(session)
+    return Page[JobPublic](items=[_public(r, session, layout) for r in rows], next_page_token=token)
 
 
 @router.get(
@@ -109,7 +114,7 @@ def list_jobs(
     openapi_extra=access(admin=ANY, user=OWN, agent=HIDDEN, job=OWN),
 )
 def get_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal) -> JobPublic:
-    return _public(jobs.visible_job(session, principal, job_id))
+    return _public(jobs.visible_job(session, principal, job_id), session)
 
 
 @router.post(
@@ -124,4 +129,4 @@ def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincip
     cluster_version.bump_and_request(session, "job cancelled")
     session.commit()
     session.refresh(row)
-    return _public(row)
+    return _public(row, session)

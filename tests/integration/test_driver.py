@@ -452,3 +452,75 @@ def wait_for(
         return condition()
 
     wait_until(holds, timeout, "the condition", poll_s=0.02)
+
+
+def test_mixed_node_sizes_are_used_in_full(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=8)
+    register(client, agent_token(database, "node-2"), gpus=4)
+    register(client, agent_token(database, "node-3"), gpus=2)
+    eight = submit(client, tokens.admin, gpus=8)
+    others = [submit(client, tokens.admin, gpus=w) for w in (2, 2, 1, 1)]
+
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+        outcome = driver.last_round
+        assert outcome is not None and outcome.unfit == {}
+
+    held = {(lease.node_id, g) for lease in leases(database) for g in lease.gpus}
+    assert len(held) == 14, "every GPU of the 8-, 4- and 2-GPU nodes is leased"
+    by_job = {lease.job_id: lease for lease in leases(database)}
+    assert set(by_job) == {eight, *others}, "no GPU idles while a job that fits waits"
+    assert by_job[eight].node_id == NODE and len(by_job[eight].gpus) == 8
+    assert_no_gpu_twice(database)
+
+
+def test_a_job_wider_than_the_ready_nodes_waits_with_its_reason_and_others_run(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=4)
+    wide = submit(client, tokens.admin, gpus=8)
+    small = submit(client, tokens.admin, gpus=1)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+        outcome = driver.last_round
+    assert outcome is not None and wide in outcome.unfit
+    assert "needs 8 GPUs" in outcome.unfit[wide] and "4 in all" in outcome.unfit[wide]
+    assert {lease.job_id for lease in leases(database)} == {small}
+    assert job_state(database, wide) == "PENDING"
+    body = client.get(f"/v1/jobs/{wide}", headers=bearer(tokens.admin)).json()
+    assert "needs 8 GPUs" in body["waiting_reason"]
+    assert (
+        client.get(f"/v1/jobs/{small}", headers=bearer(tokens.admin)).json()["waiting_reason"]
+        is None
+    )
+    prediction = client.get(f"/v1/jobs/{wide}/prediction", headers=bearer(tokens.admin)).json()
+    assert "needs 8 GPUs" in prediction["reason"]
+
+
+def test_gpus_freed_mid_round_and_a_new_arrival_start_waiting_jobs_at_once(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=4)
+    first = submit(client, tokens.admin, gpus=4)
+    second = submit(client, tokens.admin, gpus=2)
+    with driver_on(database, round_s=3600.0) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (lease,) = leases(database)
+        assert lease.job_id == first
+        assert not driver.step(t0 + 1), "nothing changed: nothing to fill"
+        report(client, tokens.agent, lease.id, "running")
+        report(client, tokens.agent, lease.id, "exited", 0)
+        assert driver.step(t0 + 2), "the freed GPUs go to the waiting job, not at the boundary"
+        fill = driver.last_fill
+        assert fill is not None and fill.jobs == (second,) and fill.round_index == 0
+        third = submit(client, tokens.admin, gpus=2)
+        assert driver.step(t0 + 3)
+        assert sample(driver, "shockwave_driver_fill_jobs_total") == 2
+    live = {le.job_id: le for le in leases(database)}
+    assert set(live) == {second, third}
+    assert {le.round_index for le in live.values()} == {0}
+    assert all(abs(le.ends_at.timestamp() - (t0 + 3600.0)) < 1e-3 for le in live.values())
+    assert_no_gpu_twice(database)

@@ -276,7 +276,8 @@ def test_rejects_malformed_requests_naming_the_job(
 
 @st.composite
 def fitting_rounds(draw: st.DrawFn) -> tuple[Cluster, list[JobRequest], dict[str, tuple[int, ...]]]:
-    """A cluster (uniform or of mixed node sizes), a job set whose total width fits it, and a previous round to renew from.
+    """A cluster (uniform or of mixed node sizes), a job set whose total width fits it, and a
+    previous round to renew from.
 
     The previous round is itself a placement of a random job set (some of which continue, some
     at a new width), so leases are realistic; with some chance it is shifted off the cluster to
