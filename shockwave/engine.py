@@ -33,7 +33,8 @@ Two entry points:
    ``unfit`` with the reason, and never hold up anyone else.
 3. Placement (:func:`shockwave.placement.place`): a continuing job keeps its GPUs where it can,
    new gangs go best fit on nodes of any size, so no GPU idles because a node is larger than
-   another.
+   another. With ``conserve`` (the simulator's default and the service), GPUs the column
+   leaves free then go to waiting jobs that fit, as :func:`fill` gives them.
 4. The changes: ``extend`` for a job placed on exactly the GPUs it holds, ``revoke`` then
    ``issue`` for a job placed elsewhere, ``issue`` for a job placed anew, ``revoke`` for every
    other live lease; ``suspend`` for a job the shell reports still running with no lease since
@@ -150,6 +151,14 @@ def choose_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
     return max(usable, key=lambda p: (p.state_version, p.usable_from), default=None)
 
 
+def next_column(plan: Plan | None, r: int) -> tuple[str, ...]:
+    """The jobs ``plan`` wants in round ``r + 1`` (a fill's preferred order; filled now, they
+    keep their GPUs at the boundary), or () when it has no such column."""
+    if plan is None or not plan.covers(r + 1):
+        return ()
+    return plan.rounds[r + 1 - plan.base_round]
+
+
 def boundary(
     *,
     r: int,
@@ -160,9 +169,13 @@ def boundary(
     leases: Mapping[str, tuple[int, ...]],
     cluster: Cluster | None,
     unconfirmed: Iterable[str] = (),
+    conserve: bool = False,
 ) -> RoundChanges:
     """Round ``r``'s changes at ``now`` (module docstring, steps 1-4). ``cluster`` None: no
-    ready node, so every live lease is revoked and nothing runs."""
+    ready node, so every live lease is revoked and nothing runs. ``conserve``: GPUs the
+    round's column leaves free go to waiting jobs as a :func:`fill` would give them (the
+    plan's next column first, then arrival order; a job holding a lease on free GPUs keeps
+    them)."""
     width = {j.job_id: j.gpus for j in jobs}
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
@@ -179,9 +192,17 @@ def boundary(
         if r > plan.base_round or not fresh:
             column = _fill_column(column, fits, cluster.total_gpus, width)
     assignment: Mapping[str, tuple[int, ...]] = {}
+    extra: dict[str, tuple[int, ...]] = {}
     if cluster is not None:
         placed = place(cluster, [(j, width[j]) for j in column], leases)
         assignment = placed.assignment
+        if conserve:
+            busy = [g for gpus in assignment.values() for g in gpus]
+            rest = [(j, width[j]) for j in next_column(plan, r) if j in width]
+            rest += [(j.job_id, j.gpus) for j in fits]
+            rest = [q for q in dict(rest).items() if q[0] not in assignment]
+            extra = _conserve(cluster, rest, leases, busy)
+            assignment = {**assignment, **extra}
     why = _why(source, plan, r)
     revokes: list[Change] = []
     kept: list[Change] = []
@@ -192,7 +213,8 @@ def boundary(
             continue
         if held:
             revokes.append(Change(ChangeKind.REVOKE, job_id, tuple(held), f"moved ({why})"))
-        kept.append(Change(ChangeKind.ISSUE, job_id, tuple(gpus), f"runs in round {r} ({why})"))
+        runs = "work conservation: GPUs the round left free" if job_id in extra else why
+        kept.append(Change(ChangeKind.ISSUE, job_id, tuple(gpus), f"runs in round {r} ({runs})"))
     for job_id, held in leases.items():
         if job_id not in assignment:
             reason = (
@@ -262,6 +284,27 @@ def fill(
         unfit=MappingProxyType(unfit),
         waiting=MappingProxyType({j: f"waits: {why}" for j, why in placed.unplaced.items()}),
     )
+
+
+def _conserve(
+    cluster: Cluster,
+    jobs: Sequence[tuple[str, int]],
+    leases: Mapping[str, tuple[int, ...]],
+    busy: list[int],
+) -> dict[str, tuple[int, ...]]:
+    """Give the GPUs ``busy`` leaves free to ``jobs`` (priority order): a job that holds a lease
+    on GPUs still free keeps them; the others are placed as a fill places them."""
+    taken = set(busy)
+    kept: dict[str, tuple[int, ...]] = {}
+    free = cluster.total_gpus - len(taken)
+    for job_id, gpus in jobs:
+        held = leases.get(job_id)
+        if held and len(held) == gpus and gpus <= free and not taken.intersection(held):
+            kept[job_id] = tuple(held)
+            taken.update(held)
+            free -= gpus
+    rest = [q for q in jobs if q[0] not in kept]
+    return {**kept, **place_into(cluster, rest, taken).assignment}
 
 
 def _unfit(jobs: Sequence[Waiting], cluster: Cluster | None) -> dict[str, str]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -310,6 +310,7 @@ def simulate(
             plans=plans,
             leases=run.previous,
             cluster=cluster,
+            conserve=settings.mid_round_fills,
         )
         sources[changes.source] += 1
         lease_end = now + settings.round_seconds
@@ -329,7 +330,7 @@ def simulate(
             r.active_rounds += 1
         filled: dict[str, tuple[int, ...]] = {}
         if settings.mid_round_fills:
-            prefer = _next_column(plans, index)
+            prefer = engine.next_column(engine.choose_plan(plans, index + 1, now), index)
             for t in run.events(now, lease_end):
                 fill = engine.fill(
                     jobs=run.waiting_view(), leases=run.leases(held), cluster=cluster, prefer=prefer
@@ -483,12 +484,6 @@ class _Run:
         self._ends.clear()
         self._retire([r for r in self.active if r.done])
         self.previous = {r.job_id: r.gpus for r in self.active if r.job_id in held and r.gpus}
-
-
-def _next_column(plans: Sequence[Plan], index: int) -> tuple[str, ...]:
-    """The jobs the freshest plan wants in the round after ``index`` (a fill's preference)."""
-    plan = engine.choose_plan(plans, index + 1, math.inf)
-    return plan.rounds[index + 1 - plan.base_round] if plan is not None else ()
 
 
 def _revealed(active: list[_JobRun]) -> dict[str, RevealedTrajectory]:

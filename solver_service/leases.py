@@ -10,7 +10,8 @@
    is older than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
    column (``plan``, or ``previous_plan`` when the cluster has moved on since), else first in,
-   first out (``greedy``); placement over nodes of any size; the changes with their reasons.
+   first out (``greedy``); placement over nodes of any size; GPUs the column leaves free go to
+   waiting jobs that fit (work conservation); the changes with their reasons.
 3. **Apply**: an ``extend`` moves the job's attempts to round ``r`` (new end time); an
    ``issue`` writes one new attempt per node the gang spans; a ``revoke`` revokes the live
    lease; a ``suspend`` sends the job back to the queue (see :mod:`store.leases`). The round
@@ -105,6 +106,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         leases=held,
         cluster=layout.cluster if layout is not None else None,
         unconfirmed=_unconfirmed(session, jobs, held, r),
+        conserve=True,
     )
     issued, extended, revoked, suspended = _apply(
         session, changes, jobs, live, layout, r, started, ends
@@ -183,7 +185,7 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
         session.rollback()
         return FillOutcome(r, (), 0)
     plan = freshest_plan(session, cluster.id, r + 1)
-    prefer = tuple(plan.rounds[r + 1 - plan.base_round]) if plan is not None else ()
+    prefer = engine.next_column(_engine_plan(plan) if plan is not None else None, r)
     changes = engine.fill(
         jobs=[engine.Waiting(j.id, j.gpus) for j in jobs.values()],
         leases=held,

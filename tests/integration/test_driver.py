@@ -72,7 +72,7 @@ def test_a_boundary_issues_leases_for_the_plans_first_round_on_registered_nodes(
     two_nodes(client, tokens, database)
     wide = submit(client, tokens.admin, gpus=4)
     pair = submit(client, tokens.admin, gpus=2)
-    left_out = submit(client, tokens.admin, gpus=1)
+    left_out = submit(client, tokens.admin, gpus=1)  # not in the plan: it fills a free GPU
     plan_id = store_plan(database, [[pair, wide]])
 
     with driver_on(database) as (driver, _):
@@ -80,15 +80,14 @@ def test_a_boundary_issues_leases_for_the_plans_first_round_on_registered_nodes(
         assert driver.step(t0)
         assert rounds_of("plan", driver) == 1
         assert sample(driver, "shockwave_driver_plan_solve_seconds") == 0.25
-        assert sample(driver, "shockwave_driver_leases_total", action="issued") == 2
+        assert sample(driver, "shockwave_driver_leases_total", action="issued") == 3
 
     row = round_row(database, 0)
-    assert (row.source, row.plan_id, row.jobs) == ("plan", plan_id, [pair, wide])
-    assert (row.leases_issued, row.leases_extended, row.leases_revoked) == (2, 0, 0)
+    assert (row.source, row.plan_id, row.jobs) == ("plan", plan_id, [pair, wide, left_out])
+    assert (row.leases_issued, row.leases_extended, row.leases_revoked) == (3, 0, 0)
     assert row.plan_age_s is not None and row.plan_age_s >= 0
     issued = {lease.job_id: lease for lease in leases(database)}
-    assert set(issued) == {pair, wide}, "the plan's first column as decided, nothing added"
-    assert left_out not in issued
+    assert set(issued) == {pair, wide, left_out}, "the column, then what fits the free GPUs"
     assert {lease.state for lease in issued.values()} == {"ISSUED"}
     assert issued[wide].gpus == [0, 1, 2, 3], "a node-wide gang takes a whole node"
     assert len(issued[pair].gpus) == 2 and issued[pair].node_id != issued[wide].node_id
