@@ -250,3 +250,31 @@ def test_plan_latency_uses_previous_plans_and_the_fallback(latency: float) -> No
         # later ones take the plan of a round before (fresh only while the state stays put).
         assert result.rounds[0].source == "greedy"
         assert sources["previous_plan"] > 0 if latency < 120 else sources["greedy"] > 1
+
+
+@pytest.mark.parametrize("name", ["gavel", "shockwave"])
+def test_on_mixed_nodes_no_gpu_idles_at_a_boundary_while_a_job_that_fits_waits(name: str) -> None:
+    nodes = Cluster.parse("2x8,3x4,2x2")
+    jobs = [
+        sim_job(
+            str(i),
+            [(32, 2 + i % 4, 50.0 + 13 * (i % 7))],
+            gpus=(8, 4, 2, 1)[i % 4],
+            arrival=25.0 * i,
+        )
+        for i in range(32)
+    ]
+    policy = get_policy(name)
+    result = simulate(workload(*jobs), nodes, policy, make_params(policy))
+    assert result.completed == len(jobs)
+    for r in result.rounds:
+        used = sum(len(gpus) for gpus in r.assignment.values())
+        waiting = [
+            j
+            for j in result.jobs
+            if j.arrival_s <= r.start_s
+            and j.finish_s is not None
+            and j.finish_s > r.start_s
+            and j.job_id not in r.assignment
+        ]
+        assert all(j.gpus > nodes.total_gpus - used for j in waiting), (r.index, used, waiting)
