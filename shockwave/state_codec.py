@@ -29,7 +29,9 @@ def encode(value: Any) -> Any:
     if isinstance(value, Enum):
         return {_TAG: "enum", "type": _name(type(value)), "value": value.value}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {  # a field not set by __init__ is derived: __post_init__ rebuilds it
+            f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
+        }
         return {_TAG: "dc", "type": _name(type(value)), "fields": fields}
     if isinstance(value, Mapping):
         return {_TAG: "map", "items": [[encode(k), encode(v)] for k, v in value.items()]}

@@ -20,7 +20,8 @@
 
 :func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
-that fit, each with a lease of the current round (to its end). The driver calls it whenever
+that fit, each with a lease of the current round (to its end); the round's record gains the
+jobs and the leases issued. The driver calls it whenever
 the cluster's state version moved (a job submitted, finished, failed or cancelled, a node
 joined).
 """
@@ -197,6 +198,11 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
         session.rollback()
         return FillOutcome(r, (), 0)
     issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends)
+    row = session.get(RoundRow, (cluster_id, r), with_for_update=True)
+    if row is not None:  # the round's record lists every job leased in it
+        row.jobs = [*row.jobs, *(j for j in changes.assignment if j not in row.jobs)]
+        row.leases_issued += issued
+        session.add(row)
     session.commit()
     return FillOutcome(r, tuple(changes.assignment), issued)
 

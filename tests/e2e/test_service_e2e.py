@@ -9,7 +9,9 @@ within a bound, and the schedule must be the one the core decides:
 - rounds are numbered 0, 1, 2, ... without a gap, each 2 s long;
 - while each round is current, the leases of that round are exactly its jobs, each job on as
   many GPUs as it asked for, no GPU given twice; the agents saw the same leases;
-- a round made from a fresh plan runs exactly the plan's first column;
+- a round made from a fresh plan runs the plan's first column, plus (work conservation) waiting
+  jobs on the GPUs it leaves free or that free up during the round (the round's record lists
+  every job leased in it);
 - each plan's first column is what the core's policy decides, in this test's process, for the
   snapshot and params the worker decided from (recorded by :mod:`tests.e2e.recording_worker`,
   which runs the real ``shockwave worker`` command).
@@ -28,10 +30,14 @@ from sqlalchemy.engine import Engine
 
 from bench.deployment import ROUND_SECONDS, deployment, job_states, plans, rounds
 from shockwave import state_codec
+from shockwave.lifecycle import LIVE_LEASES, LeaseState
 from shockwave.policy import get_policy
 from store.tables import PlanRow
 from tests.e2e import recording_worker
 from tests.e2e.agents import Fleet, register_fleet, submit_job
+
+HOLDING = {state.value for state in (*LIVE_LEASES, LeaseState.REVOKED)}
+"""Lease states that hold GPUs (a revoked attempt holds them while it checkpoints)."""
 
 JOBS = [  # (name, gpus, epochs): 6 GPUs asked of 4, so some wait and some are preempted
     ("resnet-a", 1, 3),
@@ -70,7 +76,8 @@ def test_jobs_run_to_success_on_the_rounds_the_core_decides(tmp_path: Path) -> N
     assert samples and len(samples) >= max(samples), f"rounds sampled: {sorted(samples)}"
     job_gpus = {job.id: job.gpus for job in fleet.jobs.values()}
     for index, (round_jobs, leased) in samples.items():
-        assert set(leased) == set(round_jobs) == set(by_index[index].jobs), index
+        assert set(leased) == set(round_jobs), index
+        assert set(round_jobs) <= set(by_index[index].jobs), index  # fills may come later
         check_placement(leased, job_gpus)
     for index, seen in ((i, fleet.leases_of_round(i)) for i in by_index):
         assert set(seen) <= set(by_index[index].jobs), (index, seen, by_index[index].jobs)
@@ -81,7 +88,7 @@ def test_jobs_run_to_success_on_the_rounds_the_core_decides(tmp_path: Path) -> N
         assert r.plan_id is not None
         plan = stored_plans[r.plan_id]
         if r.index == plan.base_round:
-            assert set(r.jobs) == set(plan.rounds[0]), (r.index, r.jobs, plan.rounds[0])
+            assert set(plan.rounds[0]) <= set(r.jobs), (r.index, r.jobs, plan.rounds[0])
         else:
             assert set(plan.rounds[r.index - plan.base_round]) <= set(r.jobs)
 
@@ -125,11 +132,14 @@ def sample_round(
             {"r": current},
         ).scalar_one()
         leased: dict[str, list[tuple[str, list[int]]]] = defaultdict(list)
-        for job_id, node_id, gpus in connection.execute(
-            text("SELECT job_id, node_id, gpus FROM leases WHERE round_index = :r"),
+        for job_id, node_id, gpus, state in connection.execute(
+            text("SELECT job_id, node_id, gpus, state FROM leases WHERE round_index = :r"),
             {"r": current},
         ):
-            leased[job_id].append((node_id, list(gpus)))
+            # A lease that ended (its job exited) holds no GPU: a fill may give it out again
+            # in the same round. The job still counts as one the round leased.
+            held = state in HOLDING
+            leased[job_id].extend([(node_id, list(gpus))] if held else [])
         connection.rollback()
     return int(current), list(jobs), dict(leased)
 
@@ -137,13 +147,14 @@ def sample_round(
 def check_placement(
     leased: dict[str, list[tuple[str, list[int]]]], job_gpus: dict[str, int]
 ) -> None:
+    """No GPU held twice; each job that holds GPUs holds as many as it asked for."""
     taken: set[tuple[str, int]] = set()
     for job_id, parts in leased.items():
         for node, gpus in parts:
             for gpu in gpus:
                 assert (node, gpu) not in taken, f"GPU {gpu} of {node} leased twice"
                 taken.add((node, gpu))
-        assert sum(len(g) for _, g in parts) == job_gpus[job_id], (job_id, parts)
+        assert sum(len(g) for _, g in parts) in (0, job_gpus[job_id]), (job_id, parts)
 
 
 def check_plans_are_core_decisions(stored: dict[int, PlanRow], record_dir: Path) -> None:

@@ -73,3 +73,11 @@ def test_stored_state_cannot_name_arbitrary_code(data: Any) -> None:
 def test_unencodable_values_are_refused() -> None:
     with pytest.raises(StateCodecError, match="object"):
         encode(object())
+
+
+def test_a_cluster_of_mixed_nodes_goes_through_json_and_rebuilds_its_numbering() -> None:
+    from shockwave.model import Cluster
+
+    mixed = Cluster.parse("2x8,1x4,1x2")
+    back = decode(json.loads(json.dumps(encode(mixed))))
+    assert back == mixed and back.first_gpu(3) == 20 and back.node_of(19) == 2
