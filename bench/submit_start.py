@@ -128,7 +128,9 @@ def embedded_cluster(work: Path, round_seconds: float) -> Iterator[Cluster]:
             "--round-seconds",
             str(round_seconds),
         )
-        wait_until(lambda: "Shockwave is up" in up.log_tail(), 60, f"shockwave up:\n{up.log_tail()}")
+        wait_until(
+            lambda: "Shockwave is up" in up.log_tail(), 60, f"shockwave up:\n{up.log_tail()}"
+        )
         agent_dir = work / "agent"
         agent_dir.mkdir(exist_ok=True)
         processes.shockwave(

@@ -255,7 +255,8 @@ class Cluster:
         return self._first[node]
 
     def describe(self) -> str:
-        """``"8 nodes x 4 GPUs"`` (``"1 node x 4 GPUs"``) or, mixed, ``"2x8 + 3x4 + 2x2"`` (count x GPUs, in order)."""
+        """``"8 nodes x 4 GPUs"`` (``"1 node x 4 GPUs"``) or, mixed, ``"2x8 + 3x4 + 2x2"``
+        (count x GPUs, in order)."""
         if self.is_uniform:
             nodes = "1 node" if self.nodes == 1 else f"{self.nodes} nodes"
             return f"{nodes} x {self.node_gpus[0]} GPUs"
