@@ -93,7 +93,7 @@ class JobPublic(BaseModel):
     updated_at: datetime
     waiting_reason: str | None = None
     """Set while a queued job cannot run on the ready nodes at all (wider than all of them
-    together, or no ready node): it stays PENDING and holds up no other job."""
+    together): it stays PENDING and holds up no other job."""
 
 
 class EventPublic(BaseModel):

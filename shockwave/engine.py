@@ -51,7 +51,7 @@ Every change carries a ``reason`` in words, for logs, the rounds table and ``GET
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -170,12 +170,15 @@ def boundary(
     cluster: Cluster | None,
     unconfirmed: Iterable[str] = (),
     conserve: bool = False,
+    settling: Collection[str] = frozenset(),
 ) -> RoundChanges:
     """Round ``r``'s changes at ``now`` (module docstring, steps 1-4). ``cluster`` None: no
     ready node, so every live lease is revoked and nothing runs. ``conserve``: GPUs the
     round's column leaves free go to waiting jobs as a :func:`fill` would give them (the
     plan's next column first, then arrival order; a job holding a lease on free GPUs keeps
-    them)."""
+    them, and neither a job holding GPUs elsewhere nor one in ``settling`` starts anew).
+    ``settling``: jobs whose revoked attempt has not confirmed its end yet (still
+    checkpointing): a new attempt now would run the job in two places."""
     width = {j.job_id: j.gpus for j in jobs}
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
@@ -200,7 +203,9 @@ def boundary(
             busy = [g for gpus in assignment.values() for g in gpus]
             rest = [(j, width[j]) for j in next_column(plan, r) if j in width]
             rest += [(j.job_id, j.gpus) for j in fits]
-            rest = [q for q in dict(rest).items() if q[0] not in assignment]
+            rest = [
+                q for q in dict(rest).items() if q[0] not in assignment and q[0] not in settling
+            ]
             extra = _conserve(cluster, rest, leases, busy)
             assignment = {**assignment, **extra}
     why = _why(source, plan, r)
@@ -255,10 +260,12 @@ def fill(
     cluster: Cluster | None,
     prefer: Sequence[str] = (),
     busy: Iterable[int] = (),
+    settling: Collection[str] = frozenset(),
 ) -> RoundChanges:
     """Mid-round: start waiting jobs on the GPUs no lease holds (module docstring). ``busy``:
     GPUs that are not free although no live lease holds them (a revoked attempt still
-    checkpointing)."""
+    checkpointing). ``settling``: jobs whose revoked attempt has not confirmed its end yet;
+    they wait for it (a new attempt now would run the job in two places)."""
     if cluster is None:
         return RoundChanges("fill", None, MappingProxyType({}), ())
     unfit = _unfit(jobs, cluster)
@@ -267,7 +274,9 @@ def fill(
     if len(taken) >= cluster.total_gpus:
         return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
     order = [j for j in dict.fromkeys((*prefer, *width)) if j in width]
-    candidates = [(j, width[j]) for j in order if j not in leases and j not in unfit]
+    candidates = [
+        (j, width[j]) for j in order if j not in leases and j not in unfit and j not in settling
+    ]
     if not candidates:
         return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
     placed = place_into(cluster, candidates, taken)
@@ -303,7 +312,7 @@ def _conserve(
             kept[job_id] = tuple(held)
             taken.update(held)
             free -= gpus
-    rest = [q for q in jobs if q[0] not in kept]
+    rest = [q for q in jobs if q[0] not in kept and q[0] not in leases]
     return {**kept, **place_into(cluster, rest, taken).assignment}
 
 

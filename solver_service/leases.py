@@ -108,6 +108,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         cluster=layout.cluster if layout is not None else None,
         unconfirmed=_unconfirmed(session, jobs, held, r),
         conserve=True,
+        settling=_settling(session),
     )
     issued, extended, revoked, suspended = _apply(
         session, changes, jobs, live, layout, r, started, ends
@@ -193,6 +194,7 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
         cluster=layout.cluster,
         prefer=prefer,
         busy=_still_checkpointing(session, layout),
+        settling=_settling(session),
     )
     if not changes.changes:
         session.rollback()
@@ -293,6 +295,12 @@ def _still_checkpointing(session: Session, layout: GpuLayout) -> tuple[int, ...]
         select(LeaseRow.node_id, LeaseRow.gpus).where(LeaseRow.state == LeaseState.REVOKED)
     ).all()
     return tuple(g for node_id, gpus in revoked for g in layout.global_gpus(node_id, gpus))
+
+
+def _settling(session: Session) -> frozenset[str]:
+    """Jobs with a REVOKED attempt whose end is not confirmed yet (it is checkpointing)."""
+    rows = session.exec(select(LeaseRow.job_id).where(LeaseRow.state == LeaseState.REVOKED))
+    return frozenset(rows.all())
 
 
 def _unconfirmed(

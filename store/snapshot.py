@@ -136,14 +136,13 @@ def gpu_layout(session: Session) -> GpuLayout | None:
 
 def waiting_reason(session: Session, row: JobRow, layout: GpuLayout | None = None) -> str | None:
     """Why a queued (PENDING or SUSPENDED) job cannot run on the READY nodes at all, or None:
-    wider than all of them together (:func:`shockwave.engine.unfit_reason`), or no READY node.
+    wider than all of them together (:func:`shockwave.engine.unfit_reason`). None too while no
+    node is READY (nothing can run then, and the prediction says there is no plan yet).
     ``layout``: the READY nodes when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
         return None
     layout = layout or gpu_layout(session)
-    if layout is None:
-        return "no ready node: it starts when a node registers"
-    return unfit_reason(row.gpus, layout.cluster)
+    return None if layout is None else unfit_reason(row.gpus, layout.cluster)
 
 
 def active_job_rows(session: Session) -> list[JobRow]:
