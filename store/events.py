@@ -26,6 +26,7 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -42,7 +43,7 @@ from store.paging import cut, page_key
 from store.principals import Principal, Role, require
 from store.tables import INT4_MAX, JobEventRow, JobRow, utcnow
 
-EventKind = Literal["progress", "scaling", "state"]
+EventKind = Literal["progress", "scaling", "state", "excluded"]
 REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
@@ -200,3 +201,24 @@ def _after(token: str) -> int:
     if not key.isdigit() or int(key) > INT4_MAX:
         raise InvalidInput("malformed page_token", field="page_token")
     return int(key)
+
+
+def record_exclusions(session: Session, excluded: Mapping[str, str]) -> int:
+    """Tell each job the planner left out why (an ``excluded`` event with the reason), once per
+    distinct reason: every plan that leaves it out again adds nothing. Returns how many events
+    were added. Jobs that no longer exist are skipped."""
+    added = 0
+    for job_id, reason in excluded.items():
+        said = session.exec(
+            select(JobEventRow.id).where(
+                JobEventRow.job_id == job_id,
+                JobEventRow.kind == "excluded",
+                JobEventRow.reason == reason[:256],
+            )
+        ).first()
+        if said is None and session.get(JobRow, job_id) is not None:
+            session.add(
+                JobEventRow(job_id=job_id, kind="excluded", payload={}, reason=reason[:256])
+            )
+            added += 1
+    return added
