@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.schemas import JobCreate, JobIdPath, JobPublic, Page
+from api.schemas import JobCreate, JobIdPath, JobPublic, JobSummary, Page
 from shockwave.lifecycle import JobState
 from store import cluster_version, jobs
 from store.tables import JobRow
@@ -73,9 +73,9 @@ def submit_job(
 
 @router.get(
     "",
-    response_model=Page[JobPublic],
+    response_model=Page[JobSummary],
     responses=PROBLEM_RESPONSES,
-    summary="List jobs",
+    summary="List jobs (summaries: the heavy fields are on GET /v1/jobs/{id})",
     openapi_extra=access(admin=ANY, user=OWN, agent=OWN, job=OWN),
 )
 def list_jobs(
@@ -87,7 +87,7 @@ def list_jobs(
     state: JobState | None = None,
     tenant: Annotated[str | None, Query(max_length=64, pattern=r"^[^\x00]*$")] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-) -> Page[JobPublic]:
+) -> Page[JobSummary]:
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     rows, token = jobs.list_jobs(
         session,
@@ -98,7 +98,8 @@ def list_jobs(
         tenant=tenant,
         name=name,
     )
-    return Page[JobPublic](items=[_public(r) for r in rows], next_page_token=token)
+    items = [JobSummary.model_validate(row, from_attributes=True) for row in rows]
+    return Page[JobSummary](items=items, next_page_token=token)
 
 
 @router.get(
