@@ -13,18 +13,12 @@ from typing import Annotated, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
+from api.schemas import NodeId
 from shockwave.lifecycle import JobState, LeaseState, NodeState
 from store.tables import INT4_MAX
 
-NodeId = Annotated[
-    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
-]
-"""A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
-
 Label = Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]
-Hostname = Annotated[
-    str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
-]
+Hostname = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")]
 ExitCode = Annotated[int, Strict(), Field(ge=-(2**31), le=INT4_MAX)]
 
 AttemptIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]

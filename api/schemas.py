@@ -30,6 +30,10 @@ jobs and the lease an agent polls do too."""
 Name = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/ -]*$")
 ]
+NodeId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+"""A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
 Tenant = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Argument = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
 Command = Annotated[
@@ -263,3 +267,58 @@ class SchedulePublic(BaseModel):
     round: int | None
     plan: dict[str, Any] | None
     reason: str
+
+
+TOKEN_ROLES = ("admin", "user", "agent", "job", "metrics")
+MAX_TOKEN_LIFETIME_S = 10 * 366 * 86_400
+"""The longest expiry a token may be given from now (ten years); none at all: no expiry."""
+Lifetime = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKEN_LIFETIME_S)]
+
+
+class TokenCreate(BaseModel):
+    """A new token: its ``role`` and the scope the role needs (a user's ``tenant``, an agent's
+    ``node``, a job token's ``job_id``), a ``name`` to tell it apart, and optionally
+    ``expires_in_s`` (seconds from now; omitted: it never expires)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["admin", "user", "agent", "job", "metrics"]
+    tenant: Tenant | None = None
+    node: NodeId | None = None
+    job_id: Annotated[str | None, Field(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")] = (
+        None
+    )
+    name: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
+    expires_in_s: Lifetime | None = None
+
+
+class TokenExpiry(BaseModel):
+    """A token's new expiry: ``expires_in_s`` seconds from now, or null for none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expires_in_s: Lifetime | None
+
+
+class TokenPublic(BaseModel):
+    """A token as the list shows it: never its secret (only its hash is stored). ``state``:
+    active, expired or revoked. ``last_used_at``: when a request last looked it up in the
+    database (at most the token cache's lifetime, 10 s, behind its latest use)."""
+
+    id: int
+    role: str
+    tenant: str | None
+    node: str | None
+    job_id: str | None
+    name: str
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    """A token just made, with its secret ``token``: shown in this answer only."""
+
+    token: str

@@ -184,8 +184,7 @@ class JobSpec:
         if total > MAX_TOTAL_SAMPLES:
             raise ValidationError(
                 "samples_per_epoch",
-                f"epochs x samples_per_epoch must be at most {MAX_TOTAL_SAMPLES:.0e}, "
-                f"got {total}",
+                f"epochs x samples_per_epoch must be at most {MAX_TOTAL_SAMPLES:.0e}, got {total}",
             )
         rates = self.throughput.samples_per_second
         if rates:
