@@ -269,25 +269,32 @@ class SchedulePublic(BaseModel):
     reason: str
 
 
-TOKEN_ROLES = ("admin", "user", "agent", "job", "metrics")
 MAX_TOKEN_LIFETIME_S = 10 * 366 * 86_400
 """The longest expiry a token may be given from now (ten years); none at all: no expiry."""
 Lifetime = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKEN_LIFETIME_S)]
 
 
-class TokenCreate(BaseModel):
-    """A new token: its ``role`` and the scope the role needs (a user's ``tenant``, an agent's
-    ``node``, a job token's ``job_id``), a ``name`` to tell it apart, and optionally
-    ``expires_in_s`` (seconds from now; omitted: it never expires)."""
+class TokenScope(BaseModel):
+    """What a token acts for: a user token's ``tenant``, an agent token's ``node``, a job
+    token's ``job_id`` (an existing job); admin and metrics tokens take none."""
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["admin", "user", "agent", "job", "metrics"]
     tenant: Tenant | None = None
     node: NodeId | None = None
     job_id: Annotated[str | None, Field(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")] = (
         None
     )
+
+
+class TokenCreate(BaseModel):
+    """A new token: its ``role``, the ``scope`` the role needs, a ``name`` to tell it apart,
+    and optionally ``expires_in_s`` (seconds from now; omitted: it never expires)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["admin", "user", "agent", "job", "metrics"]
+    scope: TokenScope = TokenScope()
     name: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     expires_in_s: Lifetime | None = None
 

@@ -57,25 +57,28 @@ def _expiry(seconds: int | None) -> datetime | None:
 def create_token(
     data: TokenCreate, session: SessionDep, principal: CurrentPrincipal
 ) -> TokenCreated:
-    """A user token needs ``tenant``, an agent token ``node``, a job token ``job_id`` (an
-    existing job); admin and metrics tokens take none of them."""
+    """A user token needs ``scope.tenant``, an agent token ``scope.node``, a job token
+    ``scope.job_id`` (an existing job); admin and metrics tokens take none of them."""
     require(principal, Role.ADMIN)
     role = Role(data.role)
-    scope = {"tenant": data.tenant, "node": data.node, "job_id": data.job_id}
+    scope = data.scope.model_dump()
     needed = {Role.USER: "tenant", Role.AGENT: "node", Role.JOB: "job_id"}.get(role)
     for field, value in scope.items():
         if value is not None and field != needed:
-            raise InvalidInput(f"{field} does not apply to a {role.value} token", field=field)
+            raise InvalidInput(
+                f"scope.{field} does not apply to a {role.value} token", field=f"scope.{field}"
+            )
     if needed is not None and scope[needed] is None:
-        raise InvalidInput(f"a {role.value} token needs {needed}", field=needed)
-    if data.job_id is not None and session.get(JobRow, data.job_id) is None:
-        raise InvalidInput(f"no job {data.job_id}", field="job_id")
+        raise InvalidInput(f"a {role.value} token needs scope.{needed}", field=f"scope.{needed}")
+    job_id = data.scope.job_id
+    if job_id is not None and session.get(JobRow, job_id) is None:
+        raise InvalidInput(f"no job {job_id}", field="scope.job_id")
     secret, row = tokens.issue_token(
         session,
         role,
-        tenant=data.tenant,
-        node=data.node,
-        job_id=data.job_id,
+        tenant=data.scope.tenant,
+        node=data.scope.node,
+        job_id=job_id,
         name=data.name,
         expires_at=_expiry(data.expires_in_s),
     )
