@@ -89,10 +89,14 @@ def decide_isolating(policy: Policy, snapshot: Snapshot, params: Any) -> Decisio
     When the decision raises one of :data:`MODEL_ERRORS`, each job is decided alone (on the
     same cluster, as a first round); the jobs that fail alone are excluded, with the error as
     their reason in ``Decision.excluded``, and the rest are decided together. An error that no
-    single job explains is raised: it is the policy's, not a job's.
+    single job explains is raised: it is the policy's, not a job's. The snapshot's own
+    ``excluded`` jobs (which the shell could not build) are reported the same way.
     """
     try:
-        return policy.decide(snapshot, params)
+        decision = policy.decide(snapshot, params)
+        if not snapshot.excluded:
+            return decision
+        return dataclasses.replace(decision, excluded={**snapshot.excluded, **decision.excluded})
     except MODEL_ERRORS as error:
         failure = error
     excluded: dict[str, str] = {}
@@ -106,7 +110,9 @@ def decide_isolating(policy: Policy, snapshot: Snapshot, params: Any) -> Decisio
         raise failure
     rest = tuple(job for job in snapshot.jobs if job.job_id not in excluded)
     decision = policy.decide(dataclasses.replace(snapshot, jobs=rest), params)
-    return dataclasses.replace(decision, excluded={**decision.excluded, **excluded})
+    return dataclasses.replace(
+        decision, excluded={**snapshot.excluded, **decision.excluded, **excluded}
+    )
 
 
 @runtime_checkable

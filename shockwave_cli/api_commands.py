@@ -69,6 +69,8 @@ def api_command(
     """
     import uvicorn
 
+    from api.http_limits import LimitedHttpToolsProtocol
+
     settings = _settings()
     open_mode = open_mode or settings.open_mode
     if open_mode and not is_loopback(host):
@@ -96,7 +98,8 @@ def api_command(
     ):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     if workers == 1:
-        uvicorn.run(service_app(settings), host=host, port=port, log_level=log_level)
+        app = service_app(settings)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, http=LimitedHttpToolsProtocol)
         return
     os.environ.update(
         SHOCKWAVE_OPEN_MODE="1" if open_mode else "0",
@@ -110,6 +113,7 @@ def api_command(
         port=port,
         workers=workers,
         log_level=log_level,
+        http=LimitedHttpToolsProtocol,
     )
 
 
@@ -118,8 +122,11 @@ def service_app(settings: Settings | None = None) -> FastAPI:
     committed changes ask the solver service for plans (SHOCKWAVE_SOLVER_MODE, ...BROKER_URL).
     uvicorn calls it in each worker process when ``--workers`` is more than one."""
     from api.app import create_app
+    from api.http_limits import configure
     from solver_service.enqueue import request_plan
 
+    settings = settings or Settings()
+    configure(settings)
     return create_app(settings, request_plan=request_plan)
 
 

@@ -38,6 +38,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.model import ValidationError
 from shockwave.placement import place
 from shockwave.policy import get_policy, make_params
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
@@ -228,7 +229,7 @@ def greedy(
     fallback when no plan covers the round. Nothing runs without a READY node."""
     if layout is None:
         return ()
-    jobs = tuple(_active_job(row) for row in rows)
+    jobs = tuple(job for job in map(_active_job, rows) if job is not None)
     policy = get_policy(GREEDY_POLICY)
     snapshot = Snapshot(
         now=now, round_index=r, round_seconds=round_seconds, cluster=layout.cluster, jobs=jobs
@@ -302,8 +303,14 @@ def _lock_active_jobs(session: Session) -> list[JobRow]:
     )
 
 
-def _active_job(row: JobRow) -> ActiveJob:
-    return ActiveJob(spec=events.spec_of_row(row), progress=JobProgress(batch_size=row.batch_size))
+def _active_job(row: JobRow) -> ActiveJob | None:
+    """The job of ``row`` for the greedy order; None for a row the model now refuses (the
+    planner reports it: :func:`store.snapshot.active_jobs`)."""
+    try:
+        spec = events.spec_of_row(row)
+    except ValidationError:
+        return None
+    return ActiveJob(spec=spec, progress=JobProgress(batch_size=row.batch_size))
 
 
 def _fill(column: list[str], jobs: Mapping[str, JobRow], layout: GpuLayout | None) -> list[str]:

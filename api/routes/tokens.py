@@ -72,7 +72,7 @@ def create_token(
         raise InvalidInput(f"a {role.value} token needs scope.{needed}", field=f"scope.{needed}")
     job_id = data.scope.job_id
     if job_id is not None and session.get(JobRow, job_id) is None:
-        raise InvalidInput(f"no job {job_id}", field="scope.job_id")
+        raise InvalidInput(f"scope.job_id: no job {job_id}", field="scope.job_id")
     secret, row = tokens.issue_token(
         session,
         role,
