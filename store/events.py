@@ -89,6 +89,7 @@ def record_event(
     if JobState(row.state).terminal:
         raise Conflict(f"job {job_id} is {row.state}; it takes no more events")
     _check_epoch(row, event)
+    _check_room(row, event)
     new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
     session.add(new)
     try:
@@ -133,6 +134,33 @@ def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -
             f"event seq {stored.seq} was already recorded with a different body", field="seq"
         )
     return stored
+
+
+MAX_SCALINGS = 1024
+"""Scaling events a job may post: its stored state (and every snapshot) holds them all."""
+MAX_MEASURED_BATCH_SIZES = 64
+"""Distinct batch sizes a job's progress events may measure (as many as a job may declare)."""
+
+
+def _check_room(row: JobRow, event: ClientEvent) -> None:
+    """Keep a job's folded state bounded: 422 for a scaling event past :data:`MAX_SCALINGS`, or
+    a progress event at a new batch size past :data:`MAX_MEASURED_BATCH_SIZES`."""
+    if event.kind == "scaling" and len(row.scalings) >= MAX_SCALINGS:
+        raise InvalidInput(
+            f"scaling.seq: a job takes at most {MAX_SCALINGS} scaling events",
+            title="Invalid event",
+            field="scaling.seq",
+        )
+    size = str(event.payload.get("batch_size"))
+    measured = row.epoch_seconds
+    if event.kind == "progress" and size not in measured:
+        if len(measured) >= MAX_MEASURED_BATCH_SIZES:
+            raise InvalidInput(
+                f"progress.batch_size: a job is measured at most at {MAX_MEASURED_BATCH_SIZES} "
+                "batch sizes",
+                title="Invalid event",
+                field="progress.batch_size",
+            )
 
 
 def _check_epoch(row: JobRow, event: ClientEvent) -> None:

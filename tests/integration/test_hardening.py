@@ -281,3 +281,19 @@ def test_only_admins_manage_tokens_and_scopes_are_checked(
     ):
         response = client.post("/v1/tokens", json=sent, headers=bearer(tokens.admin))
         assert_problem(response, 422, field=field)
+
+
+def test_a_jobs_folded_state_stays_bounded(client: TestClient, tokens: Tokens) -> None:
+    """A job token cannot grow its job's stored state without bound: progress is measured at
+    most at 64 batch sizes."""
+    job = client.post("/v1/jobs", json=job_body(epochs=100), headers=bearer(tokens.admin))
+    job_id = job.json()["id"]
+    token = bearer(tokens.job(job_id))
+    for seq in range(1, 66):
+        event = {"seq": seq, "kind": "progress", "epoch": 1, "samples": 1, "seconds": 1.0}
+        response = client.post(
+            f"/v1/jobs/{job_id}/events", json={**event, "batch_size": seq}, headers=token
+        )
+        if seq <= 64:
+            assert response.status_code == 201, response.json()
+    assert_problem(response, 422, field="progress.batch_size")
