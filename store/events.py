@@ -151,16 +151,15 @@ def _check_room(row: JobRow, event: ClientEvent) -> None:
             title="Invalid event",
             field="scaling.seq",
         )
-    size = str(event.payload.get("batch_size"))
     measured = row.epoch_seconds
-    if event.kind == "progress" and size not in measured:
-        if len(measured) >= MAX_MEASURED_BATCH_SIZES:
-            raise InvalidInput(
-                f"progress.batch_size: a job is measured at most at {MAX_MEASURED_BATCH_SIZES} "
-                "batch sizes",
-                title="Invalid event",
-                field="progress.batch_size",
-            )
+    new_size = str(event.payload.get("batch_size")) not in measured
+    if event.kind == "progress" and new_size and len(measured) >= MAX_MEASURED_BATCH_SIZES:
+        raise InvalidInput(
+            f"progress.batch_size: a job is measured at most at {MAX_MEASURED_BATCH_SIZES} "
+            "batch sizes",
+            title="Invalid event",
+            field="progress.batch_size",
+        )
 
 
 def _check_epoch(row: JobRow, event: ClientEvent) -> None:
