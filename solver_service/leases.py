@@ -314,13 +314,14 @@ def _active_job(row: JobRow) -> ActiveJob | None:
 
 
 def _fill(column: list[str], jobs: Mapping[str, JobRow], layout: GpuLayout | None) -> list[str]:
-    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves."""
+    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves (not a
+    job the model now refuses: the planner left it out, :func:`store.snapshot.active_jobs`)."""
     if layout is None:
         return column
     free = layout.cluster.total_gpus - sum(jobs[j].gpus for j in column)
     filled = list(column)
     for job_id, row in jobs.items():
-        if job_id not in filled and row.gpus <= free:
+        if job_id not in filled and row.gpus <= free and _active_job(row) is not None:
             filled.append(job_id)
             free -= row.gpus
     return filled

@@ -29,7 +29,7 @@ from store.tables import JobEventRow, JobRow
 from store.tokens import create_token, set_expiry
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import TENANT_A, Database, Tokens
-from tests.integration.driving import register
+from tests.integration.driving import ROUND_S, driver_on, leases, register
 from tests.integration.live_server import serving
 
 POISON = {
@@ -133,6 +133,11 @@ def test_planning_goes_on_while_a_poison_job_is_pending(
         excluded = session.exec(sql_select(JobEventRow).where(JobEventRow.kind == "excluded"))
         reasons = [(event.job_id, event.reason) for event in excluded]
 
+    with driver_on(database) as (driver, _):
+        for index in range(3):  # the plan's round, then rounds filled from the waiting jobs
+            driver.step(time.time() + index * ROUND_S)
+            leased = {lease.job_id for lease in leases(database)}
+            assert poison not in leased and len(leased) == 3, "the rounds leave it out too"
     assert [job for job, _ in reasons] == [poison], "told once"
     assert "throughput[32]" in reasons[0][1]
     events = client.get(
