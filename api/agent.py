@@ -43,7 +43,13 @@ from shockwave.lifecycle import (
 from store import cluster_version, population
 from store.errors import Conflict, DomainError, InvalidInput, NotFound
 from store.jobs import record_state
-from store.leases import checkpoint_dir, move_lease, revoke_live_leases, stop_running
+from store.leases import (
+    checkpoint_dir,
+    move_lease,
+    revoke_live_leases,
+    stop_running,
+    successor_of,
+)
 from store.principals import Principal, Role, require
 from store.tables import JobRow, LeaseRow, NodeRow, utcnow
 from store.tokens import add_token
@@ -508,6 +514,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
     """Apply ``report`` as the lease lifecycle says (:func:`shockwave.lifecycle.report_effect`);
     the reason it is refused, or None."""
     reported = Report(report.state)
+    revoked = lease.state == LeaseState.REVOKED.value
     effect = report_effect(
         lease.id,
         LeaseState(lease.state),
@@ -517,6 +524,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         reported,
         report.exit_code,
         report.stop_requested,
+        superseded_by=successor_of(session, lease) if revoked else None,
     )
     if effect.lease is not None:
         move_lease(session, lease, effect.lease, exit_code=effect.exit_code)

@@ -11,19 +11,15 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
+from api.schemas import NodeId
 from shockwave.lifecycle import JobState, LeaseState, NodeState
 from store.tables import INT4_MAX
 
-NodeId = Annotated[
-    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
-]
-"""A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
-
-Label = Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")]
-Hostname = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
-ExitCode = Annotated[int, Field(ge=-(2**31), le=INT4_MAX)]
+Label = Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]
+Hostname = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")]
+ExitCode = Annotated[int, Strict(), Field(ge=-(2**31), le=INT4_MAX)]
 
 AttemptIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[^\x00]+$")]
 """An attempt (lease) id as a path segment: bounded and without NUL."""
@@ -39,7 +35,7 @@ class NodeRegister(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpus: Annotated[int, Field(ge=1, le=1024)]
+    gpus: Annotated[int, Strict(), Field(ge=1, le=1024)]
     gpu_type: Label = ""
     hostname: Hostname
     node: NodeId | None = Field(default=None, description="Admins only: the node to act for.")
@@ -121,7 +117,7 @@ class LeaseStatusReport(BaseModel):
 
     state: Literal["started", "running", "checkpointed", "exited"]
     exit_code: ExitCode | None = Field(default=None, validate_default=True)
-    stop_requested: bool = Field(default=False, validate_default=True)
+    stop_requested: Annotated[bool, Strict()] = Field(default=False, validate_default=True)
 
     @field_validator("exit_code")
     @classmethod
@@ -167,8 +163,8 @@ class AgentPoll(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node: NodeId | None = Field(default=None, description="Admins only: the node to act for.")
-    heartbeat: bool = True
-    tokens: bool = Field(
+    heartbeat: Annotated[bool, Strict()] = True
+    tokens: Annotated[bool, Strict()] = Field(
         default=False,
         description="Mint a job token for each live lease not listed in `running` (the agent "
         "is about to start it), returned in `tokens`: it saves a token request per new lease. "

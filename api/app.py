@@ -14,7 +14,7 @@ from api import errors
 from api.admission import InFlightLimit, pool_capacity
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
-from api.routes import agent, cluster, events, health, jobs, metrics, prediction
+from api.routes import agent, cluster, events, health, jobs, metrics, prediction, tokens
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
@@ -69,6 +69,7 @@ def create_app(
     app.include_router(cluster.router, responses=LIMITED)
     app.include_router(metrics.router)
     app.include_router(agent.router, responses=LIMITED)
+    app.include_router(tokens.router, responses=LIMITED)
     return app
 
 

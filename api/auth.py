@@ -10,6 +10,7 @@ only) treats requests without a token as an admin.
 from __future__ import annotations
 
 import ipaddress
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -70,9 +71,11 @@ PUBLIC: dict[str, Any] = {
 """The ``openapi_extra`` of a route anyone may call, with or without a token (probes)."""
 
 
-TOKENS: TtlCache[Principal] = TtlCache(ttl_s=10.0)
-"""Known tokens' principals, per process (see :mod:`api.token_cache`: a deleted token keeps
-working for up to 10 s)."""
+TOKEN_CACHE_S = 10.0
+"""How long a process trusts a token lookup: a revoked token keeps working for up to this long
+(docs/api.md, "Tokens")."""
+TOKENS: TtlCache[Principal] = TtlCache(ttl_s=TOKEN_CACHE_S)
+"""Known tokens' principals, per process (see :mod:`api.token_cache`)."""
 
 
 def bearer_digest(request: Request, open_mode: bool) -> str | None:
@@ -92,17 +95,23 @@ def bearer_digest(request: Request, open_mode: bool) -> str | None:
 
 
 def cached_principal(session: Session, digest: str) -> Principal | None:
-    """The principal of a token this process has seen in the last 10 s, if any (no I/O)."""
+    """The principal of a token this process has seen in the last 10 s (and that has not
+    expired since), if any (no I/O)."""
     return TOKENS.get(_cache_key(session, digest))
 
 
 def stored_principal(session: Session, digest: str) -> Principal:
-    """The principal of the token hashed to ``digest``, read from the database (and cached);
-    401 when no such token exists."""
-    principal = principal_of(session, digest)
+    """The principal of the token hashed to ``digest``, read from the database (and cached,
+    no longer than until it expires); 401 when no such token exists, or it was revoked or has
+    expired."""
+    now = datetime.now(UTC)
+    principal = principal_of(session, digest, now)
     if principal is None:
-        raise HTTPException(401, "unknown or revoked token", {"WWW-Authenticate": "Bearer"})
-    TOKENS.put(_cache_key(session, digest), principal)
+        raise HTTPException(
+            401, "unknown, revoked or expired token", {"WWW-Authenticate": "Bearer"}
+        )
+    left = None if principal.expires_at is None else (principal.expires_at - now).total_seconds()
+    TOKENS.put(_cache_key(session, digest), principal, left)
     return principal
 
 

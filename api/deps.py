@@ -20,7 +20,7 @@ from api.auth import bearer_digest, cached_principal, stored_principal
 from api.ratelimit import RateLimiter
 from api.settings import Settings
 from store.cluster_version import attach
-from store.principals import OPEN, Principal
+from store.principals import OPEN, Principal, Role
 
 
 async def get_settings(request: Request) -> Settings:
@@ -49,7 +49,24 @@ SessionDep = Annotated[Session, Depends(get_session)]
 async def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
     """The authenticated caller, within its rate limit: its token's bucket, or its client IP's
     when it has no valid token (so guessing tokens is throttled too). Admins are not limited
-    unless ``rate_limit_admin``. Over the limit: 429 with Retry-After, before any work."""
+    unless ``rate_limit_admin``. Over the limit: 429 with Retry-After, before any work. A
+    metrics token is refused (403): it scrapes ``/metrics`` and nothing else."""
+    principal = await _authenticated(request, session, settings)
+    if principal.role is Role.METRICS:
+        raise HTTPException(403, "a metrics token may only scrape /metrics")
+    return principal
+
+
+async def get_scraper(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+    """Who scrapes ``/metrics``: a metrics or an admin token (open mode: anyone local). The
+    metrics carry every tenant's job counts and the node counts users may not see."""
+    principal = await _authenticated(request, session, settings)
+    if principal.role not in (Role.METRICS, Role.ADMIN):
+        raise HTTPException(403, "/metrics needs a metrics or an admin token")
+    return principal
+
+
+async def _authenticated(request: Request, session: Session, settings: Settings) -> Principal:
     limiter: RateLimiter = request.app.state.rate_limiter
     try:
         digest = bearer_digest(request, settings.open_mode)
@@ -79,3 +96,4 @@ def _throttle(limiter: RateLimiter, key: str, what: str) -> None:
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+Scraper = Annotated[Principal, Depends(get_scraper)]

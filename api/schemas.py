@@ -1,5 +1,10 @@
 """Request and response bodies (pydantic). Numbers are bounded so that nothing a client sends
-can overflow a database column; the core's model then checks what makes a job possible."""
+can overflow a database column; the core's model then checks what makes a job possible.
+
+Types are strict: an integer field takes a JSON integer, not ``"2"``, ``2.0`` or ``true``; a
+number field takes a JSON number. Every string and list is bounded, and so is the whole job
+record (docs/api.md, "Limits"); text a person reads back (names, labels, the model) holds no
+control characters."""
 
 from __future__ import annotations
 
@@ -7,17 +12,28 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from shockwave.lifecycle import JobState, NodeState
 from shockwave.model import AdaptationMode
 from store.tables import INT4_MAX
 
-BigInt = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
+BigInt = Annotated[int, Strict(), Field(ge=-(2**31), le=2**31 - 1)]
+BatchSizeKey = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+"""A batch size as a JSON object key: always a string on the wire, read as an integer."""
+Finite = Annotated[float, Strict(), Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+"""No control characters (C0, DEL, C1): they rewrite a terminal that prints the text."""
+MAX_COMMAND_BYTES = 65_536
+"""All of a command's arguments together (UTF-8): a job record stays small, so a page of
+jobs and the lease an agent polls do too."""
 Name = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/ -]*$")
 ]
+NodeId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+"""A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
 Tenant = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Argument = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
 Command = Annotated[
@@ -55,9 +71,9 @@ class JobCreate(BaseModel):
     initial_batch_size: BigInt
     mode: AdaptationMode = AdaptationMode.STATIC
     batch_sizes: Annotated[list[BigInt], Field(max_length=64)] = []
-    throughput: Annotated[dict[BigInt, Finite], Field(max_length=64)] = {}
+    throughput: Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)] = {}
     budget: Finite = 1.0
-    model: Annotated[str, Field(max_length=128)] = ""
+    model: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     command: Command = []
     image: Image | None = None
 
@@ -66,10 +82,41 @@ class JobCreate(BaseModel):
     def _program_named(cls, value: list[str]) -> list[str]:
         if value and not value[0]:
             raise ValueError("the first argument names the program: it must not be empty")
+        size = sum(len(argument.encode()) for argument in value)
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(f"the command is {size} bytes; at most {MAX_COMMAND_BYTES} in all")
         return value
 
 
+class JobSummary(BaseModel):
+    """A job as a list shows it: what it is and where it stands, without the heavy fields
+    (``command``, ``throughput``, ``batch_sizes``, ``measured_epoch_seconds``, ``image``),
+    which the single-job read carries (GET /v1/jobs/{id})."""
+
+    id: str
+    tenant: str
+    name: str
+    state: JobState
+    gpus: int
+    epochs: int
+    samples_per_epoch: int
+    initial_batch_size: int
+    mode: str
+    budget: float
+    model: str
+    epochs_done: float
+    batch_size: int
+    attained_s: float
+    created_at: datetime
+    updated_at: datetime
+    waiting_reason: str | None = None
+    """Set while a queued job cannot run on the ready nodes at all (wider than all of them
+    together): it stays PENDING and holds up no other job."""
+
+
 class JobPublic(BaseModel):
+    """A job in full: its summary's fields and the heavy ones."""
+
     id: str
     tenant: str
     name: str
@@ -121,8 +168,10 @@ class Page(BaseModel, Generic[T]):
     next_page_token: str | None = None
 
 
-Seq = Annotated[int, Field(ge=1, le=INT4_MAX, description="The client's per-job sequence number")]
-Positive = Annotated[int, Field(ge=1, le=INT4_MAX)]
+Seq = Annotated[
+    int, Strict(), Field(ge=1, le=INT4_MAX, description="The client's per-job sequence number")
+]
+Positive = Annotated[int, Strict(), Field(ge=1, le=INT4_MAX)]
 
 
 class ProgressEventCreate(BaseModel):
@@ -134,8 +183,8 @@ class ProgressEventCreate(BaseModel):
     seq: Seq
     kind: Literal["progress"]
     epoch: Positive
-    samples: Annotated[int, Field(ge=0, le=INT4_MAX)]
-    seconds: Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+    samples: Annotated[int, Strict(), Field(ge=0, le=INT4_MAX)]
+    seconds: Annotated[float, Strict(), Field(gt=0, le=1e9, allow_inf_nan=False)]
     batch_size: Positive
 
 
@@ -148,7 +197,7 @@ class ScalingEventCreate(BaseModel):
     seq: Seq
     kind: Literal["scaling"]
     batch_size: Positive
-    epoch: Annotated[int, Field(ge=0, le=INT4_MAX)]
+    epoch: Annotated[int, Strict(), Field(ge=0, le=INT4_MAX)]
 
 
 EventCreate = Annotated[ProgressEventCreate | ScalingEventCreate, Field(discriminator="kind")]
@@ -224,3 +273,65 @@ class SchedulePublic(BaseModel):
     round: int | None
     plan: dict[str, Any] | None
     reason: str
+
+
+MAX_TOKEN_LIFETIME_S = 10 * 366 * 86_400
+"""The longest expiry a token may be given from now (ten years); none at all: no expiry."""
+Lifetime = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKEN_LIFETIME_S)]
+
+
+class TokenScope(BaseModel):
+    """What a token acts for: a user token's ``tenant``, an agent token's ``node``, a job
+    token's ``job_id`` (an existing job); admin and metrics tokens take none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Tenant | None = None
+    node: NodeId | None = None
+    job_id: Annotated[str | None, Field(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")] = (
+        None
+    )
+
+
+class TokenCreate(BaseModel):
+    """A new token: its ``role``, the ``scope`` the role needs, a ``name`` to tell it apart,
+    and optionally ``expires_in_s`` (seconds from now; omitted: it never expires)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["admin", "user", "agent", "job", "metrics"]
+    scope: TokenScope = TokenScope()
+    name: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
+    expires_in_s: Lifetime | None = None
+
+
+class TokenExpiry(BaseModel):
+    """A token's new expiry: ``expires_in_s`` seconds from now, or null for none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expires_in_s: Lifetime | None
+
+
+class TokenPublic(BaseModel):
+    """A token as the list shows it: never its secret (only its hash is stored). ``state``:
+    active, expired or revoked. ``last_used_at``: when a request last looked it up in the
+    database (at most the token cache's lifetime, 10 s, behind its latest use)."""
+
+    id: int
+    role: str
+    tenant: str | None
+    node: str | None
+    job_id: str | None
+    name: str
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    """A token just made, with its secret ``token``: shown in this answer only."""
+
+    token: str

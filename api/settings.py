@@ -11,6 +11,9 @@ class Settings(DatabaseSettings):
     """The database (:class:`~store.settings.DatabaseSettings`) and the API's own settings.
     ``open_mode``: accept requests without a token as an admin; only honoured when the API
     listens on localhost. ``max_body_bytes``: larger request bodies get 413.
+    ``max_header_bytes`` / ``max_headers``: a request head (request line and headers) over
+    that many bytes, or with more header fields, gets 431 from the HTTP server, before the app
+    (api.http_limits).
     ``body_timeout_s``: a request body not all in within this time gets 408 (api.app).
     ``default_page_size`` / ``max_page_size``: list pagination.
     ``rate_limit_per_s`` / ``rate_limit_burst``: each token (each client IP for requests without
@@ -25,6 +28,8 @@ class Settings(DatabaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_000_000
+    max_header_bytes: int = Field(default=32_768, ge=1024, le=1_048_576)
+    max_headers: int = Field(default=100, ge=8, le=1000)
     body_timeout_s: float = Field(default=10.0, gt=0)
     worker_threads: int = Field(default=2, ge=1, le=64)
     default_page_size: int = 50

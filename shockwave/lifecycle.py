@@ -184,6 +184,7 @@ def report_effect(
     report: Report,
     exit_code: int | None = None,
     stop_requested: bool = False,
+    superseded_by: str | None = None,
 ) -> ReportEffect:
     """The effect of ``report`` on attempt ``attempt_id`` (its lease in state ``lease``, which
     recorded ``lease_exit_code``) of job ``job_id`` (in state ``job``):
@@ -197,7 +198,10 @@ def report_effect(
     - ``exited`` (no code counts as 0): the lease is EXITED; an unfinished job succeeds on 0,
       goes back to the queue on a nonzero code or a signal when the process was asked to stop
       (the lease was revoked, or ``stop_requested``: the agent stopped it on its own), and
-      fails otherwise.
+      fails otherwise;
+    - a revoked attempt ``superseded_by`` a newer one that has started is fenced: whatever it
+      reports is refused and changes nothing (the newer attempt owns the job; a stale exit 0
+      must not finish a job that runs elsewhere).
     """
     if lease is LeaseState.LOST:
         return ReportEffect(
@@ -211,6 +215,10 @@ def report_effect(
             return ReportEffect()
         return ReportEffect(refused=f"attempt {attempt_id} has already stopped ({lease.lower()})")
     revoked = lease is LeaseState.REVOKED
+    if revoked and superseded_by is not None:
+        return ReportEffect(
+            refused=f"attempt {attempt_id} was revoked and attempt {superseded_by} has taken over"
+        )
     if report in (Report.STARTED, Report.RUNNING):
         if revoked:
             return ReportEffect(refused=f"attempt {attempt_id} was revoked")

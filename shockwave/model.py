@@ -19,6 +19,23 @@ from types import MappingProxyType
 VALID_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
 """Gang sizes a job may ask for (paper section 7: jobs request 1, 2, 4 or 8 GPUs)."""
 
+MIN_RATE = 1e-3
+MAX_RATE = 1e9
+"""Declared throughputs (samples per second of the gang) a real job can have: from one sample
+in over 16 minutes to a billion a second. Outside them the numbers the planner derives (epoch
+times, utilities) leave the range a float or a round count can hold: a rate of 1e-300 made
+every plan fail with an overflow (issue 16)."""
+
+MAX_TOTAL_SAMPLES = 10**12
+"""Epochs x samples per epoch: a thousand times ImageNet-1k trained for a thousand epochs."""
+
+MAX_RUN_SECONDS = 1e9
+"""The longest exclusive run time (about 31 years) a job may declare at its slowest declared
+rate: any longer and the planner's horizon (rounds of 120 s) is not a meaningful bound."""
+
+MAX_BUDGET = 1e6
+"""The largest market weight; the planner raises it to a power with the FTF estimate."""
+
 
 class ValidationError(ValueError):
     """Input that cannot describe a real job or cluster.
@@ -86,6 +103,11 @@ class ThroughputProfile:
                 raise ValidationError(
                     f"throughput[{bs}]", f"must be a positive number, got {rate!r}"
                 )
+            if not MIN_RATE <= rate <= MAX_RATE:
+                raise ValidationError(
+                    f"throughput[{bs}]",
+                    f"must be between {MIN_RATE:g} and {MAX_RATE:g} samples/s, got {rate!r}",
+                )
         object.__setattr__(
             self,
             "samples_per_second",
@@ -151,6 +173,29 @@ class JobSpec:
             isinstance(self.budget, int | float) and math.isfinite(self.budget) and self.budget > 0
         ):
             raise ValidationError("budget", f"must be a positive number, got {self.budget!r}")
+        if self.budget > MAX_BUDGET:
+            raise ValidationError("budget", f"must be at most {MAX_BUDGET:g}, got {self.budget!r}")
+        self._check_physical()
+
+    def _check_physical(self) -> None:
+        """Refuse a job whose length no real training has: too many samples in all, or an
+        exclusive run time at its slowest declared rate beyond :data:`MAX_RUN_SECONDS`."""
+        total = self.epochs * self.samples_per_epoch
+        if total > MAX_TOTAL_SAMPLES:
+            raise ValidationError(
+                "samples_per_epoch",
+                f"epochs x samples_per_epoch must be at most {MAX_TOTAL_SAMPLES:.0e}, got {total}",
+            )
+        rates = self.throughput.samples_per_second
+        if rates:
+            slowest = min(rates, key=lambda bs: rates[bs])
+            seconds = total / rates[slowest]
+            if seconds > MAX_RUN_SECONDS:
+                raise ValidationError(
+                    f"throughput[{slowest}]",
+                    f"{total} samples at {rates[slowest]:g} samples/s take {seconds:.3g} s, "
+                    f"beyond the longest run time a job may have ({MAX_RUN_SECONDS:.0e} s)",
+                )
 
     @property
     def max_batch_size(self) -> int:

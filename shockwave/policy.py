@@ -52,7 +52,9 @@ class Decision:
     one as the policy plans them now, ``planned[t]`` the jobs of round ``round_index + 1 + t``
     (the snapshot's jobs only, not yet filled with waiting jobs); empty for a policy that
     decides one round at a time. ``solve``: its latest solve's figures, None for a policy that
-    solves nothing. The shells read these, never ``state`` (which only the policy reads).
+    solves nothing. ``excluded``: jobs left out of this decision because the policy cannot model
+    them, with the reason (:func:`decide_isolating`). The shells read these, never ``state``
+    (which only the policy reads).
     """
 
     jobs: tuple[str, ...]
@@ -61,6 +63,7 @@ class Decision:
     reasons: Mapping[str, str] = field(default_factory=dict)
     planned: tuple[tuple[str, ...], ...] = ()
     solve: SolveSummary | None = None
+    excluded: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def rounds(self) -> tuple[tuple[str, ...], ...]:
@@ -70,6 +73,46 @@ class Decision:
     def __post_init__(self) -> None:
         object.__setattr__(self, "allocation", MappingProxyType(dict(self.allocation)))
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
+        object.__setattr__(self, "excluded", MappingProxyType(dict(self.excluded)))
+
+
+MODEL_ERRORS = (ArithmeticError, ValueError)
+"""What a policy raises when a job's numbers break its model (an overflow, a division by
+zero, a float it cannot turn into a round count)."""
+
+
+def decide_isolating(policy: Policy, snapshot: Snapshot, params: Any) -> Decision:
+    """``policy.decide(snapshot, params)``, with a job whose model cannot be built left out
+    instead of failing the decision for everyone (the second line behind the submission's
+    physical bounds, :data:`shockwave.model.MAX_RUN_SECONDS`).
+
+    When the decision raises one of :data:`MODEL_ERRORS`, each job is decided alone (on the
+    same cluster, as a first round); the jobs that fail alone are excluded, with the error as
+    their reason in ``Decision.excluded``, and the rest are decided together. An error that no
+    single job explains is raised: it is the policy's, not a job's. The snapshot's own
+    ``excluded`` jobs (which the shell could not build) are reported the same way.
+    """
+    try:
+        decision = policy.decide(snapshot, params)
+        if not snapshot.excluded:
+            return decision
+        return dataclasses.replace(decision, excluded={**snapshot.excluded, **decision.excluded})
+    except MODEL_ERRORS as error:
+        failure = error
+    excluded: dict[str, str] = {}
+    for job in snapshot.jobs:
+        alone = dataclasses.replace(snapshot, jobs=(job,), policy_state=None)
+        try:
+            policy.decide(alone, params)
+        except MODEL_ERRORS as error:
+            excluded[job.job_id] = f"{policy.name} cannot model this job: {error!r}"
+    if not excluded:
+        raise failure
+    rest = tuple(job for job in snapshot.jobs if job.job_id not in excluded)
+    decision = policy.decide(dataclasses.replace(snapshot, jobs=rest), params)
+    return dataclasses.replace(
+        decision, excluded={**snapshot.excluded, **decision.excluded, **excluded}
+    )
 
 
 @runtime_checkable

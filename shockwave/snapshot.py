@@ -113,7 +113,9 @@ class Snapshot:
     that a policy with memory (priorities, plans) stays a pure function. ``revealed`` is empty
     except in oracle experiments (see :class:`RevealedTrajectory`). ``population``: what the
     jobs that have finished so far teach (:mod:`shockwave.population`): their trajectories and
-    measured rates, never a job's future.
+    measured rates, never a job's future. ``excluded``: active jobs the shell could not turn
+    into a job of the model (a stored spec that the model's bounds now refuse), with why; they
+    are not in ``jobs`` and a decision reports them (:func:`shockwave.policy.decide_isolating`).
     """
 
     now: float
@@ -124,6 +126,7 @@ class Snapshot:
     policy_state: object | None = None
     revealed: Mapping[str, RevealedTrajectory] = field(default_factory=dict)
     population: PopulationPrior = EMPTY_PRIOR
+    excluded: Mapping[str, str] = field(default_factory=dict)
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

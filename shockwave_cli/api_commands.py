@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 USAGE_ERROR_EXIT = 2
 DATABASE_ERROR_EXIT = 1
-ROLES = ("admin", "user", "agent", "job")
+ROLES = ("admin", "user", "agent", "job", "metrics")
 SCOPES = {"user": "tenant", "agent": "node", "job": "job"}
-"""The one scope option each role needs (admin needs none and takes none)."""
+"""The one scope option each role needs (admin and metrics need none and take none)."""
 UNPARSEABLE_URL = (
     "SHOCKWAVE_DATABASE_URL: cannot parse it (not shown: it may hold a password); expected "
     "sqlite:///path or postgresql+psycopg://user:password@host:port/db"
@@ -69,6 +69,8 @@ def api_command(
     """
     import uvicorn
 
+    from api.http_limits import LimitedHttpToolsProtocol
+
     settings = _settings()
     open_mode = open_mode or settings.open_mode
     if open_mode and not is_loopback(host):
@@ -96,7 +98,8 @@ def api_command(
     ):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     if workers == 1:
-        uvicorn.run(service_app(settings), host=host, port=port, log_level=log_level)
+        app = service_app(settings)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, http=LimitedHttpToolsProtocol)
         return
     os.environ.update(
         SHOCKWAVE_OPEN_MODE="1" if open_mode else "0",
@@ -110,6 +113,7 @@ def api_command(
         port=port,
         workers=workers,
         log_level=log_level,
+        http=LimitedHttpToolsProtocol,
     )
 
 
@@ -118,8 +122,11 @@ def service_app(settings: Settings | None = None) -> FastAPI:
     committed changes ask the solver service for plans (SHOCKWAVE_SOLVER_MODE, ...BROKER_URL).
     uvicorn calls it in each worker process when ``--workers`` is more than one."""
     from api.app import create_app
+    from api.http_limits import configure
     from solver_service.enqueue import request_plan
 
+    settings = settings or Settings()
+    configure(settings)
     return create_app(settings, request_plan=request_plan)
 
 
@@ -130,18 +137,27 @@ def create_token_command(
     node: Annotated[str | None, typer.Option(help="The node an agent token acts for.")] = None,
     job: Annotated[str | None, typer.Option(help="The job id a job token reports for.")] = None,
     name: Annotated[str, typer.Option(help="A label, to tell tokens apart.")] = "",
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="Expire after this long: 3600, 15m, 12h or 30d (default: never)."),
+    ] = None,
 ) -> None:
     """Create a bearer token and print it once on stdout (it is stored only as a hash).
 
     A user token needs --tenant, an agent token --node, a job token --job (an existing job);
-    an admin token takes none of them. The database is migrated first.
+    admin and metrics tokens (a metrics token scrapes /metrics, nothing else) take none of
+    them. The database is migrated first. list-tokens, revoke-token and set-token-expiry
+    manage tokens afterwards.
     """
+    from datetime import UTC, datetime
+
     from pydantic import TypeAdapter
     from pydantic import ValidationError as PydanticError
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
     from api.schemas import Tenant
+    from shockwave_cli.token_commands import parse_duration
     from store.db import make_engine
     from store.principals import Role
     from store.tables import JobRow
@@ -157,8 +173,11 @@ def create_token_command(
                 "at most 64)",
                 USAGE_ERROR_EXIT,
             )
-    if len(name) > 128:
-        _fail("--name: at most 128 characters", USAGE_ERROR_EXIT)
+    if len(name) > 128 or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        _fail("--name: at most 128 characters, none of them control characters", USAGE_ERROR_EXIT)
+    expires_at = None
+    if expires_in is not None:
+        expires_at = datetime.now(UTC) + parse_duration("--expires-in", expires_in)
     settings = _settings()
     url = settings.database_url
     _migrate(url, settings.database_schema)
@@ -168,7 +187,13 @@ def create_token_command(
             if job is not None and session.get(JobRow, job) is None:
                 _fail(f"--job: no job {job!r} in {_shown_url(url)}", USAGE_ERROR_EXIT)
             token = create_token(
-                session, Role(role), tenant=tenant, node=node, job_id=job, name=name
+                session,
+                Role(role),
+                tenant=tenant,
+                node=node,
+                job_id=job,
+                name=name,
+                expires_at=expires_at,
             )
     except ValueError as error:
         _fail(str(error), USAGE_ERROR_EXIT)
@@ -224,7 +249,7 @@ def _schema_note(schema: str | None) -> str:
 
 
 def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
+    return "an" if word[:1] in "aeio" else "a"  # a user, a metrics token
 
 
 def _settings() -> Settings:

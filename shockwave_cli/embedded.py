@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from api.app import create_app
+from api.http_limits import configure
 from api.settings import Settings
 from solver_service import enqueue
 from solver_service.driver import DriverSettings, RoundDriver
@@ -217,6 +218,7 @@ class Embedded:
         self._server = uvicorn.Server(
             uvicorn.Config(
                 app,
+                http=configure(settings),
                 log_level=self.config.log_level,
                 access_log=self.config.log_level == "debug",
                 lifespan="off",

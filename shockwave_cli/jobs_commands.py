@@ -38,6 +38,7 @@ from shockwave_cli.jobs_render import (
     jobs_table,
     print_document,
     state_summary,
+    user_text,
 )
 
 API_ERROR_EXIT = 1
@@ -279,7 +280,7 @@ def _watch_live(snapshot: Snapshot, interval: float, count: int | None, api_url:
             table = jobs_table(jobs, title=title)
             footer = Text(f"Refreshing every {interval:g} s; Ctrl-C to stop.", style="dim")
             if problem:
-                footer = Text(f"{problem} (retrying)", style="bold red")
+                footer = user_text(f"{problem} (retrying)", "bold red")
             live.update(Group(table, footer), refresh=True)
             if count is not None and refreshes >= count:
                 break
@@ -296,7 +297,7 @@ def _watch_documents(
         jobs, problem = snapshot()
         refreshes += 1
         if problem:
-            errors.print(Text(f"error: {problem} (retrying)", style="bold red"), soft_wrap=True)
+            errors.print(user_text(f"error: {problem} (retrying)", "bold red"), soft_wrap=True)
         else:
             console.file.write(dump({"items": jobs}, output, compact=True) + "\n")
             console.file.flush()
@@ -409,5 +410,5 @@ def _usage(message: str) -> NoReturn:
 
 
 def _exit(message: str, code: int) -> NoReturn:
-    errors.print(Text(message, style="bold red"), soft_wrap=True)
+    errors.print(user_text(message, "bold red"), soft_wrap=True)
     raise typer.Exit(code)

@@ -4,6 +4,7 @@ JSON or YAML for scripts (the API's own fields, unchanged)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -43,6 +44,16 @@ def dump(document: Any, output: OutputFormat, *, compact: bool = False) -> str:
     return json.dumps(document, indent=2)
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def user_text(value: object, style: str = "") -> Text:
+    """What a user or a job wrote (names, models, commands, reasons) as inert text: never
+    read as rich markup, and each control character shown escaped (``\\x1b``), so printed text
+    cannot move the cursor, recolour or clear the terminal."""
+    return Text(CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value)), style=style)
+
+
 def state_text(state: str) -> Text:
     return Text(state, style=STATE_STYLES.get(state, ""))
 
@@ -79,12 +90,12 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]], title: str | None = None) -> T
     table.add_column("created", no_wrap=True)
     for job in jobs:
         table.add_row(
-            str(job.get("id", "")),
-            str(job.get("name", "")),
-            str(job.get("tenant", "")),
+            user_text(job.get("id", "")),
+            user_text(job.get("name", "")),
+            user_text(job.get("tenant", "")),
             state_text(str(job.get("state", ""))),
             str(job.get("gpus", "")),
-            str(job.get("mode", "")),
+            user_text(job.get("mode", "")),
             str(job.get("batch_size", "")),
             _progress(job),
             short_time(job.get("created_at")),
@@ -103,9 +114,9 @@ def job_detail(job: Mapping[str, Any]) -> Table:
         elif key in ("created_at", "updated_at"):
             table.add_row(key, short_time(value))
         elif isinstance(value, dict | list):
-            table.add_row(key, json.dumps(value) if value else "-")
+            table.add_row(key, user_text(json.dumps(value)) if value else "-")
         else:
-            table.add_row(key, str(value))
+            table.add_row(key, user_text(value))
     return table
 
 
@@ -122,10 +133,10 @@ def events_table(events: Sequence[Mapping[str, Any]], title: str | None = None) 
         payload = event.get("payload")
         table.add_row(
             short_time(event.get("created_at")),
-            str(event.get("kind", "")),
+            user_text(event.get("kind", "")),
             "" if seq is None else str(seq),
-            str(event.get("reason", "")),
-            json.dumps(payload, separators=(", ", ": ")) if payload else "",
+            user_text(event.get("reason", "")),
+            user_text(json.dumps(payload, separators=(", ", ": ")) if payload else ""),
         )
     return table
 

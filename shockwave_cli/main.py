@@ -46,7 +46,10 @@ from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
-from shockwave_cli import knobs
+from shockwave_cli import (
+    knobs,
+    token_commands,  # noqa: F401  (registers the admin token commands)
+)
 from shockwave_cli.api_commands import admin_app, api_command
 from shockwave_cli.inputs import (
     InputError,

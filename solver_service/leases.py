@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import update
@@ -40,6 +40,8 @@ from sqlmodel import Session, col, func, select
 from shockwave import engine
 from shockwave.engine import SOURCES
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.model import ValidationError
+from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan
@@ -102,7 +104,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         r=r,
         now=now,
         state_version=cluster.state_version,
-        jobs=[engine.Waiting(j.id, j.gpus) for j in jobs.values()],
+        jobs=_waiting(jobs.values()),
         plans=[_engine_plan(plan)] if plan is not None else [],
         leases=held,
         cluster=layout.cluster if layout is not None else None,
@@ -189,7 +191,7 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
     plan = freshest_plan(session, cluster.id, r + 1)
     prefer = engine.next_column(_engine_plan(plan) if plan is not None else None, r)
     changes = engine.fill(
-        jobs=[engine.Waiting(j.id, j.gpus) for j in jobs.values()],
+        jobs=_waiting(jobs.values()),
         leases=held,
         cluster=layout.cluster,
         prefer=prefer,
@@ -374,6 +376,20 @@ def mark_lost_nodes(
     version, _ = bump_state_version(session, cluster_id)
     session.commit()
     return LostNodes(nodes=lost, requeued=requeued, state_version=version)
+
+
+def _waiting(rows: Iterable[JobRow]) -> list[engine.Waiting]:
+    """The active jobs the engine may start, in arrival order: not a row the model now refuses
+    (the planner leaves it out with a reason, :func:`store.snapshot.active_jobs`), so a stored
+    poison job reaches neither the fallback order nor spare GPUs."""
+    waiting = []
+    for row in rows:
+        try:
+            events.spec_of_row(row)
+        except ValidationError:
+            continue
+        waiting.append(engine.Waiting(row.id, row.gpus))
+    return waiting
 
 
 def _lock_active_jobs(session: Session) -> list[JobRow]:

@@ -9,7 +9,8 @@ request ``(cluster, state_version)``. In order:
 2. Read the snapshot for round ``current_round + 1`` (:mod:`store.snapshot`) and end
    the read transaction, so no lock or connection is held while the policy runs.
 3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
-   timed with the injected ``timer``.
+   timed with the injected ``timer``; a job the policy cannot model is left out of the plan
+   and told why (``shockwave.policy.decide_isolating``; an ``excluded`` event on the job).
 4. Store the plan, holding the cluster row (``SELECT ... FOR UPDATE`` on Postgres; SQLite has
    one writer at a time): if another worker stored the same plan meanwhile, keep theirs. The
    policy's new memory is saved on the cluster row only while the row is still at the version
@@ -31,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +40,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from shockwave import state_codec
-from shockwave.policy import SolveSummary, get_policy, service_params
+from shockwave.policy import SolveSummary, decide_isolating, get_policy, service_params
+from store.events import record_exclusions
 from store.plans import plan_at
 from store.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
 from store.tables import ClusterRow, PlanRow, utcnow
@@ -96,7 +98,7 @@ def plan_cluster(
     loaded = time.perf_counter() - loading
 
     started = timer()
-    decision = policy.decide(snapshot, params)
+    decision = decide_isolating(policy, snapshot, params)
     seconds = timer() - started
     timings = PlanTimings(snapshot_s=loaded, solve_s=seconds)
 
@@ -109,7 +111,7 @@ def plan_cluster(
         solve_seconds=seconds,
         **solve_summary(decision.solve),
     )
-    return _store(session, plan, decision.state, timings)
+    return _store(session, plan, decision.state, timings, decision.excluded)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,7 +142,11 @@ def _stale(requested: int | None, current: int) -> bool:
 
 
 def _store(
-    session: Session, plan: PlanRow, policy_state: object | None, timings: PlanTimings
+    session: Session,
+    plan: PlanRow,
+    policy_state: object | None,
+    timings: PlanTimings,
+    excluded: Mapping[str, str],
 ) -> PlanRow | None:
     storing = time.perf_counter()
     cluster = session.get(
@@ -157,6 +163,7 @@ def _store(
     if existing is not None:
         return _release(session, existing)
     session.add(plan)
+    record_exclusions(session, excluded)
     current = (
         cluster.state_version == plan.state_version and cluster.current_round + 1 == plan.base_round
     )

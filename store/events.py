@@ -26,6 +26,7 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -42,7 +43,7 @@ from store.paging import cut, page_key
 from store.principals import Principal, Role, require
 from store.tables import INT4_MAX, JobEventRow, JobRow, utcnow
 
-EventKind = Literal["progress", "scaling", "state"]
+EventKind = Literal["progress", "scaling", "state", "excluded"]
 REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
@@ -88,6 +89,7 @@ def record_event(
     if JobState(row.state).terminal:
         raise Conflict(f"job {job_id} is {row.state}; it takes no more events")
     _check_epoch(row, event)
+    _check_room(row, event)
     new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
     session.add(new)
     try:
@@ -132,6 +134,32 @@ def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -
             f"event seq {stored.seq} was already recorded with a different body", field="seq"
         )
     return stored
+
+
+MAX_SCALINGS = 1024
+"""Scaling events a job may post: its stored state (and every snapshot) holds them all."""
+MAX_MEASURED_BATCH_SIZES = 64
+"""Distinct batch sizes a job's progress events may measure (as many as a job may declare)."""
+
+
+def _check_room(row: JobRow, event: ClientEvent) -> None:
+    """Keep a job's folded state bounded: 422 for a scaling event past :data:`MAX_SCALINGS`, or
+    a progress event at a new batch size past :data:`MAX_MEASURED_BATCH_SIZES`."""
+    if event.kind == "scaling" and len(row.scalings) >= MAX_SCALINGS:
+        raise InvalidInput(
+            f"scaling.seq: a job takes at most {MAX_SCALINGS} scaling events",
+            title="Invalid event",
+            field="scaling.seq",
+        )
+    measured = row.epoch_seconds
+    new_size = str(event.payload.get("batch_size")) not in measured
+    if event.kind == "progress" and new_size and len(measured) >= MAX_MEASURED_BATCH_SIZES:
+        raise InvalidInput(
+            f"progress.batch_size: a job is measured at most at {MAX_MEASURED_BATCH_SIZES} "
+            "batch sizes",
+            title="Invalid event",
+            field="progress.batch_size",
+        )
 
 
 def _check_epoch(row: JobRow, event: ClientEvent) -> None:
@@ -200,3 +228,24 @@ def _after(token: str) -> int:
     if not key.isdigit() or int(key) > INT4_MAX:
         raise InvalidInput("malformed page_token", field="page_token")
     return int(key)
+
+
+def record_exclusions(session: Session, excluded: Mapping[str, str]) -> int:
+    """Tell each job the planner left out why (an ``excluded`` event with the reason), once per
+    distinct reason: every plan that leaves it out again adds nothing. Returns how many events
+    were added. Jobs that no longer exist are skipped."""
+    added = 0
+    for job_id, reason in excluded.items():
+        said = session.exec(
+            select(JobEventRow.id).where(
+                JobEventRow.job_id == job_id,
+                JobEventRow.kind == "excluded",
+                JobEventRow.reason == reason[:256],
+            )
+        ).first()
+        if said is None and session.get(JobRow, job_id) is not None:
+            session.add(
+                JobEventRow(job_id=job_id, kind="excluded", payload={}, reason=reason[:256])
+            )
+            added += 1
+    return added

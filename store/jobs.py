@@ -11,7 +11,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sqlalchemy import and_, or_
@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 from shockwave.lifecycle import JobState, transition
 from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
-from store.paging import cut, page_key
+from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
 from store.tables import IdempotencyRow, JobEventRow, JobRow, utcnow
 
@@ -166,12 +166,17 @@ def _page_key(row: JobRow) -> str:
 
 
 def _after(token: str) -> tuple[datetime, str]:
-    """The (created_at, id) a job page token carries."""
+    """The (created_at in UTC, id) a job page token carries. An edited token whose time has no
+    zone, or does not fit in UTC (year 1 at +14:00 overflows), or whose id is not a short
+    string, is :class:`InvalidInput`, never an overflow later in the query."""
     try:
         created, job_id = json.loads(page_key("job", token))
-        return datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError) as error:
-        raise InvalidInput("malformed page_token", field="page_token") from error
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None or not isinstance(job_id, str) or len(job_id) > 64:
+            raise ValueError("not a job page key")
+        return when.astimezone(UTC), job_id
+    except (ValueError, TypeError, OverflowError) as error:
+        raise InvalidInput(MALFORMED, field="page_token") from error
 
 
 def list_jobs(

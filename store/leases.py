@@ -70,16 +70,21 @@ def fenced_reason(session: Session, attempt_id: str) -> str | None:
     if lease.state in STOPPED_LEASES:
         return f"attempt {attempt_id} has stopped ({lease.state.lower()})"
     if lease.state == LeaseState.REVOKED:
-        successor = session.exec(
-            select(LeaseRow.id).where(
-                LeaseRow.job_id == lease.job_id,
-                col(LeaseRow.issued_at) > lease.issued_at,
-                col(LeaseRow.state).in_(STARTED_LEASES),
-            )
-        ).first()
+        successor = successor_of(session, lease)
         if successor is not None:
             return f"attempt {attempt_id} was revoked and attempt {successor} has taken over"
     return None
+
+
+def successor_of(session: Session, lease: LeaseRow) -> str | None:
+    """A newer attempt of ``lease``'s job that has started (it owns the job now), or None."""
+    return session.exec(
+        select(LeaseRow.id).where(
+            LeaseRow.job_id == lease.job_id,
+            col(LeaseRow.issued_at) > lease.issued_at,
+            col(LeaseRow.state).in_(STARTED_LEASES),
+        )
+    ).first()
 
 
 def checkpoint_dir(job_id: str) -> str:

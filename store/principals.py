@@ -2,7 +2,8 @@
 
 Roles: ``admin`` (everything), ``user`` (one tenant's jobs), ``agent`` (one node), ``job`` (one
 job's events, for the training SDK; the token an agent gets for an attempt also names that
-attempt, so its events are refused once the attempt is fenced: see :mod:`store.events`). How a
+attempt, so its events are refused once the attempt is fenced: see :mod:`store.events`), and
+``metrics`` (scrapes ``/metrics``, nothing else: for Prometheus). How a
 caller proves who it is (bearer tokens) is the API's business (:mod:`api.auth`); the tokens
 themselves are stored by :mod:`store.tokens`.
 """
@@ -10,6 +11,7 @@ themselves are stored by :mod:`store.tokens`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from store.errors import Forbidden
@@ -20,12 +22,14 @@ class Role(StrEnum):
     USER = "user"
     AGENT = "agent"
     JOB = "job"
+    METRICS = "metrics"
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling. ``key`` scopes idempotency keys (one caller's keys never clash with
-    another's). ``attempt_id``: for a job token handed to one attempt, that attempt."""
+    another's). ``attempt_id``: for a job token handed to one attempt, that attempt.
+    ``expires_at``: when the token stops working (None: never)."""
 
     role: Role
     key: str
@@ -33,6 +37,7 @@ class Principal:
     node: str | None = None
     job_id: str | None = None
     attempt_id: str | None = None
+    expires_at: datetime | None = None
 
     @property
     def is_admin(self) -> bool:

@@ -38,7 +38,7 @@ from sqlmodel import Session, col, select
 from shockwave import state_codec
 from shockwave.engine import unfit_reason
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
-from shockwave.model import Cluster
+from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
 from store import events, population
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
@@ -111,7 +111,7 @@ def load_snapshot(
         raise NoCapacity(cluster_id)
     rows = active_job_rows(session)
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs = tuple(_active_job(r, held.get(r.id, ())) for r in rows)
+    jobs, excluded = active_jobs(rows, held)
     snapshot = Snapshot(
         now=now.timestamp(),
         round_index=round_index,
@@ -120,8 +120,25 @@ def load_snapshot(
         jobs=jobs,
         policy_state=decode_policy_state(cluster),
         population=population.load_prior(session, cluster_id),
+        excluded=excluded,
     )
     return snapshot, version
+
+
+def active_jobs(
+    rows: Sequence[JobRow], held: Mapping[str, tuple[int, ...]]
+) -> tuple[tuple[ActiveJob, ...], dict[str, str]]:
+    """The core's jobs of ``rows`` (holding the ``held`` GPUs), and the rows that are no job of
+    the model any more, with why: a row stored before a bound of the model existed (such as the
+    physical bounds of issue 16) must not stop the planning of everyone else."""
+    jobs: list[ActiveJob] = []
+    excluded: dict[str, str] = {}
+    for row in rows:
+        try:
+            jobs.append(_active_job(row, held.get(row.id, ())))
+        except ValidationError as error:
+            excluded[row.id] = f"its stored spec is refused by the model: {error}"
+    return tuple(jobs), excluded
 
 
 def gpu_layout(session: Session) -> GpuLayout | None:

@@ -8,7 +8,8 @@
 - ``job_events``: everything that happened to a job, in order: client events (epoch progress,
   batch-size scaling) carry the client's per-job sequence number, unique per job, so a
   duplicate or reordered post is harmless; state changes are server events with a reason.
-- ``tokens``: bearer tokens, stored as SHA-256 hashes, with a role and its scope.
+- ``tokens``: bearer tokens, stored as SHA-256 hashes, with a role and its scope, an optional
+  expiry, when it was revoked (kept, not deleted) and when it was last used.
 - ``idempotency_keys``: the first response to each (token, key), replayed on retry; the
   unique constraint, not a read-then-write, makes concurrent retries safe.
 - ``nodes``: GPU machines registered by their agents (READY, or LOST once heartbeats stop).
@@ -127,6 +128,9 @@ class TokenRow(SQLModel, table=True):
     attempt_id: str | None = Field(default=None, max_length=36)
     name: str = Field(default="", max_length=128)
     created_at: datetime = _ts()
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class IdempotencyRow(SQLModel, table=True):

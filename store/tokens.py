@@ -1,20 +1,28 @@
-"""Bearer tokens in the database: stored as SHA-256 hashes, each with a role and its scope.
+"""Bearer tokens in the database: stored as SHA-256 hashes, each with a role and its scope, and
+their lifecycle: an optional expiry, revocation, and when each was last used.
 
-The plain token is returned once, when it is made, and never stored. Tokens are created or
-deleted, never updated, which is what lets the API cache lookups (:mod:`api.auth`).
+The plain token is returned once, when it is made, and never stored. A revoked token's row is
+kept (the list shows when it was revoked); a revoked or expired token is no principal. The API
+caches lookups (:mod:`api.token_cache`), so a revocation reaches every API process within the
+cache's lifetime (10 s), and ``last_used_at`` is stamped when a lookup reaches the database
+(at most that late).
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TypedDict
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select, update
 from typing_extensions import Unpack
 
+from store.errors import Conflict, InvalidInput, NotFound
+from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
-from store.tables import TokenRow
+from store.tables import INT4_MAX, TokenRow, utcnow
 
 
 def new_token() -> str:
@@ -27,13 +35,15 @@ def hash_token(token: str) -> str:
 
 class Scope(TypedDict, total=False):
     """What a token acts for: a user's ``tenant``, an agent's ``node``, a job token's
-    ``job_id`` (and the ``attempt_id`` it speaks for), and a ``name`` to tell tokens apart."""
+    ``job_id`` (and the ``attempt_id`` it speaks for), and a ``name`` to tell tokens apart;
+    ``expires_at``: when it stops working (None: never)."""
 
     tenant: str | None
     node: str | None
     job_id: str | None
     attempt_id: str | None
     name: str
+    expires_at: datetime | None
 
 
 def create_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
@@ -48,6 +58,10 @@ def add_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
     """:func:`create_token` without the commit: the caller commits once for all it adds.
     ValueError when the role's scope is missing (a user needs a tenant, an agent a node, a job
     token a job) or an attempt is named on another role."""
+    return _add(session, role, scope)[0]
+
+
+def _add(session: Session, role: Role, scope: Scope) -> tuple[str, TokenRow]:
     tenant, node = scope.get("tenant"), scope.get("node")
     job_id, attempt_id = scope.get("job_id"), scope.get("attempt_id")
     if role is Role.USER and not tenant:
@@ -59,25 +73,39 @@ def add_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
     if attempt_id is not None and role is not Role.JOB:
         raise ValueError("only a job token names an attempt")
     token = new_token()
-    session.add(
-        TokenRow(
-            token_hash=hash_token(token),
-            role=role.value,
-            tenant=tenant,
-            node=node,
-            job_id=job_id,
-            attempt_id=attempt_id,
-            name=scope.get("name", ""),
-        )
+    row = TokenRow(
+        token_hash=hash_token(token),
+        role=role.value,
+        tenant=tenant,
+        node=node,
+        job_id=job_id,
+        attempt_id=attempt_id,
+        name=scope.get("name", ""),
+        expires_at=scope.get("expires_at"),
     )
-    return token
+    session.add(row)
+    return token, row
 
 
-def principal_of(session: Session, digest: str) -> Principal | None:
-    """The principal of the token hashed to ``digest``, None when no such token exists."""
+def issue_token(session: Session, role: Role, **scope: Unpack[Scope]) -> tuple[str, TokenRow]:
+    """:func:`add_token`, also returning the stored row (flushed: it has its id)."""
+    token, row = _add(session, role, scope)
+    session.flush()
+    return token, row
+
+
+def principal_of(session: Session, digest: str, now: datetime | None = None) -> Principal | None:
+    """The principal of the token hashed to ``digest``; None when no such token exists, or it
+    was revoked, or it expired by ``now`` (default: the clock). A token found is stamped
+    ``last_used_at`` (committed at once, apart from the caller's work)."""
+    now = now or utcnow()
     row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
-    if row is None:
+    if row is None or row.revoked_at is not None:
         return None
+    if row.expires_at is not None and row.expires_at <= now:
+        return None
+    session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
+    session.commit()
     return Principal(
         role=Role(row.role),
         key=f"token:{row.id}",
@@ -85,4 +113,53 @@ def principal_of(session: Session, digest: str) -> Principal | None:
         node=row.node,
         job_id=row.job_id,
         attempt_id=row.attempt_id,
+        expires_at=row.expires_at,
     )
+
+
+def token_page(
+    session: Session, *, page_size: int, page_token: str | None, role: Role | None = None
+) -> tuple[Sequence[TokenRow], str | None]:
+    """One page of tokens ordered by id (of ``role`` only, if given), and the next page's
+    token. Job tokens, minted per attempt, are listed only when asked for by role."""
+    query = select(TokenRow)
+    if role is not None:
+        query = query.where(TokenRow.role == role.value)
+    else:
+        query = query.where(TokenRow.role != Role.JOB.value)
+    if page_token:
+        key = page_key("token", page_token)
+        if not key.isdigit() or int(key) > INT4_MAX:
+            raise InvalidInput(MALFORMED, field="page_token")
+        query = query.where(col(TokenRow.id) > int(key))
+    rows = session.exec(query.order_by(col(TokenRow.id)).limit(page_size + 1)).all()
+    return cut(rows, page_size, lambda row: str(row.id or 0), "token")
+
+
+def stored_token(session: Session, token_id: int) -> TokenRow:
+    """The token row ``token_id``, or :class:`NotFound`."""
+    row = session.get(TokenRow, token_id) if 0 < token_id <= INT4_MAX else None
+    if row is None:
+        raise NotFound(f"no token {token_id}")
+    return row
+
+
+def revoke_token(session: Session, token_id: int, now: datetime | None = None) -> TokenRow:
+    """Revoke token ``token_id`` (kept, stamped ``revoked_at``); revoking again changes
+    nothing. The caller commits."""
+    row = stored_token(session, token_id)
+    if row.revoked_at is None:
+        row.revoked_at = now or utcnow()
+        session.add(row)
+    return row
+
+
+def set_expiry(session: Session, token_id: int, expires_at: datetime | None) -> TokenRow:
+    """Give token ``token_id`` a new expiry (None: never); :class:`Conflict` on a revoked
+    token (revocation is final). The caller commits."""
+    row = stored_token(session, token_id)
+    if row.revoked_at is not None:
+        raise Conflict(f"token {token_id} was revoked; revocation is final")
+    row.expires_at = expires_at
+    session.add(row)
+    return row

@@ -10,7 +10,7 @@ from sqlmodel import Session
 
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.schemas import JobCreate, JobIdPath, JobPublic, Page
+from api.schemas import JobCreate, JobIdPath, JobPublic, JobSummary, Page
 from shockwave.lifecycle import JobState
 from store import cluster_version, jobs
 from store.snapshot import GpuLayout, gpu_layout, waiting_reason
@@ -23,6 +23,12 @@ def _public(row: JobRow, session: Session, layout: GpuLayout | None = None) -> J
     public = JobPublic.model_validate(row, from_attributes=True)
     public.waiting_reason = waiting_reason(session, row, layout)
     return public
+
+
+def _summary(row: JobRow, session: Session, layout: GpuLayout) -> JobSummary:
+    summary = JobSummary.model_validate(row, from_attributes=True)
+    summary.waiting_reason = waiting_reason(session, row, layout)
+    return summary
 
 
 IdempotencyKey = Annotated[
@@ -77,9 +83,9 @@ def submit_job(
 
 @router.get(
     "",
-    response_model=Page[JobPublic],
+    response_model=Page[JobSummary],
     responses=PROBLEM_RESPONSES,
-    summary="List jobs",
+    summary="List jobs (summaries: the heavy fields are on GET /v1/jobs/{id})",
     openapi_extra=access(admin=ANY, user=OWN, agent=OWN, job=OWN),
 )
 def list_jobs(
@@ -91,7 +97,7 @@ def list_jobs(
     state: JobState | None = None,
     tenant: Annotated[str | None, Query(max_length=64, pattern=r"^[^\x00]*$")] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-) -> Page[JobPublic]:
+) -> Page[JobSummary]:
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     rows, token = jobs.list_jobs(
         session,
@@ -103,7 +109,8 @@ def list_jobs(
         name=name,
     )
     layout = gpu_layout(session)
-    return Page[JobPublic](items=[_public(r, session, layout) for r in rows], next_page_token=token)
+    items = [_summary(r, session, layout) for r in rows]
+    return Page[JobSummary](items=items, next_page_token=token)
 
 
 @router.get(

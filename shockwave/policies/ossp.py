@@ -41,14 +41,19 @@ class OsspParams:
 def min_common_deadline(jobs: Sequence[AllocationJob], total_gpus: int) -> float:
     """The smallest T such that every job can finish within T at some feasible time fractions.
 
-    Solved as an LP with SCIP. Shape: jobs -> seconds.
+    Solved as an LP with SCIP: maximize s with x_j >= (E_j / E_max) s, where E_j is job j's
+    exclusive remaining time; T = E_max / s. Dividing by the longest remaining time keeps the
+    coefficients within [0, 1] however long the jobs are (unscaled, a job of a billion steps
+    made s smaller than the solver's tolerance). Shape: jobs -> seconds.
     """
+    exclusive = {j.job_id: j.remaining_steps / j.steps_per_second for j in jobs}
+    longest = max(exclusive.values(), default=0.0) or 1.0
     model = Model("ossp")
     model.hideOutput()
     rate = model.addVar("s", lb=0.0)
     shares = {j.job_id: model.addVar(f"x_{i}", lb=0.0, ub=1.0) for i, j in enumerate(jobs)}
     for job in jobs:
-        model.addCons(job.steps_per_second * shares[job.job_id] >= job.remaining_steps * rate)
+        model.addCons(shares[job.job_id] >= (exclusive[job.job_id] / longest) * rate)
     model.addCons(quicksum(j.gpus * shares[j.job_id] for j in jobs) <= total_gpus)
     model.setObjective(rate, "maximize")
     model.optimize()
@@ -57,7 +62,7 @@ def min_common_deadline(jobs: Sequence[AllocationJob], total_gpus: int) -> float
     best = float(model.getVal(rate))
     if best <= 0:
         raise RuntimeError("OSSP deadline LP found no positive rate")
-    return 1.0 / best
+    return longest / best
 
 
 class Ossp(TimeFractionPolicy):

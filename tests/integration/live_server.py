@@ -12,6 +12,8 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from api.http_limits import configure
+
 START_TIMEOUT_S = 10.0
 
 
@@ -26,7 +28,8 @@ def serving(app: FastAPI) -> Iterator[str]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="auto", backlog=256)
+    http = configure(app.state.settings)  # the HTTP server's head limits, as in production
+    config = uvicorn.Config(app, log_level="warning", lifespan="auto", backlog=256, http=http)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()

@@ -443,6 +443,45 @@ def test_a_revoked_attempt_reports_in_its_grace_period_until_a_newer_one_starts(
     assert progress_seqs(client, tokens, first) == [1, 2, 3, 4]
 
 
+def _superseded(client: TestClient, tokens: Tokens, database: Database) -> tuple[str, str, str]:
+    """Job ``first`` ran as attempt ``old``, was revoked, and now runs as ``new``."""
+    register(client, tokens.agent, gpus=1)
+    first, second = submit(client, tokens.admin), submit(client, tokens.admin)
+    store_plan(database, [[first], [second], [first]])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        (old,) = (le.id for le in leases(database))
+        report(client, tokens.agent, old, "started")
+        driver.step(t0 + ROUND_S)
+        driver.step(t0 + 2 * ROUND_S)
+    (new,) = (le.id for le in leases(database) if le.job_id == first)
+    report(client, tokens.agent, new, "started")
+    return first, old, new
+
+
+def test_a_superseded_attempt_cannot_finish_or_requeue_its_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Issue 16, finding 3: a revoked attempt whose job runs on as a newer attempt reports
+    ``exited 0`` (status and poll) and ``checkpointed``: each is refused with 409 and stop, the
+    job stays RUNNING and the newer attempt live."""
+    job, old, new = _superseded(client, tokens, database)
+
+    for state, code in (("exited", 0), ("checkpointed", None), ("exited", 1)):
+        refused = post_status(client, tokens.agent, old, state, code)
+        problem = assert_problem(refused, 409)
+        assert problem["stop"] is True and new in problem["detail"], problem
+    answer = contact(
+        client, tokens.agent, reports=[{"attempt_id": old, "state": "exited", "exit_code": 0}]
+    )
+    assert [(r["status"], r["stop"]) for r in answer["reports"]] == [(409, True)]
+
+    assert job_state(database, job) == "RUNNING"
+    assert [le.id for le in leases(database) if le.job_id == job] == [new]
+    assert report(client, tokens.agent, new, "running")["stop"] is False
+
+
 def test_an_attempt_its_agent_stopped_goes_back_to_the_queue_whatever_its_exit(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:

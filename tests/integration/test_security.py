@@ -38,7 +38,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
@@ -49,7 +49,7 @@ from api.settings import Settings
 from shockwave_cli.supervision import Supervised, free_port, wait_http
 from store.db import make_engine
 from store.principals import Role
-from store.tokens import create_token
+from store.tokens import create_token, issue_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,
@@ -75,6 +75,9 @@ OUTCOMES: dict[str, tuple[str, str]] = {
 """What each declared rule means: (answer in the caller's own scope, answer in another's)."""
 SCOPE_PARAMETERS = {"job_id", "event_id", "attempt_id"}
 """The path parameters the matrix fills from a scope; another one fails the test (teach it)."""
+UNSCOPED_PARAMETERS = {"token_id"}
+"""Path parameters of what no tenant, node or job owns (admins' resources): filled from the
+world, the same for every caller."""
 NODES = ("node-1", "node-2")
 
 
@@ -118,6 +121,7 @@ class Caller:
 class World:
     scopes: tuple[Scope, Scope]
     callers: tuple[Caller, ...]
+    unscoped: dict[str, Any] = field(default_factory=dict)
 
 
 def build_world(client: TestClient, database: Database) -> World:
@@ -149,6 +153,9 @@ def build_world(client: TestClient, database: Database) -> World:
     )
     callers = [Caller("admin", "admin", None, admin), Caller("no token", "anonymous", None, None)]
     with Session(database.engine) as session:
+        _, spare = issue_token(session, Role.USER, tenant=TENANT_A, name="spare")
+        session.commit()
+        unscoped = {"token_id": spare.id}
         for index, scope in enumerate(scopes):
             agent = create_token(session, Role.AGENT, node=scope.node)
             job = create_token(session, Role.JOB, job_id=scope.job)
@@ -157,7 +164,7 @@ def build_world(client: TestClient, database: Database) -> World:
                 Caller(f"agent of {scope.node}", "agent", index, agent),
                 Caller(f"token of job {index}", "job", index, job),
             ]
-    return World(scopes=(scopes[0], scopes[1]), callers=tuple(callers))
+    return World(scopes=(scopes[0], scopes[1]), callers=tuple(callers), unscoped=unscoped)
 
 
 def _first_event(database: Database, job_id: str) -> int:
@@ -174,12 +181,20 @@ def count(database: Database, query: str, **parameters: Any) -> int:
         return int(connection.execute(text(query), parameters).scalar_one())
 
 
+BOOKKEEPING = {("tokens", "last_used_at")}
+"""Columns that authentication itself writes, whatever the request then gets (a refused
+request still used its token)."""
+
+
 def fingerprint(database: Database) -> str:
-    """A digest of every row of every table: equal digests, nothing written."""
+    """A digest of every row of every table (but :data:`BOOKKEEPING`): equal digests, nothing
+    written."""
     digest = hashlib.sha256()
     with database.engine.connect() as connection:
         for table in database.tables:
-            rows = sorted(repr(tuple(row)) for row in connection.execute(table.select()))
+            columns = [c for c in table.columns if (table.name, c.name) not in BOOKKEEPING]
+            query = select(*columns)
+            rows = sorted(repr(tuple(row)) for row in connection.execute(query))
             digest.update(f"{table.name}:{rows}".encode())
     return digest.hexdigest()
 
@@ -206,7 +221,7 @@ def rules_of(operation: Operation) -> dict[str, str]:
 def scoped(app: FastAPI, operation: Operation) -> bool:
     """Whether the operation names a scope (a job, event, attempt or node)."""
     path = {p["name"] for p in operation.path_parameters()}
-    unknown = path - SCOPE_PARAMETERS
+    unknown = path - SCOPE_PARAMETERS - UNSCOPED_PARAMETERS
     assert not unknown, f"{operation.label}: the matrix cannot fill {unknown}; teach it"
     query = {p["name"] for p in operation.spec.get("parameters", []) if p.get("in") == "query"}
     named = path | query | body_properties(app.openapi(), operation.spec)
@@ -236,6 +251,7 @@ def check_operation(
             own = caller.scope is None or target is None or caller.scope == target
             expected = OUTCOMES[rules[caller.role]][0 if own else 1]
             values = world.scopes[target].values() if target is not None else {}
+            values = {**world.unscoped, **values}
             headers = bearer(caller.token) if caller.token else {}
             response = call(client, app, operation, values, headers)
             got = outcome(response)

@@ -70,7 +70,7 @@ class Api:
     def session(self) -> Session:
         return Session(self.client.app.state.engine)  # type: ignore[attr-defined]
 
-    def token(self, role: Role, **scope: str) -> dict[str, str]:
+    def token(self, role: Role, **scope: Any) -> dict[str, str]:
         with self.session() as session:
             return {"Authorization": f"Bearer {create_token(session, role, **scope)}"}
 

@@ -510,3 +510,17 @@ def test_predict_report_without_dynamic_jobs_is_an_error(throughputs: Path, tmp_
     )
 
     assert_input_error(result, str(trace), "accordion or gns")
+
+
+def test_user_text_is_printed_inert_control_characters_escaped_and_no_markup() -> None:
+    from rich.console import Console
+
+    from shockwave_cli.jobs_render import events_table, jobs_table
+
+    hostile = "x\x1b[2J\x9b[bold]y[/bold]"
+    console = Console(record=True, width=200, color_system=None)
+    console.print(jobs_table([{"id": "j", "name": hostile, "state": "PENDING"}]))
+    console.print(events_table([{"kind": "excluded", "reason": hostile, "payload": {}}]))
+    text = console.export_text()
+    assert "\x1b" not in text and "\x9b" not in text
+    assert text.count("x\\x1b[2J\\x9b[bold]y[/bold]") == 2

@@ -299,3 +299,30 @@ def test_create_token_usage_errors_exit_2(tmp_path: Path, args: list[str], messa
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert message in result.stderr
+
+
+def test_admin_token_lifecycle_lists_without_secrets_revokes_and_expires(tmp_path: Path) -> None:
+    env = {"SHOCKWAVE_DATABASE_URL": f"sqlite:///{tmp_path / 'tokens.db'}", "COLUMNS": "200"}
+
+    def admin(*args: str) -> Result:
+        return runner.invoke(app, ["admin", *args], env=env)
+
+    made = admin("create-token", "--role", "metrics", "--name", "prom", "--expires-in", "30d")
+    assert made.exit_code == 0, made.output
+    secret = made.stdout.strip()
+    assert "a metrics token" in made.stderr
+    assert admin("create-token", "--role", "user", "--tenant", "a", "--name", "al").exit_code == 0
+
+    listed = admin("list-tokens")
+    assert listed.exit_code == 0, listed.output
+    assert secret not in listed.stdout and "prom" in listed.stdout and "never" in listed.stdout
+    revoked = admin("revoke-token", "2")
+    assert revoked.exit_code == 0 and "within 10 s" in revoked.stderr
+    assert "revoked" in admin("list-tokens").stdout
+    assert "revocation is final" in admin("set-token-expiry", "2", "--never").stderr
+    assert admin("set-token-expiry", "1", "--never").exit_code == 0
+    bad = admin("set-token-expiry", "1", "--expires-in", "5x")
+    assert bad.exit_code == 2 and "--expires-in" in bad.stderr
+    assert admin("revoke-token", "99").exit_code == 2
+    control = admin("create-token", "--role", "admin", "--name", "x\x1b[2Jy")
+    assert control.exit_code == 2 and "control characters" in control.stderr

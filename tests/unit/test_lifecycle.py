@@ -111,6 +111,16 @@ def test_what_a_report_does(
     assert got == effect
 
 
+def test_a_superseded_attempt_changes_nothing_whatever_it_reports() -> None:
+    """Issue 16: a revoked attempt whose successor started is fenced for every report; a live
+    one is not affected by the argument."""
+    for report, code in itertools.product(Report, (None, 0, 1, -9)):
+        effect = report_effect("a", L.REVOKED, None, "j", J.RUNNING, report, code, False, "b")
+        assert effect == ReportEffect(refused="attempt a was revoked and attempt b has taken over")
+    live = report_effect("a", L.RUNNING, None, "j", J.RUNNING, R.EXITED, 0, False, "b")
+    assert live == ReportEffect(L.EXITED, 0, E.SUCCEED)
+
+
 def test_every_report_effect_is_a_legal_lease_move() -> None:
     """Whatever an agent reports, in whatever state, the rule never asks for an illegal move:
     the shell's writes (which enforce the moves) never fail on a report."""
