@@ -9,7 +9,7 @@ What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shoc
 processes (each node, and each job's attempt, talks to one of them, chosen by its token),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
-with ``--round-seconds``, and ``--nodes`` simulated agents (``bench/scale_fleet.py``: one asyncio
+with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_cli/fleet.py``: one asyncio
 loop in this process, the agent protocol at the real agent's default poll and heartbeat
 intervals, training at each job's true pace from the reference trajectory).
 
@@ -65,7 +65,7 @@ from sqlmodel import Session, col, select
 
 from api.schemas import JobCreate
 from bench.api import postgres_database, quantile
-from bench.scale_fleet import Fleet, TrainingJob
+from shockwave_cli.fleet import Fleet, TrainingJob
 from bench.scale_report import (
     RoundFigures,
     parse_asked,

@@ -1,4 +1,4 @@
-"""The scale bench's simulated agents (bench/scale_fleet.py) speak the poll protocol as the real
+"""The simulated agents of replay and the scale bench (shockwave_cli/fleet.py) speak the poll protocol as the real
 agent does: these check what a node does with a poll's answer and what its training owes,
 with the HTTP calls recorded instead of sent (the bench itself runs them against the API)."""
 
@@ -9,8 +9,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.scale_fleet import Attempt, Fleet, Node, TrainingJob
 from shockwave.model import Regime
+from shockwave_cli.fleet import Attempt, Fleet, Node, TrainingJob
+
+T1 = "2099-01-01T00:00:00+00:00"
+T2 = "2099-01-01T00:02:00+00:00"
 
 
 class RecordingFleet(Fleet):
@@ -33,7 +36,7 @@ def job(job_id: str, epochs: int = 2, epoch_s: float = 10.0) -> TrainingJob:
     return TrainingJob(job_id, 100, (Regime(32, epochs),), {32: epoch_s})
 
 
-def lease(attempt_id: str, job_id: str, ends_at: str = "t1") -> dict[str, Any]:
+def lease(attempt_id: str, job_id: str, ends_at: str = T1) -> dict[str, Any]:
     return {"attempt_id": attempt_id, "job_id": job_id, "ends_at": ends_at}
 
 
@@ -56,11 +59,11 @@ def test_a_lease_that_went_or_is_listed_in_stop_owes_checkpointed_and_never_rest
     jobs = {"j1": job("j1"), "j2": job("j2"), "j3": job("j3")}
     fleet, node = RecordingFleet(jobs), Node("agent-token")
     for attempt_id, job_id in (("a1", "j1"), ("a2", "j2"), ("a3", "j3")):
-        node.attempts[attempt_id] = Attempt(attempt_id, job_id, "t1", time.monotonic())
-    poll = answer([lease("a2", "j2"), lease("a3", "j3", ends_at="t2")], stop=["a2"])
+        node.attempts[attempt_id] = Attempt(attempt_id, job_id, T1, time.time())
+    poll = answer([lease("a2", "j2"), lease("a3", "j3", ends_at=T2)], stop=["a2"])
     assert not fleet._reconcile(node, poll)
     assert list(node.attempts) == ["a3"]
-    assert node.attempts["a3"].ends_at == "t2"  # an extension needs no report
+    assert node.attempts["a3"].ends_at == T2  # an extension needs no report
     assert node.outbox == [
         {"attempt_id": "a1", "state": "checkpointed"},
         {"attempt_id": "a2", "state": "checkpointed"},
@@ -89,7 +92,7 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
 ) -> None:  # fmt: skip
     fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
     node = Node("agent-token")
-    node.attempts["a3"] = Attempt("a3", "j1", "t1", time.monotonic())
+    node.attempts["a3"] = Attempt("a3", "j1", T1, time.time())
     node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
     asyncio.run(fleet._poll(node, "poll", heartbeat=False, tokens=True))
     assert fleet.calls == [

@@ -1,19 +1,27 @@
-"""Simulated node agents and training programs for ``bench/scale.py``, on one asyncio loop.
+"""Simulated node agents and training programs, on one asyncio loop: the fleet that
+``shockwave replay`` (:mod:`shockwave_cli.replay`) and ``bench/scale.py`` run against the service.
 
 Each node is one coroutine speaking the agent protocol of ``agent/loop.py``: every ``poll_s``
 one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an attempt no
 longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
 runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
 started something or owed reports, a second poll at once acknowledges the new attempts (no
-heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING.
+heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
+that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
+an agent whose lease ends then would, so a new round's leases start without a poll interval's
+delay.
 
 Instead of a process, each attempt "trains" at the job's true pace from the reference
 trajectory, in a coroutine of the node's own (a training process does not wait for its
 agent): every ``epoch_seconds[batch size]`` of leased wall time it posts a progress event with
 the job token of its attempt (as the SDK would), a scaling event when the trajectory enters a
 new regime, and, once the job's epochs are done, leaves ``exited 0`` for the agent to report.
+A started attempt first spends ``restart_s`` restoring its checkpoint (nothing is trained), and
+no attempt trains past its lease's ``ends_at``: what a real program loses on a restart and what
+it may use of a lease. When a job's last epoch ends (``TrainingJob.finished_at``, wall time) is
+computed from the leased time, not from when the coroutine noticed.
 
-The whole fleet shares one pool of keep-alive connections (bench/wire.py), so 64 nodes cost one
+The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes cost one
 thread of the bench process. :class:`FleetLog` keeps what the agents saw: when each round first
 appeared in a poll answer (per node), request latencies by kind and errors.
 """
@@ -22,15 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from bench import wire
 from shockwave.model import Regime
+from shockwave_cli import wire
 
 REQUEST_TIMEOUT_S = 10.0
 
@@ -50,8 +60,10 @@ class TrainingJob:
     finished: bool = False
     fenced: bool = False
     trained_until: float = 0.0
-    """Monotonic time up to which leased time has been counted (a job on two nodes trains
-    once)."""
+    """Wall time up to which leased time has been counted (a job on two nodes trains once)."""
+    finished_at: float | None = None
+    """Wall time (s since the epoch) at which the last epoch ended."""
+    restarts: int = 0
 
     @property
     def epochs(self) -> int:
@@ -91,10 +103,14 @@ class FleetLog:
 
 @dataclass
 class Attempt:
+    """One started lease: ``ends_at`` as the server wrote it, ``ends_t`` the same in wall
+    seconds, ``started_t`` when training may begin (after the restart's restore)."""
+
     attempt_id: str
     job_id: str
     ends_at: str
     started_t: float
+    ends_t: float = math.inf
 
 
 @dataclass
@@ -106,6 +122,8 @@ class Node:
     attempts: dict[str, Attempt] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
     outbox: list[dict[str, Any]] = field(default_factory=list)
+    training: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
@@ -127,12 +145,16 @@ class Fleet:
         *,
         poll_s: float,
         heartbeat_s: float,
+        restart_s: float = 0.0,
+        boundary_lag_s: float | None = None,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
         self.jobs = jobs
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
+        self.restart_s = restart_s
+        self.boundary_lag_s = boundary_lag_s
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -162,14 +184,21 @@ class Fleet:
         while not stop.is_set():
             started = loop.time()
             beat = started >= next_beat
+            boundary = math.inf
             poll = await self._poll(here, "poll", heartbeat=beat, tokens=True)
             if poll is not None:
                 if beat:
                     next_beat = started + self.heartbeat_s
                 self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+                await self._train(here)  # count the leased time before the leases change
                 if self._reconcile(here, poll) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+                ends = poll.get("round_ends_at")
+                if self.boundary_lag_s is not None and ends:
+                    boundary = wall_seconds(ends) + self.boundary_lag_s - time.time()
             pause = self.poll_s - (loop.time() - started)
+            if 0.0 < boundary < pause:
+                pause = boundary
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, pause))
         await training
@@ -210,7 +239,8 @@ class Fleet:
                 here.end(attempt_id, {"state": "checkpointed"})
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
-        now = time.monotonic()
+                here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
+        now = time.time()
         started = False
         for attempt_id, lease in leases.items():
             if attempt_id in here.attempts or attempt_id in stop or attempt_id in here.ended:
@@ -220,19 +250,31 @@ class Fleet:
             if job is None or job.finished or token is None:
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
-            here.attempts[attempt_id] = Attempt(attempt_id, job.id, lease["ends_at"], now)
+            job.restarts += 1
+            here.attempts[attempt_id] = Attempt(
+                attempt_id,
+                job.id,
+                lease["ends_at"],
+                now + self.restart_s,
+                wall_seconds(lease["ends_at"]),
+            )
             started = True
         return started
 
     async def _train(self, here: Node) -> None:
-        """Advance every attempt's job by the wall time since the last call."""
-        now = time.monotonic()
+        """Advance every attempt's job by the leased wall time since the last call (none
+        before the attempt's restore is done, none past its lease's end)."""
+        async with here.training:
+            await self._advance(here)
+
+    async def _advance(self, here: Node) -> None:
         for attempt in list(here.attempts.values()):
             job = self.jobs[attempt.job_id]
             if job.finished:
                 continue
+            now = min(time.time(), attempt.ends_t)
             job.partial_s += max(0.0, now - max(job.trained_until, attempt.started_t))
-            job.trained_until = now
+            job.trained_until = max(job.trained_until, now)
             while not job.finished and not job.fenced:
                 batch = job.batch_size_at(job.epochs_done)
                 seconds = job.epoch_seconds[batch]
@@ -240,6 +282,8 @@ class Fleet:
                     break
                 job.partial_s -= seconds
                 await self._epoch(job, batch, seconds)
+                if job.finished:
+                    job.finished_at = now - job.partial_s
             if attempt.attempt_id not in here.attempts:
                 continue  # the agent stopped it meanwhile
             if job.fenced:
@@ -325,3 +369,8 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+def wall_seconds(stamp: str) -> float:
+    """An API timestamp (ISO 8601 with an offset) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp).timestamp()
