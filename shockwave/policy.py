@@ -128,10 +128,18 @@ def make_params(policy: Policy, overrides: Mapping[str, Any] | None = None) -> A
     return params_type(**dict(overrides or {}))
 
 
-def service_params(policy: Policy, *, replan: str, solver_time_limit_s: float | None) -> Any:
+def service_params(
+    policy: Policy,
+    *,
+    replan: str,
+    solver_time_limit_s: float | None,
+    restart_overhead_s: float | None = None,
+) -> Any:
     """The policy's default params with the service's options wherever the policy has such
-    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`) and the
-    solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`)."""
+    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`), the
+    solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`) and what a
+    start or resume costs on this cluster (a ``restart_overhead_s`` field; ``shockwave replay``
+    sets it to the simulator's 20 s divided by its time scale)."""
     params = make_params(policy)
     if not dataclasses.is_dataclass(params) or isinstance(params, type):
         return params
@@ -139,6 +147,8 @@ def service_params(policy: Policy, *, replan: str, solver_time_limit_s: float | 
     changes: dict[str, Any] = {}
     if "replan" in names and replan in REPLAN_MODES:
         changes["replan"] = replan
+    if restart_overhead_s is not None and "restart_overhead_s" in names:
+        changes["restart_overhead_s"] = restart_overhead_s
     planner = getattr(params, "planner", None)
     if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
         changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)

@@ -21,8 +21,8 @@ no attempt trains past its lease's ``ends_at``: what a real program loses on a r
 it may use of a lease. When a job's last epoch ends (``TrainingJob.finished_at``, wall time) is
 computed from the leased time, not from when the coroutine noticed.
 
-The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes cost one
-thread of the bench process. :class:`FleetLog` keeps what the agents saw: when each round first
+The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes
+cost one thread of the process. :class:`FleetLog` keeps what the agents saw: when each round first
 appeared in a poll answer (per node), request latencies by kind and errors.
 """
 
@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from shockwave.model import Regime
+from shockwave.workload import SimJob
 from shockwave_cli import wire
 
 REQUEST_TIMEOUT_S = 10.0
@@ -64,6 +65,10 @@ class TrainingJob:
     finished_at: float | None = None
     """Wall time (s since the epoch) at which the last epoch ended."""
     restarts: int = 0
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    """Wall-time spans of leased training (restores excluded), merged when contiguous."""
+    accepted: list[int] = field(default_factory=list)
+    """The ``seq`` of every event the API accepted (2xx), in the order posted."""
 
     @property
     def epochs(self) -> int:
@@ -119,6 +124,8 @@ class Node:
     started again), and the reports it owes, in order."""
 
     token: str
+    name: str | None = None
+    """The node's id when an admin acts for it (sent in each poll), else None."""
     attempts: dict[str, Attempt] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
     outbox: list[dict[str, Any]] = field(default_factory=list)
@@ -147,6 +154,7 @@ class Fleet:
         heartbeat_s: float,
         restart_s: float = 0.0,
         boundary_lag_s: float | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -155,6 +163,8 @@ class Fleet:
         self.heartbeat_s = heartbeat_s
         self.restart_s = restart_s
         self.boundary_lag_s = boundary_lag_s
+        self.admin_token = admin_token
+        """Nodes whose token is this one are acted for by an admin (they name themselves)."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -172,10 +182,12 @@ class Fleet:
             self._clients = []
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
-        here = Node(token)
+        here = Node(token, node if token == self.admin_token else None)
         loop = asyncio.get_running_loop()
         await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
+        if token == self.admin_token:
+            body["node"] = node
         while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
             await asyncio.sleep(self.poll_s)
         self.registered.add(node)
@@ -213,6 +225,8 @@ class Fleet:
             "reports": sent,
             "running": sorted(here.attempts),
         }
+        if here.name is not None:
+            body["node"] = here.name
         poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body)
         if poll is None:
             return None
@@ -273,7 +287,13 @@ class Fleet:
             if job.finished:
                 continue
             now = min(time.time(), attempt.ends_t)
-            job.partial_s += max(0.0, now - max(job.trained_until, attempt.started_t))
+            since = max(job.trained_until, attempt.started_t)
+            if now > since:
+                job.partial_s += now - since
+                if job.spans and abs(job.spans[-1][1] - since) < 1e-9:
+                    job.spans[-1] = (job.spans[-1][0], now)
+                else:
+                    job.spans.append((since, now))
             job.trained_until = max(job.trained_until, now)
             while not job.finished and not job.fenced:
                 batch = job.batch_size_at(job.epochs_done)
@@ -330,7 +350,9 @@ class Fleet:
         answer = await self._call(
             event["kind"], "POST", f"/v1/jobs/{job.id}/events", job.token, event, refusals=(409,)
         )
-        if answer is None and self.log.refused_last:
+        if answer is not None:
+            job.accepted.append(event["seq"])
+        elif self.log.refused_last:
             job.fenced = True
             self.log.events[f"{event['kind']} refused"] += 1
 
@@ -374,3 +396,33 @@ class Fleet:
 def wall_seconds(stamp: str) -> float:
     """An API timestamp (ISO 8601 with an offset) as seconds since the epoch."""
     return datetime.fromisoformat(stamp).timestamp()
+
+
+def job_body(job: SimJob, time_scale: float = 1.0) -> dict[str, Any]:
+    """``POST /v1/jobs`` for a workload's job; its declared throughput (samples per second)
+    ``time_scale`` times the table's, as the job runs that much faster in wall time."""
+    spec = job.spec
+    return {
+        "name": f"trace-{spec.job_id}",
+        "gpus": spec.gpus,
+        "epochs": spec.epochs,
+        "samples_per_epoch": spec.samples_per_epoch,
+        "initial_batch_size": spec.initial_batch_size,
+        "mode": spec.mode.value,
+        "batch_sizes": list(spec.batch_sizes),
+        "throughput": {
+            str(b): r * time_scale for b, r in spec.throughput.samples_per_second.items()
+        },
+        "budget": spec.budget,
+        "model": spec.model,
+    }
+
+
+def training_job(job_id: str, job: SimJob, time_scale: float = 1.0) -> TrainingJob:
+    """The training program of a submitted job, epochs ``time_scale`` times shorter."""
+    return TrainingJob(
+        id=job_id,
+        samples_per_epoch=job.spec.samples_per_epoch,
+        regimes=job.trajectory,
+        epoch_seconds={b: s / time_scale for b, s in job.epoch_seconds.items()},
+    )

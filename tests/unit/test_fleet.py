@@ -1,6 +1,6 @@
-"""The simulated agents of replay and the scale bench (shockwave_cli/fleet.py) speak the poll protocol as the real
-agent does: these check what a node does with a poll's answer and what its training owes,
-with the HTTP calls recorded instead of sent (the bench itself runs them against the API)."""
+"""The simulated agents of replay and the scale bench (shockwave_cli/fleet.py) speak the poll
+protocol as the real agent does: these check what a node does with a poll's answer and what
+its training owes, with the HTTP calls recorded instead of sent."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""shockwave_cli/wire.py, the load generators' HTTP client, against a small asyncio server: bodies by
-length and chunked, keep-alive reuse, a kept-alive connection the server closed, timeouts."""
+"""shockwave_cli/wire.py, the fleet's and the load generators' HTTP client, against a small
+asyncio server: bodies by length and chunked, keep-alive reuse, a kept-alive connection the
+server closed, timeouts."""
 
 from __future__ import annotations
 
