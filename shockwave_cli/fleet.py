@@ -44,6 +44,7 @@ from shockwave.workload import SimJob
 from shockwave_cli import wire
 
 REQUEST_TIMEOUT_S = 10.0
+EVENT_TRIES = 8
 
 
 @dataclass
@@ -69,6 +70,8 @@ class TrainingJob:
     """Wall-time spans of leased training (restores excluded), merged when contiguous."""
     accepted: list[int] = field(default_factory=list)
     """The ``seq`` of every event the API accepted (2xx), in the order posted."""
+    undelivered: int = 0
+    """Events given up on after ``EVENT_TRIES`` failed posts (none refused with a 409)."""
 
     @property
     def epochs(self) -> int:
@@ -344,17 +347,29 @@ class Fleet:
             )
 
     async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
-        """Post one event; a 409 (the attempt is fenced) stops the attempt."""
+        """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
+        (transport, 429, 5xx) is sent again after a backoff, in order, as the SDK's outbox
+        does, up to ``EVENT_TRIES`` times; one never delivered counts in ``undelivered``."""
         assert job.token is not None
         self.log.events[event["kind"]] += 1
-        answer = await self._call(
-            event["kind"], "POST", f"/v1/jobs/{job.id}/events", job.token, event, refusals=(409,)
-        )
-        if answer is not None:
-            job.accepted.append(event["seq"])
-        elif self.log.refused_last:
-            job.fenced = True
-            self.log.events[f"{event['kind']} refused"] += 1
+        for attempt in range(EVENT_TRIES):
+            answer = await self._call(
+                event["kind"],
+                "POST",
+                f"/v1/jobs/{job.id}/events",
+                job.token,
+                event,
+                refusals=(409,),
+            )
+            if answer is not None:
+                job.accepted.append(event["seq"])
+                return
+            if self.log.refused_last:
+                job.fenced = True
+                self.log.events[f"{event['kind']} refused"] += 1
+                return
+            await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+        job.undelivered += 1
 
     async def _call(
         self,
