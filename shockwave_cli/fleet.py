@@ -71,6 +71,11 @@ class TrainingJob:
     accepted: list[int] = field(default_factory=list)
     """The ``seq`` of every event the API accepted (2xx), in the order posted."""
     undelivered: int = 0
+    posted_epoch: int = 0
+    """The last epoch whose progress event was posted."""
+    posted_at: float = 0.0
+    scalings: list[tuple[int, int]] = field(default_factory=list)
+    """Batch-size changes not posted yet: (epoch from which, batch size)."""
     """Events given up on after ``EVENT_TRIES`` failed posts (none refused with a 409)."""
 
     @property
@@ -158,6 +163,7 @@ class Fleet:
         restart_s: float = 0.0,
         boundary_lag_s: float | None = None,
         admin_token: str | None = None,
+        report_s: float = 0.0,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -167,6 +173,7 @@ class Fleet:
         self.restart_s = restart_s
         self.boundary_lag_s = boundary_lag_s
         self.admin_token = admin_token
+        self.report_s = report_s
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
         self.log = FleetLog()
         self.registered: set[str] = set()
@@ -205,7 +212,7 @@ class Fleet:
                 if beat:
                     next_beat = started + self.heartbeat_s
                 self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
-                await self._train(here)  # count the leased time before the leases change
+                await self._before_stop(here, poll)
                 if self._reconcile(here, poll) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
                 ends = poll.get("round_ends_at")
@@ -245,6 +252,17 @@ class Fleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
 
+    async def _before_stop(self, here: Node, poll: Any) -> None:
+        """Before the leases change: count the leased time, and let each attempt about to
+        stop post its progress (the SDK's last report before it checkpoints)."""
+        leases = {lease["attempt_id"] for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        async with here.training:
+            self._account(here)
+            for attempt_id, attempt in list(here.attempts.items()):
+                if attempt_id not in leases or attempt_id in stop:
+                    await self._publish(self.jobs[attempt.job_id], force=True)
+
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
         is new with the token the poll minted for it. Whether something started."""
@@ -267,6 +285,7 @@ class Fleet:
             if job is None or job.finished or token is None:
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
+            job.fenced = False
             job.restarts += 1
             here.attempts[attempt_id] = Attempt(
                 attempt_id,
@@ -280,12 +299,24 @@ class Fleet:
 
     async def _train(self, here: Node) -> None:
         """Advance every attempt's job by the leased wall time since the last call (none
-        before the attempt's restore is done, none past its lease's end)."""
+        before the attempt's restore is done, none past its lease's end) and post what is
+        due; a finished job's attempt owes ``exited 0``, a fenced one stops."""
         async with here.training:
-            await self._advance(here)
+            self._account(here)
+            for attempt in list(here.attempts.values()):
+                job = self.jobs[attempt.job_id]
+                await self._publish(job, force=job.finished)
+                if attempt.attempt_id not in here.attempts:
+                    continue  # the agent stopped it meanwhile
+                if job.fenced:
+                    job.fenced = False  # the SDK stops the process on a 409
+                    here.end(attempt.attempt_id, None)
+                elif job.finished:
+                    here.end(attempt.attempt_id, {"state": "exited", "exit_code": 0})
 
-    async def _advance(self, here: Node) -> None:
-        for attempt in list(here.attempts.values()):
+    def _account(self, here: Node) -> None:
+        """Count the leased time of every attempt into its job's epochs (no request)."""
+        for attempt in here.attempts.values():
             job = self.jobs[attempt.job_id]
             if job.finished:
                 continue
@@ -298,53 +329,55 @@ class Fleet:
                 else:
                     job.spans.append((since, now))
             job.trained_until = max(job.trained_until, now)
-            while not job.finished and not job.fenced:
+            while not job.finished:
                 batch = job.batch_size_at(job.epochs_done)
                 seconds = job.epoch_seconds[batch]
                 if job.partial_s < seconds:
                     break
                 job.partial_s -= seconds
-                await self._epoch(job, batch, seconds)
-                if job.finished:
+                job.epochs_done += 1
+                if job.epochs_done >= job.epochs:
+                    job.finished = True
                     job.finished_at = now - job.partial_s
-            if attempt.attempt_id not in here.attempts:
-                continue  # the agent stopped it meanwhile
-            if job.fenced:
-                job.fenced = False  # the SDK stops the process on a 409
-                here.end(attempt.attempt_id, None)
-            elif job.finished:
-                here.end(attempt.attempt_id, {"state": "exited", "exit_code": 0})
+                elif job.batch_size_at(job.epochs_done) != batch:
+                    job.scalings.append((job.epochs_done, job.batch_size_at(job.epochs_done)))
 
-    async def _epoch(self, job: TrainingJob, batch: int, seconds: float) -> None:
-        """Post one finished epoch (and the scaling event of a new regime), as the SDK would."""
-        job.epochs_done += 1
-        job.seq += 1
-        await self._job_event(
-            job,
-            {
-                "seq": job.seq,
-                "kind": "progress",
-                "epoch": job.epochs_done,
-                "samples": job.samples_per_epoch,
-                "seconds": seconds,
-                "batch_size": batch,
-            },
-        )
-        if job.epochs_done >= job.epochs:
-            job.finished = True
+    async def _publish(self, job: TrainingJob, *, force: bool) -> None:
+        """Post the job's latest finished epoch and its batch-size changes, as the SDK does,
+        when ``force`` or ``report_s`` has passed since the last post (0: every epoch, each
+        with its own progress event)."""
+        if job.token is None or job.fenced:
             return
-        following = job.batch_size_at(job.epochs_done)
-        if following != batch:
+        due = force or time.time() - job.posted_at >= self.report_s
+        if not due or (job.posted_epoch >= job.epochs_done and not job.scalings):
+            return
+        job.posted_at = time.time()
+        first = job.epochs_done if self.report_s > 0 else job.posted_epoch + 1
+        for epoch in range(max(first, job.posted_epoch + 1), job.epochs_done + 1):
+            batch = job.batch_size_at(epoch - 1)
             job.seq += 1
             await self._job_event(
                 job,
                 {
                     "seq": job.seq,
-                    "kind": "scaling",
-                    "batch_size": following,
-                    "epoch": job.epochs_done,
+                    "kind": "progress",
+                    "epoch": epoch,
+                    "samples": job.samples_per_epoch,
+                    "seconds": job.epoch_seconds[batch],
+                    "batch_size": batch,
                 },
             )
+            if job.fenced:
+                return
+            job.posted_epoch = epoch
+            while job.scalings and job.scalings[0][0] <= epoch:
+                at, following = job.scalings.pop(0)
+                job.seq += 1
+                await self._job_event(
+                    job, {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at}
+                )
+                if job.fenced:
+                    return
 
     async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
         """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
