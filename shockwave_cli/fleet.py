@@ -282,7 +282,7 @@ class Fleet:
                 continue
             job = self.jobs.get(lease["job_id"])
             token = poll["tokens"].get(attempt_id)
-            if job is None or job.finished or token is None:
+            if job is None or token is None:  # a finished job posts its end and exits 0
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
             job.fenced = False
