@@ -138,6 +138,8 @@ class Node:
     ended: set[str] = field(default_factory=set)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     training: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a report is owed: the node polls at once (an agent notices a process exit)."""
     """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
@@ -147,6 +149,7 @@ class Node:
         self.ended.add(attempt_id)
         if report is not None:
             self.outbox.append({"attempt_id": attempt_id, **report})
+            self.wake.set()
 
 
 class Fleet:
@@ -221,8 +224,9 @@ class Fleet:
             pause = self.poll_s - (loop.time() - started)
             if 0.0 < boundary < pause:
                 pause = boundary
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, pause))
+            if not here.outbox:
+                here.wake.clear()
+            await _first_of(stop, here.wake, timeout=max(0.0, pause))
         await training
 
     async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
@@ -439,6 +443,18 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+async def _first_of(*events: asyncio.Event, timeout: float) -> None:
+    """Wait until one of ``events`` is set or ``timeout`` seconds pass."""
+    if any(e.is_set() for e in events):
+        return
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def wall_seconds(stamp: str) -> float:

@@ -70,6 +70,7 @@ REPORTS_PER_ROUND = 4
 it stops or finishes): at 120x the reference trace's 124,938 epochs would be about 680 progress
 events a wall second, more than the service on two cores takes, while the planner reads
 progress once a round. Batch-size changes are all posted."""
+TICKS_PER_ROUND = 40
 LATE_SHARE = 0.05
 """A boundary is late when it began more than this share of a round after it was due."""
 
@@ -189,6 +190,9 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
         # a job's program posts time_scale times more events a wall second than it would
         SHOCKWAVE_RATE_LIMIT_PER_S=f"{Settings().rate_limit_per_s * config.time_scale:.6g}",
         SHOCKWAVE_RATE_LIMIT_BURST=str(int(Settings().rate_limit_burst * config.time_scale)),
+        # the driver wakes this often to fill GPUs freed mid-round (default 0.5 s: a minute
+        # of simulated time at 120x)
+        SHOCKWAVE_TICK_S=f"{min(0.5, config.round_wall_s / TICKS_PER_ROUND):.6g}",
     )
     round_wall = f"{config.round_wall_s:.6g}"
     with ExitStack() as stack:
