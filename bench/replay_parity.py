@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     trace, trajectories, throughputs = reference_files(args.reference)
     table = load_throughputs(throughputs)
-    console = Console()
+    console = Console(width=220)
     rows: list[dict[str, Any]] = []
     for case in args.cases.split(","):
         kind, _, policy = case.partition("-")

@@ -112,3 +112,36 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
     node.outbox.append({"attempt_id": "a2", "state": "checkpointed"})
     asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True))
     assert node.outbox == [{"attempt_id": "a2", "state": "checkpointed"}]
+
+
+def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease() -> None:
+    jobs = {"j1": job("j1", epochs=100, epoch_s=0.01)}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    fleet.restart_s = 0.05
+    now = time.time()
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    node.attempts["a1"].ends_t = now + 0.08  # the lease ends 30 ms after the restore
+    time.sleep(0.12)
+    asyncio.run(fleet._train(node))
+    trained = sum(b - a for a, b in jobs["j1"].spans)
+    assert 0.02 <= trained <= 0.035
+    assert jobs["j1"].spans[0][0] >= now + 0.05
+    assert jobs["j1"].restarts == 1
+
+
+def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_change() -> None:
+    trained = TrainingJob("j1", 100, (Regime(32, 3), Regime(64, 3)), {32: 0.001, 64: 0.001})
+    fleet, node = RecordingFleet({"j1": trained}, answer={}), Node("agent-token")
+    fleet.report_s = 60.0
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    time.sleep(0.004)
+    asyncio.run(fleet._train(node))  # epochs 1..3 or 4 done, posted as one progress event
+    posted = [body for _, _, body in fleet.calls if body]
+    assert [b["kind"] for b in posted] == ["progress", "scaling"]
+    assert posted[1] == {"seq": 2, "kind": "scaling", "batch_size": 64, "epoch": 3}
+    time.sleep(0.01)
+    asyncio.run(fleet._train(node))  # finished: the last epoch is posted at once, exited 0
+    last = [body for _, _, body in fleet.calls if body][-1]
+    assert last["kind"] == "progress" and last["epoch"] == 6
+    assert trained.finished and trained.finished_at is not None
+    assert node.outbox == [{"attempt_id": "a1", "state": "exited", "exit_code": 0}]
