@@ -11,7 +11,9 @@ The clock: ``time_scale`` simulated seconds pass per wall second. The service ru
 wall time on a workload ``time_scale`` times faster: rounds of ``round_seconds / time_scale``,
 arrivals at ``arrival_s / time_scale``, declared throughputs ``time_scale`` times higher, epochs
 ``time_scale`` times shorter, a restart that costs the agent ``restart_overhead_s /
-time_scale`` of its lease and the planner the same (``SHOCKWAVE_RESTART_OVERHEAD_S``). Wall
+time_scale`` of its lease, and the policy's duration knobs divided by ``time_scale``
+(``SHOCKWAVE_TIME_SCALE``: the restart overhead it plans with, Gavel's 1000 s between
+allocations...). Wall
 times are mapped back to simulated seconds for the report: ``sim = (wall - t0) * time_scale``.
 What does not scale is the service's own work (a solve, a boundary's writes, a request): at
 120x, a 100 ms solve is 12 simulated seconds, which is what the plan-source counts and the
@@ -186,7 +188,7 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
     env.update(
         PYTHONUNBUFFERED="1",
-        SHOCKWAVE_RESTART_OVERHEAD_S=f"{config.restart_overhead_s / config.time_scale:.6g}",
+        SHOCKWAVE_TIME_SCALE=f"{config.time_scale:.6g}",
         # a job's program posts time_scale times more events a wall second than it would
         SHOCKWAVE_RATE_LIMIT_PER_S=f"{Settings().rate_limit_per_s * config.time_scale:.6g}",
         SHOCKWAVE_RATE_LIMIT_BURST=str(int(Settings().rate_limit_burst * config.time_scale)),

@@ -56,13 +56,14 @@ def plan_cluster(
     timer: Callable[[], float] = time.perf_counter,
     params: Any | None = None,
     solver_time_limit_s: float | None = None,
-    restart_overhead_s: float | None = None,
+    time_scale: float = 1.0,
 ) -> PlanRow | None:
     """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
     the cluster is at). Returns the stored plan, the plan that already existed for this version
     and round, or None when there is nothing to do (stale request, unknown cluster, no READY
     node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
-    mode, ``solver_time_limit_s`` and ``restart_overhead_s`` where the policy has those knobs).
+    mode and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs
+    divided by ``time_scale``).
     Commits ``session``."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
@@ -88,7 +89,7 @@ def plan_cluster(
             policy,
             replan=cluster.replan,
             solver_time_limit_s=solver_time_limit_s,
-            restart_overhead_s=restart_overhead_s,
+            time_scale=time_scale,
         )
     loading = time.perf_counter()
     try:
