@@ -115,32 +115,35 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
 
 
 def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease() -> None:
-    jobs = {"j1": job("j1", epochs=100, epoch_s=0.01)}
+    jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
     fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
-    fleet.restart_s = 0.05
-    now = time.time()
+    fleet.restart_s = 5.0
+    before = time.time()
     fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
-    node.attempts["a1"].ends_t = now + 0.08  # the lease ends 30 ms after the restore
-    time.sleep(0.12)
+    attempt = node.attempts["a1"]
+    assert before + 5.0 <= attempt.started_t <= time.time() + 5.0  # restoring: nothing trained
     asyncio.run(fleet._train(node))
-    trained = sum(b - a for a, b in jobs["j1"].spans)
-    assert 0.02 <= trained <= 0.035
-    assert jobs["j1"].spans[0][0] >= now + 0.05
+    assert jobs["j1"].spans == [] and jobs["j1"].partial_s == 0.0
+    attempt.started_t -= 100.0  # the restore ended long ago, and the lease 3 s after it
+    attempt.ends_t = attempt.started_t + 3.0
+    asyncio.run(fleet._train(node))
+    assert jobs["j1"].spans == [(attempt.started_t, attempt.ends_t)]
+    assert jobs["j1"].partial_s == 3.0
     assert jobs["j1"].restarts == 1
 
 
 def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_change() -> None:
-    trained = TrainingJob("j1", 100, (Regime(32, 3), Regime(64, 3)), {32: 0.001, 64: 0.001})
+    trained = TrainingJob("j1", 100, (Regime(32, 3), Regime(64, 3)), {32: 1.0, 64: 1.0})
     fleet, node = RecordingFleet({"j1": trained}, answer={}), Node("agent-token")
     fleet.report_s = 60.0
     fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
-    time.sleep(0.004)
-    asyncio.run(fleet._train(node))  # epochs 1..3 or 4 done, posted as one progress event
+    node.attempts["a1"].started_t -= 3.5  # it has trained 3.5 s: epochs 1 to 3 are done
+    asyncio.run(fleet._train(node))
     posted = [body for _, _, body in fleet.calls if body]
-    assert [b["kind"] for b in posted] == ["progress", "scaling"]
-    assert posted[1] == {"seq": 2, "kind": "scaling", "batch_size": 64, "epoch": 3}
-    time.sleep(0.01)
-    asyncio.run(fleet._train(node))  # finished: the last epoch is posted at once, exited 0
+    assert [(b["kind"], b["epoch"]) for b in posted] == [("progress", 3), ("scaling", 3)]
+    assert posted[1]["batch_size"] == 64
+    trained.trained_until -= 10.0  # 10 s more: finished, the last epoch is posted at once
+    asyncio.run(fleet._train(node))
     last = [body for _, _, body in fleet.calls if body][-1]
     assert last["kind"] == "progress" and last["epoch"] == 6
     assert trained.finished and trained.finished_at is not None
