@@ -122,8 +122,6 @@ def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease()
     fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
     attempt = node.attempts["a1"]
     assert before + 5.0 <= attempt.started_t <= time.time() + 5.0  # restoring: nothing trained
-    asyncio.run(fleet._train(node))
-    assert jobs["j1"].spans == [] and jobs["j1"].partial_s == 0.0
     attempt.started_t -= 100.0  # the restore ended long ago, and the lease 3 s after it
     attempt.ends_t = attempt.started_t + 3.0
     asyncio.run(fleet._train(node))
