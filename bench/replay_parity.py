@@ -8,7 +8,8 @@ Usage::
         [--modes embedded,distributed] [--time-scale 120] [--out out/parity] [--json F]
 
 Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4; ``mixed-<policy>``:
-a generated workload (``--mixed-jobs``, default 60, seed 5) on mixed nodes ``--mixed-nodes``
+a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1) on mixed nodes
+``--mixed-nodes``
 (default 2x8,3x4,2x2: 32 GPUs). Each replay runs the ``shockwave replay`` command in a
 process of its own (about 22,000 simulated seconds at 120x: three to four minutes), the
 simulation runs in this process. Per case it prints makespan, average JCT, worst FTF and the
@@ -21,6 +22,7 @@ no event lost or duplicated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.generator import generate_workload
+from shockwave.generator import SIZE_CLASSES, generate_workload
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import Cluster
 from shockwave.policy import get_policy, make_params
@@ -54,8 +56,12 @@ def reference_files(reference: Path) -> tuple[Path, Path, Path]:
 
 
 def mixed_files(out: Path, throughputs: Path, jobs: int, seed: int) -> tuple[Path, Path]:
-    """A generated workload written in the reference formats (the replay reads files)."""
-    workload = generate_workload(jobs, seed=seed, throughputs=load_throughputs(throughputs))
+    """A generated workload of small jobs (0.2 to 8 GPU-hours: a run of minutes, not of the
+    hours one XL job takes), written in the reference formats (the replay reads files)."""
+    small = (dataclasses.replace(SIZE_CLASSES[0], probability=1.0),)
+    workload = generate_workload(
+        jobs, seed=seed, throughputs=load_throughputs(throughputs), size_classes=small
+    )
     trace, trajectories = out / "mixed.trace", out / "mixed.trajectories.json"
     trace.write_text(format_trace(workload), encoding="utf-8")
     trajectories.write_text(json.dumps(format_trajectories(workload)), encoding="utf-8")
@@ -151,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="embedded")
     parser.add_argument("--time-scale", type=float, default=120.0)
     parser.add_argument("--mixed-nodes", default="2x8,3x4,2x2")
-    parser.add_argument("--mixed-jobs", type=int, default=60)
-    parser.add_argument("--mixed-seed", type=int, default=5)
+    parser.add_argument("--mixed-jobs", type=int, default=30)
+    parser.add_argument("--mixed-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("out/parity"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
