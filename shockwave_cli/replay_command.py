@@ -8,7 +8,9 @@ by plan source, mid-round fills, late boundaries, events posted, lost and duplic
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Literal, NoReturn
 
 import typer
@@ -150,10 +152,15 @@ def replay_command(
         def progress(sim_s: float, finished: int, submitted: int) -> None:
             bar.update(task, completed=finished, sim=sim_s)
 
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop the service too
         try:
             report = replay(workload, config, progress)
         except ReplayError as error:
             _fail(str(error), 1)
+        except KeyboardInterrupt:
+            _fail("interrupted: the service and the agents were stopped", 130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     record = {**run_record(report.result, report.run, None), **report.record()}
     write_json([record], out / "metrics.json")
     write_jobs_csv(report.result, report.run, out / f"jobs-{policy}.csv")
@@ -169,6 +176,10 @@ def replay_command(
         soft_wrap=True,
     )
     console.print(f"Reports written to {out}/ (metrics.json, jobs-{policy}.csv, *.png, logs/)")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(message: str, code: int = INPUT_ERROR_EXIT) -> NoReturn:
