@@ -138,7 +138,7 @@ class ReplayReport:
     wall_s: float
     notes: Mapping[str, Any] = field(default_factory=dict)
 
-    def record(self) -> dict[str, object]:
+    def record(self) -> dict[str, Any]:
         """The extra keys of ``metrics.json`` (beside the simulator's)."""
         return {
             "replay": {
@@ -393,7 +393,8 @@ async def _drive(
                 )
                 if answer.status_code != 201:
                     raise ReplayError(
-                        f"submitting job {job.spec.job_id}: {answer.status_code} {answer.text}"
+                        f"submitting job {job.spec.job_id}: {answer.status_code} "
+                        f"{answer.content[:500]!r}"
                     )
                 job_id = answer.json()["id"]
                 program = training_job(job_id, job, scale)
@@ -445,7 +446,9 @@ async def _check_events(
                     "GET", f"/v1/jobs/{job_id}/events", params=params, headers=headers
                 )
                 if answer.status_code != 200:
-                    raise ReplayError(f"events of {job_id}: {answer.status_code} {answer.text}")
+                    raise ReplayError(
+                        f"events of {job_id}: {answer.status_code} {answer.content[:500]!r}"
+                    )
                 page = answer.json()
                 seqs.update(e["seq"] for e in page["items"] if e["seq"] is not None)
                 token = page.get("next_page_token")
@@ -583,7 +586,7 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
             for w in range(windows)
             if job.spec.arrival_s <= w * length and (done is None or done > w * length)
         ]
-        program = by_spec.get(job.spec.job_id)
+        ran = by_spec.get(job.spec.job_id)
         outcomes.append(
             JobOutcome(
                 job_id=job.spec.job_id,
@@ -591,8 +594,8 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
                 arrival_s=job.spec.arrival_s,
                 finish_s=done,
                 t_exclusive_s=job.t_exclusive_s,
-                attained_s=sum(b - a for a, b in program.spans) * scale if program else 0.0,
-                restarts=program.restarts if program else 0,
+                attained_s=sum(b - a for a, b in ran.spans) * scale if ran else 0.0,
+                restarts=ran.restarts if ran else 0,
                 mean_active_jobs=sum(life) / len(life) if life else 0.0,
             )
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -168,7 +168,7 @@ def replay_command(
     plot_ftf_cdf([report.run], out / "ftf-cdf.png")
     plot_utilization([report.result], out / "utilization.png")
     console.print(comparison_table([report.run]))
-    replayed = record["replay"]
+    replayed: dict[str, Any] = report.record()["replay"]
     console.print(
         f"Plan sources {replayed['plan_sources']}, mid-round fills {replayed['fills']}, "
         f"late boundaries {replayed['late_boundaries']}, events {replayed['events']}, "
