@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {"case": case, "mode": mode, **compare(sim, rep, mode)}
             rows.append(row)
             console.print(_table([row]))
+            if args.json:  # after each case: a long run stopped early keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     console.print(_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
