@@ -18,8 +18,8 @@ What runs (see docs/reliability.md, "Load"):
   the agents have registered, so leases really exist, are extended and revoked. With ``--solver
   none`` no solver consumes the plan requests and every round comes from the driver's greedy
   fallback; ``--solver inline`` plans inside the driver process;
-- ``--procs`` load-generator processes (uvloop + bench/wire.py's lean keep-alive client: httpx
-  cost the generator more CPU than the servers spent) sharing the work:
+- ``--procs`` load-generator processes (uvloop + shockwave_cli/wire.py's lean keep-alive client:
+  httpx cost the generator more CPU than the servers spent) sharing the work:
   ``--agents`` agents, each doing what agent/loop.py does per contact, one ``--interval``
   (+-10 % jitter) after its previous contact began: one ``POST /v1/agent/poll`` (the reports
   owed, a heartbeat, the attempts it runs, job tokens for new leases), then start what is new,
@@ -63,8 +63,8 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from bench import wire
 from bench.api import SHOCKWAVE, postgres_database, quantile
+from shockwave_cli import wire
 from shockwave_cli.supervision import Supervised, free_port, group_cpu_seconds, wait_http
 
 HOST = "127.0.0.1"

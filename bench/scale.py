@@ -9,7 +9,7 @@ What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shoc
 processes (each node, and each job's attempt, talks to one of them, chosen by its token),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
-with ``--round-seconds``, and ``--nodes`` simulated agents (``bench/scale_fleet.py``: one asyncio
+with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_cli/fleet.py``: one asyncio
 loop in this process, the agent protocol at the real agent's default poll and heartbeat
 intervals, training at each job's true pace from the reference trajectory).
 
@@ -65,7 +65,6 @@ from sqlmodel import Session, col, select
 
 from api.schemas import JobCreate
 from bench.api import postgres_database, quantile
-from bench.scale_fleet import Fleet, TrainingJob
 from bench.scale_report import (
     RoundFigures,
     parse_asked,
@@ -75,6 +74,7 @@ from bench.scale_report import (
     round_figures,
 )
 from shockwave.workload import SimJob
+from shockwave_cli.fleet import Fleet, TrainingJob, job_body, training_job
 from shockwave_cli.inputs import load_throughputs, load_workload
 from shockwave_cli.supervision import Supervisor, free_port, wait_http
 from store import migrate
@@ -168,31 +168,6 @@ def trace_jobs(reference: Path, count: int) -> list[SimJob]:
         throughputs,
     )
     return list(workload.jobs[:count])
-
-
-def job_body(job: SimJob) -> dict[str, Any]:
-    spec = job.spec
-    return {
-        "name": f"trace-{spec.job_id}",
-        "gpus": spec.gpus,
-        "epochs": spec.epochs,
-        "samples_per_epoch": spec.samples_per_epoch,
-        "initial_batch_size": spec.initial_batch_size,
-        "mode": spec.mode.value,
-        "batch_sizes": list(spec.batch_sizes),
-        "throughput": {str(b): r for b, r in spec.throughput.samples_per_second.items()},
-        "budget": spec.budget,
-        "model": spec.model,
-    }
-
-
-def training_job(job_id: str, job: SimJob) -> TrainingJob:
-    return TrainingJob(
-        id=job_id,
-        samples_per_epoch=job.spec.samples_per_epoch,
-        regimes=job.trajectory,
-        epoch_seconds=job.epoch_seconds,
-    )
 
 
 def submit_http(base_url: str, token: str, jobs: Sequence[SimJob]) -> dict[str, TrainingJob]:

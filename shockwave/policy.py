@@ -171,10 +171,19 @@ def make_params(policy: Policy, overrides: Mapping[str, Any] | None = None) -> A
     return params_type(**dict(overrides or {}))
 
 
-def service_params(policy: Policy, *, replan: str, solver_time_limit_s: float | None) -> Any:
+def service_params(
+    policy: Policy,
+    *,
+    replan: str,
+    solver_time_limit_s: float | None,
+    time_scale: float = 1.0,
+) -> Any:
     """The policy's default params with the service's options wherever the policy has such
-    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`) and the
-    solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`)."""
+    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`), the
+    solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`), and
+    ``time_scale``: the workload runs that many times faster than the knobs assume
+    (``shockwave replay --time-scale``), so every duration knob is divided by it
+    (:func:`time_scaled`)."""
     params = make_params(policy)
     if not dataclasses.is_dataclass(params) or isinstance(params, type):
         return params
@@ -185,6 +194,35 @@ def service_params(policy: Policy, *, replan: str, solver_time_limit_s: float | 
     planner = getattr(params, "planner", None)
     if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
         changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)
+    params = dataclasses.replace(params, **changes) if changes else params
+    return time_scaled(params, time_scale) if time_scale != 1.0 else params
+
+
+WALL_CLOCK_KNOBS = frozenset({"time_limit_s"})
+"""Duration knobs that are the solver's own wall time, not a span of the workload's time."""
+
+
+def time_scaled(params: Any, factor: float) -> Any:
+    """``params`` with every duration knob divided by ``factor``, nested params included: a
+    float field named ``*_s`` or ``*seconds*`` (the restart overhead, Gavel's 1000 s between
+    allocations and its initial credit, the predictor's default epoch time), except the
+    solver's wall-clock limits (:data:`WALL_CLOCK_KNOBS`). A policy that ran on a clock
+    ``factor`` times faster with these knobs decides as the unscaled one does on the real clock."""
+    if not dataclasses.is_dataclass(params) or isinstance(params, type):
+        return params
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            scaled = time_scaled(value, factor)
+            if scaled is not value:
+                changes[f.name] = scaled
+        elif (
+            isinstance(value, float)
+            and f.name not in WALL_CLOCK_KNOBS
+            and (f.name.endswith("_s") or "seconds" in f.name)
+        ):
+            changes[f.name] = value / factor
     return dataclasses.replace(params, **changes) if changes else params
 
 

@@ -15,7 +15,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from shockwave.model import AdaptationMode, ValidationError
+from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.policies import BASELINES
 from shockwave.policy import Policy, UnknownPolicyError, get_policy, make_params, policy_names
 from shockwave.traces import (
@@ -138,3 +138,17 @@ def _located(error: ValidationError, path: Path) -> str:
     """The error's message, prefixed with the file unless it already names it."""
     message = str(error)
     return message if str(path) in message else f"{path}: {message}"
+
+
+def parse_cluster(gpus: int | None, gpus_per_node: int, nodes: str | None) -> Cluster:
+    """The cluster of ``--gpus N [--gpus-per-node K]`` or of ``--nodes 2x8,3x4`` (exactly one)."""
+    if (gpus is None) == (nodes is None):
+        raise InputError("give the cluster as --gpus N [--gpus-per-node K] or as --nodes 2x8,3x4")
+    try:
+        if nodes is not None:
+            return Cluster.parse(nodes)
+        assert gpus is not None
+        return Cluster.of_gpus(gpus, gpus_per_node)
+    except ValidationError as error:
+        field = "nodes" if nodes is not None else error.field.replace("_", "-")
+        raise InputError(f"--{field}: {error.message}") from None

@@ -55,6 +55,7 @@ from shockwave_cli.inputs import (
     InputError,
     load_throughputs,
     load_workload,
+    parse_cluster,
     parse_mode_mix,
     policy_params,
     resolve_policies,
@@ -62,6 +63,7 @@ from shockwave_cli.inputs import (
 from shockwave_cli.jobs_commands import jobs_app
 from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
 from shockwave_cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
+from shockwave_cli.replay_command import replay_command
 from shockwave_cli.report import (
     comparison_table,
     prediction_table,
@@ -201,7 +203,7 @@ def simulate_command(
     try:
         knowledge = knobs.parse_knowledge(throughput_knowledge)
         policies = resolve_policies(policy)
-        cluster = _cluster(gpus, gpus_per_node, nodes)
+        cluster = parse_cluster(gpus, gpus_per_node, nodes)
         settings = _settings(round_seconds, restart_overhead, plan_latency, mid_round_fills)
         setups = _policy_setups(policies, seed, settings, tuning)
         mix = _mode_mix(mode_mix, generate)
@@ -454,19 +456,6 @@ def _generated(
         raise InputError(f"cannot generate the workload: {error}") from None
 
 
-def _cluster(gpus: int | None, gpus_per_node: int, nodes: str | None) -> Cluster:
-    if (gpus is None) == (nodes is None):
-        raise InputError("give the cluster as --gpus N [--gpus-per-node K] or as --nodes 2x8,3x4")
-    try:
-        if nodes is not None:
-            return Cluster.parse(nodes)
-        assert gpus is not None
-        return Cluster.of_gpus(gpus, gpus_per_node)
-    except ValidationError as error:
-        field = "nodes" if nodes is not None else error.field.replace("_", "-")
-        raise InputError(f"--{field}: {error.message}") from None
-
-
 def _settings(
     round_seconds: float, restart_overhead: float, plan_latency: float, mid_round_fills: bool
 ) -> SimSettings:
@@ -510,6 +499,7 @@ def _fail(message: str) -> NoReturn:
 
 
 app.command("api")(api_command)
+app.command("replay")(replay_command)
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
 app.command("worker")(worker_command)

@@ -91,6 +91,7 @@ class InlineRequester:
                     state_version,
                     now=datetime.now(UTC),
                     solver_time_limit_s=self._settings.solver_time_limit_s,
+                    time_scale=self._settings.time_scale,
                 )
         except Exception:
             log.exception("plan %s@%s failed", cluster_id, state_version)

@@ -58,12 +58,15 @@ def plan_cluster(
     timer: Callable[[], float] = time.perf_counter,
     params: Any | None = None,
     solver_time_limit_s: float | None = None,
+    time_scale: float = 1.0,
 ) -> PlanRow | None:
     """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
     the cluster is at). Returns the stored plan, the plan that already existed for this version
     and round, or None when there is nothing to do (stale request, unknown cluster, no READY
     node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
-    mode and ``solver_time_limit_s`` where the policy has those knobs). Commits ``session``."""
+    mode and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs
+    divided by ``time_scale``).
+    Commits ``session``."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
     )
@@ -85,7 +88,10 @@ def plan_cluster(
     policy = get_policy(cluster.policy)
     if params is None:
         params = service_params(
-            policy, replan=cluster.replan, solver_time_limit_s=solver_time_limit_s
+            policy,
+            replan=cluster.replan,
+            solver_time_limit_s=solver_time_limit_s,
+            time_scale=time_scale,
         )
     loading = time.perf_counter()
     try:

@@ -22,7 +22,10 @@ class SolverSettings(DatabaseSettings):
     policies that solve a program). The task's soft time limit is that plus
     ``task_time_margin_s``, its hard limit that plus the margin again.
     ``broker_timeout_s``: how long a request may wait on the broker before it gives up (the API
-    answers meanwhile, so this bounds what an unreachable Redis adds to a request)."""
+    answers meanwhile, so this bounds what an unreachable Redis adds to a request).
+    ``time_scale``: the workload runs this many times faster than real time (``shockwave
+    replay --time-scale``; 1 in production): the policy's duration knobs are divided by it
+    (:func:`shockwave.policy.time_scaled`)."""
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     solver_mode: SolverMode = "celery"
@@ -30,6 +33,7 @@ class SolverSettings(DatabaseSettings):
     solver_time_limit_s: float = Field(default=PlannerParams().time_limit_s, gt=0)
     task_time_margin_s: float = Field(default=30.0, gt=0)
     broker_timeout_s: float = Field(default=0.5, gt=0, le=10)
+    time_scale: float = Field(default=1.0, gt=0)
 
     @property
     def soft_time_limit_s(self) -> float:

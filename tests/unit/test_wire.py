@@ -1,5 +1,6 @@
-"""bench/wire.py, the load generators' HTTP client, against a small asyncio server: bodies by
-length and chunked, keep-alive reuse, a kept-alive connection the server closed, timeouts."""
+"""shockwave_cli/wire.py, the fleet's and the load generators' HTTP client, against a small
+asyncio server: bodies by length and chunked, keep-alive reuse, a kept-alive connection the
+server closed, timeouts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bench import wire
+from shockwave_cli import wire
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 """Answers one request (its head and body); whether to keep the connection open."""

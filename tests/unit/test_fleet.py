@@ -1,6 +1,6 @@
-"""The scale bench's simulated agents (bench/scale_fleet.py) speak the poll protocol as the real
-agent does: these check what a node does with a poll's answer and what its training owes,
-with the HTTP calls recorded instead of sent (the bench itself runs them against the API)."""
+"""The simulated agents of replay and the scale bench (shockwave_cli/fleet.py) speak the poll
+protocol as the real agent does: these check what a node does with a poll's answer and what
+its training owes, with the HTTP calls recorded instead of sent."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.scale_fleet import Attempt, Fleet, Node, TrainingJob
 from shockwave.model import Regime
+from shockwave_cli.fleet import Attempt, Fleet, Node, TrainingJob
+
+T1 = "2099-01-01T00:00:00+00:00"
+T2 = "2099-01-01T00:02:00+00:00"
 
 
 class RecordingFleet(Fleet):
@@ -33,7 +36,7 @@ def job(job_id: str, epochs: int = 2, epoch_s: float = 10.0) -> TrainingJob:
     return TrainingJob(job_id, 100, (Regime(32, epochs),), {32: epoch_s})
 
 
-def lease(attempt_id: str, job_id: str, ends_at: str = "t1") -> dict[str, Any]:
+def lease(attempt_id: str, job_id: str, ends_at: str = T1) -> dict[str, Any]:
     return {"attempt_id": attempt_id, "job_id": job_id, "ends_at": ends_at}
 
 
@@ -56,11 +59,11 @@ def test_a_lease_that_went_or_is_listed_in_stop_owes_checkpointed_and_never_rest
     jobs = {"j1": job("j1"), "j2": job("j2"), "j3": job("j3")}
     fleet, node = RecordingFleet(jobs), Node("agent-token")
     for attempt_id, job_id in (("a1", "j1"), ("a2", "j2"), ("a3", "j3")):
-        node.attempts[attempt_id] = Attempt(attempt_id, job_id, "t1", time.monotonic())
-    poll = answer([lease("a2", "j2"), lease("a3", "j3", ends_at="t2")], stop=["a2"])
+        node.attempts[attempt_id] = Attempt(attempt_id, job_id, T1, time.time())
+    poll = answer([lease("a2", "j2"), lease("a3", "j3", ends_at=T2)], stop=["a2"])
     assert not fleet._reconcile(node, poll)
     assert list(node.attempts) == ["a3"]
-    assert node.attempts["a3"].ends_at == "t2"  # an extension needs no report
+    assert node.attempts["a3"].ends_at == T2  # an extension needs no report
     assert node.outbox == [
         {"attempt_id": "a1", "state": "checkpointed"},
         {"attempt_id": "a2", "state": "checkpointed"},
@@ -89,7 +92,7 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
 ) -> None:  # fmt: skip
     fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
     node = Node("agent-token")
-    node.attempts["a3"] = Attempt("a3", "j1", "t1", time.monotonic())
+    node.attempts["a3"] = Attempt("a3", "j1", T1, time.time())
     node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
     asyncio.run(fleet._poll(node, "poll", heartbeat=False, tokens=True))
     assert fleet.calls == [
@@ -109,3 +112,37 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
     node.outbox.append({"attempt_id": "a2", "state": "checkpointed"})
     asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True))
     assert node.outbox == [{"attempt_id": "a2", "state": "checkpointed"}]
+
+
+def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease() -> None:
+    jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    fleet.restart_s = 5.0
+    before = time.time()
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    attempt = node.attempts["a1"]
+    assert before + 5.0 <= attempt.started_t <= time.time() + 5.0  # restoring: nothing trained
+    attempt.started_t -= 100.0  # the restore ended long ago, and the lease 3 s after it
+    attempt.ends_t = attempt.started_t + 3.0
+    asyncio.run(fleet._train(node))
+    assert jobs["j1"].spans == [(attempt.started_t, attempt.ends_t)]
+    assert jobs["j1"].partial_s == 3.0
+    assert jobs["j1"].restarts == 1
+
+
+def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_change() -> None:
+    trained = TrainingJob("j1", 100, (Regime(32, 3), Regime(64, 3)), {32: 1.0, 64: 1.0})
+    fleet, node = RecordingFleet({"j1": trained}, answer={}), Node("agent-token")
+    fleet.report_s = 60.0
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    node.attempts["a1"].started_t -= 3.5  # it has trained 3.5 s: epochs 1 to 3 are done
+    asyncio.run(fleet._train(node))
+    posted = [body for _, _, body in fleet.calls if body]
+    assert [(b["kind"], b["epoch"]) for b in posted] == [("progress", 3), ("scaling", 3)]
+    assert posted[1]["batch_size"] == 64
+    trained.trained_until -= 10.0  # 10 s more: finished, the last epoch is posted at once
+    asyncio.run(fleet._train(node))
+    last = [body for _, _, body in fleet.calls if body][-1]
+    assert last["kind"] == "progress" and last["epoch"] == 6
+    assert trained.finished and trained.finished_at is not None
+    assert node.outbox == [{"attempt_id": "a1", "state": "exited", "exit_code": 0}]

@@ -1,0 +1,239 @@
+"""Parity: ``shockwave replay`` (the real service, simulated agents) against ``shockwave
+simulate`` (the core's engine on a virtual clock), same workload, cluster and policy.
+
+Usage::
+
+    python -m bench.replay_parity --reference ../shared/data/reference
+        [--cases ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel]
+        [--modes embedded,distributed] [--time-scale 120] [--out out/parity] [--json F]
+
+Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4; ``mixed-<policy>``:
+a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1) on mixed nodes
+``--mixed-nodes``
+(default 2x8,3x4,2x2: 32 GPUs). Each replay runs the ``shockwave replay`` command in a
+process of its own (about 22,000 simulated seconds at 120x: three to four minutes), the
+simulation runs in this process. Per case it prints makespan, average JCT, worst FTF and the
+FTF>1 share of both, the differences, the replay's plan sources, fills, late boundaries and
+events, and whether the issue's bounds hold: makespan and average JCT within 3% (5% for the
+distributed mode), worst FTF within 0.1, FTF>1 share within 2 points, every job completed,
+no event lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shockwave.generator import SIZE_CLASSES, generate_workload
+from shockwave.metrics import RunMetrics, summarize
+from shockwave.model import Cluster
+from shockwave.policy import get_policy, make_params
+from shockwave.simulator import SimSettings, simulate
+from shockwave.traces import format_trace, format_trajectories
+from shockwave.workload import Workload
+from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave_cli.supervision import shockwave_argv
+
+REF_NAME = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
+BOUNDS = {"embedded": 0.03, "distributed": 0.05}
+
+
+def reference_files(reference: Path) -> tuple[Path, Path, Path]:
+    return (
+        reference / "traces" / f"{REF_NAME}.trace",
+        reference / "trajectories" / f"{REF_NAME}.tacc.trajectories.json",
+        reference / "throughputs" / "tacc_throughputs.json",
+    )
+
+
+def mixed_files(out: Path, throughputs: Path, jobs: int, seed: int) -> tuple[Path, Path]:
+    """A generated workload of small jobs (0.2 to 8 GPU-hours: a run of minutes, not of the
+    hours one XL job takes), written in the reference formats (the replay reads files)."""
+    small = (dataclasses.replace(SIZE_CLASSES[0], probability=1.0),)
+    workload = generate_workload(
+        jobs, seed=seed, throughputs=load_throughputs(throughputs), size_classes=small
+    )
+    trace, trajectories = out / "mixed.trace", out / "mixed.trajectories.json"
+    trace.write_text(format_trace(workload), encoding="utf-8")
+    trajectories.write_text(json.dumps(format_trajectories(workload)), encoding="utf-8")
+    return trace, trajectories
+
+
+def simulated(workload: Workload, cluster: Cluster, policy: str) -> RunMetrics:
+    chosen = get_policy(policy)
+    return summarize(simulate(workload, cluster, chosen, make_params(chosen), SimSettings()))
+
+
+def replayed(
+    trace: Path,
+    trajectories: Path,
+    throughputs: Path,
+    cluster: list[str],
+    policy: str,
+    mode: str,
+    time_scale: float,
+    out: Path,
+) -> dict[str, Any]:
+    argv = [
+        *shockwave_argv(),
+        "replay",
+        "--trace",
+        str(trace),
+        "--trajectories",
+        str(trajectories),
+        "--throughputs",
+        str(throughputs),
+        *cluster,
+        "--round-seconds",
+        "120",
+        "--time-scale",
+        f"{time_scale:g}",
+        "--policy",
+        policy,
+        "--mode",
+        mode,
+        "--out",
+        str(out),
+    ]
+    began = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    record: dict[str, Any] = json.loads((out / "metrics.json").read_text())[0]
+    record["bench_wall_s"] = time.perf_counter() - began
+    return record
+
+
+def compare(sim: RunMetrics, rep: dict[str, Any], mode: str) -> dict[str, Any]:
+    bound = BOUNDS[mode]
+    events = rep["replay"]["events"]
+    row = {
+        "sim": {
+            "makespan_s": sim.makespan_s,
+            "avg_jct_s": sim.avg_jct_s,
+            "worst_ftf": sim.worst_ftf,
+            "unfair_fraction": sim.unfair_fraction,
+            "jobs_completed": sim.jobs_completed,
+        },
+        "replay": {
+            k: rep[k]
+            for k in ("makespan_s", "avg_jct_s", "worst_ftf", "unfair_fraction", "jobs_completed")
+        },
+        "makespan_diff": rep["makespan_s"] / sim.makespan_s - 1,
+        "avg_jct_diff": rep["avg_jct_s"] / sim.avg_jct_s - 1,
+        "worst_ftf_diff": rep["worst_ftf"] - sim.worst_ftf,
+        "unfair_points_diff": 100 * (rep["unfair_fraction"] - sim.unfair_fraction),
+        "plan_sources": rep["replay"]["plan_sources"],
+        "fills": rep["replay"]["fills"],
+        "late_boundaries": rep["replay"]["late_boundaries"],
+        "events": events,
+        "wall_s": rep["bench_wall_s"],
+    }
+    row["pass"] = (
+        abs(row["makespan_diff"]) <= bound
+        and abs(row["avg_jct_diff"]) <= bound
+        and abs(row["worst_ftf_diff"]) <= 0.1
+        and abs(row["unfair_points_diff"]) <= 2.0
+        and rep["jobs_completed"] == rep["jobs_total"]
+        and events["lost"] == 0
+        and events["duplicated"] == 0
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
+    parser.add_argument("--cases", default="ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel")
+    parser.add_argument("--modes", default="embedded")
+    parser.add_argument("--time-scale", type=float, default=120.0)
+    parser.add_argument("--mixed-nodes", default="2x8,3x4,2x2")
+    parser.add_argument("--mixed-jobs", type=int, default=30)
+    parser.add_argument("--mixed-seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("out/parity"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    trace, trajectories, throughputs = reference_files(args.reference)
+    table = load_throughputs(throughputs)
+    console = Console(width=220)
+    rows: list[dict[str, Any]] = []
+    for case in args.cases.split(","):
+        kind, _, policy = case.partition("-")
+        if kind == "ref":
+            files = (trace, trajectories)
+            cluster, flags = Cluster.of_gpus(32, 4), ["--gpus", "32", "--gpus-per-node", "4"]
+        elif kind == "mixed":
+            files = mixed_files(args.out, throughputs, args.mixed_jobs, args.mixed_seed)
+            cluster, flags = Cluster.parse(args.mixed_nodes), ["--nodes", args.mixed_nodes]
+        else:
+            parser.error(f"unknown case {case!r}")
+        workload = load_workload(*files, table)
+        sim = simulated(workload, cluster, policy)
+        for mode in args.modes.split(","):
+            out = args.out / f"{case}-{mode}"
+            rep = replayed(*files, throughputs, flags, policy, mode, args.time_scale, out)
+            row = {"case": case, "mode": mode, **compare(sim, rep, mode)}
+            rows.append(row)
+            console.print(_table([row]))
+            if args.json:  # after each case: a long run stopped early keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    console.print(_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return 0 if all(r["pass"] for r in rows) else 1
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="replay vs simulate")
+    for name in (
+        "case",
+        "mode",
+        "makespan s sim/replay",
+        "diff",
+        "avg JCT s sim/replay",
+        "diff",
+        "worst FTF sim/replay",
+        "FTF>1 sim/replay",
+        "done",
+        "sources plan/prev/greedy",
+        "fills",
+        "late",
+        "events lost/dup",
+        "wall s",
+        "pass",
+    ):
+        table.add_column(name)
+    for r in rows:
+        s, p, src = r["sim"], r["replay"], r["plan_sources"] or {}
+        table.add_row(
+            r["case"],
+            r["mode"],
+            f"{s['makespan_s']:,.0f} / {p['makespan_s']:,.0f}",
+            f"{100 * r['makespan_diff']:+.1f}%",
+            f"{s['avg_jct_s']:,.0f} / {p['avg_jct_s']:,.0f}",
+            f"{100 * r['avg_jct_diff']:+.1f}%",
+            f"{s['worst_ftf']:.2f} / {p['worst_ftf']:.2f}",
+            f"{100 * s['unfair_fraction']:.1f}% / {100 * p['unfair_fraction']:.1f}%",
+            f"{p['jobs_completed']}",
+            f"{src.get('plan')}/{src.get('previous_plan')}/{src.get('greedy')}",
+            f"{r['fills']}",
+            f"{r['late_boundaries']}",
+            f"{r['events']['lost']}/{r['events']['duplicated']}",
+            f"{r['wall_s']:.0f}",
+            "yes" if r["pass"] else "NO",
+        )
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

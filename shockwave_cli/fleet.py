@@ -1,0 +1,492 @@
+"""Simulated node agents and training programs, on one asyncio loop: the fleet that
+``shockwave replay`` (:mod:`shockwave_cli.replay`) and ``bench/scale.py`` run against the service.
+
+Each node is one coroutine speaking the agent protocol of ``agent/loop.py``: every ``poll_s``
+one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an attempt no
+longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
+runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
+started something or owed reports, a second poll at once acknowledges the new attempts (no
+heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
+that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
+an agent whose lease ends then would, so a new round's leases start without a poll interval's
+delay.
+
+Instead of a process, each attempt "trains" at the job's true pace from the reference
+trajectory, in a coroutine of the node's own (a training process does not wait for its
+agent): every ``epoch_seconds[batch size]`` of leased wall time it posts a progress event with
+the job token of its attempt (as the SDK would), a scaling event when the trajectory enters a
+new regime, and, once the job's epochs are done, leaves ``exited 0`` for the agent to report.
+A started attempt first spends ``restart_s`` restoring its checkpoint (nothing is trained), and
+no attempt trains past its lease's ``ends_at``: what a real program loses on a restart and what
+it may use of a lease. When a job's last epoch ends (``TrainingJob.finished_at``, wall time) is
+computed from the leased time, not from when the coroutine noticed.
+
+The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes
+cost one thread of the process. :class:`FleetLog` keeps what the agents saw: when each round first
+appeared in a poll answer (per node), request latencies by kind and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shockwave.model import Regime
+from shockwave.workload import SimJob
+from shockwave_cli import wire
+
+REQUEST_TIMEOUT_S = 10.0
+EVENT_TRIES = 8
+
+
+@dataclass
+class TrainingJob:
+    """A submitted job as its training program sees it: its true trajectory and pace."""
+
+    id: str
+    samples_per_epoch: int
+    regimes: tuple[Regime, ...]
+    epoch_seconds: Mapping[int, float]
+    epochs_done: int = 0
+    partial_s: float = 0.0
+    seq: int = 0
+    token: str | None = None
+    finished: bool = False
+    fenced: bool = False
+    trained_until: float = 0.0
+    """Wall time up to which leased time has been counted (a job on two nodes trains once)."""
+    finished_at: float | None = None
+    """Wall time (s since the epoch) at which the last epoch ended."""
+    restarts: int = 0
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    """Wall-time spans of leased training (restores excluded), merged when contiguous."""
+    accepted: list[int] = field(default_factory=list)
+    """The ``seq`` of every event the API accepted (2xx), in the order posted."""
+    undelivered: int = 0
+    posted_epoch: int = 0
+    """The last epoch whose progress event was posted."""
+    posted_at: float = 0.0
+    scalings: list[tuple[int, int]] = field(default_factory=list)
+    """Batch-size changes not posted yet: (epoch from which, batch size)."""
+    """Events given up on after ``EVENT_TRIES`` failed posts (none refused with a 409)."""
+
+    @property
+    def epochs(self) -> int:
+        return sum(r.epochs for r in self.regimes)
+
+    def batch_size_at(self, epoch: int) -> int:
+        """The batch size of the trajectory's regime that holds 0-based ``epoch``."""
+        seen = 0
+        for regime in self.regimes:
+            seen += regime.epochs
+            if epoch < seen:
+                return regime.batch_size
+        return self.regimes[-1].batch_size
+
+
+@dataclass
+class FleetLog:
+    """What the agents saw. ``round_seen``: round index -> node -> wall time (s since the
+    epoch) of the first poll answer naming that round as current. ``latency``: request kind ->
+    seconds of each answered request. ``errors``: (kind, status or exception) -> count."""
+
+    round_seen: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+    refused_last: bool = False
+
+    def nodes_at(self, round_index: int) -> dict[str, float]:
+        """Node -> when it first saw round ``round_index`` or a later one as current."""
+        seen: dict[str, float] = {}
+        for index, nodes in self.round_seen.items():
+            if index >= round_index:
+                for node, at in nodes.items():
+                    seen[node] = min(at, seen.get(node, at))
+        return seen
+
+
+@dataclass
+class Attempt:
+    """One started lease: ``ends_at`` as the server wrote it, ``ends_t`` the same in wall
+    seconds, ``started_t`` when training may begin (after the restart's restore)."""
+
+    attempt_id: str
+    job_id: str
+    ends_at: str
+    started_t: float
+    ends_t: float = math.inf
+
+
+@dataclass
+class Node:
+    """One agent's state: its token, the attempts it runs, those that ended here (never
+    started again), and the reports it owes, in order."""
+
+    token: str
+    name: str | None = None
+    """The node's id when an admin acts for it (sent in each poll), else None."""
+    attempts: dict[str, Attempt] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    training: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a report is owed: the node polls at once (an agent notices a process exit)."""
+    """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
+
+    def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
+        """The attempt's process is gone: never start it again, and owe ``report`` on it (none
+        for one whose events were refused: it was fenced, its lease is gone already)."""
+        del self.attempts[attempt_id]
+        self.ended.add(attempt_id)
+        if report is not None:
+            self.outbox.append({"attempt_id": attempt_id, **report})
+            self.wake.set()
+
+
+class Fleet:
+    """``nodes``: node id -> (agent token, GPUs). ``jobs``: job id -> its training program."""
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        nodes: Mapping[str, tuple[str, int]],
+        jobs: dict[str, TrainingJob],
+        *,
+        poll_s: float,
+        heartbeat_s: float,
+        restart_s: float = 0.0,
+        boundary_lag_s: float | None = None,
+        admin_token: str | None = None,
+        report_s: float = 0.0,
+    ) -> None:
+        self.base_urls = tuple(base_urls)
+        self.nodes = dict(nodes)
+        self.jobs = jobs
+        self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
+        self.restart_s = restart_s
+        self.boundary_lag_s = boundary_lag_s
+        self.admin_token = admin_token
+        self.report_s = report_s
+        """Nodes whose token is this one are acted for by an admin (they name themselves)."""
+        self.log = FleetLog()
+        self.registered: set[str] = set()
+        self._clients: list[wire.Client] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run every node (register, then poll) until ``stop`` is set."""
+        self._clients = [wire.Client(url, REQUEST_TIMEOUT_S) for url in self.base_urls]
+        try:
+            await asyncio.gather(
+                *(self._node(n, t, i, stop) for i, (n, (t, _)) in enumerate(self.nodes.items()))
+            )
+        finally:
+            for client in self._clients:
+                await client.aclose()
+            self._clients = []
+
+    async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
+        here = Node(token, node if token == self.admin_token else None)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
+        body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
+        if token == self.admin_token:
+            body["node"] = node
+        while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
+            await asyncio.sleep(self.poll_s)
+        self.registered.add(node)
+        training = asyncio.create_task(self._trainer(here, stop))
+        next_beat = 0.0
+        while not stop.is_set():
+            started = loop.time()
+            beat = started >= next_beat
+            boundary = math.inf
+            poll = await self._poll(here, "poll", heartbeat=beat, tokens=True)
+            if poll is not None:
+                if beat:
+                    next_beat = started + self.heartbeat_s
+                self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+                await self._before_stop(here, poll)
+                if self._reconcile(here, poll) or here.outbox:
+                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+                ends = poll.get("round_ends_at")
+                if self.boundary_lag_s is not None and ends:
+                    boundary = wall_seconds(ends) + self.boundary_lag_s - time.time()
+            pause = self.poll_s - (loop.time() - started)
+            if 0.0 < boundary < pause:
+                pause = boundary
+            if not here.outbox:
+                here.wake.clear()
+            await _first_of(stop, here.wake, timeout=max(0.0, pause))
+        await training
+
+    async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
+        """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
+        refused or unknown) leaves the outbox, one lost with the request stays owed."""
+        sent = list(here.outbox)
+        body = {
+            "heartbeat": heartbeat,
+            "tokens": tokens,
+            "reports": sent,
+            "running": sorted(here.attempts),
+        }
+        if here.name is not None:
+            body["node"] = here.name
+        poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body)
+        if poll is None:
+            return None
+        del here.outbox[: len(sent)]
+        for answer in poll["reports"]:
+            self.log.events[f"report {answer['status']}"] += 1
+        return poll
+
+    async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
+        """The node's training processes: advance each attempt every ``poll_s``."""
+        while not stop.is_set():
+            await self._train(here)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
+
+    async def _before_stop(self, here: Node, poll: Any) -> None:
+        """Before the leases change: count the leased time, and let each attempt about to
+        stop post its progress (the SDK's last report before it checkpoints)."""
+        leases = {lease["attempt_id"] for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        async with here.training:
+            self._account(here)
+            for attempt_id, attempt in list(here.attempts.items()):
+                if attempt_id not in leases or attempt_id in stop:
+                    await self._publish(self.jobs[attempt.job_id], force=True)
+
+    def _reconcile(self, here: Node, poll: Any) -> bool:
+        """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
+        is new with the token the poll minted for it. Whether something started."""
+        leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        for attempt_id in list(here.attempts):
+            lease = leases.get(attempt_id)
+            if lease is None or attempt_id in stop:
+                here.end(attempt_id, {"state": "checkpointed"})
+            else:
+                here.attempts[attempt_id].ends_at = lease["ends_at"]
+                here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
+        now = time.time()
+        started = False
+        for attempt_id, lease in leases.items():
+            if attempt_id in here.attempts or attempt_id in stop or attempt_id in here.ended:
+                continue
+            job = self.jobs.get(lease["job_id"])
+            token = poll["tokens"].get(attempt_id)
+            if job is None or token is None:  # a finished job posts its end and exits 0
+                continue
+            job.token = token  # scoped to this attempt: an older one's is fenced
+            job.fenced = False
+            job.restarts += 1
+            here.attempts[attempt_id] = Attempt(
+                attempt_id,
+                job.id,
+                lease["ends_at"],
+                now + self.restart_s,
+                wall_seconds(lease["ends_at"]),
+            )
+            started = True
+        return started
+
+    async def _train(self, here: Node) -> None:
+        """Advance every attempt's job by the leased wall time since the last call (none
+        before the attempt's restore is done, none past its lease's end) and post what is
+        due; a finished job's attempt owes ``exited 0``, a fenced one stops."""
+        async with here.training:
+            self._account(here)
+            for attempt in list(here.attempts.values()):
+                job = self.jobs[attempt.job_id]
+                await self._publish(job, force=job.finished)
+                if attempt.attempt_id not in here.attempts:
+                    continue  # the agent stopped it meanwhile
+                if job.fenced:
+                    job.fenced = False  # the SDK stops the process on a 409
+                    here.end(attempt.attempt_id, None)
+                elif job.finished:
+                    here.end(attempt.attempt_id, {"state": "exited", "exit_code": 0})
+
+    def _account(self, here: Node) -> None:
+        """Count the leased time of every attempt into its job's epochs (no request)."""
+        for attempt in here.attempts.values():
+            job = self.jobs[attempt.job_id]
+            if job.finished:
+                continue
+            now = min(time.time(), attempt.ends_t)
+            since = max(job.trained_until, attempt.started_t)
+            if now > since:
+                job.partial_s += now - since
+                if job.spans and abs(job.spans[-1][1] - since) < 1e-9:
+                    job.spans[-1] = (job.spans[-1][0], now)
+                else:
+                    job.spans.append((since, now))
+            job.trained_until = max(job.trained_until, now)
+            while not job.finished:
+                batch = job.batch_size_at(job.epochs_done)
+                seconds = job.epoch_seconds[batch]
+                if job.partial_s < seconds:
+                    break
+                job.partial_s -= seconds
+                job.epochs_done += 1
+                if job.epochs_done >= job.epochs:
+                    job.finished = True
+                    job.finished_at = now - job.partial_s
+                elif job.batch_size_at(job.epochs_done) != batch:
+                    job.scalings.append((job.epochs_done, job.batch_size_at(job.epochs_done)))
+
+    async def _publish(self, job: TrainingJob, *, force: bool) -> None:
+        """Post the job's latest finished epoch and its batch-size changes, as the SDK does,
+        when ``force`` or ``report_s`` has passed since the last post (0: every epoch, each
+        with its own progress event)."""
+        if job.token is None or job.fenced:
+            return
+        due = force or time.time() - job.posted_at >= self.report_s
+        if not due or (job.posted_epoch >= job.epochs_done and not job.scalings):
+            return
+        job.posted_at = time.time()
+        first = job.epochs_done if self.report_s > 0 else job.posted_epoch + 1
+        for epoch in range(max(first, job.posted_epoch + 1), job.epochs_done + 1):
+            batch = job.batch_size_at(epoch - 1)
+            job.seq += 1
+            await self._job_event(
+                job,
+                {
+                    "seq": job.seq,
+                    "kind": "progress",
+                    "epoch": epoch,
+                    "samples": job.samples_per_epoch,
+                    "seconds": job.epoch_seconds[batch],
+                    "batch_size": batch,
+                },
+            )
+            if job.fenced:
+                return
+            job.posted_epoch = epoch
+            while job.scalings and job.scalings[0][0] <= epoch:
+                at, following = job.scalings.pop(0)
+                job.seq += 1
+                await self._job_event(
+                    job, {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at}
+                )
+                if job.fenced:
+                    return
+
+    async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
+        """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
+        (transport, 429, 5xx) is sent again after a backoff, in order, as the SDK's outbox
+        does, up to ``EVENT_TRIES`` times; one never delivered counts in ``undelivered``."""
+        assert job.token is not None
+        self.log.events[event["kind"]] += 1
+        for attempt in range(EVENT_TRIES):
+            answer = await self._call(
+                event["kind"],
+                "POST",
+                f"/v1/jobs/{job.id}/events",
+                job.token,
+                event,
+                refusals=(409,),
+            )
+            if answer is not None:
+                job.accepted.append(event["seq"])
+                return
+            if self.log.refused_last:
+                job.fenced = True
+                self.log.events[f"{event['kind']} refused"] += 1
+                return
+            await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+        job.undelivered += 1
+
+    async def _call(
+        self,
+        kind: str,
+        method: str,
+        path: str,
+        token: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        refusals: Sequence[int] = (),
+    ) -> Any:
+        """One request; its JSON answer, or None (counted as an error unless a refusal). The
+        API process is chosen by the token: each node, and each job's attempt, sticks to one."""
+        assert self._clients
+        client = self._clients[zlib.crc32(token.encode()) % len(self._clients)]
+        started = time.perf_counter()
+        try:
+            response = await client.request(
+                method,
+                path,
+                json=body,
+                params=params,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        except wire.TransportError as error:
+            self.log.errors[(kind, type(error).__name__)] += 1
+            self.log.refused_last = False
+            return None
+        self.log.latency[kind].append(time.perf_counter() - started)
+        if response.is_success:
+            return response.json()
+        self.log.refused_last = response.status_code in refusals
+        if not self.log.refused_last:
+            self.log.errors[(kind, str(response.status_code))] += 1
+        return None
+
+
+async def _first_of(*events: asyncio.Event, timeout: float) -> None:
+    """Wait until one of ``events`` is set or ``timeout`` seconds pass."""
+    if any(e.is_set() for e in events):
+        return
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def wall_seconds(stamp: str) -> float:
+    """An API timestamp (ISO 8601 with an offset) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def job_body(job: SimJob, time_scale: float = 1.0) -> dict[str, Any]:
+    """``POST /v1/jobs`` for a workload's job; its declared throughput (samples per second)
+    ``time_scale`` times the table's, as the job runs that much faster in wall time."""
+    spec = job.spec
+    return {
+        "name": f"trace-{spec.job_id}",
+        "gpus": spec.gpus,
+        "epochs": spec.epochs,
+        "samples_per_epoch": spec.samples_per_epoch,
+        "initial_batch_size": spec.initial_batch_size,
+        "mode": spec.mode.value,
+        "batch_sizes": list(spec.batch_sizes),
+        "throughput": {
+            str(b): r * time_scale for b, r in spec.throughput.samples_per_second.items()
+        },
+        "budget": spec.budget,
+        "model": spec.model,
+    }
+
+
+def training_job(job_id: str, job: SimJob, time_scale: float = 1.0) -> TrainingJob:
+    """The training program of a submitted job, epochs ``time_scale`` times shorter."""
+    return TrainingJob(
+        id=job_id,
+        samples_per_epoch=job.spec.samples_per_epoch,
+        regimes=job.trajectory,
+        epoch_seconds={b: s / time_scale for b, s in job.epoch_seconds.items()},
+    )

@@ -1,0 +1,93 @@
+"""``shockwave replay`` end to end: a few short jobs of a generated workload go through the real
+embedded service (``shockwave up`` in its own process) on mixed node sizes, trained by the
+simulated agents at 480x, and the replay's figures match the simulator's on the same workload.
+
+The full parity check (120 jobs, both modes) is ``bench/replay_parity.py`` (minutes), with its
+results in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+from bench.deployment import ROOT
+from shockwave.generator import generate_workload
+from shockwave.metrics import summarize
+from shockwave.model import Cluster
+from shockwave.policy import get_policy, make_params
+from shockwave.simulator import SimSettings, simulate
+from shockwave.traces import format_trace, format_trajectories
+from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave_cli.supervision import shockwave_argv
+
+REFERENCE = ROOT.parent / "shared" / "data" / "reference"
+THROUGHPUTS = REFERENCE / "throughputs" / "tacc_throughputs.json"
+NODES = "1x2,2x1"
+TIME_SCALE = 480.0
+
+
+def short_workload(tmp_path: Path) -> tuple[Path, Path]:
+    """Four jobs of at most 2 GPUs and about an hour of exclusive time at most, from the
+    generator, written in the reference formats."""
+    table = load_throughputs(THROUGHPUTS)
+    pool = generate_workload(40, seed=11, throughputs=table, mean_interarrival_s=200.0)
+    jobs = [j for j in pool.jobs if j.spec.gpus <= 2 and j.t_exclusive_s < 4000][:4]
+    assert len(jobs) == 4
+    workload = dataclasses.replace(pool, jobs=tuple(jobs), name="short")
+    trace, trajectories = tmp_path / "short.trace", tmp_path / "short.json"
+    trace.write_text(format_trace(workload), encoding="utf-8")
+    trajectories.write_text(json.dumps(format_trajectories(workload)), encoding="utf-8")
+    return trace, trajectories
+
+
+def test_a_replay_through_the_embedded_service_matches_the_simulator(tmp_path: Path) -> None:
+    trace, trajectories = short_workload(tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            *shockwave_argv(),
+            "replay",
+            "--trace",
+            str(trace),
+            "--trajectories",
+            str(trajectories),
+            "--throughputs",
+            str(THROUGHPUTS),
+            "--nodes",
+            NODES,
+            "--round-seconds",
+            "120",
+            "--time-scale",
+            f"{TIME_SCALE:g}",
+            "--policy",
+            "shockwave",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = json.loads((out / "metrics.json").read_text())
+    replayed = record["replay"]
+    assert record["jobs_completed"] == record["jobs_total"] == 4
+    assert replayed["job_states"] == {"SUCCEEDED": 4}
+    assert replayed["events"]["lost"] == 0 and replayed["events"]["duplicated"] == 0
+    assert replayed["events"]["accepted"] > 0
+    assert replayed["plan_sources"]["plan"] > 0
+    for name in ("jobs-shockwave.csv", "shockwave-gantt.png", "ftf-cdf.png", "utilization.png"):
+        assert (out / name).is_file(), name
+
+    workload = load_workload(trace, trajectories, load_throughputs(THROUGHPUTS))
+    policy = get_policy("shockwave")
+    simulated = summarize(
+        simulate(workload, Cluster.parse(NODES), policy, make_params(policy), SimSettings())
+    )
+    assert abs(record["makespan_s"] / simulated.makespan_s - 1) < 0.1
+    assert abs(record["avg_jct_s"] / simulated.avg_jct_s - 1) < 0.1
