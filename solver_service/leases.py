@@ -47,7 +47,7 @@ from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
+from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 SOURCES = ("plan", "previous_plan", "greedy")
 GREEDY_POLICY = "fifo"
@@ -92,6 +92,50 @@ class LostNodes:
     state_version: int
 
 
+SOURCE_WORDS = {
+    "plan": "the plan",
+    "previous_plan": "the previous plan",
+    "greedy": "the greedy fallback (no plan)",
+}
+
+
+def preemption_reason(
+    r: int, choice: Choice, job_id: str, unplaced: Mapping[str, str], placed: int
+) -> str:
+    """Why a job that held GPUs loses them in round ``r``, in words (the job's events, the
+    stream, the dashboard and the demo show it)."""
+    source = SOURCE_WORDS.get(choice.source, choice.source)
+    if job_id in unplaced:
+        return f"preempted in round {r}: chosen by {source} but did not fit ({unplaced[job_id]})"
+    return (
+        f"preempted in round {r}: {source} gives its GPUs to {placed} job(s) further behind "
+        "their fair finish time"
+    )
+
+
+def _preempt(session: Session, leases: Sequence[LeaseRow], reason: str, now: datetime) -> None:
+    """Revoke a job's ``leases`` (one per node its gang spans) for ``reason``, and record one
+    ``preemption`` event on the job with it."""
+    for lease in leases:
+        move_lease(session, lease, LeaseState.REVOKED, now=now)
+        lease.reason = reason[:256]
+    if leases:
+        first = leases[0]
+        session.add(
+            JobEventRow(
+                job_id=first.job_id,
+                kind="preemption",
+                payload={
+                    "attempt_ids": [lease.id for lease in leases],
+                    "nodes": sorted({lease.node_id for lease in leases}),
+                    "round": first.round_index,
+                },
+                reason=reason[:256],
+                created_at=now,
+            )
+        )
+
+
 def at(now: float) -> datetime:
     return datetime.fromtimestamp(now, UTC)
 
@@ -118,9 +162,11 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     )
     held = _held_gpus(live, layout)
     assignment: Mapping[str, tuple[int, ...]] = {}
+    unplaced: Mapping[str, str] = {}
     if layout is not None:
         requests = [(job_id, jobs[job_id].gpus) for job_id in choice.jobs]
-        assignment = place(layout.cluster, requests, held).assignment
+        placement = place(layout.cluster, requests, held)
+        assignment, unplaced = placement.assignment, placement.unplaced
     leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
@@ -132,9 +178,10 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
                 _extend(session, lease, r, ends, started)
                 extended += 1
             continue
-        for lease in leases_of.pop(job_id, []):
-            move_lease(session, lease, LeaseState.REVOKED, now=started)
-            revoked += 1
+        moved = leases_of.pop(job_id, [])
+        why = f"moved in round {r}: placed on other GPUs (checkpoint, then restart there)"
+        _preempt(session, moved, why, started)
+        revoked += len(moved)
         assert layout is not None
         for node_id, local in _by_node(layout, gpus).items():
             session.add(
@@ -150,10 +197,10 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
                 )
             )
             issued += 1
-    for leftover in leases_of.values():
-        for lease in leftover:
-            move_lease(session, lease, LeaseState.REVOKED, now=started)
-            revoked += 1
+    for job_id, leftover in leases_of.items():
+        why = preemption_reason(r, choice, job_id, unplaced, len(assignment))
+        _preempt(session, leftover, why, started)
+        revoked += len(leftover)
     session.flush()
     suspended = _suspend_unconfirmed(session, jobs, set(assignment), r)
 
