@@ -29,10 +29,12 @@ run: venv
 
 # What the tests need beyond the venv is installed and started here (scripts/ say how): PostgreSQL
 # and Redis, the Docker engine (Debian's docker.io, installed with apt when missing, as root),
-# and the project's image, built without a registry (the Docker-runtime test runs jobs in it).
+# the project's image, built without a registry (the Docker-runtime test runs jobs in it), and
+# headless Chromium with its WebDriver (Debian's chromium, chromium-driver: the dashboard's test).
 test: venv
 	scripts/services.sh
 	scripts/images.sh
+	scripts/browser.sh
 	$(BIN)/python -m pytest
 
 # The runs `make test` leaves out: the compose stack running two jobs (make compose-check, about
@@ -45,6 +47,7 @@ test-slow: venv compose-check
 e2e: venv
 	scripts/services.sh
 	scripts/images.sh
+	scripts/browser.sh
 	$(BIN)/python -m pytest tests/e2e
 
 # Fault injection (docs/reliability.md): kill -9 parts of a running deployment while jobs run,

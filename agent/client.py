@@ -124,7 +124,12 @@ class AgentApi(Protocol):
     def register(self, machine: Machine, hostname: str) -> dict[str, Any]: ...
 
     def poll(
-        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+        self,
+        running: list[str],
+        reports: list[Report],
+        heartbeat: bool,
+        tokens: bool,
+        logs: dict[str, str] | None = None,
     ) -> LeasePoll: ...
 
     def job_token(self, attempt_id: str) -> str: ...
@@ -159,11 +164,16 @@ class AgentClient:
         return self._call("POST", "/v1/agent/register", json=self._named(body))
 
     def poll(
-        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+        self,
+        running: list[str],
+        reports: list[Report],
+        heartbeat: bool,
+        tokens: bool,
+        logs: dict[str, str] | None = None,
     ) -> LeasePoll:
         """One contact in one request: deliver ``reports``, heartbeat (when ``heartbeat``),
         tell the server what runs here and learn the leases (with a job token for each new
-        one, when ``tokens``)."""
+        one, when ``tokens``); ``logs``: the tail of attempts' output, by attempt id."""
         body = self._named(
             {
                 "heartbeat": heartbeat,
@@ -172,6 +182,8 @@ class AgentClient:
                 "running": running,
             }
         )
+        if logs:
+            body["logs"] = logs
         answer = self._call("POST", "/v1/agent/poll", json=body)
         try:
             leases = [Lease.parse(item) for item in answer["leases"]]

@@ -87,6 +87,9 @@ class Agent:
         self.unreachable_since: float | None = None
         self.dirty = False
         self.beacon = Beacon(config.alive_file)
+        self.final_logs: dict[str, str] = {}
+        """The output tails of attempts that ended, owed to the server (not persisted: a
+        restarted agent loses them, and the job's log shows the tail of its last heartbeat)."""
 
     # --- running -------------------------------------------------------------------------
 
@@ -194,6 +197,9 @@ class Agent:
         outcome = "checkpointed" if report.state == "checkpointed" else f"exited {code}"
         log.info("attempt %s of job %s ended: %s", record.attempt_id, record.job_id, outcome)
         self.state.outbox.append(report)
+        tail = log_tail(Path(record.handle.log_file))
+        if tail is not None:
+            self.final_logs[record.attempt_id] = tail
         del self.state.attempts[record.attempt_id]
         self.state.finished[record.attempt_id] = now
         self.state.forget_finished_before(now - FINISHED_KEEP_S)
@@ -262,7 +268,15 @@ class Agent:
         reports it answers leave the outbox; one answered ``stop`` stops its attempt (a 404,
         an attempt the server does not know, is dropped, as is any refusal)."""
         sent = list(self.state.outbox)
-        poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens)
+        logs = dict(self.final_logs)
+        if heartbeat:
+            for running in self.state.attempts.values():
+                tail = log_tail(Path(running.handle.log_file))
+                if tail is not None:
+                    logs[running.attempt_id] = tail
+        poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens, logs)
+        for attempt in logs:
+            self.final_logs.pop(attempt, None)
         del self.state.outbox[: len(sent)]
         if sent:
             self.dirty = True
@@ -411,3 +425,22 @@ class Agent:
         if self.dirty:
             save(self.config.state_file, self.state)
             self.dirty = False
+
+
+LOG_TAIL_BYTES = 8000
+"""How much of an attempt's output the agent ships with its polls (the server keeps 8192
+characters at most; bytes that are not UTF-8 become U+FFFD, which may take 3 bytes each, so
+the tail is cut to characters again)."""
+
+
+def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str | None:
+    """The last ``limit`` bytes of ``path`` as text (no NUL), or None if it cannot be read."""
+    try:
+        with path.open("rb") as file:
+            file.seek(0, 2)
+            size = file.tell()
+            file.seek(max(0, size - limit))
+            data = file.read(limit)
+    except OSError:
+        return None
+    return data.decode("utf-8", errors="replace").replace("\x00", "")[-limit:]

@@ -47,20 +47,28 @@ def pool_capacity(engine: Engine) -> int:
 
 class InFlightLimit:
     """Pure ASGI middleware: at most ``limit`` HTTP requests in progress at once, and (when
-    ``threads`` is given) at most ``threads`` threads running their sync parts.
+    ``threads`` is given) at most ``threads`` threads running their sync parts. Paths in
+    ``exempt`` (long-lived streams, whose reads take the thread pool briefly) take no slot.
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
 
-    def __init__(self, app: ASGIApp, limit: int, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        threads: int | None = None,
+        exempt: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
+        self.exempt = exempt
         self.limit = max(1, limit)
         self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in self.exempt:
             await self.app(scope, receive, send)
             return
         async with self._semaphore():

@@ -101,6 +101,7 @@ _NODE_LEASES = (
         JOBS.c.batch_size,
         JOBS.c.command,
         JOBS.c.image,
+        JOBS.c.env,
     )
     .join(JOBS, JOBS.c.id == LEASES.c.job_id)
     .where(LEASES.c.node_id == bindparam("node"))
@@ -295,6 +296,8 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     """
     reports = [_report_in_poll(session, principal, report) for report in data.reports]
     connection = session.connection()
+    if data.logs:
+        _store_logs(connection, node_id, data.logs)
     node = None
     if data.heartbeat and connection.dialect.name == "postgresql":
         node = connection.execute(_BEAT_ROUND, {"node": node_id, "now": utcnow()}).first()
@@ -342,6 +345,17 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
         state_version=round_.version,
         reports=reports,
         tokens=tokens,
+    )
+
+
+def _store_logs(connection: Connection, node_id: str, logs: dict[str, str]) -> None:
+    """Keep each attempt's output tail on its lease (the node's own attempts only); committed
+    with the poll's heartbeat."""
+    connection.execute(
+        LEASES.update()
+        .where(LEASES.c.id == bindparam("attempt"), LEASES.c.node_id == node_id)
+        .values(log_tail=bindparam("tail")),
+        [{"attempt": attempt, "tail": tail} for attempt, tail in logs.items()],
     )
 
 
@@ -539,6 +553,8 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
             if reported is Report.CHECKPOINTED
             else f"stopped (exit {effect.exit_code})"
         )
+        if lease.reason:
+            why = f"{why}; {lease.reason}"
         stop_running(session, job, f"{where} {why}", except_attempt=lease.id)
     elif effect.job is JobEffect.SUCCEED:
         _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
@@ -575,6 +591,7 @@ def _lease_public(row: Any, node_id: str) -> LeasePublic:
         batch_size=row.batch_size,
         checkpoint_dir=directory,
         env={
+            **{str(k): str(v) for k, v in (row.env or {}).items()},
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             "SHOCKWAVE_JOB_ID": row.job_id,
             "SHOCKWAVE_ATTEMPT_ID": row.id,

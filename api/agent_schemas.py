@@ -27,6 +27,9 @@ AttemptId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00]
 """An attempt (lease) id in a body: bounded and without NUL."""
 POLL_ITEMS_MAX = 1024
 """The most attempts (running, or reported on) one poll may carry: far more than a node's GPUs."""
+LOG_TAIL_MAX = 8192
+"""The most characters of an attempt's output an agent ships (its last ones)."""
+LogTail = Annotated[str, Field(max_length=LOG_TAIL_MAX, pattern=r"^[^\x00]*$")]
 
 
 class NodeRegister(BaseModel):
@@ -177,6 +180,13 @@ class AgentPoll(BaseModel):
         description="Attempts whose processes are up on the node now. A live lease listed "
         "here is RUNNING (the poll acknowledges its start and its extensions); any other comes "
         "back in `stop`.",
+    )
+    logs: dict[AttemptId, LogTail] = Field(
+        default={},
+        max_length=POLL_ITEMS_MAX,
+        description="The tail of each attempt's output (its last "
+        f"{LOG_TAIL_MAX} characters), by attempt id: `shockwave jobs logs` and the dashboard "
+        "show it. Attempts of other nodes are ignored.",
     )
 
 

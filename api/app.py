@@ -6,15 +6,27 @@ import asyncio
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.engine import Engine
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors
+from api import errors, openapi
 from api.admission import InFlightLimit, pool_capacity
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
-from api.routes import agent, cluster, events, health, jobs, metrics, prediction, tokens
+from api.routes import (
+    agent,
+    cluster,
+    dashboard,
+    events,
+    health,
+    jobs,
+    metrics,
+    prediction,
+    stream,
+    tokens,
+)
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
@@ -37,14 +49,21 @@ def create_app(
     ``request_plan`` is how a committed change asks for a new plan (the solver service's
     requester, handed in by the composition root); by default nobody is asked."""
     settings = settings or Settings()
-    app = FastAPI(
+    # Swagger UI (/docs) and ReDoc (/redoc) from assets in the fastapi-offline package, served
+    # here: no page the API serves loads anything from another host.
+    app = FastAPIOffline(
         title="Shockwave",
         version="0.1.0",
         description=(
             "Scheduling service for shared GPU clusters training models whose batch size changes "
-            "(NSDI'23 Shockwave). Errors are RFC 9457 problem details."
+            "(NSDI'23 Shockwave). Errors are RFC 9457 problem details. The dashboard is at `/`; "
+            "docs/integration.md covers tokens, idempotency, paging, errors and the event stream."
         ),
+        generate_unique_id_function=openapi.operation_id,
+        static_url="/static/docs",
+        favicon_url="/static/dashboard/favicon.svg",
     )
+    openapi.install(app)
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
     app.state.request_plan = request_plan
@@ -55,7 +74,9 @@ def create_app(
     # wait half-done on the event loop (docs/reliability.md, "Load": p99 166 ms with 10 in
     # progress on 2 threads, 97 ms with 4).
     limit = min(pool_capacity(app.state.engine), 2 * settings.worker_threads)
-    app.add_middleware(InFlightLimit, limit=limit, threads=settings.worker_threads)
+    app.add_middleware(
+        InFlightLimit, limit=limit, threads=settings.worker_threads, exempt=(stream.STREAM_PATH,)
+    )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )
@@ -65,11 +86,13 @@ def create_app(
     app.include_router(health.router)
     app.include_router(jobs.router, responses=LIMITED)
     app.include_router(events.router, responses=LIMITED)
+    app.include_router(stream.router, responses=LIMITED)
     app.include_router(prediction.router, responses=LIMITED)
     app.include_router(cluster.router, responses=LIMITED)
     app.include_router(metrics.router)
     app.include_router(agent.router, responses=LIMITED)
     app.include_router(tokens.router, responses=LIMITED)
+    dashboard.install(app)
     return app
 
 

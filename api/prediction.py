@@ -10,41 +10,87 @@ simplifications, stated so nobody reads more into the numbers than there is:
 - the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
   the job's life, which needs the round history the round driver will keep;
 - ``planned_rounds`` are the rounds the freshest stored plan (highest state version, then
-  newest) gives the job from the current round on; with no plan stored yet it is empty and
-  ``reason`` says so: this endpoint does not invent a schedule.
+  newest) gives the job from the current round on; with no plan stored yet it is empty: this
+  endpoint does not invent a schedule. ``cause`` and ``reason`` say why the job does not run
+  now, by the core's one rule (:mod:`shockwave.waiting`: no READY node comes before "no plan").
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from sqlmodel import Session
 
-from api.schemas import PredictionPublic, RegimePublic
+from api.schemas import PredictionPublic, QueueEntry, RegimePublic
 from shockwave.estimators import finish_time_fairness
 from shockwave.lifecycle import JobState
+from shockwave.population import PopulationPrior
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import PredictorParams
 from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
-from store import cluster, events, plans, population
+from shockwave.waiting import Gpus, PlanView, why_waiting
+from store import cluster, events, plans, population, views
 from store.cluster_version import DEFAULT_CLUSTER
-from store.snapshot import waiting_reason
-from store.tables import ClusterRow, JobRow
-
-NO_PLAN_REASON = "no plan yet: the solver service has not planned this job"
+from store.principals import Principal
+from store.tables import ClusterRow, JobRow, PlanRow
 
 Source = Literal["measured", "declared", "estimated"]
 
 
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What every job's prediction shares, read once: the population prior, the contention
+    factor, the GPUs by kind, the current round and the freshest plan."""
+
+    prior: PopulationPrior
+    contention: float
+    gpus: Gpus
+    current: int
+    plan: PlanRow | None
+
+    @classmethod
+    def load(cls, session: Session) -> Context:
+        cluster_row = session.get(ClusterRow, DEFAULT_CLUSTER)
+        return cls(
+            prior=population.load_prior(session),
+            contention=cluster.contention(session),
+            gpus=cluster.gpus_by_kind(session),
+            current=cluster_row.current_round if cluster_row is not None else -1,
+            plan=plans.newest_plan(session, DEFAULT_CLUSTER),
+        )
+
+    def plan_view(self, job_id: str) -> PlanView | None:
+        """What the freshest plan gives ``job_id`` (its rounds from the current one on); None
+        before any plan is stored."""
+        plan = self.plan
+        if plan is None:
+            return None
+        rounds = [
+            plan.base_round + t
+            for t, members in enumerate(plan.rounds)
+            if job_id in members and plan.base_round + t >= self.current
+        ]
+        last = plan.base_round + len(plan.rounds) - 1
+        return PlanView(rounds=rounds, first=plan.base_round, last=last)
+
+
 def explain(
-    session: Session, row: JobRow, now: datetime, params: PredictorParams | None = None
+    session: Session,
+    row: JobRow,
+    now: datetime,
+    params: PredictorParams | None = None,
+    context: Context | None = None,
 ) -> PredictionPublic:
-    """The prediction for the job in ``row`` at time ``now`` (timezone-aware)."""
+    """The prediction for the job in ``row`` at time ``now`` (timezone-aware); ``context``:
+    what it shares with other jobs' predictions (read here when not given)."""
+    context = context or Context.load(session)
     job = events.active_job(row)
-    prior = population.load_prior(session)
+    prior = context.prior
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]
     prediction = predictor(job, prior, rates, params or PredictorParams(), PopulationParams())
@@ -53,9 +99,9 @@ def explain(
     remaining = 0.0 if finished else prediction.remaining_seconds
     end = row.updated_at if finished else now
     age = max(0.0, (end - row.created_at).total_seconds())
-    factor = cluster.contention(session)
-    planned, why = planned_rounds(session, row.id)
-    why = waiting_reason(session, row) or why
+    factor = context.contention
+    plan = context.plan_view(row.id)
+    why = why_waiting(job_state, row.gpus, context.gpus, plan)
     regimes = [
         RegimePublic(
             batch_size=r.batch_size,
@@ -79,27 +125,57 @@ def explain(
         age_s=age,
         ftf_estimate=finish_time_fairness(age, remaining, prediction.total_seconds, factor),
         contention=factor,
-        planned_rounds=[] if finished else planned,
-        reason=f"the job is {job_state.value}: nothing left to plan" if finished else why,
+        planned_rounds=[] if finished or plan is None else list(plan.rounds),
+        cause=why.cause,
+        reason=why.reason,
     )
 
 
-def planned_rounds(session: Session, job_id: str) -> tuple[list[int], str]:
-    """The round indices the freshest plan gives ``job_id`` (current round on), and why."""
-    cluster_row = session.get(ClusterRow, DEFAULT_CLUSTER)
-    plan = plans.newest_plan(session, DEFAULT_CLUSTER)
-    if plan is None:
-        return [], NO_PLAN_REASON
-    current = cluster_row.current_round if cluster_row is not None else -1
-    rounds = [
-        plan.base_round + t
-        for t, members in enumerate(plan.rounds)
-        if job_id in members and plan.base_round + t >= current
-    ]
-    last = plan.base_round + len(plan.rounds) - 1
-    if rounds:
-        return rounds, f"planned for {len(rounds)} of the plan's rounds up to round {last}"
-    return [], f"not planned in the current plan (rounds {plan.base_round} to {last})"
+def queue(session: Session, principal: Principal, now: datetime, limit: int) -> list[QueueEntry]:
+    """The caller's active jobs, oldest first, each with its prediction and expected start and
+    finish: a running job finishes its remaining time from now; a waiting one starts at its
+    first planned round's start (round length times rounds ahead) and finishes its remaining
+    time later, as if it then ran without a break (None while the plan does not name it)."""
+    context = Context.load(session)
+    timing = views.timing(session)
+    entries: list[QueueEntry] = []
+    for row in views.active_jobs(session, principal, limit):
+        p = explain(session, row, now, context=context)
+        start: datetime | None = None
+        if p.state is JobState.RUNNING:
+            start = now
+        elif p.planned_rounds and timing.started_at is not None:
+            ahead = max(0, p.planned_rounds[0] - timing.current)
+            start = max(now, timing.started_at + timedelta(seconds=ahead * timing.round_seconds))
+        remaining = _finite(p.remaining_seconds)
+        finish = (
+            None if start is None or remaining is None else start + timedelta(seconds=remaining)
+        )
+        entries.append(
+            QueueEntry(
+                job_id=row.id,
+                name=row.name,
+                tenant=row.tenant,
+                state=p.state,
+                gpus=row.gpus,
+                batch_size=p.batch_size,
+                epochs=row.epochs,
+                epochs_done=p.epochs_done,
+                ftf_estimate=_finite(p.ftf_estimate),
+                remaining_seconds=remaining,
+                predicted_start=start,
+                predicted_finish=finish,
+                cause=p.cause,
+                reason=p.reason,
+            )
+        )
+    return entries
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None where it is not a finite number (a job whose declared rates make its
+    remaining time unbounded): JSON has no infinity."""
+    return value if math.isfinite(value) else None
 
 
 def _phase(index: int, current: int) -> Literal["past", "current", "future"]:

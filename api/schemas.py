@@ -9,13 +9,15 @@ control characters."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic.config import JsonDict
 
 from shockwave.lifecycle import JobState, NodeState
-from shockwave.model import AdaptationMode
+from shockwave.model import VALID_WIDTHS, AdaptationMode
+from shockwave.waiting import Cause
 from store.tables import INT4_MAX
 
 BigInt = Annotated[int, Strict(), Field(ge=-(2**31), le=2**31 - 1)]
@@ -54,6 +56,35 @@ Image = Annotated[
 ]
 
 
+GpuCount = Literal[1, 2, 4, 8]
+"""The gang sizes a job may ask for (the core's VALID_WIDTHS), an enum in the OpenAPI document."""
+assert get_args(GpuCount) == VALID_WIDTHS, "GpuCount must list the core's VALID_WIDTHS"
+
+EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
+Env = Annotated[
+    dict[EnvName, EnvValue],
+    Field(
+        max_length=64,
+        description="Environment variables of the job's process (the SHOCKWAVE_* and "
+        "CUDA_VISIBLE_DEVICES variables the agent sets win over these).",
+    ),
+]
+
+JOB_EXAMPLE: JsonDict = {
+    "name": "resnet18-gns",
+    "gpus": 2,
+    "epochs": 30,
+    "samples_per_epoch": 50000,
+    "initial_batch_size": 32,
+    "mode": "gns",
+    "batch_sizes": [32, 64, 128, 256],
+    "throughput": {"32": 800.0, "64": 1400.0},
+    "command": ["python", "train.py", "--data", "/data/cifar10"],
+    "env": {"OMP_NUM_THREADS": "4"},
+}
+
+
 class JobCreate(BaseModel):
     """A job submission (SPEC section 3.1). ``throughput``: samples per second of the whole
     gang at each batch size, if known. ``tenant``: only an admin may set it; a user's jobs
@@ -61,11 +92,11 @@ class JobCreate(BaseModel):
     the container ``image`` where the agent runs Docker; a job without one is planned but no
     agent can run it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [JOB_EXAMPLE]})
 
     name: Name = "job"
     tenant: Tenant | None = None
-    gpus: BigInt
+    gpus: Annotated[GpuCount, Field(description="GPUs the job's gang needs: 1, 2, 4 or 8.")]
     epochs: BigInt
     samples_per_epoch: BigInt
     initial_batch_size: BigInt
@@ -76,6 +107,7 @@ class JobCreate(BaseModel):
     model: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     command: Command = []
     image: Image | None = None
+    env: Env = {}
 
     @field_validator("command")
     @classmethod
@@ -136,6 +168,7 @@ class JobPublic(BaseModel):
     measured_epoch_seconds: dict[str, float] = {}
     command: list[str] = []
     image: str | None = None
+    env: dict[str, str] = {}
     created_at: datetime
     updated_at: datetime
     waiting_reason: str | None = None
@@ -234,6 +267,7 @@ class PredictionPublic(BaseModel):
     ftf_estimate: float
     contention: float
     planned_rounds: list[int]
+    cause: Cause
     reason: str
 
 
@@ -335,3 +369,99 @@ class TokenCreated(TokenPublic):
     """A token just made, with its secret ``token``: shown in this answer only."""
 
     token: str
+
+
+class AttemptPublic(BaseModel):
+    """One attempt to run a job (a lease): where and in which round, its state and exit
+    code, why the round driver took it back (``reason``, empty if it did not) and the tail of
+    its output as its agent last shipped it (``log_tail``, None before any)."""
+
+    attempt_id: str
+    node_id: str
+    round_index: int
+    gpus: list[int]
+    state: str
+    exit_code: int | None
+    reason: str
+    log_tail: str | None
+    issued_at: datetime
+    updated_at: datetime
+
+
+class HeldPublic(BaseModel):
+    """A job's GPUs in one round (``job_id`` and ``name`` null for another tenant's job)."""
+
+    job_id: str | None
+    name: str | None
+    node_id: str
+    gpus: list[int]
+    state: str
+
+
+class RoundPublic(BaseModel):
+    index: int
+    source: str
+    started_at: datetime
+    ends_at: datetime
+    held: list[HeldPublic]
+
+
+class PlannedRound(BaseModel):
+    """A round of the freshest plan from the current one on: its index, expected start, and
+    the caller's visible jobs in it."""
+
+    index: int
+    starts_at: datetime | None
+    jobs: list[str]
+
+
+class RoundsPublic(BaseModel):
+    """The Gantt's data: the last rounds issued (who held which GPUs) and the rounds planned
+    ahead; ``round_seconds``: the rounds' length; ``current``: the round now (-1 before any)."""
+
+    current: int
+    round_seconds: float
+    recent: list[RoundPublic]
+    planned: list[PlannedRound]
+
+
+class QueueEntry(BaseModel):
+    """One active job in the queue: its state, GPUs, finish-time-fairness estimate
+    (``ftf_estimate``: > 1, on course to finish later than under an equal share), when it is
+    predicted to start and finish (None when the plan does not say), and why it waits
+    (``cause``, ``reason``)."""
+
+    job_id: str
+    name: str
+    tenant: str
+    state: JobState
+    gpus: int
+    batch_size: int
+    epochs: int
+    epochs_done: float
+    ftf_estimate: float | None = Field(description="null when not finite")
+    remaining_seconds: float | None = Field(description="null when not finite")
+    predicted_start: datetime | None
+    predicted_finish: datetime | None
+    cause: Cause
+    reason: str
+
+
+class StreamEvent(BaseModel):
+    """One event of ``GET /v1/events`` (the SSE ``data:`` line, JSON): a job's state change
+    (``kind`` state: ``from`` and ``to``) or a preemption (``kind`` preemption), with its
+    ``reason``; ``state``: the job's state when the event was sent. ``id`` is also the SSE
+    event id: send it back as ``Last-Event-ID`` to resume."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: int
+    job_id: str
+    name: str
+    tenant: str
+    kind: Literal["state", "preemption"]
+    from_state: JobState | None = Field(default=None, alias="from")
+    to: JobState | None = None
+    state: JobState
+    reason: str
+    created_at: datetime

@@ -116,7 +116,8 @@ class RoundRecord:
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
-    """How one job fared. ``mean_active_jobs``: active jobs per round over the job's life."""
+    """How one job fared. ``mean_active_jobs``: active jobs per round over the job's life.
+    ``scalings``: (time, new batch size) at each change of batch size while it trained."""
 
     job_id: str
     gpus: int
@@ -126,6 +127,7 @@ class JobOutcome:
     attained_s: float
     restarts: int
     mean_active_jobs: float
+    scalings: tuple[tuple[float, int], ...] = ()
 
     @property
     def jct_s(self) -> float | None:
@@ -172,6 +174,7 @@ class _JobRun:
         "regime_done",
         "regime_index",
         "restarts",
+        "scalings",
         "sim",
     )
 
@@ -187,6 +190,7 @@ class _JobRun:
         self.active_sum = 0.0
         self.active_rounds = 0
         self.restarts = 0
+        self.scalings: list[tuple[float, int]] = []
 
     @property
     def job_id(self) -> str:
@@ -212,8 +216,10 @@ class _JobRun:
             total += left * self.sim.epoch_seconds[regime.batch_size]
         return total
 
-    def advance(self, seconds: float) -> None:
-        """Train for ``seconds`` of useful time, crossing regime boundaries as the truth says."""
+    def advance(self, seconds: float, start_s: float = 0.0) -> None:
+        """Train for ``seconds`` of useful time from ``start_s``, crossing regime boundaries as
+        the truth says; each crossing to a new batch size is noted in ``scalings``."""
+        now = start_s
         while seconds > _EPS and not self.done:
             regime = self.sim.trajectory[self.regime_index]
             per_epoch = self.sim.epoch_seconds[regime.batch_size]
@@ -221,8 +227,11 @@ class _JobRun:
             left = regime.epochs - self.regime_done
             if seconds + _EPS >= left * per_epoch:
                 seconds -= left * per_epoch
+                now += left * per_epoch
                 self.regime_index += 1
                 self.regime_done = 0.0
+                if not self.done and self.regime.batch_size != regime.batch_size:
+                    self.scalings.append((now, self.regime.batch_size))
             else:
                 self.regime_done += seconds / per_epoch
                 seconds = 0.0
@@ -373,6 +382,7 @@ def simulate(
             attained_s=r.attained,
             restarts=r.restarts,
             mean_active_jobs=r.active_sum / r.active_rounds if r.active_rounds else 0.0,
+            scalings=tuple(r.scalings),
         )
         for r in run.runs
     )
@@ -432,7 +442,7 @@ class _Run:
             r.restarts += 1
             if elapsed > lease - self.settings.overhead_guard_s:
                 useful = max(0.0, elapsed - self.settings.restart_overhead_s)
-        r.advance(useful)
+        r.advance(useful, now + elapsed - useful)
         r.attained += useful
         r.executed_last = useful
         r.gpus = gpus

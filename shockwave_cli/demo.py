@@ -319,7 +319,7 @@ class Demo:
             events = session.exec(
                 select(JobEventRow)
                 .where(col(JobEventRow.job_id).in_(list(self.job_ids)))
-                .where(col(JobEventRow.kind).in_(("state", "scaling")))
+                .where(col(JobEventRow.kind).in_(("state", "scaling", "preemption")))
                 .order_by(col(JobEventRow.id))
             ).all()
         by_job: dict[str, list[LeaseRow]] = defaultdict(list)
@@ -379,6 +379,8 @@ class Demo:
         if event.kind == "scaling":
             size, epoch = event.payload.get("batch_size"), event.payload.get("epoch")
             return f"{at}  {name}: batch size → {size} from epoch {epoch} (rescaled)"
+        if event.kind == "preemption":
+            return f"{at}  {name}: asked to checkpoint and stop: {_short(event.reason)}"
         target = str(event.payload.get("to", ""))
         what = FEED_WORDS.get(target, target.lower())
         return f"{at}  {name}: {what} ({_short(event.reason)})"

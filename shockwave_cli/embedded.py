@@ -201,13 +201,6 @@ class Embedded:
             SolverSettings(database_url=url, database_schema=None, solver_mode="inline"),
             engine=self.engine,
         )
-        self._driver = RoundDriver(
-            self.engine,
-            DriverSettings(
-                database_url=url, database_schema=None, round_seconds=self.config.round_seconds
-            ),
-            request_plan=enqueue.request_plan,
-        )
         settings = Settings(
             database_url=url,
             open_mode=self.config.open_mode,
@@ -215,6 +208,15 @@ class Embedded:
             port=self.config.port,
         )
         app = create_app(settings, engine=self.engine, request_plan=enqueue.request_plan)
+        # One process, one /metrics: the driver's metrics go on the API's registry.
+        self._driver = RoundDriver(
+            self.engine,
+            DriverSettings(
+                database_url=url, database_schema=None, round_seconds=self.config.round_seconds
+            ),
+            request_plan=enqueue.request_plan,
+            registry=app.state.metrics.registry,
+        )
         self._server = uvicorn.Server(
             uvicorn.Config(
                 app,

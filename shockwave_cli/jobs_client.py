@@ -7,6 +7,8 @@ It returns the API's JSON as plain dicts and turns every failure into one of two
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +167,92 @@ class ShockwaveClient:
     def job_events(self, job_id: str, **params: Any) -> Any:
         """The job's events: a page (``items``, ``next_page_token``) or a plain list."""
         return self.request("GET", f"/v1/jobs/{_segment(job_id)}/events", params=params)
+
+    def resolve_job(self, text: str) -> str:
+        """The id of the one job whose id starts with ``text`` (a full id is taken as is);
+        :class:`ApiError` 404 when none matches, 409 naming the matches when several do."""
+        ident = text.strip().lower()
+        if FULL_ID.fullmatch(ident):
+            return ident
+        if not ident or not PREFIX.fullmatch(ident):
+            raise ApiError(422, "Invalid job id", f"{text!r} is not a job id or the start of one")
+        page = self.list_jobs(id_prefix=ident, page_size=5)
+        matches = [str(job["id"]) for job in page.get("items", [])]
+        if not matches:
+            raise ApiError(404, "Not found", f"no job id starts with {ident!r}")
+        if len(matches) > 1:
+            shown = ", ".join(matches[:4]) + (", ..." if page.get("next_page_token") else "")
+            raise ApiError(409, "Ambiguous job id", f"{ident!r} starts {shown}: give more of it")
+        return matches[0]
+
+    def attempts(self, job_id: str) -> list[Json]:
+        found: list[Json] = self.request("GET", f"/v1/jobs/{_segment(job_id)}/attempts")
+        return found
+
+    def prediction(self, job_id: str) -> Json:
+        found: Json = self.request("GET", f"/v1/jobs/{_segment(job_id)}/prediction")
+        return found
+
+    def nodes(self, state: str | None = None) -> list[Json]:
+        """Every node (following pages)."""
+        nodes: list[Json] = []
+        token: str | None = None
+        while True:
+            page = self.request(
+                "GET", "/v1/nodes", params={"state": state, "page_size": 500, "page_token": token}
+            )
+            nodes.extend(page.get("items", []))
+            token = page.get("next_page_token")
+            if not token:
+                return nodes
+
+    def cluster(self) -> Json:
+        found: Json = self.request("GET", "/v1/cluster")
+        return found
+
+    def schedule(self) -> Json:
+        found: Json = self.request("GET", "/v1/schedule")
+        return found
+
+    def queue(self) -> list[Json]:
+        found: list[Json] = self.request("GET", "/v1/queue")
+        return found
+
+    def stream(
+        self, last_event_id: str | None = None, job: str | None = None, follow: bool = True
+    ) -> Iterator[Json]:
+        """The events of ``GET /v1/events`` (server-sent events) as they arrive, each a dict
+        with its ``id``; resumes after ``last_event_id``. Ends when the server ends the stream
+        (``follow`` false: once what is stored is sent); :class:`ApiUnreachable` when the
+        connection drops."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        params = {"job_id": job, "follow": str(follow).lower()}
+        if last_event_id is None and not follow:
+            params["since"] = "0"
+        query = {k: v for k, v in params.items() if v is not None}
+        timeout = httpx.Timeout(10.0, read=60.0)
+        try:
+            with self._http.stream(
+                "GET", "/v1/events", params=query, headers=headers, timeout=timeout
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise _error_of(response)
+                data: list[str] = []
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif not line and data:
+                        yield json.loads("\n".join(data))
+                        data = []
+        except httpx.TransportError as error:
+            raise ApiUnreachable(self.base_url, _reason(error, type(error).__name__)) from None
+
+
+FULL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+PREFIX = re.compile(r"[0-9a-f-]{1,36}")
 
 
 def _segment(text: str) -> str:

@@ -76,30 +76,43 @@ def _progress(job: Mapping[str, Any]) -> str:
     return f"{done:g}/{job.get('epochs', '?')}"
 
 
-def jobs_table(jobs: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
-    """One row per job: id, name, tenant, state, GPUs, mode, batch size, epochs, created."""
+SHORT_ID = 8
+"""Characters of a job id the compact table shows (any unique start of an id is accepted)."""
+
+
+def jobs_table(
+    jobs: Sequence[Mapping[str, Any]], title: str | None = None, *, wide: bool = False
+) -> Table:
+    """One row per job. Compact (about 80 columns): short id, name, state, GPUs, batch size,
+    epochs. ``wide``: the full id, tenant, mode and creation time too."""
     table = Table(title=title, title_justify="left", caption_justify="left")
-    table.add_column("id", no_wrap=True, style="cyan", min_width=36)
-    table.add_column("name", overflow="fold", min_width=8)
-    table.add_column("tenant", overflow="fold", min_width=6)
+    table.add_column("id", no_wrap=True, style="cyan", min_width=36 if wide else SHORT_ID)
+    table.add_column("name", overflow="fold", min_width=8, max_width=None if wide else 24)
+    if wide:
+        table.add_column("tenant", overflow="fold", min_width=6)
     table.add_column("state", no_wrap=True, min_width=9)
     table.add_column("gpus", justify="right", no_wrap=True)
-    table.add_column("mode", no_wrap=True)
+    if wide:
+        table.add_column("mode", no_wrap=True)
     table.add_column("batch", justify="right", no_wrap=True)
     table.add_column("epochs", justify="right", no_wrap=True)
-    table.add_column("created", no_wrap=True)
+    if wide:
+        table.add_column("created", no_wrap=True)
     for job in jobs:
-        table.add_row(
-            user_text(job.get("id", "")),
+        ident = str(job.get("id", ""))
+        cells: list[str | Text] = [
+            user_text(ident if wide else ident[:SHORT_ID]),
             user_text(job.get("name", "")),
-            user_text(job.get("tenant", "")),
-            state_text(str(job.get("state", ""))),
-            str(job.get("gpus", "")),
-            user_text(job.get("mode", "")),
-            str(job.get("batch_size", "")),
-            _progress(job),
-            short_time(job.get("created_at")),
-        )
+        ]
+        if wide:
+            cells.append(user_text(job.get("tenant", "")))
+        cells += [state_text(str(job.get("state", ""))), str(job.get("gpus", ""))]
+        if wide:
+            cells.append(user_text(job.get("mode", "")))
+        cells += [str(job.get("batch_size", "")), _progress(job)]
+        if wide:
+            cells.append(short_time(job.get("created_at")))
+        table.add_row(*cells)
     return table
 
 
@@ -152,3 +165,40 @@ def print_document(console: Console, document: Any, output: OutputFormat) -> Non
     """JSON or YAML to stdout, unwrapped and without markup."""
     console.file.write(dump(document, output) + "\n")
     console.file.flush()
+
+
+def why_text(prediction: Mapping[str, Any], preemption: Mapping[str, Any] | None) -> Table:
+    """``shockwave jobs why``: the cause in words first, then the figures behind it."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_row("why", Text(str(prediction.get("reason", "")), style="bold"))
+    table.add_row("cause", str(prediction.get("cause", "")))
+    table.add_row("state", state_text(str(prediction.get("state", ""))))
+    rounds = prediction.get("planned_rounds") or []
+    table.add_row("planned rounds", ", ".join(map(str, rounds)) if rounds else "-")
+    table.add_row("FTF estimate", f"{float(prediction.get('ftf_estimate', 0.0)):.2f}")
+    table.add_row("remaining (alone)", f"{float(prediction.get('remaining_seconds', 0.0)):.0f} s")
+    progress = f"{float(prediction.get('epochs_done', 0.0)):g}/{prediction.get('epochs', '?')}"
+    table.add_row("epochs", f"{progress} at batch size {prediction.get('batch_size', '?')}")
+    if preemption is not None:
+        when = short_time(preemption.get("created_at"))
+        table.add_row("last preemption", f"{when}: {preemption.get('reason', '')}")
+    return table
+
+
+def event_line(event: Mapping[str, Any]) -> Text:
+    """One stream event for people: time, job, what happened, why."""
+    when = short_time(event.get("created_at"))
+    job = f"{str(event.get('job_id', ''))[:SHORT_ID]} {event.get('name', '')}"
+    if event.get("kind") == "preemption":
+        what = Text("preempted", style="magenta")
+    else:
+        what = Text(f"{event.get('from') or 'new'} -> ", style="dim")
+        what.append(state_text(str(event.get("to", ""))))
+    line = Text(f"{when}  {job}  ")
+    line.append(what)
+    reason = str(event.get("reason", ""))
+    if reason:
+        line.append(f"  ({reason})", style="dim")
+    return line

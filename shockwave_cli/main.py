@@ -51,6 +51,8 @@ from shockwave_cli import (
     token_commands,  # noqa: F401  (registers the admin token commands)
 )
 from shockwave_cli.api_commands import admin_app, api_command
+from shockwave_cli.cluster_commands import cluster_command, nodes_app
+from shockwave_cli.html_report import write_html_report
 from shockwave_cli.inputs import (
     InputError,
     load_throughputs,
@@ -62,7 +64,13 @@ from shockwave_cli.inputs import (
 )
 from shockwave_cli.jobs_commands import jobs_app
 from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
-from shockwave_cli.plots import plot_ftf_cdf, plot_gantt, plot_prediction, plot_utilization
+from shockwave_cli.plots import (
+    plot_ftf_cdf,
+    plot_gantt,
+    plot_gantts,
+    plot_prediction,
+    plot_utilization,
+)
 from shockwave_cli.replay_command import replay_command
 from shockwave_cli.report import (
     comparison_table,
@@ -180,6 +188,13 @@ def simulate_command(
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="Also write report.html: the comparison table and every plot in one page.",
+        ),
+    ] = False,
 ) -> None:
     """Simulate policies on a workload; print a comparison table and write reports to --out.
 
@@ -231,8 +246,9 @@ def simulate_command(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
-    _write_reports(out, setups, results, runs, str(knowledge))
-    console.print(f"Reports written to {out}/ (metrics.json, jobs-*.csv, *.png)")
+    _write_reports(out, setups, results, runs, str(knowledge), report)
+    written = "metrics.json, jobs-*.csv, *.png" + (", report.html" if report else "")
+    console.print(f"Reports written to {out}/ ({written})")
 
 
 @app.command("generate")
@@ -394,17 +410,25 @@ def _write_reports(
     results: Sequence[SimResult],
     runs: Sequence[RunMetrics],
     knowledge: str,
+    report: bool = False,
 ) -> None:
     records = [
         {**run_record(result, run, setup.params), "throughput_knowledge": knowledge}
         for setup, result, run in zip(setups, results, runs, strict=True)
     ]
     write_json(records, out / "metrics.json")
+    x_max = max((result.makespan_s for result in results), default=None)
     for result, run in zip(results, runs, strict=True):
         write_jobs_csv(result, run, out / f"jobs-{result.policy}.csv")
-        plot_gantt(result, out / f"{result.policy}-gantt.png")
+        plot_gantt(result, out / f"{result.policy}-gantt.png", x_max=x_max)
+    plot_gantts(results, out / "gantt.png")
     plot_ftf_cdf(runs, out / "ftf-cdf.png")
     plot_utilization(results, out / "utilization.png")
+    if report:
+        images = [out / "gantt.png", out / "utilization.png", out / "ftf-cdf.png"]
+        images += [out / f"{result.policy}-gantt.png" for result in results]
+        title = f"Shockwave simulation: {results[0].workload}" if results else "Simulation"
+        write_html_report(out / "report.html", title, records, images)
 
 
 def _workload(
@@ -502,6 +526,8 @@ app.command("api")(api_command)
 app.command("replay")(replay_command)
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(nodes_app, name="nodes")
+app.command("cluster")(cluster_command)
 app.command("worker")(worker_command)
 app.command("driver")(driver_command)
 app.command("up")(up_command)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from shockwave.metrics import RunMetrics, utilization_over_time
@@ -23,13 +25,45 @@ WIDTH_COLORS: dict[int, str] = {1: "tab:blue", 2: "tab:green", 4: "tab:orange", 
 _MAX_LABELLED_JOBS = 150
 
 
-def plot_gantt(result: SimResult, path: Path) -> None:
+def plot_gantt(result: SimResult, path: Path, x_max: float | None = None) -> None:
     """The schedule: one row per job (workload order, top to bottom), a bar for each run of
-    consecutive rounds it held GPUs, a grey line from its arrival to its finish."""
-    spans = _run_spans(result)
+    consecutive rounds it held GPUs, a grey line from its arrival to its finish, and a black
+    tick at each change of its batch size. ``x_max``: the time axis' end, the same for every
+    policy compared (default: this run's makespan)."""
     count = len(result.jobs)
     figure = _figure(width=12.0, height=min(60.0, max(3.0, 0.12 * count + 1.5)))
     axes = figure.add_subplot()
+    _draw_gantt(axes, result, x_max)
+    axes.set_title(f"{result.policy}: schedule on {result.cluster.total_gpus} GPUs")
+    _gantt_legend(axes, result)
+    _save(figure, path)
+
+
+def plot_gantts(results: Sequence[SimResult], path: Path) -> None:
+    """Every policy's schedule stacked on one shared time axis (one panel a policy), so that
+    side by side they compare: a shorter panel finished the workload sooner."""
+    if not results:
+        return
+    count = max(len(result.jobs) for result in results)
+    panel = min(8.0, max(1.6, 0.03 * count + 1.0))
+    figure = _figure(width=12.0, height=min(80.0, panel * len(results) + 0.8))
+    axes_list = figure.subplots(len(results), 1, sharex=True, squeeze=False)[:, 0]
+    x_max = max(result.makespan_s for result in results)
+    for axes, result in zip(axes_list, results, strict=True):
+        _draw_gantt(axes, result, x_max, labels=False)
+        axes.set_ylabel(result.policy, rotation=0, ha="right", va="center")
+        axes.axvline(result.makespan_s, color="black", linewidth=0.8, linestyle="--")
+    axes_list[-1].set_xlabel("time (s)")
+    _gantt_legend(axes_list[0], results[0])
+    figure.suptitle("Schedules on one time axis (dashed: each policy's makespan)")
+    _save(figure, path)
+
+
+def _draw_gantt(axes: Any, result: SimResult, x_max: float | None, labels: bool = True) -> None:
+    spans = _run_spans(result)
+    count = len(result.jobs)
+    ticks_x: list[float] = []
+    ticks_y: list[int] = []
     for row, job in enumerate(result.jobs):
         end = job.finish_s if job.finish_s is not None else result.makespan_s
         axes.hlines(row, job.arrival_s, end, colors="0.8", linewidth=0.8, zorder=1)
@@ -37,22 +71,31 @@ def plot_gantt(result: SimResult, path: Path) -> None:
         if bars:
             color = WIDTH_COLORS.get(job.gpus, "tab:gray")
             axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, zorder=2)
+        for moment, _ in job.scalings:
+            ticks_x.append(moment)
+            ticks_y.append(row)
+    if ticks_x:
+        axes.scatter(ticks_x, ticks_y, marker="|", s=30, color="black", linewidths=1.0, zorder=3)
     axes.set_ylim(count - 0.5, -0.5)
-    axes.set_xlim(0, max(result.makespan_s, 1.0))
-    if count <= _MAX_LABELLED_JOBS:
+    axes.set_xlim(0, max(x_max if x_max is not None else result.makespan_s, 1.0))
+    if labels and count <= _MAX_LABELLED_JOBS:
         axes.set_yticks(range(count), [job.job_id for job in result.jobs], fontsize=5)
     else:
         axes.set_yticks([])
-    axes.set_xlabel("time (s)")
-    axes.set_ylabel("job")
-    axes.set_title(f"{result.policy}: schedule on {result.cluster.total_gpus} GPUs")
+    if labels:
+        axes.set_xlabel("time (s)")
+        axes.set_ylabel("job")
+
+
+def _gantt_legend(axes: Any, result: SimResult) -> None:
     widths = sorted({job.gpus for job in result.jobs})
-    axes.legend(
-        handles=[Patch(color=WIDTH_COLORS.get(w, "tab:gray"), label=f"{w} GPU") for w in widths],
-        loc="upper right",
-        fontsize=7,
+    handles: list[Any] = [
+        Patch(color=WIDTH_COLORS.get(w, "tab:gray"), label=f"{w} GPU") for w in widths
+    ]
+    handles.append(
+        Line2D([], [], color="black", marker="|", linestyle="none", label="batch-size change")
     )
-    _save(figure, path)
+    axes.legend(handles=handles, loc="upper right", fontsize=7)
 
 
 def plot_ftf_cdf(runs: Sequence[RunMetrics], path: Path) -> None:
@@ -74,21 +117,78 @@ def plot_ftf_cdf(runs: Sequence[RunMetrics], path: Path) -> None:
 
 
 def plot_utilization(results: Sequence[SimResult], path: Path) -> None:
-    """Busy share of the cluster in each round, over simulated time, one line a policy."""
-    figure = _figure(width=9.0, height=4.5)
-    axes = figure.add_subplot()
-    for result in results:
+    """Busy share of the cluster over simulated time: one small panel a policy, all on the
+    same axes (so eight policies do not blur into one tangle), each with its per-round
+    utilization (thin), a moving average over about 5% of the time axis (bold) and its mean
+    over the run (dashed, in the title)."""
+    if not results:
+        return
+    columns = 2 if len(results) > 1 else 1
+    rows = -(-len(results) // columns)
+    figure = _figure(width=11.0, height=max(2.6, 2.0 * rows + 0.6))
+    grid = figure.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)
+    x_max = max(result.makespan_s for result in results)
+    colors = figure_colors(len(results))
+    for index, result in enumerate(results):
+        axes = grid[index // columns][index % columns]
         points = utilization_over_time(result)
+        mean = 0.0
         if points:
             times = [t for t, _ in points] + [result.makespan_s]
-            shares = [s for _, s in points] + [points[-1][1]]
-            axes.step(times, shares, where="post", label=result.policy, linewidth=0.9)
-    axes.set_xlabel("time (s)")
-    axes.set_ylabel("GPU utilization")
-    axes.set_ylim(0, 1.05)
-    axes.set_title("Cluster utilization per round")
-    axes.legend(fontsize=8)
+            shares = [u for _, u in points] + [points[-1][1]]
+            axes.step(times, shares, where="post", color=colors[index], linewidth=0.5, alpha=0.5)
+            smooth_t, smooth_u = moving_average(points, result.makespan_s, 0.05 * x_max)
+            axes.plot(smooth_t, smooth_u, color=colors[index], linewidth=1.8)
+            mean = time_weighted_mean(points, result.makespan_s)
+            axes.axhline(mean, color="0.3", linestyle="--", linewidth=0.8)
+        axes.set_title(f"{result.policy}: mean {mean:.0%}", fontsize=9)
+        axes.set_ylim(0, 1.05)
+        axes.set_xlim(0, max(x_max, 1.0))
+    for extra in range(len(results), rows * columns):
+        grid[extra // columns][extra % columns].set_visible(False)
+    for axes in grid[-1]:
+        axes.set_xlabel("time (s)")
+    for row in grid:
+        row[0].set_ylabel("GPU utilization")
+    figure.suptitle("Cluster utilization per round (bold: moving average; dashed: mean)")
     _save(figure, path)
+
+
+def figure_colors(count: int) -> list[str]:
+    palette = [f"C{i}" for i in range(10)]
+    return [palette[i % len(palette)] for i in range(count)]
+
+
+def moving_average(
+    points: Sequence[tuple[float, float]], end_s: float, window_s: float
+) -> tuple[list[float], list[float]]:
+    """The step function ``points`` ((time, value) from each time on, until ``end_s``) averaged
+    over a trailing window of ``window_s``, sampled at each step."""
+    times = [t for t, _ in points]
+    values = [v for _, v in points]
+    bounds = [*times[1:], end_s]
+    out_t: list[float] = []
+    out_v: list[float] = []
+    for i, now in enumerate(bounds):
+        start = max(times[0], now - max(window_s, 1e-9))
+        total = 0.0
+        for j in range(i, -1, -1):
+            left, right = max(times[j], start), bounds[j]
+            if right > left:
+                total += values[j] * (right - left)
+            if times[j] <= start:
+                break
+        out_t.append(now)
+        out_v.append(total / max(now - start, 1e-9))
+    return out_t, out_v
+
+
+def time_weighted_mean(points: Sequence[tuple[float, float]], end_s: float) -> float:
+    bounds = [*(t for t, _ in points[1:]), end_s]
+    span = end_s - points[0][0]
+    if span <= 0:
+        return points[0][1]
+    return sum(v * (b - t) for (t, v), b in zip(points, bounds, strict=True)) / span
 
 
 def plot_prediction(report: PredictionReport, path: Path) -> None:

@@ -46,7 +46,7 @@ from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
+from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 __all__ = ["SOURCES", "FillOutcome", "LostNodes", "RoundOutcome", "fill_round", "start_round"]
 
@@ -80,6 +80,29 @@ class LostNodes:
     nodes: tuple[str, ...]
     requeued: tuple[str, ...]
     state_version: int
+
+
+def _preempt(session: Session, leases: Sequence[LeaseRow], reason: str, now: datetime) -> None:
+    """Revoke a job's ``leases`` (one per node its gang spans) for ``reason``, and record one
+    ``preemption`` event on the job with it."""
+    for lease in leases:
+        move_lease(session, lease, LeaseState.REVOKED, now=now)
+        lease.reason = reason[:256]
+    if leases:
+        first = leases[0]
+        session.add(
+            JobEventRow(
+                job_id=first.job_id,
+                kind="preemption",
+                payload={
+                    "attempt_ids": [lease.id for lease in leases],
+                    "nodes": sorted({lease.node_id for lease in leases}),
+                    "round": first.round_index,
+                },
+                reason=reason[:256],
+                created_at=now,
+            )
+        )
 
 
 def at(now: float) -> datetime:
@@ -241,9 +264,9 @@ def _apply(
     suspend: list[engine.Change] = []
     for change in changes.changes:
         if change.kind is engine.ChangeKind.REVOKE:
-            for lease in leases_of.pop(change.job_id, []):
-                move_lease(session, lease, LeaseState.REVOKED, now=started)
-                revoked += 1
+            moved = leases_of.pop(change.job_id, [])
+            _preempt(session, moved, f"preempted in round {r}: {change.reason}", started)
+            revoked += len(moved)
         elif change.kind is engine.ChangeKind.EXTEND:
             for lease in leases_of.pop(change.job_id, []):
                 _extend(session, lease, r, ends, started)
@@ -268,9 +291,9 @@ def _apply(
             suspend.append(change)
     if changes.source != "fill":
         for leftover in leases_of.values():
-            for lease in leftover:
-                move_lease(session, lease, LeaseState.REVOKED, now=started)
-                revoked += 1
+            why = f"preempted in round {r}: its lease is off the READY nodes"
+            _preempt(session, leftover, why, started)
+            revoked += len(leftover)
     session.flush()
     suspended = tuple(
         c.job_id

@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import ACTIVE, JobState, NodeState
+from shockwave.waiting import Gpus
 from store.paging import cut, page_key
 from store.principals import Principal, Role
 from store.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
@@ -41,6 +42,23 @@ def capacity(session: Session) -> Capacity:
         nodes[state] = int(count)
         gpus[state] = int(state_gpus)
     return Capacity(total_gpus=sum(gpus.values()), ready_gpus=gpus[NodeState.READY], nodes=nodes)
+
+
+def gpus_by_kind(session: Session) -> Gpus:
+    """GPUs by ``gpu_type``: of every registered node and of the READY ones (for
+    :func:`shockwave.waiting.why_waiting`)."""
+    rows = session.exec(
+        select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
+            NodeRow.gpu_type, NodeRow.state
+        )
+    ).all()
+    total: dict[str, int] = {}
+    ready: dict[str, int] = {}
+    for kind, state, gpus in rows:
+        total[kind] = total.get(kind, 0) + int(gpus)
+        if state == NodeState.READY.value:
+            ready[kind] = ready.get(kind, 0) + int(gpus)
+    return Gpus(total=total, ready=ready)
 
 
 def jobs_by_state(session: Session, tenant: str | None = None) -> dict[str, int]:

@@ -43,7 +43,7 @@ from store.paging import cut, page_key
 from store.principals import Principal, Role, require
 from store.tables import INT4_MAX, JobEventRow, JobRow, utcnow
 
-EventKind = Literal["progress", "scaling", "state", "excluded"]
+EventKind = Literal["progress", "scaling", "state", "excluded", "preemption"]
 REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -63,6 +63,8 @@ class Submission(SpecFields, Protocol):
     def command(self) -> Sequence[str]: ...
     @property
     def image(self) -> str | None: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
 
 def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
@@ -95,7 +97,7 @@ def record_state(session: Session, row: JobRow, target: JobState, reason: str) -
             job_id=row.id,
             kind="state",
             payload={"from": current.value, "to": target.value},
-            reason=reason,
+            reason=reason[:256],
         )
     )
 
@@ -131,6 +133,7 @@ def create_job(session: Session, principal: Principal, data: Submission) -> JobR
         batch_size=spec.initial_batch_size,
         command=list(data.command),
         image=data.image,
+        env=dict(data.env),
     )
     session.add(row)
     session.flush()
@@ -188,7 +191,10 @@ def list_jobs(
     state: JobState | None,
     tenant: str | None,
     name: str | None,
+    id_prefix: str | None = None,
 ) -> tuple[list[JobRow], str | None]:
+    """One page of the jobs the caller sees (oldest first), filtered by state, tenant, exact
+    name and id prefix (``id_prefix``: the start of a job id, as the CLI accepts them)."""
     query = select(JobRow)
     if principal.role is Role.USER:
         if tenant is not None and tenant != principal.tenant:
@@ -205,6 +211,8 @@ def list_jobs(
         query = query.where(JobRow.state == state.value)
     if name is not None:
         query = query.where(JobRow.name == name)
+    if id_prefix:
+        query = query.where(col(JobRow.id).startswith(id_prefix, autoescape=True))
     if page_token:
         created, last_id = _after(page_token)
         query = query.where(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, CheckConstraint, Column, DateTime, Index, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -99,6 +99,9 @@ class JobRow(SQLModel, table=True):
         default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")
     )
     image: str | None = Field(default=None, max_length=255)
+    env: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -253,6 +256,8 @@ class LeaseRow(SQLModel, table=True):
     gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     state: str = Field(default=LeaseState.ISSUED.value, max_length=16)
     exit_code: int | None = None
+    log_tail: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    reason: str = Field(default="", max_length=256, sa_column_kwargs={"server_default": ""})
     issued_at: datetime = _ts()
     ends_at: datetime = _ts()
     updated_at: datetime = _ts()

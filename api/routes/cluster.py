@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
+from api import prediction
 from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
-from api.schemas import ClusterPublic, NodePublic, NodeSummary, Page, SchedulePublic
+from api.routes.prediction import get_now
+from api.schemas import (
+    ClusterPublic,
+    HeldPublic,
+    NodePublic,
+    NodeSummary,
+    Page,
+    PlannedRound,
+    QueueEntry,
+    RoundPublic,
+    RoundsPublic,
+    SchedulePublic,
+)
 from shockwave.lifecycle import NodeState
-from store import cluster
+from store import cluster, views
 from store.principals import Role, require
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
@@ -93,3 +107,83 @@ def get_schedule(principal: CurrentPrincipal, session: SessionDep) -> SchedulePu
     if view is None:
         return SchedulePublic(round=None, plan=None, reason=NO_ROUND_REASON)
     return SchedulePublic(round=view["round"], plan=view, reason=f"round from {view['source']}")
+
+
+@router.get(
+    "/rounds",
+    response_model=RoundsPublic,
+    responses=PROBLEMS,
+    summary="Recent and planned rounds (the Gantt chart's data)",
+    openapi_extra=access(admin=ANY, user=OWN, agent=DENIED, job=DENIED),
+)
+def list_rounds(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=200, description="Rounds issued to show")] = 20,
+) -> RoundsPublic:
+    """The last ``limit`` rounds issued, each with the GPUs every job held (node and local
+    GPU indices; another tenant's job has no id for a user), and the freshest plan's rounds
+    from the current one on with their expected start times."""
+    require(principal, Role.ADMIN, Role.USER)
+    recent = views.recent_rounds(session, principal, limit)
+    timing = views.timing(session)
+    planned: list[PlannedRound] = []
+    plan = views.planned_rounds_of_all(session)
+    if plan is not None:
+        base, rounds = plan
+        ids = sorted({job for r in rounds for job in r})
+        visible = views.visible_jobs(session, principal, ids)
+        for t, members in enumerate(rounds):
+            index = base + t
+            if index < timing.current:
+                continue
+            starts = None
+            if timing.started_at is not None:
+                ahead = index - max(timing.current, 0)
+                starts = timing.started_at + timedelta(seconds=ahead * timing.round_seconds)
+            planned.append(
+                PlannedRound(
+                    index=index, starts_at=starts, jobs=[j for j in members if j in visible]
+                )
+            )
+    return RoundsPublic(
+        current=timing.current,
+        round_seconds=timing.round_seconds,
+        recent=[
+            RoundPublic(
+                index=r.index,
+                source=r.source,
+                started_at=r.started_at,
+                ends_at=r.ends_at,
+                held=[
+                    HeldPublic(
+                        job_id=h.job_id, name=h.name, node_id=h.node_id, gpus=h.gpus, state=h.state
+                    )
+                    for h in r.held
+                ],
+            )
+            for r in recent
+        ],
+        planned=planned,
+    )
+
+
+@router.get(
+    "/queue",
+    response_model=list[QueueEntry],
+    responses=PROBLEMS,
+    summary="The queue: active jobs with FTF estimate, predicted start and finish, and why "
+    "each waits",
+    openapi_extra=access(admin=ANY, user=OWN, agent=DENIED, job=DENIED),
+)
+def get_queue(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    now: Annotated[datetime, Depends(get_now)],
+    limit: Annotated[int, Query(ge=1, le=500, description="Jobs to show, oldest first")] = 200,
+) -> list[QueueEntry]:
+    """The caller's PENDING, RUNNING and SUSPENDED jobs, oldest first, each with its
+    finish-time-fairness estimate, remaining time, predicted start and finish (from the
+    freshest plan; null when the plan does not name the job) and why it waits."""
+    require(principal, Role.ADMIN, Role.USER)
+    return prediction.queue(session, principal, now, limit)

@@ -10,9 +10,9 @@ from sqlmodel import Session
 
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.schemas import JobCreate, JobIdPath, JobPublic, JobSummary, Page
+from api.schemas import AttemptPublic, JobCreate, JobIdPath, JobPublic, JobSummary, Page
 from shockwave.lifecycle import JobState
-from store import cluster_version, jobs
+from store import cluster_version, jobs, views
 from store.snapshot import GpuLayout, gpu_layout, waiting_reason
 from store.tables import JobRow
 
@@ -25,7 +25,7 @@ def _public(row: JobRow, session: Session, layout: GpuLayout | None = None) -> J
     return public
 
 
-def _summary(row: JobRow, session: Session, layout: GpuLayout) -> JobSummary:
+def _summary(row: JobRow, session: Session, layout: GpuLayout | None) -> JobSummary:
     summary = JobSummary.model_validate(row, from_attributes=True)
     summary.waiting_reason = waiting_reason(session, row, layout)
     return summary
@@ -97,6 +97,14 @@ def list_jobs(
     state: JobState | None = None,
     tenant: Annotated[str | None, Query(max_length=64, pattern=r"^[^\x00]*$")] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
+    id_prefix: Annotated[
+        str | None,
+        Query(
+            max_length=36,
+            pattern=r"^[0-9a-fA-F-]*$",
+            description="Only jobs whose id starts with this (the CLI's short ids)",
+        ),
+    ] = None,
 ) -> Page[JobSummary]:
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     rows, token = jobs.list_jobs(
@@ -107,6 +115,7 @@ def list_jobs(
         state=state,
         tenant=tenant,
         name=name,
+        id_prefix=id_prefix.lower() if id_prefix else None,
     )
     layout = gpu_layout(session)
     items = [_summary(r, session, layout) for r in rows]
@@ -137,3 +146,33 @@ def cancel_job(job_id: JobIdPath, session: SessionDep, principal: CurrentPrincip
     session.commit()
     session.refresh(row)
     return _public(row, session)
+
+
+@router.get(
+    "/{job_id}/attempts",
+    response_model=list[AttemptPublic],
+    responses=PROBLEM_RESPONSES,
+    summary="List a job's attempts, with the tail of each one's output",
+    openapi_extra=access(admin=ANY, user=OWN, agent=DENIED, job=OWN),
+)
+def list_job_attempts(
+    job_id: JobIdPath, session: SessionDep, principal: CurrentPrincipal
+) -> list[AttemptPublic]:
+    """Every attempt (lease) of the job, oldest first: node, round, GPUs, state, exit code,
+    why the round driver took it back, and the last few KiB of its output as its agent last
+    shipped them (``shockwave jobs logs`` prints the newest)."""
+    return [
+        AttemptPublic(
+            attempt_id=row.id,
+            node_id=row.node_id,
+            round_index=row.round_index,
+            gpus=[int(g) for g in row.gpus],
+            state=row.state,
+            exit_code=row.exit_code,
+            reason=row.reason,
+            log_tail=row.log_tail,
+            issued_at=row.issued_at,
+            updated_at=row.updated_at,
+        )
+        for row in views.attempts(session, principal, job_id)
+    ]

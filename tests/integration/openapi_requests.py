@@ -60,7 +60,8 @@ def call(
     """Send ``operation`` with path parameters from ``values`` (else their smallest valid
     value, inserted verbatim: a value may carry %-escapes) and its smallest valid body. A query
     parameter or a property of an object body that ``values`` names is sent with that value
-    (an agent's ``node``, say), optional or not."""
+    (an agent's ``node``, say), optional or not. An event stream (a ``follow`` parameter) is
+    asked not to follow, so that it ends."""
     openapi = app.openapi()
     path = operation.template
     for parameter in operation.path_parameters():
@@ -72,6 +73,8 @@ def call(
         for p in operation.spec.get("parameters", [])
         if p.get("in") == "query" and p["name"] in values
     }
+    if any(p.get("name") == "follow" for p in operation.spec.get("parameters", [])):
+        query["follow"] = "false"  # an event stream that follows never ends
     body = request_body(openapi, operation.spec)
     if isinstance(body, dict):
         body.update({k: values[k] for k in body_properties(openapi, operation.spec) if k in values})

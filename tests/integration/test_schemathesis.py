@@ -33,6 +33,7 @@ HEAVY = {("POST", "/v1/jobs"), ("POST", "/v1/jobs/{job_id}/events")}
 HEAVY_EXAMPLES = 200
 LIGHT_EXAMPLES = 25
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+STREAM = "/v1/events"
 
 
 def _breakable(parameter: dict[str, Any]) -> bool:
@@ -127,6 +128,8 @@ def test_operation_answers_without_server_errors_and_as_declared(
     def answers_as_declared(case: Any, job_id: str | None) -> None:
         if job_id is not None and isinstance(case.path_parameters, dict):
             case.path_parameters["job_id"] = job_id
+        if path == STREAM:  # a followed stream never ends: read what is stored, then stop
+            case.query = {**(case.query or {}), "follow": "false"}
         response = case.call()
         case.validate_response(
             response,

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from agent import wrap
 from agent.client import ApiUnavailable, Backoff, Lease, LeasePoll, Report
 from agent.config import AgentConfig, Machine
-from agent.loop import NOT_RUN, Agent
+from agent.loop import LOG_TAIL_BYTES, NOT_RUN, Agent
 from agent.runtime import (
     DockerRuntime,
     Ended,
@@ -175,6 +175,8 @@ class FakeServer:
     stop_requested: list[str] = field(default_factory=list)
     """The attempts reported ``exited`` with ``stop_requested``."""
     polls: list[list[str]] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    """The latest output tail shipped for each attempt."""
     mint: bool = True
     """Whether a poll asking for tokens gets them (else the agent asks one at a time)."""
     asked_tokens: list[str] = field(default_factory=list)
@@ -188,9 +190,15 @@ class FakeServer:
         return {"id": "n1", "gpus": machine.gpus, "gpu_type": machine.gpu_type}
 
     def poll(
-        self, running: list[str], reports: list[Report], heartbeat: bool, tokens: bool
+        self,
+        running: list[str],
+        reports: list[Report],
+        heartbeat: bool,
+        tokens: bool,
+        logs: dict[str, str] | None = None,
     ) -> LeasePoll:
         self._call()
+        self.logs.update(logs or {})
         answers = []
         for r in reports:
             self.reports.append((r.attempt_id, r.state, r.exit_code))
@@ -303,6 +311,26 @@ def test_a_lease_starts_with_its_environment_and_reports(tmp_path: Path, world: 
     assert server.polls[:2] == [[], ["a1"]], "the second poll of the contact, at once"
     assert server.asked_tokens == [], "the token came with the poll"
     assert server.polls[-1] == ["a1"]
+
+
+def test_the_output_tail_goes_with_heartbeat_polls_and_once_more_at_the_end(
+    tmp_path: Path, world: Any
+) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 60)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1)
+    (launch,) = runtime.started
+    launch.log_file.write_bytes(b"x" * 9000 + b"epoch 1\n")
+    run_for(agent, clock, 12)
+    tail = server.logs["a1"]
+    assert tail.endswith("epoch 1\n") and len(tail) == LOG_TAIL_BYTES
+    with launch.log_file.open("ab") as log:
+        log.write(b"done\n")
+    runtime.ended[1] = 0
+    run_for(agent, clock, 2)
+    assert server.logs["a1"].endswith("epoch 1\ndone\n"), "the last words of an ended attempt"
+    assert agent.final_logs == {}
 
 
 def test_a_lease_whose_poll_brought_no_token_asks_for_one(tmp_path: Path, world: Any) -> None:

@@ -298,7 +298,8 @@ def test_prediction_returns_regimes_remaining_time_and_ftf(api: Api) -> None:
     assert body["contention"] == 1.0
     assert body["ftf_estimate"] == pytest.approx((100 + 14) / 36)
     assert body["planned_rounds"] == []
-    assert "no plan" in body["reason"]
+    assert body["cause"] == "no_ready_node", "no node at all is said before anything of plans"
+    assert "no node is READY" in body["reason"]
 
 
 def test_prediction_of_a_fresh_job_uses_declared_throughput(api: Api) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner, Result
 
+from shockwave.model import Cluster
 from shockwave.policies import BASELINES
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.traces import TRACE_FIELDS
@@ -144,6 +146,54 @@ def test_simulate_writes_metrics_csvs_and_plots(
         assert float(row["jct"]) == pytest.approx(float(row["finish"]) - float(row["arrival"]))
     assert "gandiva_fair" not in result.output
     assert "lower bound" in result.output
+
+
+def test_simulate_report_writes_one_page_with_the_table_and_every_plot(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+
+    result = invoke(*simulate_args(*generated, throughputs, out, "gavel,fifo"), "--report")
+
+    assert result.exit_code == 0, result.output
+    assert "report.html" in result.output
+    page = (out / "report.html").read_text()
+    metrics = json.loads((out / "metrics.json").read_text())
+    for m in metrics:
+        assert f"<td>{m['policy']}</td><td>{m['makespan_s']:,.0f}</td>" in page
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
+    plots = ["gantt.png", "utilization.png", "ftf-cdf.png", "gavel-gantt.png", "fifo-gantt.png"]
+    assert images == plots
+    assert "http" not in page, "the page loads nothing from anywhere"
+
+
+def test_every_policys_gantt_shares_one_time_axis_and_marks_batch_size_changes(
+    generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
+) -> None:
+    from shockwave.policy import get_policy, make_params
+    from shockwave.simulator import SimSettings, simulate
+    from shockwave_cli.inputs import load_throughputs, load_workload
+    from shockwave_cli.plots import moving_average, plot_gantts, time_weighted_mean
+
+    work = load_workload(*generated, load_throughputs(throughputs))
+    results = [
+        simulate(
+            work,
+            Cluster.of_gpus(8, 4),
+            get_policy(name),
+            make_params(get_policy(name)),
+            SimSettings(),
+        )
+        for name in ("fifo", "gavel")
+    ]
+    assert any(job.scalings for job in results[0].jobs), "the workload changes batch sizes"
+    plot_gantts(results, tmp_path / "gantt.png")
+    assert (tmp_path / "gantt.png").read_bytes().startswith(PNG_MAGIC)
+
+    points = [(0.0, 1.0), (10.0, 0.0), (20.0, 0.5)]
+    assert time_weighted_mean(points, 40.0) == pytest.approx((10 + 0 + 10) / 40)
+    times, values = moving_average(points, 40.0, 10.0)
+    assert times == [10.0, 20.0, 40.0] and values == pytest.approx([1.0, 0.0, 0.5])
 
 
 def test_simulate_generates_a_workload_without_a_trace(throughputs: Path, tmp_path: Path) -> None:
@@ -524,3 +574,12 @@ def test_user_text_is_printed_inert_control_characters_escaped_and_no_markup() -
     text = console.export_text()
     assert "\x1b" not in text and "\x9b" not in text
     assert text.count("x\\x1b[2J\\x9b[bold]y[/bold]") == 2
+
+
+def test_jobs_logs_follow_prints_only_what_the_new_tail_adds() -> None:
+    from shockwave_cli.jobs_commands import new_output
+
+    assert new_output("", "a\nb\n") == "a\nb\n"
+    assert new_output("a\nb\n", "a\nb\nc\n") == "c\n"
+    assert new_output("a\nb\nc\n", "b\nc\nd\n") == "d\n", "the window slid past its start"
+    assert new_output("a\nb\n", "a\nb\n") == ""

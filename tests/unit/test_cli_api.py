@@ -126,7 +126,7 @@ def test_submit_from_a_yaml_file_then_get_and_list(
 
     table = jobs(server, alice, "ls", "--name", "resnet-accordion")
     assert table.exit_code == 0, table.output
-    assert job["id"] in table.stdout and "PENDING" in table.stdout
+    assert job["id"][:8] in table.stdout and "PENDING" in table.stdout
 
 
 def test_cancel_moves_the_job_to_cancelled_and_twice_is_a_conflict(

@@ -32,3 +32,10 @@ def test_the_migrations_and_their_versions_are_packaged() -> None:
 def test_the_migration_template_is_package_data() -> None:
     assert "script.py.mako" in _setuptools()["package-data"]["migrations"]
     assert (ROOT / "migrations" / "script.py.mako").is_file()
+
+
+def test_the_dashboard_is_package_data() -> None:
+    """The web dashboard (GET /) is served from files inside the api package."""
+    assert "dashboard/*" in _setuptools()["package-data"]["api"]
+    for name in ("index.html", "dashboard.js", "dashboard.css", "favicon.svg"):
+        assert (ROOT / "api" / "dashboard" / name).is_file(), name

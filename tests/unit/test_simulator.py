@@ -278,3 +278,17 @@ def test_on_mixed_nodes_no_gpu_idles_at_a_boundary_while_a_job_that_fits_waits(n
             and j.job_id not in r.assignment
         ]
         assert all(j.gpus > nodes.total_gpus - used for j in waiting), (r.index, used, waiting)
+
+
+def test_batch_size_changes_are_noted_when_they_happen() -> None:
+    """A job whose trajectory changes batch size notes each change at the simulated time it
+    crossed the regime boundary: alone on the cluster, 2 epochs of 10 s at 16, then 32."""
+    job = sim_job("j", [(16, 2, 10.0), (32, 3, 5.0), (64, 1, 2.0)], mode=AdaptationMode.GNS)
+    settings = SimSettings(round_seconds=7.0, restart_overhead_s=0.0)
+    result = simulate(
+        workload(job), cluster(1), get_policy("fifo"), make_params(get_policy("fifo")), settings
+    )
+    (outcome,) = result.jobs
+    assert [size for _, size in outcome.scalings] == [32, 64]
+    assert [moment for moment, _ in outcome.scalings] == pytest.approx([20.0, 35.0])
+    assert outcome.finish_s == pytest.approx(37.0)
