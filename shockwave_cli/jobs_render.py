@@ -87,7 +87,7 @@ def jobs_table(
     epochs. ``wide``: the full id, tenant, mode and creation time too."""
     table = Table(title=title, title_justify="left", caption_justify="left")
     table.add_column("id", no_wrap=True, style="cyan", min_width=36 if wide else SHORT_ID)
-    table.add_column("name", overflow="fold", min_width=8, max_width=None if wide else 24)
+    table.add_column("name", overflow="fold", min_width=8)
     if wide:
         table.add_column("tenant", overflow="fold", min_width=6)
     table.add_column("state", no_wrap=True, min_width=9)
