@@ -86,6 +86,14 @@ class PlanJob:
     overdue: tuple[float, ...] = ()
     fair_share_s: float = 1.0
     critical_remaining_s: float = 0.0
+    optimistic_remaining_s: float | None = None
+
+    @property
+    def soonest_remaining_s(self) -> float:
+        """The least run time the job may have left (its predicted one when not given)."""
+        if self.optimistic_remaining_s is None:
+            return self.remaining[0]
+        return min(self.optimistic_remaining_s, self.remaining[0])
 
     @property
     def cap(self) -> int:
@@ -113,6 +121,7 @@ class PlannerParams:
     use_scip: str = "auto"
     horizon_margin: float = 1.0
     deadline_weight: float = 10.0
+    reserve_critical_path: bool = True
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -173,6 +182,7 @@ class Problem:
     rem: FloatArray
     caps: npt.NDArray[np.int64]
     gpus: FloatArray
+    floors: npt.NDArray[np.int64] | None = None
 
     @property
     def capacity(self) -> int:
@@ -197,9 +207,10 @@ def build_problem(
     value = np.zeros((count, t + 1))
     rem = np.zeros((count, t + 1))
     caps = np.zeros(count, dtype=np.int64)
+    floors = np.zeros(count, dtype=np.int64)
     horizon = max(
         sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
-        max((j.critical_remaining_s for j in jobs), default=0.0),
+        max((j.soonest_remaining_s for j in jobs), default=0.0),
     )
     window_s = t * round_seconds
     mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
@@ -220,8 +231,11 @@ def build_problem(
         value[i] -= penalty / z0
         rem[i] = left
         caps[i] = cap
+        if params.reserve_critical_path:
+            # The fewest rounds that keep the job's cautious remainder inside the bound.
+            floors[i] = int(np.argmax(late == 0)) if (late == 0).any() else cap
     gpus = np.array([j.gpus for j in jobs], dtype=float)
-    return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus)
+    return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus, floors)
 
 
 def concave_slopes(values: FloatArray, cap: int) -> FloatArray:
@@ -252,20 +266,23 @@ def greedy_counts(
 ) -> tuple[npt.NDArray[np.int64], float]:
     """Greedy by envelope gain per GPU-round; returns (counts, fractional relaxation bound).
 
-    ``forced[j]`` increments of job j are taken first, whatever their gain. The bound is the
-    relaxation's value (valid for the separable part) only when nothing is forced.
+    ``forced[j]`` increments of job j are taken first, whatever their gain (the problem's
+    ``floors`` when not given). The bound is the relaxation's value under those floors: with
+    concave envelopes, taking the forced increments and then the rest by ratio solves the
+    relaxed problem with n_j >= forced_j exactly.
     """
     count, t = slopes.shape
+    if forced is None:
+        forced = problem.floors if problem.floors is not None else np.zeros(count, np.int64)
     n_idx = np.broadcast_to(np.arange(t), (count, t))
     allowed = n_idx < problem.caps[:, None]
     ratio = slopes / problem.gpus[:, None]
-    if forced is not None:
-        ratio = np.where(n_idx < forced[:, None], np.inf, ratio)
-    allowed &= ratio > 0
-    flat_jobs = np.nonzero(allowed)[0]
-    flat_n = np.nonzero(allowed)[1]
+    must = allowed & (n_idx < forced[:, None])
+    allowed &= (ratio > 0) | must
+    flat_jobs, flat_n = np.nonzero(allowed)
     flat_ratio = ratio[allowed]
-    order = np.lexsort((flat_n, -flat_ratio))
+    flat_must = must[allowed]
+    order = np.lexsort((flat_n, -flat_ratio, ~flat_must))
     cost = problem.gpus[flat_jobs[order]]
     used = np.cumsum(cost)
     capacity = problem.capacity
@@ -276,8 +293,8 @@ def greedy_counts(
     left = capacity - (float(used[cut - 1]) if cut else 0.0)
     base = float(problem.value[:, 0].sum())
     bound = base + float((flat_ratio[taken] * cost[:cut]).sum())
-    if cut < len(order):
-        bound += float(flat_ratio[order[cut]]) * left
+    if cut < len(order) and not flat_must[order[cut]]:
+        bound += max(0.0, float(flat_ratio[order[cut]])) * left
     for k in order[cut : cut + 4096]:
         if left < 1:
             break
@@ -314,10 +331,11 @@ def pack_rounds(
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
+    floors = problem.floors if problem.floors is not None else np.zeros(len(counts), np.int64)
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
-            int(counts[i]) < problem.rounds,
+            int(counts[i]) < problem.rounds and floors[i] <= 0,
             not (problem.jobs[i].running or priority[i] > 0),
             -priority[i],
             i,

@@ -145,6 +145,7 @@ class JobOutlook:
     deadline_s: float
     fair_share_s: float
     cautious_remaining_s: float
+    optimistic_remaining_s: float
 
     @property
     def laxity_s(self) -> float:
@@ -248,8 +249,17 @@ class Shockwave:
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
         cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
+        optimistic, pessimistic = (x * factor for x in _remaining_range(prediction))
         return JobOutlook(
-            prediction, remaining, total, rho, factor, deadline, share * total, cautious
+            prediction,
+            remaining,
+            total,
+            rho,
+            factor,
+            deadline,
+            share * total,
+            max(cautious, pessimistic, remaining),
+            min(optimistic, remaining),
         )
 
     def solve(
@@ -293,9 +303,21 @@ def _plan_job(
         remaining=tuple(remaining),
         running=job.running,
         overdue=tuple(overdue),
-        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        critical_remaining_s=look.cautious_remaining_s,
+        optimistic_remaining_s=look.optimistic_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
     )
+
+
+def _remaining_range(prediction: Prediction) -> tuple[float, float]:
+    """The job's remaining epochs all at the fastest, and all at the slowest, epoch time of its
+    trajectory (the regimes it ran and those predicted): the soonest and the latest it could
+    finish running alone, whatever the lengths of its regimes turn out to be."""
+    left = sum(r.epochs for r in prediction.remaining_regimes())
+    if left <= 0:
+        return 0.0, 0.0
+    times = [r.epoch_seconds for r in prediction.regimes]
+    return left * min(times), left * max(times)
 
 
 def _update_contention(
