@@ -119,7 +119,7 @@ class PlannerParams:
     relative_gap: float = 1e-3
     time_limit_s: float = 15.0
     use_scip: str = "auto"
-    horizon_margin: float = 1.0
+    horizon_margin: float = 0.75
     deadline_weight: float = 10.0
     reserve_critical_path: bool = True
 
@@ -209,7 +209,7 @@ def build_problem(
     caps = np.zeros(count, dtype=np.int64)
     floors = np.zeros(count, dtype=np.int64)
     horizon = max(
-        sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
+        sum(j.soonest_remaining_s * j.gpus for j in jobs) / total_gpus,
         max((j.soonest_remaining_s for j in jobs), default=0.0),
     )
     window_s = t * round_seconds
