@@ -86,14 +86,15 @@ class PlanJob:
     overdue: tuple[float, ...] = ()
     fair_share_s: float = 1.0
     critical_remaining_s: float = 0.0
-    optimistic_remaining_s: float | None = None
+    soonest_remaining_s: float | None = None
+    latest_remaining_s: float | None = None
 
     @property
-    def soonest_remaining_s(self) -> float:
-        """The least run time the job may have left (its predicted one when not given)."""
-        if self.optimistic_remaining_s is None:
-            return self.remaining[0]
-        return min(self.optimistic_remaining_s, self.remaining[0])
+    def remaining_range(self) -> tuple[float, float]:
+        """(least, most) run time the job may have left; its prediction where not given."""
+        low = self.remaining[0] if self.soonest_remaining_s is None else self.soonest_remaining_s
+        high = self.remaining[0] if self.latest_remaining_s is None else self.latest_remaining_s
+        return min(low, self.remaining[0]), max(high, self.remaining[0])
 
     @property
     def cap(self) -> int:
@@ -119,15 +120,18 @@ class PlannerParams:
     relative_gap: float = 1e-3
     time_limit_s: float = 15.0
     use_scip: str = "auto"
-    horizon_margin: float = 0.75
+    horizon_margin: float = 1.0
     deadline_weight: float = 10.0
-    reserve_critical_path: bool = True
+    critical_path_margin: float | None = 0.75
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
             raise ValueError("rounds must be > 0")
         if self.use_scip not in ("auto", "always", "never"):
             raise ValueError(f"use_scip must be auto, always or never, got {self.use_scip!r}")
+        margin = self.critical_path_margin
+        if margin is not None and not (math.isfinite(margin) and 0 < margin <= 1):
+            raise ValueError(f"critical_path_margin must be in (0, 1] or None, got {margin!r}")
         for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -209,12 +213,13 @@ def build_problem(
     caps = np.zeros(count, dtype=np.int64)
     floors = np.zeros(count, dtype=np.int64)
     horizon = max(
-        sum(j.soonest_remaining_s * j.gpus for j in jobs) / total_gpus,
-        max((j.soonest_remaining_s for j in jobs), default=0.0),
+        sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
+        max((j.critical_remaining_s for j in jobs), default=0.0),
     )
     window_s = t * round_seconds
     mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
     slack = params.horizon_margin * horizon - window_s
+    path = critical_path_s(jobs, total_gpus, params.critical_path_margin)
     for i, job in enumerate(jobs):
         cap = min(job.cap, t)
         util = np.array(job.utility[: cap + 1], dtype=float)
@@ -231,11 +236,42 @@ def build_problem(
         value[i] -= penalty / z0
         rem[i] = left
         caps[i] = cap
-        if params.reserve_critical_path:
-            # The fewest rounds that keep the job's cautious remainder inside the bound.
-            floors[i] = int(np.argmax(late == 0)) if (late == 0).any() else cap
+        floors[i] = critical_floor(job, path, window_s, round_seconds, cap)
     gpus = np.array([j.gpus for j in jobs], dtype=float)
     return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus, floors)
+
+
+def critical_path_s(
+    jobs: Sequence[PlanJob], total_gpus: int, margin: float | None
+) -> float | None:
+    """The finish the longest jobs must keep, or None when they do not bound the makespan.
+
+    The soonest the work left can end is max(W, L): W the GPU-seconds at every job's fastest
+    epoch time over the GPUs, L the longest such remainder of a single job. When L exceeds W
+    the makespan is a critical path through a few long jobs, and every round they wait
+    pushes it out one for one; the market cannot see that (their fairness deadlines are far).
+    ``margin`` (theta_c) scales L down for the spread of remainder estimates, so that jobs
+    whose estimates merely look shorter than the longest one are kept on the path too.
+    """
+    if margin is None or not jobs:
+        return None
+    soonest = [j.remaining_range[0] for j in jobs]
+    work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
+    path = margin * max(soonest)
+    return path if path > work else None
+
+
+def critical_floor(
+    job: PlanJob, path_s: float | None, window_s: float, round_seconds: float, cap: int
+) -> int:
+    """Rounds of the window that keep the job's latest remainder inside ``path_s``: its
+    remainder after n rounds must fit the time left after the window, R - n D <= path - T D."""
+    if path_s is None:
+        return 0
+    excess = job.remaining_range[1] - (path_s - window_s)
+    if excess <= 0:
+        return 0
+    return min(cap, math.ceil(excess / round_seconds))
 
 
 def concave_slopes(values: FloatArray, cap: int) -> FloatArray:
@@ -331,11 +367,10 @@ def pack_rounds(
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
-    floors = problem.floors if problem.floors is not None else np.zeros(len(counts), np.int64)
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
-            int(counts[i]) < problem.rounds and floors[i] <= 0,
+            int(counts[i]) < problem.rounds,
             not (problem.jobs[i].running or priority[i] > 0),
             -priority[i],
             i,

@@ -145,7 +145,8 @@ class JobOutlook:
     deadline_s: float
     fair_share_s: float
     cautious_remaining_s: float
-    optimistic_remaining_s: float
+    soonest_remaining_s: float
+    latest_remaining_s: float
 
     @property
     def laxity_s(self) -> float:
@@ -258,8 +259,9 @@ class Shockwave:
             factor,
             deadline,
             share * total,
-            max(cautious, pessimistic, remaining),
+            cautious,
             min(optimistic, remaining),
+            max(cautious, remaining),
         )
 
     def solve(
@@ -303,8 +305,9 @@ def _plan_job(
         remaining=tuple(remaining),
         running=job.running,
         overdue=tuple(overdue),
-        critical_remaining_s=look.cautious_remaining_s,
-        optimistic_remaining_s=look.optimistic_remaining_s,
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
     )
 
