@@ -109,6 +109,8 @@ class PlannerParams:
     log(UTIL + eps), so a job with no progress yet has a finite welfare. ``horizon_margin``:
     theta, the share of the current makespan bound past which a job's remainder counts as late.
     ``deadline_weight``: mu, the weight of finishing past the fairness deadline.
+    ``critical_path_margin``: theta_c of the critical-path reservation (:func:`critical_path_s`;
+    0 turns it off).
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -122,7 +124,7 @@ class PlannerParams:
     use_scip: str = "auto"
     horizon_margin: float = 1.0
     deadline_weight: float = 10.0
-    critical_path_margin: float | None = 0.75
+    critical_path_margin: float = 0.75
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -130,8 +132,8 @@ class PlannerParams:
         if self.use_scip not in ("auto", "always", "never"):
             raise ValueError(f"use_scip must be auto, always or never, got {self.use_scip!r}")
         margin = self.critical_path_margin
-        if margin is not None and not (math.isfinite(margin) and 0 < margin <= 1):
-            raise ValueError(f"critical_path_margin must be in (0, 1] or None, got {margin!r}")
+        if not (math.isfinite(margin) and 0 <= margin <= 1):
+            raise ValueError(f"critical_path_margin must be in [0, 1] (0: off), got {margin!r}")
         for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -241,9 +243,7 @@ def build_problem(
     return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus, floors)
 
 
-def critical_path_s(
-    jobs: Sequence[PlanJob], total_gpus: int, margin: float | None
-) -> float | None:
+def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float | None:
     """The finish the longest jobs must keep, or None when they do not bound the makespan.
 
     The soonest the work left can end is max(W, L): W the GPU-seconds at every job's fastest
@@ -253,7 +253,7 @@ def critical_path_s(
     ``margin`` (theta_c) scales L down for the spread of remainder estimates, so that jobs
     whose estimates merely look shorter than the longest one are kept on the path too.
     """
-    if margin is None or not jobs:
+    if margin <= 0 or not jobs:
         return None
     soonest = [j.remaining_range[0] for j in jobs]
     work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
