@@ -239,9 +239,7 @@ def plot(verdicts: Sequence[Verdict], cells: Sequence[Cell], path: Path) -> None
     import matplotlib.pyplot as plt
 
     names = [c.name for c in cells if any(v.cell == c.name for v in verdicts)]
-    worst = {
-        name: [v for v in verdicts if v.cell == name] for name in names
-    }
+    worst = {name: [v for v in verdicts if v.cell == name] for name in names}
     xs = range(len(names))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, len(names) * 0.9), 7), sharex=True)
     top.bar(

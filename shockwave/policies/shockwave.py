@@ -250,7 +250,7 @@ class Shockwave:
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
         cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
-        optimistic, pessimistic = (x * factor for x in _remaining_range(prediction))
+        soonest = _soonest_remaining(prediction) * factor
         return JobOutlook(
             prediction,
             remaining,
@@ -260,7 +260,7 @@ class Shockwave:
             deadline,
             share * total,
             cautious,
-            min(optimistic, remaining),
+            min(soonest, remaining),
             max(cautious, remaining),
         )
 
@@ -312,15 +312,14 @@ def _plan_job(
     )
 
 
-def _remaining_range(prediction: Prediction) -> tuple[float, float]:
-    """The job's remaining epochs all at the fastest, and all at the slowest, epoch time of its
-    trajectory (the regimes it ran and those predicted): the soonest and the latest it could
-    finish running alone, whatever the lengths of its regimes turn out to be."""
+def _soonest_remaining(prediction: Prediction) -> float:
+    """The job's remaining epochs all at the fastest epoch time of its trajectory (the regimes
+    it ran and those predicted): the soonest it could finish running alone, whatever the
+    lengths of its regimes turn out to be."""
     left = sum(r.epochs for r in prediction.remaining_regimes())
     if left <= 0:
-        return 0.0, 0.0
-    times = [r.epoch_seconds for r in prediction.regimes]
-    return left * min(times), left * max(times)
+        return 0.0
+    return left * min(r.epoch_seconds for r in prediction.regimes)
 
 
 def _update_contention(
