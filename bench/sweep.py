@@ -103,13 +103,15 @@ product (that would not fit the 15-minute budget on two cores)."""
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One policy on one seed of one cell (metrics as :meth:`RunMetrics.as_dict`, no FTF lists)."""
+    """One policy on one seed of one cell (metrics as :meth:`RunMetrics.as_dict`, no FTF lists);
+    ``cpu_s``: the CPU seconds of the simulation, which a shared machine does not inflate."""
 
     cell: str
     seed: int
     policy: str
     metrics: dict[str, Any]
     wall_s: float
+    cpu_s: float = 0.0
 
 
 def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> Run:
@@ -125,6 +127,7 @@ def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> R
     )
     policy = get_policy(policy_name)
     started = time.perf_counter()
+    cpu = time.process_time()
     result = simulate(
         workload,
         Cluster.of_gpus(cell.gpus, GPUS_PER_NODE),
@@ -135,7 +138,14 @@ def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> R
     metrics = summarize(result).as_dict()
     metrics.pop("ftf", None)
     metrics.pop("ftf_contention", None)
-    return Run(cell.name, seed, policy_name, metrics, time.perf_counter() - started)
+    return Run(
+        cell.name,
+        seed,
+        policy_name,
+        metrics,
+        time.perf_counter() - started,
+        time.process_time() - cpu,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(summary_table(cells, verdicts))
     met = all(v.met for v in verdicts)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cpu = sum(r.cpu_s for r in runs)
     console.print(
-        f"{len(runs)} runs in {wall:.0f} s wall on {args.workers} workers "
+        f"{len(runs)} runs in {wall:.0f} s wall ({cpu:.0f} CPU-seconds) on {args.workers} workers "
         f"({platform.processor() or platform.machine()}, load average {load:.1f} at the end); "
         + ("every cell meets the targets" if met else "[red]some cells miss the targets[/red]")
     )
@@ -327,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cells": [asdict(c) for c in cells],
                 "seeds": list(seeds),
                 "wall_s": wall,
+                "cpu_s": cpu,
                 "workers": args.workers,
                 "all_met": met,
                 "verdicts": [asdict(v) | {"met": v.met} for v in verdicts],
