@@ -31,6 +31,13 @@ Where and why this departs from the paper (measured in docs/policy.md):
   estimator's own deadline. It is relative (Pbar / P_j: a minute late matters more to a short
   job) and GPU-weighted (so wide jobs compete per GPU on equal terms).
 
+- The critical-path reservation (margin theta_c, :func:`critical_path_s`): when the longest
+  job's soonest remainder (times theta_c) outlasts the work bound, the makespan is a path
+  through a few long jobs, and each job whose latest remainder would not fit after the window
+  gets a floor n_j >= ceil((R_latest - (path - T D)) / D). The market cannot do this itself:
+  those jobs' fairness deadlines are far, and the deadline term of many late short jobs
+  outbids the soft term above.
+
 We solve the count problem by a greedy on marginal gain per GPU-round over each phi_j's upper
 concave envelope. The fractional greedy on the envelopes solves the relaxation exactly, so it
 bounds the optimum and certifies the integer plan's gap. When the certified gap is above the
