@@ -31,6 +31,13 @@ Where and why this departs from the paper (measured in docs/policy.md):
   estimator's own deadline. It is relative (Pbar / P_j: a minute late matters more to a short
   job) and GPU-weighted (so wide jobs compete per GPU on equal terms).
 
+- The critical-path reservation (margin theta_c, :func:`critical_path_s`): when the longest
+  job's soonest remainder (times theta_c) outlasts the work bound, the makespan is a path
+  through a few long jobs, and each job whose latest remainder would not fit after the window
+  gets a floor n_j >= ceil((R_latest - (path - T D)) / D). The market cannot do this itself:
+  those jobs' fairness deadlines are far, and the deadline term of many late short jobs
+  outbids the soft term above.
+
 We solve the count problem by a greedy on marginal gain per GPU-round over each phi_j's upper
 concave envelope. The fractional greedy on the envelopes solves the relaxation exactly, so it
 bounds the optimum and certifies the integer plan's gap. When the certified gap is above the
@@ -86,6 +93,15 @@ class PlanJob:
     overdue: tuple[float, ...] = ()
     fair_share_s: float = 1.0
     critical_remaining_s: float = 0.0
+    soonest_remaining_s: float | None = None
+    latest_remaining_s: float | None = None
+
+    @property
+    def remaining_range(self) -> tuple[float, float]:
+        """(least, most) run time the job may have left; its prediction where not given."""
+        low = self.remaining[0] if self.soonest_remaining_s is None else self.soonest_remaining_s
+        high = self.remaining[0] if self.latest_remaining_s is None else self.latest_remaining_s
+        return min(low, self.remaining[0]), max(high, self.remaining[0])
 
     @property
     def cap(self) -> int:
@@ -100,6 +116,8 @@ class PlannerParams:
     log(UTIL + eps), so a job with no progress yet has a finite welfare. ``horizon_margin``:
     theta, the share of the current makespan bound past which a job's remainder counts as late.
     ``deadline_weight``: mu, the weight of finishing past the fairness deadline.
+    ``critical_path_margin``: theta_c of the critical-path reservation (:func:`critical_path_s`;
+    0 turns it off).
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -113,12 +131,16 @@ class PlannerParams:
     use_scip: str = "auto"
     horizon_margin: float = 1.0
     deadline_weight: float = 10.0
+    critical_path_margin: float = 0.75
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
             raise ValueError("rounds must be > 0")
         if self.use_scip not in ("auto", "always", "never"):
             raise ValueError(f"use_scip must be auto, always or never, got {self.use_scip!r}")
+        margin = self.critical_path_margin
+        if not (math.isfinite(margin) and 0 <= margin <= 1):
+            raise ValueError(f"critical_path_margin must be in [0, 1] (0: off), got {margin!r}")
         for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -173,6 +195,7 @@ class Problem:
     rem: FloatArray
     caps: npt.NDArray[np.int64]
     gpus: FloatArray
+    floors: npt.NDArray[np.int64] | None = None
 
     @property
     def capacity(self) -> int:
@@ -197,6 +220,7 @@ def build_problem(
     value = np.zeros((count, t + 1))
     rem = np.zeros((count, t + 1))
     caps = np.zeros(count, dtype=np.int64)
+    floors = np.zeros(count, dtype=np.int64)
     horizon = max(
         sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
         max((j.critical_remaining_s for j in jobs), default=0.0),
@@ -204,6 +228,7 @@ def build_problem(
     window_s = t * round_seconds
     mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
     slack = params.horizon_margin * horizon - window_s
+    path = critical_path_s(jobs, total_gpus, params.critical_path_margin)
     for i, job in enumerate(jobs):
         cap = min(job.cap, t)
         util = np.array(job.utility[: cap + 1], dtype=float)
@@ -220,8 +245,40 @@ def build_problem(
         value[i] -= penalty / z0
         rem[i] = left
         caps[i] = cap
+        floors[i] = critical_floor(job, path, window_s, round_seconds, cap)
     gpus = np.array([j.gpus for j in jobs], dtype=float)
-    return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus)
+    return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus, floors)
+
+
+def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float | None:
+    """The finish the longest jobs must keep, or None when they do not bound the makespan.
+
+    The soonest the work left can end is max(W, L): W the GPU-seconds at every job's fastest
+    epoch time over the GPUs, L the longest such remainder of a single job. When L exceeds W
+    the makespan is a critical path through a few long jobs, and every round they wait
+    pushes it out one for one; the market cannot see that (their fairness deadlines are far).
+    ``margin`` (theta_c) scales L down for the spread of remainder estimates, so that jobs
+    whose estimates merely look shorter than the longest one are kept on the path too.
+    """
+    if margin <= 0 or not jobs:
+        return None
+    soonest = [j.remaining_range[0] for j in jobs]
+    work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
+    path = margin * max(soonest)
+    return path if path > work else None
+
+
+def critical_floor(
+    job: PlanJob, path_s: float | None, window_s: float, round_seconds: float, cap: int
+) -> int:
+    """Rounds of the window that keep the job's latest remainder inside ``path_s``: its
+    remainder after n rounds must fit the time left after the window, R - n D <= path - T D."""
+    if path_s is None:
+        return 0
+    excess = job.remaining_range[1] - (path_s - window_s)
+    if excess <= 0:
+        return 0
+    return min(cap, math.ceil(excess / round_seconds))
 
 
 def concave_slopes(values: FloatArray, cap: int) -> FloatArray:
@@ -252,20 +309,23 @@ def greedy_counts(
 ) -> tuple[npt.NDArray[np.int64], float]:
     """Greedy by envelope gain per GPU-round; returns (counts, fractional relaxation bound).
 
-    ``forced[j]`` increments of job j are taken first, whatever their gain. The bound is the
-    relaxation's value (valid for the separable part) only when nothing is forced.
+    ``forced[j]`` increments of job j are taken first, whatever their gain (the problem's
+    ``floors`` when not given). The bound is the relaxation's value under those floors: with
+    concave envelopes, taking the forced increments and then the rest by ratio solves the
+    relaxed problem with n_j >= forced_j exactly.
     """
     count, t = slopes.shape
+    if forced is None:
+        forced = problem.floors if problem.floors is not None else np.zeros(count, np.int64)
     n_idx = np.broadcast_to(np.arange(t), (count, t))
     allowed = n_idx < problem.caps[:, None]
     ratio = slopes / problem.gpus[:, None]
-    if forced is not None:
-        ratio = np.where(n_idx < forced[:, None], np.inf, ratio)
-    allowed &= ratio > 0
-    flat_jobs = np.nonzero(allowed)[0]
-    flat_n = np.nonzero(allowed)[1]
+    must = allowed & (n_idx < forced[:, None])
+    allowed &= (ratio > 0) | must
+    flat_jobs, flat_n = np.nonzero(allowed)
     flat_ratio = ratio[allowed]
-    order = np.lexsort((flat_n, -flat_ratio))
+    flat_must = must[allowed]
+    order = np.lexsort((flat_n, -flat_ratio, ~flat_must))
     cost = problem.gpus[flat_jobs[order]]
     used = np.cumsum(cost)
     capacity = problem.capacity
@@ -276,8 +336,8 @@ def greedy_counts(
     left = capacity - (float(used[cut - 1]) if cut else 0.0)
     base = float(problem.value[:, 0].sum())
     bound = base + float((flat_ratio[taken] * cost[:cut]).sum())
-    if cut < len(order):
-        bound += float(flat_ratio[order[cut]]) * left
+    if cut < len(order) and not flat_must[order[cut]]:
+        bound += max(0.0, float(flat_ratio[order[cut]])) * left
     for k in order[cut : cut + 4096]:
         if left < 1:
             break

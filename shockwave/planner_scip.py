@@ -45,7 +45,8 @@ def solve_with_scip(
     for j in range(count):
         cap = int(problem.caps[j])
         gain = problem.value[j, : cap + 1] - problem.value[j, 0]
-        n = model.addVar(f"n{j}", vtype="I", lb=0, ub=cap)
+        floor = min(cap, int(problem.floors[j])) if problem.floors is not None else 0
+        n = model.addVar(f"n{j}", vtype="I", lb=floor, ub=cap)
         y = model.addVar(f"y{j}", lb=None, ub=float(gain.max()))
         if _concave(gain):
             for k in range(cap):

@@ -50,6 +50,13 @@ HorizonMargin = Annotated[
         help=f"Shockwave: makespan horizon margin theta (default {_PLANNER.horizon_margin:g})."
     ),
 ]
+CriticalPathMargin = Annotated[
+    float | None,
+    typer.Option(
+        help="Shockwave: critical-path margin theta_c in [0, 1]; 0 turns the reservation off "
+        f"(default {_PLANNER.critical_path_margin:g})."
+    ),
+]
 FairnessExponent = Annotated[
     float | None,
     typer.Option(
@@ -131,6 +138,7 @@ class ShockwaveKnobs:
     makespan_weight: float | None = None
     deadline_weight: float | None = None
     horizon_margin: float | None = None
+    critical_path_margin: float | None = None
     fairness_exponent: float | None = None
     replan: str | None = None
     replan_every: int | None = None
@@ -182,6 +190,13 @@ _KNOBS: tuple[_Knob, ...] = (
     _Knob("makespan_weight", "makespan_weight", True, _non_negative, "must be >= 0"),
     _Knob("deadline_weight", "deadline_weight", True, _non_negative, "must be >= 0"),
     _Knob("horizon_margin", "horizon_margin", True, _non_negative, "must be >= 0"),
+    _Knob(
+        "critical_path_margin",
+        "critical_path_margin",
+        True,
+        lambda v: 0 <= v <= 1,
+        "must be in [0, 1] (0: off)",
+    ),
     _Knob("solver_time_limit", "time_limit_s", True, _positive, "must be > 0 seconds"),
     _Knob("solver_gap", "relative_gap", True, _non_negative, "must be >= 0"),
     _Knob("use_scip", "use_scip", in_planner=True),

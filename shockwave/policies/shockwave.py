@@ -145,6 +145,8 @@ class JobOutlook:
     deadline_s: float
     fair_share_s: float
     cautious_remaining_s: float
+    soonest_remaining_s: float
+    latest_remaining_s: float
 
     @property
     def laxity_s(self) -> float:
@@ -248,8 +250,18 @@ class Shockwave:
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
         cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
+        soonest = _soonest_remaining(prediction) * factor
         return JobOutlook(
-            prediction, remaining, total, rho, factor, deadline, share * total, cautious
+            prediction,
+            remaining,
+            total,
+            rho,
+            factor,
+            deadline,
+            share * total,
+            cautious,
+            min(soonest, remaining),
+            max(cautious, remaining),
         )
 
     def solve(
@@ -294,8 +306,20 @@ def _plan_job(
         running=job.running,
         overdue=tuple(overdue),
         critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
     )
+
+
+def _soonest_remaining(prediction: Prediction) -> float:
+    """The job's remaining epochs all at the fastest epoch time of its trajectory (the regimes
+    it ran and those predicted): the soonest it could finish running alone, whatever the
+    lengths of its regimes turn out to be."""
+    left = sum(r.epochs for r in prediction.remaining_regimes())
+    if left <= 0:
+        return 0.0
+    return left * min(r.epoch_seconds for r in prediction.regimes)
 
 
 def _update_contention(

@@ -1,0 +1,360 @@
+"""Quality across generated workloads: a grid that Shockwave must win in every cell.
+
+Usage::
+
+    python -m bench.sweep [--reference ../shared/data/reference] [--seeds 2] [--workers 2]
+        [--cells NAME,...] [--out out/sweep] [--json PATH]
+
+Each cell is a generated workload shape (:mod:`shockwave.generator`): a load (mean seconds
+between arrivals), a job-length mix (the generator's default, the reference traces' shorter mix,
+a long-tailed mix with a few very long jobs), a cluster size (nodes of 4 GPUs), an adaptation-mode
+mix and a number of jobs. For every seed of every cell it runs Shockwave and every baseline
+(:data:`shockwave.policies.BASELINES`) in worker processes, and checks Shockwave's run against
+the targets of issue 19:
+
+- makespan at most max(1.05 x the workload's lower bound, the best baseline's makespan);
+- worst finish-time fairness at most 1.2, at most 5% of jobs above FTF 1;
+- average JCT no worse than Gavel's.
+
+A cell meets the targets when every seed does. It prints a table per cell (the worst seed's
+figures), writes every run's metrics and the verdicts to ``<out>/sweep.json`` and a plot to
+``<out>/sweep.png``, and exits 1 when a cell misses. Per-job FTF lists are left out of the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from shockwave.generator import MODE_MIX, SIZE_CLASSES, SizeClass, generate_workload
+from shockwave.metrics import summarize
+from shockwave.model import AdaptationMode, Cluster
+from shockwave.policies import BASELINES
+from shockwave.policy import get_policy, make_params
+from shockwave.simulator import SimSettings, simulate
+from shockwave_cli.inputs import load_throughputs
+
+GPUS_PER_NODE = 4
+MAKESPAN_SLACK = 1.05
+WORST_FTF = 1.2
+UNFAIR_SHARE = 0.05
+
+LENGTH_MIXES: Mapping[str, tuple[SizeClass, ...]] = {
+    "default": SIZE_CLASSES,
+    # The reference traces draw run times of 0.2 to 5 hours.
+    "short": (SizeClass("Short", 0.2, 5.0, 1.0),),
+    # Mostly short jobs and a few very long ones: the critical path is a handful of jobs.
+    "longtail": (SizeClass("Short", 0.2, 5.0, 0.95), SizeClass("Very long", 100.0, 150.0, 0.05)),
+}
+
+MODE_MIXES: Mapping[str, Mapping[AdaptationMode, float]] = {
+    "default": MODE_MIX,
+    "static": {AdaptationMode.STATIC: 1.0, AdaptationMode.ACCORDION: 0.0, AdaptationMode.GNS: 0.0},
+    "gns": {AdaptationMode.STATIC: 0.0, AdaptationMode.ACCORDION: 0.0, AdaptationMode.GNS: 1.0},
+    "mixed": {
+        AdaptationMode.STATIC: 1 / 3,
+        AdaptationMode.ACCORDION: 1 / 3,
+        AdaptationMode.GNS: 1 / 3,
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One workload shape of the grid: ``jobs`` jobs arriving every ``interarrival_s`` on
+    average on ``gpus`` GPUs, lengths from ``length_mix`` and modes from ``mode_mix``."""
+
+    name: str
+    jobs: int
+    gpus: int
+    interarrival_s: float
+    length_mix: str
+    mode_mix: str
+
+
+GRID: tuple[Cell, ...] = (
+    Cell("heavy-default-48", 200, 48, 60.0, "default", "default"),
+    Cell("heavy-default-16", 60, 16, 60.0, "default", "default"),
+    Cell("medium-default-48", 100, 48, 600.0, "default", "default"),
+    # Light, but more jobs than GPUs: with N_trace / G <= 1 the reference FTF is JCT / t_excl,
+    # above 1 for every job under any schedule (restart overhead, whole rounds).
+    Cell("light-default-24", 60, 24, 1800.0, "default", "default"),
+    Cell("heavy-short-32", 150, 32, 60.0, "short", "default"),
+    Cell("medium-short-128", 300, 128, 30.0, "short", "mixed"),
+    Cell("heavy-longtail-48", 150, 48, 60.0, "longtail", "default"),
+    Cell("heavy-static-32", 100, 32, 120.0, "default", "static"),
+    Cell("heavy-gns-32", 100, 32, 120.0, "default", "gns"),
+    Cell("light-short-256", 300, 256, 60.0, "short", "mixed"),
+)
+"""The default grid: every load, length mix, mode mix and cluster size appears, not their
+product (that would not fit the 15-minute budget on two cores)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One policy on one seed of one cell (metrics as :meth:`RunMetrics.as_dict`, no FTF lists);
+    ``cpu_s``: the CPU seconds of the simulation, which a shared machine does not inflate."""
+
+    cell: str
+    seed: int
+    policy: str
+    metrics: dict[str, Any]
+    wall_s: float
+    cpu_s: float = 0.0
+
+
+def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> Run:
+    """Generate the cell's workload for ``seed`` and simulate ``policy_name`` on it."""
+    table = load_throughputs(Path(throughputs_path))
+    workload = generate_workload(
+        cell.jobs,
+        seed=seed,
+        throughputs=table,
+        mean_interarrival_s=cell.interarrival_s,
+        mode_mix=MODE_MIXES[cell.mode_mix],
+        size_classes=LENGTH_MIXES[cell.length_mix],
+    )
+    policy = get_policy(policy_name)
+    started = time.perf_counter()
+    cpu = time.process_time()
+    result = simulate(
+        workload,
+        Cluster.of_gpus(cell.gpus, GPUS_PER_NODE),
+        policy,
+        make_params(policy),
+        SimSettings(),
+    )
+    metrics = summarize(result).as_dict()
+    metrics.pop("ftf", None)
+    metrics.pop("ftf_contention", None)
+    return Run(
+        cell.name,
+        seed,
+        policy_name,
+        metrics,
+        time.perf_counter() - started,
+        time.process_time() - cpu,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Shockwave's figures on one seed of one cell against the targets."""
+
+    cell: str
+    seed: int
+    over_lower_bound: float
+    over_best_baseline: float
+    best_baseline: str
+    worst_ftf: float
+    unfair_share: float
+    jct_over_gavel: float
+
+    @property
+    def makespan_ok(self) -> bool:
+        return self.over_lower_bound <= MAKESPAN_SLACK or self.over_best_baseline <= 1.0
+
+    @property
+    def met(self) -> bool:
+        return (
+            self.makespan_ok
+            and self.worst_ftf <= WORST_FTF
+            and self.unfair_share <= UNFAIR_SHARE
+            and self.jct_over_gavel <= 1.0
+        )
+
+
+def judge(runs: Sequence[Run]) -> list[Verdict]:
+    """One verdict per (cell, seed) from Shockwave's run and the baselines' on the same seed."""
+    by_key: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        by_key.setdefault((run.cell, run.seed), {})[run.policy] = run.metrics
+    verdicts = []
+    for (cell, seed), metrics in sorted(by_key.items()):
+        ours = metrics["shockwave"]
+        baselines = {name: m for name, m in metrics.items() if name != "shockwave"}
+        best = min(baselines, key=lambda name: baselines[name]["makespan_s"])
+        verdicts.append(
+            Verdict(
+                cell=cell,
+                seed=seed,
+                over_lower_bound=ours["makespan_s"] / ours["makespan_lower_bound_s"],
+                over_best_baseline=ours["makespan_s"] / baselines[best]["makespan_s"],
+                best_baseline=best,
+                worst_ftf=ours["worst_ftf"],
+                unfair_share=ours["unfair_fraction"],
+                jct_over_gavel=ours["avg_jct_s"] / metrics["gavel"]["avg_jct_s"],
+            )
+        )
+    return verdicts
+
+
+def summary_table(cells: Sequence[Cell], verdicts: Sequence[Verdict]) -> Table:
+    table = Table(title="Shockwave across generated workloads (worst seed per column)")
+    for column in (
+        "cell",
+        "jobs",
+        "GPUs",
+        "mean gap s",
+        "lengths",
+        "modes",
+        "seeds",
+        "makespan / LB",
+        "/ best baseline",
+        "worst FTF",
+        "FTF > 1",
+        "JCT / Gavel",
+        "met",
+    ):
+        table.add_column(column)
+    for cell in cells:
+        mine = [v for v in verdicts if v.cell == cell.name]
+        if not mine:
+            continue
+        table.add_row(
+            cell.name,
+            str(cell.jobs),
+            str(cell.gpus),
+            f"{cell.interarrival_s:g}",
+            cell.length_mix,
+            cell.mode_mix,
+            str(len(mine)),
+            f"{max(v.over_lower_bound for v in mine):.3f}",
+            f"{max(v.over_best_baseline for v in mine):.3f}",
+            f"{max(v.worst_ftf for v in mine):.2f}",
+            f"{max(v.unfair_share for v in mine):.1%}",
+            f"{max(v.jct_over_gavel for v in mine):.2f}",
+            "yes" if all(v.met for v in mine) else "NO",
+        )
+    return table
+
+
+def plot(verdicts: Sequence[Verdict], cells: Sequence[Cell], path: Path) -> None:
+    """Per cell: Shockwave's worst makespan over the lower bound and over the best baseline,
+    and its worst FTF, against the target lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c.name for c in cells if any(v.cell == c.name for v in verdicts)]
+    worst = {name: [v for v in verdicts if v.cell == name] for name in names}
+    xs = range(len(names))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, len(names) * 0.9), 7), sharex=True)
+    top.bar(
+        [x - 0.2 for x in xs],
+        [max(v.over_lower_bound for v in worst[n]) for n in names],
+        0.4,
+        label="makespan / lower bound",
+    )
+    top.bar(
+        [x + 0.2 for x in xs],
+        [max(v.over_best_baseline for v in worst[n]) for n in names],
+        0.4,
+        label="makespan / best baseline",
+    )
+    top.axhline(MAKESPAN_SLACK, color="k", linestyle="--", linewidth=0.8)
+    top.axhline(1.0, color="grey", linewidth=0.8)
+    top.set_ylim(0.8, None)
+    top.legend()
+    bottom.bar(list(xs), [max(v.worst_ftf for v in worst[n]) for n in names], 0.5)
+    bottom.axhline(WORST_FTF, color="k", linestyle="--", linewidth=0.8)
+    bottom.set_ylabel("worst FTF")
+    bottom.set_xticks(list(xs), names, rotation=30, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per cell (0, 1, ...)")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cells", default="", help="comma-separated cell names (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("out/sweep"))
+    parser.add_argument("--json", type=Path, default=None, help="default: <out>/sweep.json")
+    args = parser.parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)  # a log file keeps the whole table
+    throughputs = args.reference / "throughputs" / "tacc_throughputs.json"
+    if not throughputs.is_file():
+        console.print(f"[red]no throughput table at {throughputs} (--reference)[/red]")
+        return 2
+    cells = list(GRID)
+    if args.cells:
+        wanted = [c.strip() for c in args.cells.split(",") if c.strip()]
+        unknown = sorted(set(wanted) - {c.name for c in GRID})
+        if unknown:
+            known = ", ".join(c.name for c in GRID)
+            console.print(f"[red]unknown cells {', '.join(unknown)}; known: {known}[/red]")
+            return 2
+        cells = [c for c in GRID if c.name in wanted]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    policies = ("shockwave", *BASELINES)
+    # Longest first, so the slow Shockwave runs of big cells do not finish last alone.
+    tasks = sorted(
+        ((cell, seed, name) for cell in cells for seed in seeds for name in policies),
+        key=lambda t: (t[2] != "shockwave", -t[0].jobs),
+    )
+    started = time.perf_counter()
+    runs: list[Run] = []
+    with (
+        ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool,
+        Progress(console=console, transient=True) as progress,
+    ):
+        bar = progress.add_task("simulating", total=len(tasks))
+        futures = [pool.submit(run_one, c, s, p, str(throughputs)) for c, s, p in tasks]
+        for future in as_completed(futures):
+            runs.append(future.result())
+            progress.advance(bar)
+    wall = time.perf_counter() - started
+    verdicts = judge(runs)
+    console.print(summary_table(cells, verdicts))
+    met = all(v.met for v in verdicts)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cpu = sum(r.cpu_s for r in runs)
+    console.print(
+        f"{len(runs)} runs in {wall:.0f} s wall ({cpu:.0f} CPU-seconds) on {args.workers} workers "
+        f"({platform.processor() or platform.machine()}, load average {load:.1f} at the end); "
+        + ("every cell meets the targets" if met else "[red]some cells miss the targets[/red]")
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    out_json = args.json or args.out / "sweep.json"
+    out_json.write_text(
+        json.dumps(
+            {
+                "cells": [asdict(c) for c in cells],
+                "seeds": list(seeds),
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "workers": args.workers,
+                "all_met": met,
+                "verdicts": [asdict(v) | {"met": v.met} for v in verdicts],
+                "runs": [asdict(r) for r in runs],
+            },
+            indent=1,
+        )
+    )
+    plot(verdicts, cells, args.out / "sweep.png")
+    console.print(f"wrote {out_json} and {args.out / 'sweep.png'}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

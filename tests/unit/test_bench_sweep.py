@@ -1,0 +1,66 @@
+"""bench/sweep.py: the verdict rules of issue 19, and one tiny cell end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import sweep
+
+REFERENCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "reference"
+
+
+def metrics(makespan: float, jct: float, ftf: float = 0.9, unfair: float = 0.0) -> dict[str, Any]:
+    return {
+        "makespan_s": makespan,
+        "makespan_lower_bound_s": 1000.0,
+        "avg_jct_s": jct,
+        "worst_ftf": ftf,
+        "unfair_fraction": unfair,
+    }
+
+
+def runs(ours: dict[str, Any], **baselines: dict[str, Any]) -> list[sweep.Run]:
+    found = [sweep.Run("c", 0, "shockwave", ours, 1.0)]
+    found += [sweep.Run("c", 0, name, m, 1.0) for name, m in baselines.items()]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("ours", "met"),
+    [
+        (metrics(1050.0, 500.0), True),  # at 1.05x the bound, though OSSP is sooner
+        (metrics(1090.0, 500.0), True),  # above 1.05x but no later than the best baseline
+        (metrics(1200.0, 500.0), False),  # later than both
+        (metrics(1000.0, 700.0), False),  # JCT worse than Gavel's
+        (metrics(1000.0, 500.0, ftf=1.3), False),
+        (metrics(1000.0, 500.0, unfair=0.06), False),
+    ],
+)
+def test_verdict_rules(ours: dict[str, Any], met: bool) -> None:
+    (verdict,) = sweep.judge(runs(ours, gavel=metrics(1300.0, 600.0), ossp=metrics(1090.0, 2000.0)))
+    assert verdict.best_baseline == "ossp"
+    assert verdict.met is met
+
+
+def test_a_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = sweep.Cell("tiny", 6, 8, 300.0, "short", "mixed")
+    monkeypatch.setattr(sweep, "GRID", (tiny,))
+    monkeypatch.setattr(sweep, "BASELINES", ("gavel", "fifo"))
+    code = sweep.main(
+        ["--reference", str(REFERENCE), "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]
+    )
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert {r["policy"] for r in report["runs"]} == {"shockwave", "gavel", "fifo"}
+    (verdict,) = report["verdicts"]
+    assert verdict["cell"] == "tiny" and code == (0 if report["all_met"] else 1)
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_unknown_cell_is_refused(tmp_path: Path) -> None:
+    assert (
+        sweep.main(["--reference", str(REFERENCE), "--cells", "nope", "--out", str(tmp_path)]) == 2
+    )

@@ -1,0 +1,97 @@
+"""The planner's critical-path reservation: when a few long jobs bound the makespan, they run.
+
+Shapes: jobs of 1 GPU, 60 s rounds, a 10-round window; remainders in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shockwave.planner import (
+    PlanJob,
+    PlannerParams,
+    build_problem,
+    critical_floor,
+    critical_path_s,
+    plan,
+)
+from tests.builders import plan_job
+
+ROUND = 60.0
+T = 10
+
+
+def long_job(job_id: str, soonest: float, latest: float, weight: float = 1.0) -> PlanJob:
+    """A job with a long remainder whose market value is tiny (its deadline is far)."""
+    base = plan_job(job_id, [0.01 * n / T for n in range(T + 1)], weight=weight)
+    return replace(
+        base,
+        remaining=tuple(latest - ROUND * n for n in range(T + 1)),
+        soonest_remaining_s=soonest,
+        latest_remaining_s=latest,
+    )
+
+
+def short_job(job_id: str) -> PlanJob:
+    """A job that a round would finish, worth a lot to the market."""
+    return plan_job(job_id, [0.0, 1.0], weight=1e6)
+
+
+def test_no_path_when_the_work_bounds_the_makespan() -> None:
+    jobs = [long_job("a", 1000.0, 1200.0)] + [short_job(str(i)) for i in range(8)]
+    # 8 x 60 + 1000 GPU-seconds over 1 GPU outlast the longest job: no critical path.
+    assert critical_path_s(jobs, 1, 0.75) is None
+
+
+def test_path_is_the_longest_soonest_remainder_scaled_by_the_margin() -> None:
+    jobs = [long_job("a", 40_000.0, 50_000.0), long_job("b", 10_000.0, 12_000.0)]
+    assert critical_path_s(jobs, 8, 0.75) == pytest.approx(30_000.0)
+    assert critical_path_s(jobs, 8, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("latest", "path", "floor"),
+    [
+        (10_000.0, None, 0),  # no path: nothing reserved
+        (20_000.0, 30_000.0, 0),  # fits after the window whatever it gets
+        (30_000.0 - 600.0 + 61.0, 30_000.0, 2),  # 61 s too long: two rounds of 60 s
+        (50_000.0, 30_000.0, T),  # longer than the path: every round
+    ],
+)
+def test_floor_keeps_the_latest_remainder_inside_the_path(
+    latest: float, path: float | None, floor: int
+) -> None:
+    job = long_job("a", latest * 0.8, latest)
+    assert critical_floor(job, path, T * ROUND, ROUND, T) == floor
+
+
+def test_reserved_jobs_run_although_the_market_prefers_others() -> None:
+    longs = [long_job("a", 40_000.0, 50_000.0), long_job("b", 31_000.0, 45_000.0)]
+    shorts = [short_job(str(i)) for i in range(40)]
+    params = PlannerParams(rounds=T, deadline_weight=0.0, makespan_weight=0.0)
+    with_path = plan([*shorts, *longs], 4, params, ROUND)
+    assert with_path.counts["a"] == T and with_path.counts["b"] == T
+    assert {"a", "b"} <= set(with_path.rounds[0])
+    without = plan([*shorts, *longs], 4, replace(params, critical_path_margin=0.0), ROUND)
+    assert without.counts["a"] < T
+
+
+def test_bound_stays_valid_under_floors() -> None:
+    longs = [long_job("a", 40_000.0, 50_000.0)]
+    shorts = [short_job(str(i)) for i in range(12)]
+    params = PlannerParams(rounds=T, use_scip="never")
+    result = plan([*shorts, *longs], 2, params, ROUND)
+    problem = build_problem([*shorts, *longs], 2, params, ROUND)
+    assert problem.floors is not None and int(problem.floors[-1]) == T
+    assert result.counts["a"] == T
+    assert result.bound >= result.objective - 1e-12
+    counts = np.array([result.counts[j.job_id] for j in problem.jobs])
+    assert problem.objective(counts) == pytest.approx(result.objective)
+
+
+def test_margin_outside_its_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="critical_path_margin"):
+        PlannerParams(critical_path_margin=1.5)
