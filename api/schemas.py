@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 from pydantic.config import JsonDict
 
 from shockwave.lifecycle import JobState, NodeState
@@ -60,6 +60,15 @@ GpuCount = Literal[1, 2, 4, 8]
 """The gang sizes a job may ask for (the core's VALID_WIDTHS), an enum in the OpenAPI document."""
 assert get_args(GpuCount) == VALID_WIDTHS, "GpuCount must list the core's VALID_WIDTHS"
 
+
+def _strict_int(value: object) -> object:
+    """A JSON integer only: a Literal of ints takes ``true`` for 1 (``True == 1``) and Strict()
+    does not apply to a Literal, so a boolean is refused here (strict types, docs/api.md)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer (1, 2, 4 or 8), not a string, number or boolean")
+    return value
+
+
 EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 EnvValue = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
 Env = Annotated[
@@ -96,7 +105,11 @@ class JobCreate(BaseModel):
 
     name: Name = "job"
     tenant: Tenant | None = None
-    gpus: Annotated[GpuCount, Field(description="GPUs the job's gang needs: 1, 2, 4 or 8.")]
+    gpus: Annotated[
+        GpuCount,
+        BeforeValidator(_strict_int),
+        Field(description="GPUs the job's gang needs: 1, 2, 4 or 8."),
+    ]
     epochs: BigInt
     samples_per_epoch: BigInt
     initial_batch_size: BigInt
