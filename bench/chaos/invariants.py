@@ -5,12 +5,15 @@
 - ``event_not_once``: every acknowledged client event (the workload's scaling events, the
   agents' progress events, from their journals) exists exactly once, with its kind;
 - ``gpu_double_leased``: no (round, node, GPU) in two leases. A lease covers the rounds from
-  the one that issued it (``issued_at`` is that round's start) to its ``round_index`` (moved on
-  at each extension, kept when the lease is revoked, lost or ends);
+  the one that issued it (``issued_at`` is that round's start, or inside the round for a
+  mid-round fill of the round engine) to its ``round_index`` (moved on at each extension, kept
+  when the lease is revoked, lost or ends). A fill may take a GPU in the round a lease on it
+  ended (exited, lost or checkpointed: not a revoked attempt still checkpointing) once it has;
 - ``job_ran_twice``: no job with two attempts live in one round, unless both were issued at
-  the same boundary (a job spanning nodes has one attempt per node);
-- ``lease_round_mismatch``: each round's leases are exactly the jobs the round placed, and
-  every lease was issued at a round boundary;
+  the same moment (a job spanning nodes has one attempt per node) or the earlier one had ended
+  before a fill issued the later;
+- ``lease_round_mismatch``: each round's leases are exactly the jobs the round placed (fills
+  included), and every lease was issued at a round's start or within the round;
 - ``unfinished``: every acknowledged job SUCCEEDED, through a valid chain of state events
   with one SUCCEEDED among them (``bad_state_chain`` otherwise);
 - ``lost_progress``: a SUCCEEDED job has a progress event for every epoch 1..epochs;
@@ -38,7 +41,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.workload import Acknowledged
-from shockwave.lifecycle import TERMINAL, JobState
+from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState, LeaseState
 from store.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 
 ROUND_SLACK_S = 0.01
@@ -148,32 +151,54 @@ def _events_once(
             found.add("event_not_once", f"job {key[0]} seq {key[1]} ({key[2]}): {stored[key]}x")
 
 
+def _first_round(lease: LeaseRow, rounds: list[RoundRow]) -> int | None:
+    """The round whose span holds the lease's issue: at its start (a boundary) or inside it (a
+    mid-round fill of the round engine); None when no round does."""
+    for r in rounds:
+        if r.started_at <= lease.issued_at and (
+            lease.issued_at == r.started_at or lease.issued_at < r.ends_at
+        ):
+            return r.index
+    return None
+
+
+def _handed_over(a: LeaseRow, b: LeaseRow) -> bool:
+    """The later-issued of ``a`` and ``b`` was a fill after the earlier had ended (exited, lost
+    or checkpointed), so both may share a round: the fill took GPUs freed mid-round."""
+    first, second = sorted((a, b), key=lambda lease: lease.issued_at)
+    ended = LeaseState(first.state) not in (*LIVE_LEASES, LeaseState.REVOKED)
+    return second.issued_at > first.issued_at and ended and first.updated_at <= second.issued_at
+
+
 def _leases(found: Findings, leases: list[LeaseRow], rounds: list[RoundRow]) -> None:
-    first_round = {r.started_at: r.index for r in rounds}
+    ordered = sorted(rounds, key=lambda r: r.started_at, reverse=True)
     placed = {r.index: set(r.jobs) for r in rounds}
     spans: list[tuple[LeaseRow, int]] = []
     for lease in leases:
-        first = first_round.get(lease.issued_at)
+        first = _first_round(lease, ordered)
         if first is None or first > lease.round_index:
-            found.add("lease_round_mismatch", f"lease {lease.id} issued off a round boundary")
+            found.add("lease_round_mismatch", f"lease {lease.id} issued outside every round")
             continue
         spans.append((lease, first))
-    gpu_use: dict[tuple[int, str, int], list[str]] = defaultdict(list)
-    live: dict[tuple[str, int], set[int]] = defaultdict(set)
-    """(job, round) -> the boundaries (first rounds) of the attempts live in it."""
+    gpu_use: dict[tuple[int, str, int], list[LeaseRow]] = defaultdict(list)
+    live: dict[tuple[str, int], list[LeaseRow]] = defaultdict(list)
     leased: dict[int, set[str]] = defaultdict(set)
     for lease, first in spans:
         for r in range(first, lease.round_index + 1):
             for gpu in lease.gpus:
-                gpu_use[(r, lease.node_id, gpu)].append(lease.id)
-            live[(lease.job_id, r)].add(first)
+                gpu_use[(r, lease.node_id, gpu)].append(lease)
+            live[(lease.job_id, r)].append(lease)
             leased[r].add(lease.job_id)
-    for (r, node, gpu), ids in sorted(gpu_use.items()):
-        if len(ids) > 1:
+    for (r, node, gpu), users in sorted(gpu_use.items()):
+        clashes = [(a, b) for i, a in enumerate(users) for b in users[i + 1 :]]
+        if any(not _handed_over(a, b) for a, b in clashes):
+            ids = [lease.id for lease in users]
             found.add("gpu_double_leased", f"round {r} {node} GPU {gpu}: leases {ids}")
-    for (job, r), boundaries in sorted(live.items()):
-        if len(boundaries) > 1:
-            found.add("job_ran_twice", f"job {job} round {r}: attempts from {sorted(boundaries)}")
+    for (job, r), attempts in sorted(live.items()):
+        pairs = [(a, b) for i, a in enumerate(attempts) for b in attempts[i + 1 :]]
+        if any(a.issued_at != b.issued_at and not _handed_over(a, b) for a, b in pairs):
+            issued = sorted({a.issued_at.isoformat() for a in attempts})
+            found.add("job_ran_twice", f"job {job} round {r}: attempts issued at {issued}")
     for r, jobs in sorted(placed.items()):
         if leased.get(r, set()) != jobs:
             found.add(
