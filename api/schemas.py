@@ -159,34 +159,15 @@ class JobSummary(BaseModel):
     together): it stays PENDING and holds up no other job."""
 
 
-class JobPublic(BaseModel):
+class JobPublic(JobSummary):
     """A job in full: its summary's fields and the heavy ones."""
 
-    id: str
-    tenant: str
-    name: str
-    state: JobState
-    gpus: int
-    epochs: int
-    samples_per_epoch: int
-    initial_batch_size: int
-    mode: str
     batch_sizes: list[int]
     throughput: dict[str, float]
-    budget: float
-    model: str
-    epochs_done: float
-    batch_size: int
-    attained_s: float
     measured_epoch_seconds: dict[str, float] = {}
     command: list[str] = []
     image: str | None = None
     env: dict[str, str] = {}
-    created_at: datetime
-    updated_at: datetime
-    waiting_reason: str | None = None
-    """Set while a queued job cannot run on the ready nodes at all (wider than all of them
-    together): it stays PENDING and holds up no other job."""
 
 
 class EventPublic(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -16,19 +16,24 @@ from store import cluster_version, jobs, views
 from store.snapshot import GpuLayout, gpu_layout, waiting_reason
 from store.tables import JobRow
 
+J = TypeVar("J", bound=JobSummary)
+
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 def _public(row: JobRow, session: Session, layout: GpuLayout | None = None) -> JobPublic:
-    public = JobPublic.model_validate(row, from_attributes=True)
-    public.waiting_reason = waiting_reason(session, row, layout)
-    return public
+    return _with_reason(JobPublic, row, session, layout)
 
 
 def _summary(row: JobRow, session: Session, layout: GpuLayout | None) -> JobSummary:
-    summary = JobSummary.model_validate(row, from_attributes=True)
-    summary.waiting_reason = waiting_reason(session, row, layout)
-    return summary
+    return _with_reason(JobSummary, row, session, layout)
+
+
+def _with_reason(model: type[J], row: JobRow, session: Session, layout: GpuLayout | None) -> J:
+    """``row`` as ``model`` (a summary or the full job) with its ``waiting_reason``."""
+    job = model.model_validate(row, from_attributes=True)
+    job.waiting_reason = waiting_reason(session, row, layout)
+    return job
 
 
 IdempotencyKey = Annotated[
