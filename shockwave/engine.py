@@ -78,6 +78,8 @@ class Plan:
     ``rounds[t]``: job ids of round ``base_round + t``, highest priority first.
     ``state_version``: the cluster state it was computed for. ``usable_from``: when it became
     available (computed-at time plus solve time). ``plan_id``: the shell's handle (a row id).
+    ``types``: on a typed cluster, the GPU type the policy planned each job on (placement keeps
+    the gang there when it has room; :mod:`shockwave.typed_placement`).
     """
 
     base_round: int
@@ -85,6 +87,7 @@ class Plan:
     state_version: int
     usable_from: float
     plan_id: object = None
+    types: Mapping[str, str] = field(default_factory=dict)
 
     def covers(self, r: int) -> bool:
         return self.base_round <= r < self.base_round + len(self.rounds)
@@ -197,7 +200,8 @@ def boundary(
     assignment: Mapping[str, tuple[int, ...]] = {}
     extra: dict[str, tuple[int, ...]] = {}
     if cluster is not None:
-        placed = place(cluster, [(j, width[j]) for j in column], leases)
+        types = plan.types if plan is not None else {}
+        placed = place(cluster, [(j, width[j]) for j in column], leases, types)
         assignment = placed.assignment
         if conserve:
             busy = [g for gpus in assignment.values() for g in gpus]
@@ -206,7 +210,7 @@ def boundary(
             rest = [
                 q for q in dict(rest).items() if q[0] not in assignment and q[0] not in settling
             ]
-            extra = _conserve(cluster, rest, leases, busy)
+            extra = _conserve(cluster, rest, leases, busy, types)
             assignment = {**assignment, **extra}
     why = _why(source, plan, r)
     revokes: list[Change] = []
@@ -261,8 +265,10 @@ def fill(
     prefer: Sequence[str] = (),
     busy: Iterable[int] = (),
     settling: Collection[str] = frozenset(),
+    types: Mapping[str, str] | None = None,
 ) -> RoundChanges:
-    """Mid-round: start waiting jobs on the GPUs no lease holds (module docstring). ``busy``:
+    """Mid-round: start waiting jobs on the GPUs no lease holds (module docstring). ``types``:
+    on a typed cluster, the GPU type each job is planned on (the plan's). ``busy``:
     GPUs that are not free although no live lease holds them (a revoked attempt still
     checkpointing). ``settling``: jobs whose revoked attempt has not confirmed its end yet;
     they wait for it (a new attempt now would run the job in two places)."""
@@ -279,7 +285,7 @@ def fill(
     ]
     if not candidates:
         return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
-    placed = place_into(cluster, candidates, taken)
+    placed = place_into(cluster, candidates, taken, types)
     free = cluster.total_gpus - len(taken)
     changes = tuple(
         Change(ChangeKind.ISSUE, job_id, gpus, f"work conservation: {free} GPUs were free")
@@ -300,6 +306,7 @@ def _conserve(
     jobs: Sequence[tuple[str, int]],
     leases: Mapping[str, tuple[int, ...]],
     busy: list[int],
+    types: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Give the GPUs ``busy`` leaves free to ``jobs`` (priority order): a job that holds a lease
     on GPUs still free keeps them; the others are placed as a fill places them."""
@@ -308,12 +315,21 @@ def _conserve(
     free = cluster.total_gpus - len(taken)
     for job_id, gpus in jobs:
         held = leases.get(job_id)
-        if held and len(held) == gpus and gpus <= free and not taken.intersection(held):
+        same_type = not types or not cluster.is_typed or job_id not in types or {
+            cluster.type_of(g) for g in held or ()
+        } == {types[job_id]}
+        if (
+            held
+            and same_type
+            and len(held) == gpus
+            and gpus <= free
+            and not taken.intersection(held)
+        ):
             kept[job_id] = tuple(held)
             taken.update(held)
             free -= gpus
     rest = [q for q in jobs if q[0] not in kept and q[0] not in leases]
-    return {**kept, **place_into(cluster, rest, taken).assignment}
+    return {**kept, **place_into(cluster, rest, taken, types).assignment}
 
 
 def _unfit(jobs: Sequence[Waiting], cluster: Cluster | None) -> dict[str, str]:

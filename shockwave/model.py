@@ -130,6 +130,9 @@ class JobSpec:
     the job will use them (the first is the initial size), for ``accordion`` and ``gns`` the
     sizes the job may move between (the largest is its maximum). ``budget`` is the job's weight
     in the market (paper section 6.1, B_j); 1 unless a tenant or priority raises it.
+    ``type_throughput``: the gang's throughput on other GPU types, by type name
+    (:mod:`shockwave.heterogeneity`); ``throughput`` is on the reference type, and a type
+    absent here is taken to run at the reference speed.
     """
 
     job_id: str
@@ -143,6 +146,7 @@ class JobSpec:
     arrival_s: float = 0.0
     budget: float = 1.0
     model: str = ""
+    type_throughput: Mapping[str, ThroughputProfile] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -175,6 +179,16 @@ class JobSpec:
             raise ValidationError("budget", f"must be a positive number, got {self.budget!r}")
         if self.budget > MAX_BUDGET:
             raise ValidationError("budget", f"must be at most {MAX_BUDGET:g}, got {self.budget!r}")
+        for gpu_type, profile in self.type_throughput.items():
+            if not isinstance(gpu_type, str) or not gpu_type:
+                raise ValidationError("type_throughput", "GPU type names must be non-empty")
+            if not isinstance(profile, ThroughputProfile):
+                raise ValidationError(
+                    f"type_throughput[{gpu_type}]", "must be a throughput profile"
+                )
+        object.__setattr__(
+            self, "type_throughput", MappingProxyType(dict(sorted(self.type_throughput.items())))
+        )
         self._check_physical()
 
     def _check_physical(self) -> None:
@@ -223,6 +237,7 @@ class Cluster:
     """
 
     node_gpus: tuple[int, ...]
+    node_types: tuple[str, ...] = ()
     _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _node_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
@@ -237,6 +252,15 @@ class Cluster:
             first.append(at)
             node_of.extend([n] * size)
             at += size
+        kinds = tuple(self.node_types)
+        if kinds and len(kinds) != len(sizes):
+            raise ValidationError(
+                "nodes", f"{len(kinds)} GPU types for {len(sizes)} nodes: give one per node"
+            )
+        for i, kind in enumerate(kinds):
+            if not isinstance(kind, str) or not kind.strip():
+                raise ValidationError(f"nodes[{i}].gpu_type", "must be a non-empty name")
+        object.__setattr__(self, "node_types", kinds)
         object.__setattr__(self, "node_gpus", sizes)
         object.__setattr__(self, "_first", tuple(first))
         object.__setattr__(self, "_node_of", tuple(node_of))
@@ -295,13 +319,38 @@ class Cluster:
     def node_of(self, gpu: int) -> int:
         return self._node_of[gpu]
 
+    @property
+    def is_typed(self) -> bool:
+        """Whether nodes carry GPU types (a heterogeneous cluster, :mod:`shockwave.heterogeneity`)."""
+        return bool(self.node_types)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The GPU types of the nodes, in order of first appearance (() when untyped)."""
+        return tuple(dict.fromkeys(self.node_types))
+
+    def type_of(self, gpu: int) -> str:
+        """The GPU type of global GPU ``gpu`` ("" on an untyped cluster)."""
+        return self.node_types[self._node_of[gpu]] if self.node_types else ""
+
+    def gpus_of_type(self, gpu_type: str) -> int:
+        return sum(g for g, t in zip(self.node_gpus, self.node_types, strict=True) if t == gpu_type)
+
     def first_gpu(self, node: int) -> int:
         """Global index of node ``node``'s GPU 0."""
         return self._first[node]
 
     def describe(self) -> str:
         """``"8 nodes x 4 GPUs"`` (``"1 node x 4 GPUs"``) or, mixed, ``"2x8 + 3x4 + 2x2"``
-        (count x GPUs, in order)."""
+        (count x GPUs, in order); typed: ``"v100 3x4 + k80 2x4"``."""
+        if self.is_typed:
+            runs_t: list[list[object]] = []
+            for size, kind in zip(self.node_gpus, self.node_types, strict=True):
+                if runs_t and runs_t[-1][0] == kind and runs_t[-1][2] == size:
+                    runs_t[-1][1] = int(str(runs_t[-1][1])) + 1
+                else:
+                    runs_t.append([kind, 1, size])
+            return " + ".join(f"{k} {n}x{g}" for k, n, g in runs_t)
         if self.is_uniform:
             nodes = "1 node" if self.nodes == 1 else f"{self.nodes} nodes"
             return f"{nodes} x {self.node_gpus[0]} GPUs"

@@ -51,6 +51,7 @@ def place(
     cluster: Cluster,
     jobs: Sequence[JobRequest],
     previous: Mapping[str, tuple[int, ...]],
+    types: Mapping[str, str] | None = None,
 ) -> Placement:
     """Place the round's chosen ``jobs`` on ``cluster``, renewing ``previous`` leases if valid.
 
@@ -63,8 +64,15 @@ def place(
 
     Raises :class:`~shockwave.model.ValidationError` (a ``ValueError``) naming the job when a
     width is not a positive integer or a job id appears twice.
+
+    On a typed cluster each gang stays on one GPU type, ``types`` naming the type the policy
+    planned a job on (:mod:`shockwave.typed_placement`).
     """
     _check_requests(jobs)
+    if cluster.is_typed:
+        from shockwave.typed_placement import place_typed
+
+        return place_typed(cluster, jobs, previous, types or {})
     admitted, unplaced = _admit(cluster.total_gpus, jobs)
     free = _FreeGpus(cluster)
     assignment = _renew_leases(cluster, admitted, previous, free)
@@ -84,14 +92,23 @@ def place(
     )
 
 
-def place_into(cluster: Cluster, jobs: Sequence[JobRequest], busy: Iterable[int]) -> Placement:
+def place_into(
+    cluster: Cluster,
+    jobs: Sequence[JobRequest],
+    busy: Iterable[int],
+    types: Mapping[str, str] | None = None,
+) -> Placement:
     """Place ``jobs`` on the GPUs of ``cluster`` that ``busy`` leaves free, moving nobody.
 
     The mid-round fill: jobs are taken in priority order while enough GPUs are free (a job that
     does not fit is skipped, so a narrower one behind it may still start), each placed as
-    :func:`place` places a new gang. ``moved`` is always empty.
+    :func:`place` places a new gang. ``moved`` is always empty. Typed clusters: as :func:`place`.
     """
     _check_requests(jobs)
+    if cluster.is_typed:
+        from shockwave.typed_placement import place_into_typed
+
+        return place_into_typed(cluster, jobs, busy, types or {})
     free = _FreeGpus(cluster, busy)
     admitted, unplaced = _admit(free.total(), jobs, cluster.total_gpus)
     assignment = {}

@@ -53,8 +53,9 @@ class Decision:
     (the snapshot's jobs only, not yet filled with waiting jobs); empty for a policy that
     decides one round at a time. ``solve``: its latest solve's figures, None for a policy that
     solves nothing. ``excluded``: jobs left out of this decision because the policy cannot model
-    them, with the reason (:func:`decide_isolating`). The shells read these, never ``state``
-    (which only the policy reads).
+    them, with the reason (:func:`decide_isolating`). ``types``: on a typed cluster, the GPU
+    type a heterogeneity-aware policy plans each job on (empty: any type will do). The shells
+    read these, never ``state`` (which only the policy reads).
     """
 
     jobs: tuple[str, ...]
@@ -64,6 +65,7 @@ class Decision:
     planned: tuple[tuple[str, ...], ...] = ()
     solve: SolveSummary | None = None
     excluded: Mapping[str, str] = field(default_factory=dict)
+    types: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def rounds(self) -> tuple[tuple[str, ...], ...]:
@@ -74,6 +76,7 @@ class Decision:
         object.__setattr__(self, "allocation", MappingProxyType(dict(self.allocation)))
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
         object.__setattr__(self, "excluded", MappingProxyType(dict(self.excluded)))
+        object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
 
 
 MODEL_ERRORS = (ArithmeticError, ValueError)

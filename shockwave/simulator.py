@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from shockwave import engine
+from shockwave import engine, heterogeneity
 from shockwave.engine import SOURCES, Plan
 from shockwave.model import Cluster, Regime
 from shockwave.policy import Decision, Policy, SolveSummary
@@ -70,6 +70,9 @@ class SimSettings:
     between boundaries (off: the reference's mechanics). ``plan_latency_s``: seconds from the
     state a plan is computed for to when the plan can be used (the solve time); > 0 exercises
     the previous-plan and first-in-first-out fallbacks as the service meets them.
+    ``heterogeneity_agnostic``: on a typed cluster, show the policy an untyped one and no
+    per-type knowledge (:func:`shockwave.heterogeneity.agnostic_view`); jobs still run at
+    the true speed of the type they land on.
     """
 
     round_seconds: float = 120.0
@@ -81,6 +84,7 @@ class SimSettings:
     learn_population: bool = True
     mid_round_fills: bool = True
     plan_latency_s: float = 0.0
+    heterogeneity_agnostic: bool = False
 
     def __post_init__(self) -> None:
         if not self.plan_latency_s >= 0:
@@ -169,8 +173,10 @@ class _JobRun:
         "attained",
         "executed_last",
         "finish",
+        "gpu_type",
         "gpus",
         "measured",
+        "measured_by_type",
         "regime_done",
         "regime_index",
         "restarts",
@@ -187,6 +193,8 @@ class _JobRun:
         self.gpus: tuple[int, ...] = ()
         self.finish: float | None = None
         self.measured: dict[int, float] = {}
+        self.measured_by_type: dict[str, dict[int, float]] = {}
+        self.gpu_type = ""
         self.active_sum = 0.0
         self.active_rounds = 0
         self.restarts = 0
@@ -213,8 +221,14 @@ class _JobRun:
         for i in range(self.regime_index, len(self.sim.trajectory)):
             regime = self.sim.trajectory[i]
             left = regime.epochs - (self.regime_done if i == self.regime_index else 0.0)
-            total += left * self.sim.epoch_seconds[regime.batch_size]
+            total += left * self._epoch_seconds(regime.batch_size)
         return total
+
+    def _epoch_seconds(self, batch_size: int) -> float:
+        """True seconds per epoch on the GPU type the job runs on now."""
+        if not self.gpu_type:
+            return self.sim.epoch_seconds[batch_size]
+        return heterogeneity.true_epoch_seconds(self.sim, self.gpu_type, batch_size)
 
     def advance(self, seconds: float, start_s: float = 0.0) -> None:
         """Train for ``seconds`` of useful time from ``start_s``, crossing regime boundaries as
@@ -222,8 +236,11 @@ class _JobRun:
         now = start_s
         while seconds > _EPS and not self.done:
             regime = self.sim.trajectory[self.regime_index]
-            per_epoch = self.sim.epoch_seconds[regime.batch_size]
-            self.measured[regime.batch_size] = per_epoch
+            per_epoch = self._epoch_seconds(regime.batch_size)
+            if self.gpu_type in self.sim.epoch_seconds_by_type:
+                self.measured_by_type.setdefault(self.gpu_type, {})[regime.batch_size] = per_epoch
+            else:
+                self.measured[regime.batch_size] = per_epoch
             left = regime.epochs - self.regime_done
             if seconds + _EPS >= left * per_epoch:
                 seconds -= left * per_epoch
@@ -249,6 +266,7 @@ class _JobRun:
             attained_s=self.attained,
             executed_last_round_s=self.executed_last,
             gpus=self.gpus,
+            measured_by_type=self.measured_by_type,
         )
         return ActiveJob(spec=self.sim.spec, progress=progress)
 
@@ -274,7 +292,8 @@ def simulate(
     """
     settings = settings or SimSettings()
     for job in workload.jobs:
-        job.spec.check_fits(cluster)
+        heterogeneity.check_fits_typed(job.spec, cluster)
+    agnostic = settings.heterogeneity_agnostic and cluster.is_typed
     run = _Run(workload, cluster, settings)
     rounds: list[RoundRecord] = []
     state: object | None = None
@@ -302,6 +321,8 @@ def simulate(
             revealed=_revealed(run.active) if settings.reveal_trajectories else {},
             population=run.prior,
         )
+        if agnostic:
+            snapshot = heterogeneity.agnostic_view(snapshot)
         started = timer() if timer else 0.0
         decision = policy.decide(snapshot, params)
         spent = (timer() - started) if timer else 0.0
@@ -309,7 +330,14 @@ def simulate(
         _check_decision(decision, {r.job_id: r for r in run.active}, cluster)
         plans = [p for p in plans if p.base_round + len(p.rounds) > index]
         plans.append(
-            Plan(index, decision.rounds, run.version, now + settings.plan_latency_s, index)
+            Plan(
+                index,
+                decision.rounds,
+                run.version,
+                now + settings.plan_latency_s,
+                index,
+                {} if agnostic else decision.types,
+            )
         )
         changes = engine.boundary(
             r=index,
@@ -339,10 +367,16 @@ def simulate(
             r.active_rounds += 1
         filled: dict[str, tuple[int, ...]] = {}
         if settings.mid_round_fills:
-            prefer = engine.next_column(engine.choose_plan(plans, index + 1, now), index)
+            upcoming = engine.choose_plan(plans, index + 1, now)
+            prefer = engine.next_column(upcoming, index)
+            types = upcoming.types if upcoming is not None else {}
             for t in run.events(now, lease_end):
                 fill = engine.fill(
-                    jobs=run.waiting_view(), leases=run.leases(held), cluster=cluster, prefer=prefer
+                    jobs=run.waiting_view(),
+                    leases=run.leases(held),
+                    cluster=cluster,
+                    prefer=prefer,
+                    types=types,
                 )
                 for job_id, gpus in fill.assignment.items():
                     end = max(end, run.start(job_id, gpus, t, lease_end, True))
@@ -378,7 +412,7 @@ def simulate(
             gpus=r.sim.spec.gpus,
             arrival_s=r.sim.spec.arrival_s,
             finish_s=r.finish,
-            t_exclusive_s=r.sim.t_exclusive_s,
+            t_exclusive_s=heterogeneity.t_exclusive_s(r.sim, cluster),
             attained_s=r.attained,
             restarts=r.restarts,
             mean_active_jobs=r.active_sum / r.active_rounds if r.active_rounds else 0.0,
@@ -392,7 +426,7 @@ def simulate(
         cluster=cluster,
         settings=settings,
         makespan_s=makespan,
-        lower_bound_s=workload.makespan_lower_bound(cluster.total_gpus),
+        lower_bound_s=heterogeneity.makespan_lower_bound(workload, cluster),
         jobs=outcomes,
         rounds=tuple(rounds),
         notes={"sources": sources, "fills": fills},
@@ -434,6 +468,7 @@ class _Run:
         """Run ``job_id`` on ``gpus`` from ``now`` to at most ``lease_end``; when its stretch
         ends (the job finishes then if it is done)."""
         r = next(x for x in self.active if x.job_id == job_id)
+        r.gpu_type = self.cluster.type_of(gpus[0]) if self.cluster.is_typed and gpus else ""
         lease = lease_end - now
         needed = r.seconds_to_finish()
         elapsed = min(lease, needed)

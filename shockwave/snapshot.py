@@ -26,6 +26,8 @@ class JobProgress:
     ``attained_s`` is the wall time the job has held its GPUs doing useful work;
     ``executed_last_round_s`` the useful seconds it got in the round just ended;
     ``gpus`` the global GPU indices it held in that round (empty when it did not run).
+    ``measured_by_type``: epoch seconds measured on GPU types other than the reference one,
+    type -> batch size -> seconds (``measured_epoch_seconds`` holds the reference type's).
     """
 
     batch_size: int
@@ -35,10 +37,18 @@ class JobProgress:
     attained_s: float = 0.0
     executed_last_round_s: float = 0.0
     gpus: tuple[int, ...] = ()
+    measured_by_type: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "measured_epoch_seconds", MappingProxyType(dict(self.measured_epoch_seconds))
+        )
+        object.__setattr__(
+            self,
+            "measured_by_type",
+            MappingProxyType(
+                {t: MappingProxyType(dict(m)) for t, m in self.measured_by_type.items()}
+            ),
         )
 
 

@@ -21,16 +21,26 @@ class SimJob:
     ``spec.epochs`` and the first runs at ``spec.initial_batch_size``. ``epoch_seconds``: the true
     seconds per epoch on the job's GPUs at each batch size of the trajectory, running alone.
     ``trace_fields``: the job's original trace line fields (command, working directory, ...), kept
-    so a workload can be written back in the same format.
+    so a workload can be written back in the same format. ``epoch_seconds_by_type``: the true
+    epoch times on other GPU types (type -> batch size -> seconds); a type absent here runs at
+    ``epoch_seconds`` (the reference type, :mod:`shockwave.heterogeneity`).
     """
 
     spec: JobSpec
     trajectory: tuple[Regime, ...]
     epoch_seconds: Mapping[int, float]
     trace_fields: Mapping[str, str] = field(default_factory=dict)
+    epoch_seconds_by_type: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epoch_seconds", MappingProxyType(dict(self.epoch_seconds)))
+        object.__setattr__(
+            self,
+            "epoch_seconds_by_type",
+            MappingProxyType(
+                {t: MappingProxyType(dict(m)) for t, m in self.epoch_seconds_by_type.items()}
+            ),
+        )
         object.__setattr__(self, "trace_fields", MappingProxyType(dict(self.trace_fields)))
         if not self.trajectory:
             raise ValidationError("trajectory", "needs at least one regime")

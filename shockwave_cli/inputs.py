@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shockwave.model import AdaptationMode, Cluster, ValidationError
+from shockwave.heterogeneity import parse_typed_gpus, parse_typed_nodes, typed_workload
 from shockwave.policies import BASELINES
 from shockwave.policy import Policy, UnknownPolicyError, get_policy, make_params, policy_names
 from shockwave.traces import (
@@ -66,6 +67,24 @@ def load_throughputs(path: Path) -> ThroughputTable:
         return parse_throughputs(obj, str(path))
     except ValidationError as error:
         raise InputError(_located(error, path)) from None
+
+
+def load_typed_workload(workload: Workload, path: Path, cluster: Cluster) -> Workload:
+    """``workload`` with each job's throughput on every GPU type of a typed ``cluster``, read
+    from the throughput file ``path`` (the file's default type stays the reference)."""
+    if not cluster.is_typed:
+        return workload
+    obj = read_json_object(path, "throughputs")
+    try:
+        reference = parse_throughputs(obj, str(path)).gpu_type
+        tables = {t: parse_throughputs(obj, str(path), gpu_type=t) for t in cluster.gpu_types}
+    except ValidationError as error:
+        raise InputError(f"--gpus: {_located(error, path)}") from None
+    profiles = {
+        t: {(m, sf): table.profile(m, sf) for m in table.models for sf in table.scale_factors(m)}
+        for t, table in tables.items()
+    }
+    return typed_workload(workload, profiles, reference)
 
 
 def load_workload(trace: Path, trajectories: Path, throughputs: ThroughputTable) -> Workload:
@@ -140,15 +159,20 @@ def _located(error: ValidationError, path: Path) -> str:
     return message if str(path) in message else f"{path}: {message}"
 
 
-def parse_cluster(gpus: int | None, gpus_per_node: int, nodes: str | None) -> Cluster:
-    """The cluster of ``--gpus N [--gpus-per-node K]`` or of ``--nodes 2x8,3x4`` (exactly one)."""
+def parse_cluster(gpus: int | str | None, gpus_per_node: int, nodes: str | None) -> Cluster:
+    """The cluster of ``--gpus N [--gpus-per-node K]`` or of ``--nodes 2x8,3x4`` (exactly one);
+    typed: ``--gpus v100:12,k80:8`` or ``--nodes 2x8:v100,3x4:k80``."""
     if (gpus is None) == (nodes is None):
         raise InputError("give the cluster as --gpus N [--gpus-per-node K] or as --nodes 2x8,3x4")
     try:
         if nodes is not None:
-            return Cluster.parse(nodes)
+            return parse_typed_nodes(nodes) if ":" in nodes else Cluster.parse(nodes)
         assert gpus is not None
-        return Cluster.of_gpus(gpus, gpus_per_node)
+        if isinstance(gpus, str) and ":" in gpus:
+            return parse_typed_gpus(gpus, gpus_per_node)
+        if isinstance(gpus, str) and not gpus.strip().isdigit():
+            raise ValidationError("gpus", f"{gpus!r} is neither a GPU count nor TYPE:COUNT,...")
+        return Cluster.of_gpus(int(gpus), gpus_per_node)
     except ValidationError as error:
         field = "nodes" if nodes is not None else error.field.replace("_", "-")
         raise InputError(f"--{field}: {error.message}") from None

@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shockwave.generator import MODE_MIX, generate_workload
+from shockwave.heterogeneity import check_fits_typed, makespan_lower_bound
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.policies import BASELINES
@@ -56,6 +57,7 @@ from shockwave_cli.html_report import write_html_report
 from shockwave_cli.inputs import (
     InputError,
     load_throughputs,
+    load_typed_workload,
     load_workload,
     parse_cluster,
     parse_mode_mix,
@@ -122,15 +124,29 @@ def simulate_command(
     ],
     out: Annotated[Path, typer.Option(help="Directory for metrics.json, CSVs and plots.")],
     gpus: Annotated[
-        int | None, typer.Option(help="GPUs in the simulated cluster (nodes of --gpus-per-node).")
+        str | None,
+        typer.Option(
+            help="GPUs in the simulated cluster (nodes of --gpus-per-node): a count (the "
+            "throughput file's default type) or GPU types, TYPE:COUNT comma-separated "
+            "(v100:12,p100:12,k80:8; docs/heterogeneity.md)."
+        ),
     ] = None,
     nodes: Annotated[
         str | None,
         typer.Option(
             help="Instead of --gpus: the node list, COUNTxGPUS comma-separated "
-            "(2x8,3x4,2x2: two 8-GPU nodes, three 4-GPU nodes, two 2-GPU nodes)."
+            "(2x8,3x4,2x2: two 8-GPU nodes, three 4-GPU nodes, two 2-GPU nodes); typed: "
+            "COUNTxGPUS:TYPE (2x8:v100,3x4:k80)."
         ),
     ] = None,
+    heterogeneity_agnostic: Annotated[
+        bool,
+        typer.Option(
+            "--heterogeneity-agnostic",
+            help="On a typed cluster, run the policies blind to GPU types (every GPU looks "
+            "like the file's default type; jobs still run at their true speed).",
+        ),
+    ] = False,
     trace: Annotated[
         Path | None, typer.Option(help="Gavel-format trace (12 tab-separated fields a line).")
     ] = None,
@@ -222,17 +238,19 @@ def simulate_command(
         policies = resolve_policies(policy)
         cluster = parse_cluster(gpus, gpus_per_node, nodes)
         settings = _settings(round_seconds, restart_overhead, plan_latency, mid_round_fills)
+        settings = replace(settings, heterogeneity_agnostic=heterogeneity_agnostic)
         setups = _policy_setups(policies, seed, settings, tuning)
         mix = _mode_mix(mode_mix, generate)
         workload = _workload(
             trace, trajectories, generate, throughputs, seed, mean_interarrival, mix
         )
         workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
+        workload = load_typed_workload(workload, throughputs, cluster)
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
         _fail(str(error))
-    lower_bound = workload.makespan_lower_bound(cluster.total_gpus)
+    lower_bound = makespan_lower_bound(workload, cluster)
     errors.print(
         f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
         f"({cluster.describe()}), "
@@ -499,7 +517,7 @@ def _settings(
 def _check_fits(workload: Workload, cluster: Cluster) -> None:
     for job in workload.jobs:
         try:
-            job.spec.check_fits(cluster)
+            check_fits_typed(job.spec, cluster)
         except ValidationError as error:
             raise InputError(
                 f"{workload.name} job {job.spec.job_id}: {error.message} (raise --gpus)"
