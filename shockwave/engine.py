@@ -315,9 +315,12 @@ def _conserve(
     free = cluster.total_gpus - len(taken)
     for job_id, gpus in jobs:
         held = leases.get(job_id)
-        same_type = not types or not cluster.is_typed or job_id not in types or {
-            cluster.type_of(g) for g in held or ()
-        } == {types[job_id]}
+        same_type = (
+            not types
+            or not cluster.is_typed
+            or job_id not in types
+            or {cluster.type_of(g) for g in held or ()} == {types[job_id]}
+        )
         if (
             held
             and same_type

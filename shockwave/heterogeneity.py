@@ -97,9 +97,7 @@ def type_speed(job: ActiveJob, gpu_type: str, batch_size: int | None = None) -> 
     docstring); a measurement on the type wins over the declared profile."""
     bs = job.progress.batch_size if batch_size is None else batch_size
     spe = job.spec.samples_per_epoch
-    ref: dict[int, float] = {
-        b: r for b, r in job.spec.throughput.samples_per_second.items()
-    }
+    ref: dict[int, float] = {b: r for b, r in job.spec.throughput.samples_per_second.items()}
     ref.update({b: spe / s for b, s in job.progress.measured_epoch_seconds.items() if s > 0})
     declared = job.spec.type_throughput.get(gpu_type)
     measured = job.progress.measured_by_type.get(gpu_type, {})
@@ -149,9 +147,7 @@ def true_epoch_seconds(sim: SimJob, gpu_type: str, batch_size: int) -> float:
     return by_type[batch_size]
 
 
-def typed_job(
-    sim: SimJob, profiles: Mapping[str, ThroughputProfile], reference: str
-) -> SimJob:
+def typed_job(sim: SimJob, profiles: Mapping[str, ThroughputProfile], reference: str) -> SimJob:
     """``sim`` with its throughput on each type of ``profiles`` (samples/s of its gang by batch
     size, as the throughput file gives them): declared in the spec, and true epoch times
     derived from its reference-type ones, e_T(b) = e_ref(b) / s(T, b), with the fallback of
@@ -232,6 +228,7 @@ def progress_with_measurement(
 
 def order_types(job_speeds: Sequence[Mapping[str, float]], types: Sequence[str]) -> list[str]:
     """Types fastest first by the jobs' mean speed there (ties in ``types`` order)."""
+
     def mean(t: str) -> float:
         return sum(s.get(t, 1.0) for s in job_speeds) / max(1, len(job_speeds))
 
@@ -239,7 +236,8 @@ def order_types(job_speeds: Sequence[Mapping[str, float]], types: Sequence[str])
 
 
 def typed_workload(
-    workload: Workload, profiles: Mapping[str, Mapping[tuple[str, int], ThroughputProfile]],
+    workload: Workload,
+    profiles: Mapping[str, Mapping[tuple[str, int], ThroughputProfile]],
     reference: str,
 ) -> Workload:
     """``workload`` with each job's throughput on every type of ``profiles`` (type ->

@@ -321,7 +321,7 @@ class Cluster:
 
     @property
     def is_typed(self) -> bool:
-        """Whether nodes carry GPU types (a heterogeneous cluster, :mod:`shockwave.heterogeneity`)."""
+        """Whether nodes carry GPU types (:mod:`shockwave.heterogeneity`)."""
         return bool(self.node_types)
 
     @property

@@ -27,17 +27,13 @@ def _sub_clusters(cluster: Cluster) -> dict[str, tuple[Cluster, list[int]]]:
     subs: dict[str, tuple[Cluster, list[int]]] = {}
     for kind in cluster.gpu_types:
         nodes = [n for n, t in enumerate(cluster.node_types) if t == kind]
-        glob = [
-            cluster.first_gpu(n) + i for n in nodes for i in range(cluster.node_gpus[n])
-        ]
+        glob = [cluster.first_gpu(n) + i for n in nodes for i in range(cluster.node_gpus[n])]
         subs[kind] = (Cluster(tuple(cluster.node_gpus[n] for n in nodes)), glob)
     return subs
 
 
 def _held_type(cluster: Cluster, gpus: Sequence[int] | None) -> str | None:
-    if not gpus or not all(
-        isinstance(g, int) and 0 <= g < cluster.total_gpus for g in gpus
-    ):
+    if not gpus or not all(isinstance(g, int) and 0 <= g < cluster.total_gpus for g in gpus):
         return None
     kinds = {cluster.type_of(g) for g in gpus}
     return kinds.pop() if len(kinds) == 1 else None
@@ -90,9 +86,7 @@ def place_typed(
             assignment[job_id] = tuple(sorted(glob[g] for g in gpus))
         unplaced.update(placed.unplaced)
     ordered = {j: assignment[j] for j, _ in jobs if j in assignment}
-    moved = frozenset(
-        j for j, g in ordered.items() if j in previous and set(g) != set(previous[j])
-    )
+    moved = frozenset(j for j, g in ordered.items() if j in previous and set(g) != set(previous[j]))
     return Placement(MappingProxyType(ordered), MappingProxyType(unplaced), moved)
 
 

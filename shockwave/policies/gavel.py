@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from shockwave.policies.gavel_typed import decide_typed
 from shockwave.policies.time_fraction import (
     AllocationJob,
     TimeFractionParams,
     TimeFractionPolicy,
 )
+from shockwave.policy import Decision
+from shockwave.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +58,16 @@ def water_fill(
 
 
 class MaxMinFairness(TimeFractionPolicy):
+    """On a typed cluster: the heterogeneity-aware ``max_min_fairness_perf``
+    (:mod:`shockwave.policies.gavel_typed`); untyped, the equal GPU share above."""
+
     name: ClassVar[str] = "gavel"
     Params: ClassVar[type[Any]] = MaxMinFairnessParams
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        if snapshot.cluster.is_typed:
+            return decide_typed(snapshot, self.mechanism(params))
+        return TimeFractionPolicy.decide(self, snapshot, params)
 
     def allocate(
         self,

@@ -32,7 +32,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shockwave.estimators import contention_factor, finish_time_fairness
+from shockwave.heterogeneity import mean_speed
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
+from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import (
@@ -131,6 +133,7 @@ class ShockwaveState:
     contention_rounds: Mapping[str, int] = field(default_factory=dict)
     counts: Mapping[str, int] = field(default_factory=dict)
     last: PlanSummary = field(default_factory=PlanSummary)
+    plan_types: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +167,16 @@ class Shockwave:
             state = ShockwaveState()
         contention_sum, contention_rounds = _update_contention(snapshot, state)
         rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+        typed = snapshot.cluster.is_typed
         outlooks = {
             job.job_id: self.outlook(
-                snapshot, job, params, contention_sum, contention_rounds, rates
+                snapshot,
+                job,
+                params,
+                contention_sum,
+                contention_rounds,
+                rates,
+                mean_speed(job, snapshot.cluster) if typed else 1.0,
             )
             for job in snapshot.jobs
         }
@@ -176,8 +186,12 @@ class Shockwave:
         due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
+        types = state.plan_types
         if due:
-            solved = self.solve(snapshot, params, outlooks)
+            if typed:
+                solved, types = plan_typed(snapshot, params, outlooks, _plan_job)
+            else:
+                solved = self.solve(snapshot, params, outlooks)
             rounds, counts, planned_at, offset = (
                 solved.rounds,
                 solved.counts,
@@ -194,7 +208,12 @@ class Shockwave:
                 solves=state.last.solves + 1,
             )
         column = rounds[offset] if offset < len(rounds) else ()
-        chosen, reasons = _fill(snapshot, [j for j in column if j in active], outlooks)
+        if typed:
+            chosen, reasons, types = fill_typed(
+                snapshot, [j for j in column if j in active], outlooks, types
+            )
+        else:
+            chosen, reasons = _fill(snapshot, [j for j in column if j in active], outlooks)
         new_state = ShockwaveState(
             plan_rounds=rounds,
             planned_at_round=planned_at,
@@ -204,6 +223,7 @@ class Shockwave:
             contention_rounds=MappingProxyType(contention_rounds),
             counts=MappingProxyType(dict(counts)),
             last=last,
+            plan_types=MappingProxyType(dict(types)),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -215,6 +235,7 @@ class Shockwave:
             reasons=reasons,
             planned=planned,
             solve=last.summary(),
+            types=types,
         )
 
     def outlook(
@@ -225,9 +246,12 @@ class Shockwave:
         contention_sum: Mapping[str, float],
         contention_rounds: Mapping[str, int],
         rates: ThroughputModel | None = None,
+        speed: float = 1.0,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
-        snapshot (built from it when not given)."""
+        snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
+        job's reference type (on a typed cluster, the average GPU's:
+        :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate."""
         if rates is None:
             rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         revealed = snapshot.revealed.get(job.job_id)
@@ -240,9 +264,10 @@ class Shockwave:
             prediction = predictor(
                 job, snapshot.population, rates, params.predictor, params.population
             )
-        factor = _error_factor(job.job_id, params)
+        factor = _error_factor(job.job_id, params) / speed
         remaining = prediction.remaining_seconds * factor
-        total = prediction.total_seconds - prediction.remaining_seconds + remaining
+        done = prediction.total_seconds - prediction.remaining_seconds
+        total = done / speed + remaining
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
         age = snapshot.now - job.spec.arrival_s
