@@ -11,7 +11,9 @@ On a typed cluster the window is planned in two steps (docs/heterogeneity.md):
    the loads meet. A job moves off an overloaded type when its relative advantage there is
    smallest: comparative advantage, as in a market. Of the price rounds, the assignment with
    the lowest makespan bound H = max_T H_T is kept; that bound is the heterogeneous
-   cluster's makespan term.
+   cluster's makespan term: every job's deadline in its type's market is its fairness
+   deadline or H from now, the sooner, so the jobs whose remainder on their type nears H
+   (the critical path) are planned before the market's fairness alone would plan them.
 2. **A market per type.** Each type's jobs are planned by the homogeneous planner
    (:func:`shockwave.planner.plan`) on that type's GPUs, a round of type T valued by the
    progress the job makes on T (its outlook with times divided by its speed there). The FTF
@@ -37,17 +39,23 @@ from shockwave.snapshot import ActiveJob, Snapshot
 if TYPE_CHECKING:
     from shockwave.policies.shockwave import JobOutlook, ShockwaveParams
 
-PRICE_ROUNDS = 40
+PRICE_ROUNDS = 60
 PRICE_STEP = 0.5
+PRICE_MOVE = 1.25
+"""Price rounds, and how a type's price moves each round: by (H_T / mean H)^PRICE_STEP, at
+most PRICE_MOVE times up or down, so prices sweep through the ratios where single jobs move
+rather than jump past them."""
 
 PlanJobMaker = Callable[[ActiveJob, Any, Any, int, float], PlanJob]
 
 
-def on_type(look: JobOutlook, slower: float) -> JobOutlook:
+def on_type(look: JobOutlook, slower: float, makespan_s: float = math.inf) -> JobOutlook:
     """``look`` (on the average GPU) on a type where the job runs ``slower`` times as long:
-    its time estimates scale, its FTF estimate and deadline stay."""
+    its time estimates scale, its FTF estimate stays, and its deadline is its fairness
+    deadline or the cluster's makespan bound ``makespan_s`` (seconds from now), the sooner."""
     return dataclasses.replace(
         look,
+        deadline_s=min(look.deadline_s, makespan_s),
         remaining_s=look.remaining_s * slower,
         total_s=look.total_s * slower,
         error_factor=look.error_factor * slower,
@@ -61,9 +69,10 @@ def assign_types(
     remaining: Mapping[str, Mapping[str, float]],
     widths: Mapping[str, int],
     workers: Mapping[str, int],
-) -> dict[str, str]:
-    """Job -> type by the price rounds of step 1 (module docstring). ``remaining[j][T]``: the
-    job's remaining run time on T (only the types its gang fits)."""
+) -> tuple[dict[str, str], float]:
+    """Job -> type by the price rounds of step 1 (module docstring), and the makespan bound H
+    of that assignment. ``remaining[j][T]``: the job's remaining run time on T (only the
+    types its gang fits)."""
     kinds = list(workers)
     price = dict.fromkeys(kinds, 1.0)
     best: dict[str, str] = {}
@@ -78,8 +87,9 @@ def assign_types(
             best, best_h = choice, h
         mean = sum(load.values()) / len(kinds) or 1.0
         for t in kinds:
-            price[t] *= (max(load[t], 1e-9 * mean) / mean) ** PRICE_STEP
-    return best
+            move = (max(load[t], 1e-9 * mean) / mean) ** PRICE_STEP
+            price[t] *= min(PRICE_MOVE, max(1 / PRICE_MOVE, move))
+    return best, best_h
 
 
 def _loads(
@@ -119,11 +129,12 @@ def plan_typed(
             t: look.remaining_s * k + (params.restart_overhead_s if held and t != held else 0.0)
             for t, k in slower[job.job_id].items()
         }
-    types = assign_types(remaining, {j.job_id: j.spec.gpus for j in snapshot.jobs}, workers)
+    widths = {j.job_id: j.spec.gpus for j in snapshot.jobs}
+    types, makespan = assign_types(remaining, widths, workers)
     plans: list[Plan] = []
     for t in workers:
         mine = [j for j in snapshot.jobs if types.get(j.job_id) == t]
-        looks = {j.job_id: on_type(outlooks[j.job_id], slower[j.job_id][t]) for j in mine}
+        looks = {j.job_id: on_type(outlooks[j.job_id], slower[j.job_id][t], makespan) for j in mine}
         jobs = [make_job(j, looks[j.job_id], params, window, length) for j in mine]
         priority = [-looks[j.job_id].laxity_s for j in mine]
         plans.append(plan(jobs, workers[t], params.planner, length, priority))
