@@ -15,8 +15,8 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.heterogeneity import parse_typed_gpus, parse_typed_nodes, typed_workload
+from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.policies import BASELINES
 from shockwave.policy import Policy, UnknownPolicyError, get_policy, make_params, policy_names
 from shockwave.traces import (
