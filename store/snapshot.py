@@ -68,13 +68,21 @@ class NoCapacity(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuLayout:
-    """The READY nodes in id order and each one's GPU count: the core's node inventory."""
+    """The READY nodes in id order, each one's GPU count and GPU type: the core's inventory.
+
+    The cluster is typed (:mod:`shockwave.heterogeneity`: each gang on one type) when the
+    nodes report two or more GPU types (the agents' ``gpu_type``, lower-cased); with one type
+    it is the untyped cluster, so a homogeneous service plans exactly as before."""
 
     node_ids: tuple[str, ...]
     node_gpus: tuple[int, ...]
+    node_types: tuple[str, ...] = ()
 
     @property
     def cluster(self) -> Cluster:
+        kinds = tuple(t.strip().lower() or "unknown" for t in self.node_types)
+        if len(set(kinds)) > 1 and len(kinds) == len(self.node_gpus):
+            return Cluster(self.node_gpus, kinds)
         return Cluster(self.node_gpus)
 
     def global_gpus(self, node_id: str, local: Sequence[int]) -> tuple[int, ...]:
@@ -148,7 +156,9 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     ).all()
     if not nodes:
         return None
-    return GpuLayout(tuple(n.id for n in nodes), tuple(n.gpus for n in nodes))
+    return GpuLayout(
+        tuple(n.id for n in nodes), tuple(n.gpus for n in nodes), tuple(n.gpu_type for n in nodes)
+    )
 
 
 def waiting_reason(session: Session, row: JobRow, layout: GpuLayout | None = None) -> str | None:
