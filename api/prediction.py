@@ -76,7 +76,8 @@ class Context:
             if job_id in members and plan.base_round + t >= self.current
         ]
         last = plan.base_round + len(plan.rounds) - 1
-        return PlanView(rounds=rounds, first=plan.base_round, last=last)
+        kind = (plan.types or {}).get(job_id)
+        return PlanView(rounds=rounds, first=plan.base_round, last=last, gpu_type=kind)
 
 
 def explain(
@@ -126,6 +127,7 @@ def explain(
         ftf_estimate=finish_time_fairness(age, remaining, prediction.total_seconds, factor),
         contention=factor,
         planned_rounds=[] if finished or plan is None else list(plan.rounds),
+        planned_gpu_type=None if finished or plan is None else plan.gpu_type,
         cause=why.cause,
         reason=why.reason,
     )

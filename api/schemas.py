@@ -116,6 +116,17 @@ class JobCreate(BaseModel):
     mode: AdaptationMode = AdaptationMode.STATIC
     batch_sizes: Annotated[list[BigInt], Field(max_length=64)] = []
     throughput: Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)] = {}
+    type_throughput: Annotated[
+        dict[
+            Annotated[str, Field(min_length=1, max_length=64, pattern=PRINTABLE)],
+            Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)],
+        ],
+        Field(
+            max_length=16,
+            description="Throughput on other GPU types: type -> batch size -> samples/s of "
+            "the gang (docs/heterogeneity.md); ``throughput`` is on the job's reference type.",
+        ),
+    ] = {}
     budget: Finite = 1.0
     model: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     command: Command = []
@@ -246,7 +257,8 @@ class PredictionPublic(BaseModel):
     """ "Why am I waiting": the job's predicted regimes, remaining and total exclusive run time
     (seconds), its finish-time-fairness estimate rho_hat (> 1: on course to finish later than
     under an equal share) and the contention factor used, and the rounds the current plan gives
-    it (``planned_rounds``, round indices) with the ``reason`` in words."""
+    it (``planned_rounds``, round indices) with the ``reason`` in words; on a cluster of several
+    GPU types, ``planned_gpu_type``: the type the plan puts it on."""
 
     job_id: str
     state: JobState
@@ -261,6 +273,7 @@ class PredictionPublic(BaseModel):
     ftf_estimate: float
     contention: float
     planned_rounds: list[int]
+    planned_gpu_type: str | None = None
     cause: Cause
     reason: str
 

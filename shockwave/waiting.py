@@ -44,11 +44,13 @@ class Gpus:
 @dataclass(frozen=True, slots=True)
 class PlanView:
     """What the freshest plan says of the job: ``rounds`` (indices, current round on) and the
-    plan's last round, ``last``; ``None`` for the whole view when no plan is stored."""
+    plan's last round, ``last``; ``None`` for the whole view when no plan is stored.
+    ``gpu_type``: the GPU type the plan puts the job on (typed clusters; None otherwise)."""
 
     rounds: Sequence[int]
     first: int
     last: int
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

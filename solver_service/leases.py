@@ -212,8 +212,10 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
         session.rollback()
         return FillOutcome(r, (), 0)
     plan = freshest_plan(session, cluster.id, r + 1)
-    prefer = engine.next_column(_engine_plan(plan) if plan is not None else None, r)
+    upcoming = _engine_plan(plan) if plan is not None else None
+    prefer = engine.next_column(upcoming, r)
     changes = engine.fill(
+        types=upcoming.types if upcoming is not None else {},
         jobs=_waiting(jobs.values()),
         leases=held,
         cluster=layout.cluster,
@@ -241,6 +243,7 @@ def _engine_plan(plan: PlanRow) -> engine.Plan:
         state_version=plan.state_version,
         usable_from=plan.created_at.timestamp(),
         plan_id=plan.id,
+        types=dict(plan.types or {}),
     )
 
 

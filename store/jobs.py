@@ -82,6 +82,10 @@ def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
         throughput=ThroughputProfile({int(bs): float(v) for bs, v in source.throughput.items()}),
         budget=source.budget,
         model=source.model,
+        type_throughput={
+            str(t).lower(): ThroughputProfile({int(bs): float(v) for bs, v in rates.items()})
+            for t, rates in getattr(source, "type_throughput", {}).items()
+        },
     )
 
 
@@ -130,6 +134,10 @@ def create_job(session: Session, principal: Principal, data: Submission) -> JobR
         throughput={str(k): float(v) for k, v in spec.throughput.samples_per_second.items()},
         budget=spec.budget,
         model=spec.model,
+        type_throughput={
+            t: {str(k): float(v) for k, v in p.samples_per_second.items()}
+            for t, p in spec.type_throughput.items()
+        },
         batch_size=spec.initial_batch_size,
         command=list(data.command),
         image=data.image,

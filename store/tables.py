@@ -82,6 +82,9 @@ class JobRow(SQLModel, table=True):
     )
     budget: float = 1.0
     model: str = Field(default="", max_length=128)
+    type_throughput: dict[str, dict[str, float]] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     epochs_done: float = 0.0
     batch_size: int
     attained_s: float = 0.0
@@ -208,6 +211,9 @@ class PlanRow(SQLModel, table=True):
     base_round: int
     policy: str = Field(max_length=64)
     rounds: list[list[str]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    types: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     objective: float | None = None
     bound: float | None = None
     gain_gap: float | None = None

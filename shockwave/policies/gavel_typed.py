@@ -110,7 +110,9 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
             for t in kinds
         }
         deficit[job.job_id] = dict(state.deficit.get(job.job_id, dict.fromkeys(kinds, 0.0)))
-    allocation = {k: v for k, v in state.allocation.items() if k in active}
+    allocation: Mapping[str, Mapping[str, float]] = {
+        k: v for k, v in state.allocation.items() if k in active
+    }
     recomputed_at, after_start = state.recomputed_at, state.recomputed_after_start
     job_set = state.job_set
     gate_open = (
