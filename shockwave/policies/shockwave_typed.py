@@ -32,6 +32,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shockwave.heterogeneity import speeds
 from shockwave.planner import Plan, PlanJob, SolveStatus, plan
 from shockwave.snapshot import ActiveJob, Snapshot
@@ -74,36 +76,30 @@ def assign_types(
     of that assignment. ``remaining[j][T]``: the job's remaining run time on T (only the
     types its gang fits)."""
     kinds = list(workers)
-    price = dict.fromkeys(kinds, 1.0)
-    best: dict[str, str] = {}
+    jobs = list(remaining)
+    if not jobs:
+        return {}, 0.0
+    rem = np.array([[remaining[j].get(t, np.inf) for t in kinds] for j in jobs])
+    width = np.array([widths[j] for j in jobs], dtype=float)
+    gpus = np.array([workers[t] for t in kinds], dtype=float)
+    price = np.ones(len(kinds))
+    best = np.zeros(len(jobs), dtype=np.int64)
     best_h = math.inf
+    rows = np.arange(len(jobs))
     for _ in range(PRICE_ROUNDS):
-        choice = {
-            j: min(r, key=lambda t: (price[t] * r[t], kinds.index(t))) for j, r in remaining.items()
-        }
-        load = _loads(choice, remaining, widths, workers)
-        h = max(load.values(), default=0.0)
+        choice = np.argmin(rem * price, axis=1)
+        taken = rem[rows, choice]
+        work = np.bincount(choice, weights=width * taken, minlength=len(kinds)) / gpus
+        longest = np.zeros(len(kinds))
+        np.maximum.at(longest, choice, taken)
+        load = np.maximum(work, longest)
+        h = float(load.max())
         if h < best_h - 1e-9:
             best, best_h = choice, h
-        mean = sum(load.values()) / len(kinds) or 1.0
-        for t in kinds:
-            move = (max(load[t], 1e-9 * mean) / mean) ** PRICE_STEP
-            price[t] *= min(PRICE_MOVE, max(1 / PRICE_MOVE, move))
-    return best, best_h
-
-
-def _loads(
-    choice: Mapping[str, str],
-    remaining: Mapping[str, Mapping[str, float]],
-    widths: Mapping[str, int],
-    workers: Mapping[str, int],
-) -> dict[str, float]:
-    work = dict.fromkeys(workers, 0.0)
-    longest = dict.fromkeys(workers, 0.0)
-    for j, t in choice.items():
-        work[t] += widths[j] * remaining[j][t]
-        longest[t] = max(longest[t], remaining[j][t])
-    return {t: max(work[t] / workers[t], longest[t]) for t in workers}
+        mean = float(load.mean()) or 1.0
+        move = (np.maximum(load, 1e-9 * mean) / mean) ** PRICE_STEP
+        price *= np.clip(move, 1 / PRICE_MOVE, PRICE_MOVE)
+    return {j: kinds[int(k)] for j, k in zip(jobs, best, strict=True)}, best_h
 
 
 def plan_typed(

@@ -182,3 +182,16 @@ def test_agnostic_view_forgets_types() -> None:
     seen = het.agnostic_view(snap)
     assert not seen.cluster.is_typed and seen.cluster.total_gpus == 12
     assert het.type_speed(seen.jobs[0], "fast") == 1.0
+
+
+def test_perf_with_equal_throughputs_is_the_agnostic_equal_gpu_share() -> None:
+    """Published Gavel's ``max_min_fairness`` is ``max_min_fairness_perf`` with every
+    throughput 1: an equal GPU share, which the untyped ``gavel`` computes by water-filling."""
+    from shockwave.policies.gavel import water_fill
+
+    widths = {"a": 1, "b": 2, "c": 1, "d": 4}
+    ones = {j: {"x": 1.0, "y": 1.0} for j in widths}
+    x = max_min_fairness_perf(ones, widths, dict.fromkeys(widths, 1.0), {"x": 2, "y": 2})
+    shares = water_fill({j: float(w) for j, w in widths.items()}, dict.fromkeys(widths, 1.0), 4)
+    for j, w in widths.items():
+        assert sum(x[j].values()) * w == pytest.approx(shares[j], abs=1e-4)
