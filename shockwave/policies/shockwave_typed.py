@@ -127,10 +127,11 @@ def plan_typed(
         }
     widths = {j.job_id: j.spec.gpus for j in snapshot.jobs}
     types, makespan = assign_types(remaining, widths, workers)
+    target = makespan * (params.planner.critical_path_margin or 1.0)
     plans: list[Plan] = []
     for t in workers:
         mine = [j for j in snapshot.jobs if types.get(j.job_id) == t]
-        looks = {j.job_id: on_type(outlooks[j.job_id], slower[j.job_id][t], makespan) for j in mine}
+        looks = {j.job_id: on_type(outlooks[j.job_id], slower[j.job_id][t], target) for j in mine}
         jobs = [make_job(j, looks[j.job_id], params, window, length) for j in mine]
         priority = [-looks[j.job_id].laxity_s for j in mine]
         plans.append(plan(jobs, workers[t], params.planner, length, priority))
