@@ -11,9 +11,11 @@ On a typed cluster the window is planned in two steps (docs/heterogeneity.md):
    the loads meet. A job moves off an overloaded type when its relative advantage there is
    smallest: comparative advantage, as in a market. Of the price rounds, the assignment with
    the lowest makespan bound H = max_T H_T is kept; that bound is the heterogeneous
-   cluster's makespan term: every job's deadline in its type's market is its fairness
-   deadline or H from now, the sooner, so the jobs whose remainder on their type nears H
-   (the critical path) are planned before the market's fairness alone would plan them.
+   cluster's makespan term. A job whose remainder at its fastest type is at least theta_c H
+   (the planner's critical-path margin) is on the critical path: it is pinned to its fastest
+   type and the prices run again for the rest. Every job's deadline in its type's market is
+   its fairness deadline or theta_c H from now, the sooner, so the jobs whose remainder on
+   their type nears H are planned before the market's fairness alone would plan them.
 2. **A market per type.** Each type's jobs are planned by the homogeneous planner
    (:func:`shockwave.planner.plan`) on that type's GPUs, a round of type T valued by the
    progress the job makes on T (its outlook with times divided by its speed there). The FTF
@@ -127,7 +129,12 @@ def plan_typed(
         }
     widths = {j.job_id: j.spec.gpus for j in snapshot.jobs}
     types, makespan = assign_types(remaining, widths, workers)
-    target = makespan * (params.planner.critical_path_margin or 1.0)
+    margin = params.planner.critical_path_margin or 1.0
+    critical = {j: r for j, r in remaining.items() if min(r.values()) >= margin * makespan}
+    if critical:
+        pinned = {j: {min(r, key=r.__getitem__): min(r.values())} for j, r in critical.items()}
+        types, makespan = assign_types({**remaining, **pinned}, widths, workers)
+    target = makespan * margin
     plans: list[Plan] = []
     for t in workers:
         mine = [j for j in snapshot.jobs if types.get(j.job_id) == t]
