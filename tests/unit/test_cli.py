@@ -209,6 +209,35 @@ def test_simulate_generates_a_workload_without_a_trace(throughputs: Path, tmp_pa
     assert metrics["jobs_completed"] == 6
 
 
+def test_simulate_on_typed_gpus_aware_and_agnostic(throughputs: Path, tmp_path: Path) -> None:
+    for agnostic in ((), ("--heterogeneity-agnostic",)):
+        out = tmp_path / f"out{len(agnostic)}"
+        result = invoke(
+            "simulate",
+            *("--generate", "6", "--seed", "3", "--throughputs", str(throughputs)),
+            *("--gpus", "v100:4,k80:4", "--policy", "gavel", "--out", str(out), *agnostic),
+        )
+        assert result.exit_code == 0, result.output
+        assert "v100 1x4 + k80 1x4" in result.output
+        (metrics,) = json.loads((out / "metrics.json").read_text())
+        assert metrics["jobs_completed"] == 6
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fragment"),
+    [("v100:6", "do not divide"), ("a100:8", "a100"), ("v100", "neither a GPU count")],
+)
+def test_simulate_refuses_a_bad_typed_cluster(
+    throughputs: Path, tmp_path: Path, gpus: str, fragment: str
+) -> None:
+    result = invoke(
+        "simulate",
+        *("--generate", "4", "--seed", "3", "--throughputs", str(throughputs)),
+        *("--gpus", gpus, "--policy", "fifo", "--out", str(tmp_path / "o")),
+    )
+    assert_input_error(result, fragment)
+
+
 def test_malformed_trace_line_names_file_line_and_field(
     generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
 ) -> None:
