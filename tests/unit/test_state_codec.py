@@ -81,3 +81,37 @@ def test_a_cluster_of_mixed_nodes_goes_through_json_and_rebuilds_its_numbering()
     mixed = Cluster.parse("2x8,1x4,1x2")
     back = decode(json.loads(json.dumps(encode(mixed))))
     assert back == mixed and back.first_gpu(3) == 20 and back.node_of(19) == 2
+
+
+@pytest.mark.parametrize("name", ["shockwave", "gavel"])
+def test_typed_policy_state_goes_through_json(name: str) -> None:
+    from shockwave.heterogeneity import typed_job
+    from shockwave.model import Cluster, ThroughputProfile
+    from shockwave.workload import Workload
+
+    typed = Cluster((4, 4), ("fast", "slow"))
+    jobs = tuple(
+        typed_job(
+            job,
+            {
+                "slow": ThroughputProfile(
+                    {
+                        bs: r / (2 + int(job.spec.job_id) % 3)
+                        for bs, r in job.spec.throughput.samples_per_second.items()
+                    }
+                )
+            },
+            "fast",
+        )
+        for job in mixed_workload().jobs
+    )
+    load = Workload(jobs, name="typed")
+    policy = get_policy(name)
+    params = make_params(policy)
+    direct = simulate(load, typed, policy, params)
+    stored = simulate(load, typed, ThroughJson(policy), params)
+    assert [dict(r.assignment) for r in stored.rounds] == [
+        dict(r.assignment) for r in direct.rounds
+    ]
+    assert stored.makespan_s == direct.makespan_s
+    assert decode(json.loads(json.dumps(encode(typed)))) == typed
