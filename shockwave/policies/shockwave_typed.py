@@ -128,6 +128,7 @@ def plan_typed(
             for t, k in slower[job.job_id].items()
         }
     widths = {j.job_id: j.spec.gpus for j in snapshot.jobs}
+    remaining = {j: r for j, r in remaining.items() if r}  # a gang no type holds waits
     types, makespan = assign_types(remaining, widths, workers)
     margin = params.planner.critical_path_margin or 1.0
     critical = {j: r for j, r in remaining.items() if min(r.values()) >= margin * makespan}

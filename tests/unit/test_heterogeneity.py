@@ -195,3 +195,13 @@ def test_perf_with_equal_throughputs_is_the_agnostic_equal_gpu_share() -> None:
     shares = water_fill({j: float(w) for j, w in widths.items()}, dict.fromkeys(widths, 1.0), 4)
     for j, w in widths.items():
         assert sum(x[j].values()) * w == pytest.approx(shares[j], abs=1e-4)
+
+
+def test_a_gang_no_type_holds_is_left_out_and_the_others_are_planned() -> None:
+    wide = _two_type_job("wide", 1.0, 1.0, gpus=8)
+    narrow = _two_type_job("narrow", 2.0, 0.5)
+    small = Cluster((4, 2), ("fast", "slow"))
+    policy = get_policy("shockwave")
+    decision = policy.decide(Snapshot(0.0, 0, 120.0, small, (wide, narrow)), make_params(policy))
+    assert decision.jobs == ("narrow",) and decision.types["narrow"] == "fast"
+    assert "wide" not in decision.types
