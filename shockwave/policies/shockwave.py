@@ -17,6 +17,10 @@ Each decision, in order:
 5. Take the plan's next round and fill idle GPUs with waiting jobs, most predicted work first
    (work conservation).
 
+On a typed cluster (GPU types, :mod:`shockwave.heterogeneity`) the estimates of step 3 are on
+the cluster's average GPU, and steps 4-5 run per type: prices assign each job a type and a market
+per type plans it (:mod:`shockwave.policies.shockwave_typed`).
+
 The plan and the contention history live in :class:`ShockwaveState`, handed back each round.
 """
 
