@@ -175,6 +175,7 @@ class JobPublic(JobSummary):
 
     batch_sizes: list[int]
     throughput: dict[str, float]
+    type_throughput: dict[str, dict[str, float]] = {}
     measured_epoch_seconds: dict[str, float] = {}
     command: list[str] = []
     image: str | None = None

@@ -59,6 +59,8 @@ def test_a_job_runs_on_the_type_its_plan_names_and_its_prediction_says_so(
         throughput={"32": 800.0},
         type_throughput={"K80": {"32": 200.0}},
     )
+    shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert shown["type_throughput"] == {"k80": {"32": 200.0}}
     with Session(database.engine) as session:
         row = session.get(JobRow, job)
         assert row is not None and row.type_throughput == {"k80": {"32": 200.0}}
