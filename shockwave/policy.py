@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from shockwave.planner import PlannerParams
-from shockwave.snapshot import Snapshot
+from shockwave.snapshot import ActiveJob, Snapshot
 
 REPLAN_MODES = ("reactive", "lazy")
 """When a policy that plans ahead re-plans: on every change (reactive) or only when its plan
@@ -53,8 +53,10 @@ class Decision:
     (the snapshot's jobs only, not yet filled with waiting jobs); empty for a policy that
     decides one round at a time. ``solve``: its latest solve's figures, None for a policy that
     solves nothing. ``excluded``: jobs left out of this decision because the policy cannot model
-    them, with the reason (:func:`decide_isolating`). The shells read these, never ``state``
-    (which only the policy reads).
+    them, with the reason (:func:`decide_isolating`). ``widths``: the GPU count of each
+    elastic job the policy runs on other than its requested one (docs/elastic.md); a job not
+    named runs on its requested count. The shells read these, never ``state`` (which only the
+    policy reads).
     """
 
     jobs: tuple[str, ...]
@@ -64,6 +66,11 @@ class Decision:
     planned: tuple[tuple[str, ...], ...] = ()
     solve: SolveSummary | None = None
     excluded: Mapping[str, str] = field(default_factory=dict)
+    widths: Mapping[str, int] = field(default_factory=dict)
+
+    def width(self, job: ActiveJob) -> int:
+        """The GPUs ``job`` runs on when this decision runs it."""
+        return self.widths.get(job.job_id, job.spec.gpus)
 
     @property
     def rounds(self) -> tuple[tuple[str, ...], ...]:
@@ -74,6 +81,7 @@ class Decision:
         object.__setattr__(self, "allocation", MappingProxyType(dict(self.allocation)))
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
         object.__setattr__(self, "excluded", MappingProxyType(dict(self.excluded)))
+        object.__setattr__(self, "widths", MappingProxyType(dict(self.widths)))
 
 
 MODEL_ERRORS = (ArithmeticError, ValueError)

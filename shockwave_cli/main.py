@@ -42,6 +42,7 @@ from shockwave.policies import BASELINES
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.policy import Policy, get_policy, policy_names
 from shockwave.prediction_report import prediction_report
+from shockwave.elastic import make_elastic
 from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
@@ -189,6 +190,17 @@ def simulate_command(
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    elastic: Annotated[
+        bool,
+        typer.Option(
+            "--elastic",
+            help="Make every job elastic from 1 GPU to --elastic-max-gpus (or its request), "
+            "its throughput on each count from the table (docs/elastic.md).",
+        ),
+    ] = False,
+    elastic_max_gpus: Annotated[
+        int, typer.Option(help="With --elastic: the most GPUs an elastic job may get (1/2/4/8).")
+    ] = 8,
     report: Annotated[
         bool,
         typer.Option(
@@ -228,6 +240,8 @@ def simulate_command(
             trace, trajectories, generate, throughputs, seed, mean_interarrival, mix
         )
         workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
+        if elastic:
+            workload = _elastic(workload, throughputs, elastic_max_gpus)
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
@@ -452,6 +466,13 @@ def _workload(
         raise InputError("give --trace and --trajectories, or --generate N")
     seed = 0 if seed is None else seed
     return _generated(generate, throughputs, seed, mean_interarrival, mode_mix)
+
+
+def _elastic(workload: Workload, throughputs: Path, max_gpus: int) -> Workload:
+    try:
+        return make_elastic(workload, load_throughputs(throughputs), max_gpus)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def _mode_mix(text: str | None, generate: int | None) -> Mapping[AdaptationMode, float]:

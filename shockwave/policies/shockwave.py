@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from shockwave.elastic import ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
@@ -131,6 +132,7 @@ class ShockwaveState:
     contention_rounds: Mapping[str, int] = field(default_factory=dict)
     counts: Mapping[str, int] = field(default_factory=dict)
     last: PlanSummary = field(default_factory=PlanSummary)
+    widths: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +177,9 @@ class Shockwave:
         offset = snapshot.round_index - state.planned_at_round
         due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
         rounds, counts, last = state.plan_rounds, state.counts, state.last
-        planned_at = state.planned_at_round
+        planned_at, widths = state.planned_at_round, state.widths
         if due:
-            solved = self.solve(snapshot, params, outlooks)
+            solved, widths = self.solve_widths(snapshot, params, outlooks)
             rounds, counts, planned_at, offset = (
                 solved.rounds,
                 solved.counts,
@@ -194,7 +196,9 @@ class Shockwave:
                 solves=state.last.solves + 1,
             )
         column = rounds[offset] if offset < len(rounds) else ()
-        chosen, reasons = _fill(snapshot, [j for j in column if j in active], outlooks)
+        chosen, reasons, chosen_widths = _fill(
+            snapshot, [j for j in column if j in active], outlooks, widths
+        )
         new_state = ShockwaveState(
             plan_rounds=rounds,
             planned_at_round=planned_at,
@@ -204,6 +208,7 @@ class Shockwave:
             contention_rounds=MappingProxyType(contention_rounds),
             counts=MappingProxyType(dict(counts)),
             last=last,
+            widths=MappingProxyType(dict(widths)),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -215,6 +220,7 @@ class Shockwave:
             reasons=reasons,
             planned=planned,
             solve=last.summary(),
+            widths=chosen_widths,
         )
 
     def outlook(
@@ -277,22 +283,59 @@ class Shockwave:
             priority.append(-look.laxity_s)
         return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
 
+    def solve_widths(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[Plan, Mapping[str, int]]:
+        """:meth:`solve`, or with elastic jobs in the snapshot the elastic planner
+        (:mod:`shockwave.elastic`): the plan and the GPU count of each planned job."""
+        if not any(job.spec.elastic is not None for job in snapshot.jobs):
+            return self.solve(snapshot, params, outlooks), {}
+        window = params.planner.rounds
+        length = snapshot.round_seconds
+        jobs = []
+        priority = []
+        for job in snapshot.jobs:
+            look = outlooks[job.job_id]
+            base = _plan_job(job, look, params, window, length)
+            variants = {job.spec.gpus: base}
+            if job.spec.elastic is not None:
+                for width in job.spec.elastic.widths:
+                    if width != job.spec.gpus:
+                        variants[width] = _plan_job(job, look, params, window, length, width)
+            jobs.append(ElasticPlanJob(base, variants))
+            priority.append(-look.laxity_s)
+        solved = plan_elastic(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
+        return solved.plan, solved.widths
+
 
 def _plan_job(
-    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+    job: ActiveJob,
+    look: JobOutlook,
+    params: ShockwaveParams,
+    window: int,
+    length: float,
+    width: int | None = None,
 ) -> PlanJob:
-    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window."""
-    overhead = 0.0 if job.running else params.restart_overhead_s
-    cap = min(window, max(1, math.ceil((look.remaining_s + overhead) / length)))
+    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window; on
+    ``width`` GPUs for an elastic job (a round there trains as ``speed`` rounds on its
+    requested count; remaining time stays counted on the requested count)."""
+    gpus = job.spec.gpus
+    width = gpus if width is None else width
+    speed = 1.0
+    if job.spec.elastic is not None:
+        speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+    held = len(job.progress.gpus) if job.spec.elastic is not None else width
+    overhead = 0.0 if job.running and held == width else params.restart_overhead_s
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
     utility = [base]
     remaining = [look.remaining_s]
     overdue = [max(0.0, window * length + look.remaining_s - look.deadline_s)]
     for n in range(1, cap + 1):
-        useful = max(0.0, n * length - overhead) / look.error_factor
+        useful = max(0.0, n * length - overhead) * speed / look.error_factor
         utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
-        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead))
+        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead) * speed)
         remaining.append(left)
         finish = n * length if left <= 0 else window * length + left
         overdue.append(max(0.0, finish - look.deadline_s))
@@ -303,7 +346,7 @@ def _plan_job(
         weight=weight,
         utility=tuple(utility),
         remaining=tuple(remaining),
-        running=job.running,
+        running=job.running and held == width,
         overdue=tuple(overdue),
         critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
         soonest_remaining_s=look.soonest_remaining_s,
@@ -351,33 +394,52 @@ def _replan_due(
 
 
 def _fill(
-    snapshot: Snapshot, planned: Sequence[str], outlooks: Mapping[str, JobOutlook]
-) -> tuple[list[str], dict[str, str]]:
-    """The planned round, then idle GPUs filled with the jobs that have most work left."""
+    snapshot: Snapshot,
+    planned: Sequence[str],
+    outlooks: Mapping[str, JobOutlook],
+    widths: Mapping[str, int] | None = None,
+) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """The planned round, then idle GPUs filled with the jobs that have most work left; and
+    the GPU count of each chosen elastic job that runs on other than its request (its planned
+    one, a filler the widest of its counts up to its plan or request that fits)."""
     by_id = {j.job_id: j for j in snapshot.jobs}
+    widths = widths or {}
     free = snapshot.cluster.total_gpus
     chosen: list[str] = []
+    chosen_widths: dict[str, int] = {}
+
+    def fit(job: ActiveJob) -> int:
+        want = widths.get(job.job_id, job.spec.gpus)
+        if job.spec.elastic is None:
+            return want
+        return max((w for w in job.spec.elastic.widths if w <= min(want, free)), default=want)
+
     for job_id in planned:
-        width = by_id[job_id].spec.gpus
+        width = fit(by_id[job_id])
         if width <= free:
             chosen.append(job_id)
             free -= width
+            if width != by_id[job_id].spec.gpus:
+                chosen_widths[job_id] = width
     reasons: dict[str, str] = {}
     waiting = sorted(
         (j for j in snapshot.jobs if j.job_id not in set(chosen)),
         key=lambda j: -outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
-        if job.spec.gpus <= free:
+        width = fit(job)
+        if width <= free:
             chosen.append(job.job_id)
-            free -= job.spec.gpus
+            free -= width
+            if width != job.spec.gpus:
+                chosen_widths[job.job_id] = width
         else:
             look = outlooks[job.job_id]
             reasons[job.job_id] = (
                 f"not planned for this round (predicted FTF {look.rho:.2f}, "
                 f"{look.remaining_s:.0f} s left); no idle GPUs to fill"
             )
-    return chosen, reasons
+    return chosen, reasons, chosen_widths
 
 
 def _error_factor(job_id: str, params: ShockwaveParams) -> float:
