@@ -84,9 +84,17 @@ def plan_elastic(
     params: PlannerParams,
     round_seconds: float,
     priority: Sequence[float] | None = None,
+    completion_weight: float = 0.0,
 ) -> ElasticPlan:
-    """Choose each job's width and rounds for the window, and pack them into rounds."""
+    """Choose each job's width and rounds for the window, and pack them into rounds.
+
+    ``completion_weight`` (kappa): each job's value also loses (kappa / Z0) x its predicted
+    finish (n D when it ends in the window, T D + the time it has left otherwise). Without it
+    a job that ends inside the window is worth as much on one GPU as on eight (its utility is
+    1 either way), so the market would never spend idle GPUs to finish jobs sooner."""
     t = params.rounds
+    window_s = t * round_seconds
+    rounds_s = np.arange(t + 1) * round_seconds
     if not jobs:
         empty: tuple[tuple[str, ...], ...] = tuple(() for _ in range(t))
         return ElasticPlan(Plan({}, empty, 0.0, 0.0, 0.0, SolveStatus.EMPTY), {})
@@ -96,6 +104,7 @@ def plan_elastic(
     forced_cost = 0.0
     for job in jobs:
         base_row, base_left, _, floor = terms.row(job.base)
+        base_row = base_row - completion_weight / terms.z0 * (window_s + base_left[0])
         empty_value += float(base_row[0])
         target = float(base_left[floor]) if floor > 0 else float("inf")
         points: list[tuple[float, float, int, int]] = []
@@ -103,6 +112,8 @@ def plan_elastic(
             if width > total_gpus:
                 continue
             value, left, cap, _ = terms.row(variant)
+            finish = np.where(left > 0, window_s + left, rounds_s)
+            value = value - completion_weight / terms.z0 * finish
             for n in range(cap + 1):
                 if floor > 0 and left[n] > target + 1e-9 and n < cap:
                     continue

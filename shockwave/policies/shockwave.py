@@ -81,6 +81,7 @@ class ShockwaveParams:
     oracle: bool = False
     prediction_error: float = 0.0
     error_seed: int = 0
+    completion_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -197,7 +198,7 @@ class Shockwave:
             )
         column = rounds[offset] if offset < len(rounds) else ()
         chosen, reasons, chosen_widths = _fill(
-            snapshot, [j for j in column if j in active], outlooks, widths
+            snapshot, [j for j in column if j in active], outlooks, widths, params.restart_overhead_s
         )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -304,7 +305,14 @@ class Shockwave:
                         variants[width] = _plan_job(job, look, params, window, length, width)
             jobs.append(ElasticPlanJob(base, variants))
             priority.append(-look.laxity_s)
-        solved = plan_elastic(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
+        solved = plan_elastic(
+            jobs,
+            snapshot.cluster.total_gpus,
+            params.planner,
+            length,
+            priority,
+            params.completion_weight,
+        )
         return solved.plan, solved.widths
 
 
@@ -398,6 +406,7 @@ def _fill(
     planned: Sequence[str],
     outlooks: Mapping[str, JobOutlook],
     widths: Mapping[str, int] | None = None,
+    restart_overhead_s: float = 0.0,
 ) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """The planned round, then idle GPUs filled with the jobs that have most work left; and
     the GPU count of each chosen elastic job that runs on other than its request (its planned
@@ -439,7 +448,52 @@ def _fill(
                 f"not planned for this round (predicted FTF {look.rho:.2f}, "
                 f"{look.remaining_s:.0f} s left); no idle GPUs to fill"
             )
+    if free > 0:
+        _scale_up(snapshot, chosen, chosen_widths, outlooks, free, restart_overhead_s)
     return chosen, reasons, chosen_widths
+
+
+def _scale_up(
+    snapshot: Snapshot,
+    chosen: Sequence[str],
+    widths: dict[str, int],
+    outlooks: Mapping[str, JobOutlook],
+    free: int,
+    restart_overhead_s: float,
+) -> None:
+    """Work conservation for elastic jobs: GPUs no waiting job can use go, one step at a time,
+    to the chosen elastic job whose next count saves the most of its run time per GPU added
+    in this round (net of the restart a change of count costs). Updates ``widths``."""
+    by_id = {j.job_id: j for j in snapshot.jobs}
+    length = snapshot.round_seconds
+    while free > 0:
+        best: tuple[float, str, int] | None = None
+        for job_id in chosen:
+            job = by_id[job_id]
+            elastic = job.spec.elastic
+            if elastic is None:
+                continue
+            g = widths.get(job_id, job.spec.gpus)
+            bs = job.progress.batch_size
+            now = elastic.factor(g, job.spec.gpus, bs)
+            left = outlooks[job_id].remaining_s
+            held = len(job.progress.gpus)
+            for w in elastic.widths:
+                if not g < w <= g + free:
+                    continue
+                overhead = 0.0 if held == w else restart_overhead_s
+                speed = elastic.factor(w, job.spec.gpus, bs)
+                work = min(left / now, length)
+                gain = (work * (speed / now - 1.0) - overhead * speed / now) / (w - g)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, job_id, w)
+        if best is None:
+            return
+        _, job_id, w = best
+        free -= w - widths.get(job_id, by_id[job_id].spec.gpus)
+        widths[job_id] = w if w != by_id[job_id].spec.gpus else widths.pop(job_id, w)
+        if w == by_id[job_id].spec.gpus:
+            widths.pop(job_id, None)
 
 
 def _error_factor(job_id: str, params: ShockwaveParams) -> float:
