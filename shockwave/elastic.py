@@ -46,10 +46,13 @@ class ElasticPlanJob:
     """One job for the elastic planner: ``base`` on its requested count (``base.gpus``), and
     ``variants[g]``: its tables (utility, remaining on the requested count, overdue) when it
     runs on g GPUs, ``gpus`` left at the requested count so the penalties price work alike.
-    A rigid job has the one variant ``{base.gpus: base}``."""
+    A rigid job has the one variant ``{base.gpus: base}``. ``top_speed``: its fastest width's
+    speed-up over the requested count; ``base``'s soonest and latest remaining times are at
+    that width (what the critical-path reservation judges)."""
 
     base: PlanJob
     variants: Mapping[int, PlanJob]
+    top_speed: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,6 @@ def plan_elastic(
         base_row, base_left, _, floor = terms.row(job.base)
         base_row = base_row - completion_weight / terms.z0 * (window_s + base_left[0])
         empty_value += float(base_row[0])
-        target = float(base_left[floor]) if floor > 0 else float("inf")
         points: list[tuple[float, float, int, int]] = []
         for width, variant in job.variants.items():
             if width > total_gpus:
@@ -114,12 +116,10 @@ def plan_elastic(
             value, left, cap, _ = terms.row(variant)
             finish = np.where(left > 0, window_s + left, rounds_s)
             value = value - completion_weight / terms.z0 * finish
-            for n in range(cap + 1):
-                if floor > 0 and left[n] > target + 1e-9 and n < cap:
-                    continue
+            # The critical-path floor: the job runs at least ``floor`` rounds of the window
+            # (all it needs, if fewer), on whichever width the market picks.
+            for n in range(min(floor, cap), cap + 1):
                 points.append((float(width * n), float(value[n]), width, n))
-        if not points:
-            points = [(0.0, float(base_row[0]), job.base.gpus, 0)]
         start = min(points, key=lambda p: (p[0], -p[1]))
         points = [start, *(p for p in points if p[0] > start[0])]
         hull = _envelope(points)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -82,6 +82,8 @@ class ShockwaveParams:
     prediction_error: float = 0.0
     error_seed: int = 0
     completion_weight: float = 0.0
+    elastic_order: str = "srpt"
+    elastic_critical_at_widest: bool = False
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -299,12 +301,23 @@ class Shockwave:
             look = outlooks[job.job_id]
             base = _plan_job(job, look, params, window, length)
             variants = {job.spec.gpus: base}
+            top = 1.0
             if job.spec.elastic is not None:
                 for width in job.spec.elastic.widths:
                     if width != job.spec.gpus:
                         variants[width] = _plan_job(job, look, params, window, length, width)
-            jobs.append(ElasticPlanJob(base, variants))
-            priority.append(-look.laxity_s)
+                if params.elastic_critical_at_widest:
+                    bs = job.progress.batch_size
+                    top = max(job.spec.elastic.factor(w, job.spec.gpus, bs) for w in variants)
+                    top = max(1.0, top)
+                    base = replace(
+                        base,
+                        critical_remaining_s=base.critical_remaining_s / top,
+                        soonest_remaining_s=look.soonest_remaining_s / top,
+                        latest_remaining_s=look.latest_remaining_s / top,
+                    )
+            jobs.append(ElasticPlanJob(base, variants, top))
+            priority.append(_elastic_priority(look, params))
         solved = plan_elastic(
             jobs,
             snapshot.cluster.total_gpus,
@@ -361,6 +374,16 @@ def _plan_job(
         latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
     )
+
+
+def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
+    """Packing priority of the elastic plan: a job past its fairness deadline by its
+    lateness (> 0, first), else, with ``params.elastic_order`` ``"srpt"``, shortest remaining
+    time first (the counts fix what each job gets in the window, not when; finishing the short
+    ones first cuts completion times at no cost to the objective), else by laxity."""
+    if look.laxity_s < 0 or params.elastic_order != "srpt":
+        return -look.laxity_s
+    return -look.remaining_s / max(1.0, look.remaining_s + look.laxity_s) if False else -look.remaining_s
 
 
 def _soonest_remaining(prediction: Prediction) -> float:
