@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from shockwave.model import VALID_WIDTHS, ElasticRange
 from shockwave.planner import (
@@ -81,6 +82,11 @@ def _envelope(points: list[tuple[float, float, int, int]]) -> list[tuple[float, 
     return hull
 
 
+def empty_row_value(values: npt.NDArray[np.float64], owner: list[tuple[int, int]], job: int) -> float:
+    """phi_j(0) of ``job`` (its base row's first value)."""
+    return float(values[owner.index((job, 0)), 0])
+
+
 def plan_elastic(
     jobs: Sequence[ElasticPlanJob],
     total_gpus: int,
@@ -103,26 +109,60 @@ def plan_elastic(
         return ElasticPlan(Plan({}, empty, 0.0, 0.0, 0.0, SolveStatus.EMPTY), {})
     terms = ObjectiveTerms.of([j.base for j in jobs], total_gpus, params, round_seconds)
     hulls: list[list[tuple[float, float, int, int]]] = []
-    empty_value = 0.0
-    forced_cost = 0.0
-    for job in jobs:
-        base_row, base_left, _, floor = terms.row(job.base)
-        base_row = base_row - completion_weight / terms.z0 * (window_s + base_left[0])
-        empty_value += float(base_row[0])
-        points: list[tuple[float, float, int, int]] = []
+    rows: list[PlanJob] = []
+    owner: list[tuple[int, int]] = []
+    for i, job in enumerate(jobs):
+        rows.append(job.base)
+        owner.append((i, 0))
         for width, variant in job.variants.items():
-            if width > total_gpus:
-                continue
-            value, left, cap, _ = terms.row(variant)
-            finish = np.where(left > 0, window_s + left, rounds_s)
-            value = value - completion_weight / terms.z0 * finish
+            if width <= total_gpus:
+                rows.append(variant)
+                owner.append((i, width))
+    values, lefts, caps, floors = terms.rows(rows)
+    finish = np.where(lefts > 0, window_s + lefts, rounds_s[None, :])
+    values -= completion_weight / terms.z0 * finish
+    by_job: list[list[int]] = [[] for _ in jobs]
+    floor_of = [0] * len(jobs)
+    empty_value = 0.0
+    for r, (i, width) in enumerate(owner):
+        if width == 0:
+            floor_of[i] = int(floors[r])
+            empty_value += float(values[r, 0])
+        else:
+            by_job[i].append(r)
+    steps_n = np.arange(t + 1)
+    forced_cost = 0.0
+    for i, job in enumerate(jobs):
+        costs, gains, widths_at, counts_at = [], [], [], []
+        for r in by_job[i]:
+            width, cap = owner[r][1], int(caps[r])
             # The critical-path floor: the job runs at least ``floor`` rounds of the window
             # (all it needs, if fewer), on whichever width the market picks.
-            for n in range(min(floor, cap), cap + 1):
-                points.append((float(width * n), float(value[n]), width, n))
-        start = min(points, key=lambda p: (p[0], -p[1]))
-        points = [start, *(p for p in points if p[0] > start[0])]
-        hull = _envelope(points)
+            n = steps_n[min(floor_of[i], cap) : cap + 1]
+            costs.append(n * width)
+            gains.append(values[r, n])
+            widths_at.append(np.full(len(n), width))
+            counts_at.append(n)
+        if not costs:
+            hulls.append([(0.0, empty_row_value(values, owner, i), job.base.gpus, 0)])
+            continue
+        cost, gain = np.concatenate(costs).astype(float), np.concatenate(gains)
+        width_of, count_of = np.concatenate(widths_at), np.concatenate(counts_at)
+        order = np.lexsort((-gain, cost))
+        cost, gain, width_of, count_of = cost[order], gain[order], width_of[order], count_of[order]
+        best = np.maximum.accumulate(gain)
+        keep = np.concatenate(([True], gain[1:] > best[:-1]))
+        hull = _envelope(
+            list(
+                zip(
+                    cost[keep].tolist(),
+                    gain[keep].tolist(),
+                    width_of[keep].tolist(),
+                    count_of[keep].tolist(),
+                    strict=True,
+                )
+            )
+        )
         forced_cost += hull[0][0]
         hulls.append(hull)
     capacity = float(total_gpus * t)

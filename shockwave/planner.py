@@ -283,6 +283,44 @@ class ObjectiveTerms:
         floor = critical_floor(job, self.path, window_s, self.round_seconds, cap)
         return value, left, cap, floor
 
+    def rows(
+        self, jobs: Sequence[PlanJob]
+    ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """:meth:`row` for many jobs at once: (value, left) as len(jobs) x (T + 1) arrays,
+        caps and floors (the elastic planner's thousands of rows)."""
+        params, t = self.params, self.params.rounds
+        count = len(jobs)
+        caps = np.array([min(j.cap, t) for j in jobs], dtype=np.int64)
+        util_rows, left_rows, late_rows = [], [], []
+        for job, cap in zip(jobs, caps.tolist(), strict=True):
+            pad = t - cap
+            util_rows.append([*job.utility[: cap + 1], *[job.utility[cap]] * pad])
+            left_rows.append([*job.remaining[: cap + 1], *[job.remaining[cap]] * pad])
+            late = job.overdue or (0.0,) * (cap + 1)
+            late_rows.append([*late[: cap + 1], *[late[cap]] * pad])
+        util = np.array(util_rows, dtype=float)
+        left = np.array(left_rows, dtype=float)
+        late_by = np.array(late_rows, dtype=float)
+        weight = np.array([j.weight for j in jobs])
+        gpus = np.array([j.gpus for j in jobs], dtype=float)
+        fair = np.array([j.fair_share_s for j in jobs])
+        extra = np.maximum(0.0, np.array([j.critical_remaining_s - j.remaining[0] for j in jobs]))
+        value = (weight * self.scale)[:, None] * np.log(util + params.utility_floor)
+        late = np.maximum(0.0, np.where(left > 0, left + extra[:, None], 0.0) - self.slack)
+        overdue = late_by * (self.mean_fair / fair)[:, None]
+        penalty = params.makespan_weight * (left * (gpus / self.total_gpus)[:, None] + late)
+        penalty += params.deadline_weight * gpus[:, None] * overdue
+        value -= penalty / self.z0
+        window_s = t * self.round_seconds
+        floors = np.array(
+            [
+                critical_floor(j, self.path, window_s, self.round_seconds, int(c))
+                for j, c in zip(jobs, caps, strict=True)
+            ],
+            dtype=np.int64,
+        )
+        return value, left, caps, floors
+
 
 def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float | None:
     """The finish the longest jobs must keep, or None when they do not bound the makespan.

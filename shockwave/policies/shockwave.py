@@ -293,40 +293,91 @@ class Shockwave:
         (:mod:`shockwave.elastic`): the plan and the GPU count of each planned job."""
         if not any(job.spec.elastic is not None for job in snapshot.jobs):
             return self.solve(snapshot, params, outlooks), {}
+        jobs, priority = self.elastic_jobs(snapshot, params, outlooks)
+        solved = plan_elastic(
+            jobs,
+            snapshot.cluster.total_gpus,
+            params.planner,
+            snapshot.round_seconds,
+            priority,
+            params.completion_weight,
+        )
+        return solved.plan, solved.widths
+
+    def elastic_jobs(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[list[ElasticPlanJob], list[float]]:
+        """Every job's tables on each of its widths, and the packing priorities."""
         window = params.planner.rounds
         length = snapshot.round_seconds
         jobs = []
         priority = []
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
-            base = _plan_job(job, look, params, window, length)
-            variants = {job.spec.gpus: base}
+            variants = _plan_variants(job, look, params, window, length)
+            base = variants[job.spec.gpus]
             top = 1.0
-            if job.spec.elastic is not None:
-                for width in job.spec.elastic.widths:
-                    if width != job.spec.gpus:
-                        variants[width] = _plan_job(job, look, params, window, length, width)
-                if params.elastic_critical_at_widest:
-                    bs = job.progress.batch_size
-                    top = max(job.spec.elastic.factor(w, job.spec.gpus, bs) for w in variants)
-                    top = max(1.0, top)
-                    base = replace(
-                        base,
-                        critical_remaining_s=base.critical_remaining_s / top,
-                        soonest_remaining_s=look.soonest_remaining_s / top,
-                        latest_remaining_s=look.latest_remaining_s / top,
-                    )
+            if job.spec.elastic is not None and params.elastic_critical_at_widest:
+                bs = job.progress.batch_size
+                top = max(job.spec.elastic.factor(w, job.spec.gpus, bs) for w in variants)
+                top = max(1.0, top)
+                base = replace(
+                    base,
+                    critical_remaining_s=base.critical_remaining_s / top,
+                    soonest_remaining_s=look.soonest_remaining_s / top,
+                    latest_remaining_s=look.latest_remaining_s / top,
+                )
             jobs.append(ElasticPlanJob(base, variants, top))
             priority.append(_elastic_priority(look, params))
-        solved = plan_elastic(
-            jobs,
-            snapshot.cluster.total_gpus,
-            params.planner,
-            length,
-            priority,
-            params.completion_weight,
+        return jobs, priority
+
+
+def _plan_variants(
+    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+) -> dict[int, PlanJob]:
+    """:func:`_plan_job` for each of the job's widths at once (its requested count always):
+    progress on ``width`` GPUs is the predicted trajectory's, piecewise linear in the seconds
+    run, at ``speed`` times the requested count's pace."""
+    gpus = job.spec.gpus
+    widths = job.spec.elastic.widths if job.spec.elastic is not None else (gpus,)
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    epochs = job.spec.epochs
+    base = min(1.0, job.progress.epochs_done / epochs)
+    weight = job.spec.budget * look.rho**params.fairness_exponent
+    held = len(job.progress.gpus)
+    variants: dict[int, PlanJob] = {}
+    for width in dict.fromkeys((gpus, *widths)):
+        speed = 1.0
+        if job.spec.elastic is not None:
+            speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+        running = job.running and held == width
+        overhead = 0.0 if running else params.restart_overhead_s
+        cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
+        n = np.arange(cap + 1, dtype=float)
+        work = np.maximum(0.0, n * length - overhead) * speed
+        work[0] = 0.0
+        utility = np.minimum(1.0, base + np.interp(work / look.error_factor, seconds, gained) / epochs)
+        utility[0] = base
+        left = np.maximum(0.0, look.remaining_s - work)
+        finish = np.where(left <= 0, n * length, window * length + left)
+        overdue = np.maximum(0.0, finish - look.deadline_s)
+        overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+        variants[width] = PlanJob(
+            job_id=job.job_id,
+            gpus=gpus,
+            weight=weight,
+            utility=tuple(utility.tolist()),
+            remaining=tuple(left.tolist()),
+            running=running,
+            overdue=tuple(overdue.tolist()),
+            critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+            soonest_remaining_s=look.soonest_remaining_s,
+            latest_remaining_s=look.latest_remaining_s,
+            fair_share_s=max(1.0, look.fair_share_s),
         )
-        return solved.plan, solved.widths
+    return variants
 
 
 def _plan_job(
@@ -383,7 +434,7 @@ def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
     ones first cuts completion times at no cost to the objective), else by laxity."""
     if look.laxity_s < 0 or params.elastic_order != "srpt":
         return -look.laxity_s
-    return -look.remaining_s / max(1.0, look.remaining_s + look.laxity_s) if False else -look.remaining_s
+    return -look.remaining_s
 
 
 def _soonest_remaining(prediction: Prediction) -> float:
