@@ -94,6 +94,7 @@ def plan_elastic(
     round_seconds: float,
     priority: Sequence[float] | None = None,
     completion_weight: float = 0.0,
+    floor_progress: bool = False,
 ) -> ElasticPlan:
     """Choose each job's width and rounds for the window, and pack them into rounds.
 
@@ -123,10 +124,12 @@ def plan_elastic(
     values -= completion_weight / terms.z0 * finish
     by_job: list[list[int]] = [[] for _ in jobs]
     floor_of = [0] * len(jobs)
+    target_of = [0.0] * len(jobs)
     empty_value = 0.0
     for r, (i, width) in enumerate(owner):
         if width == 0:
             floor_of[i] = int(floors[r])
+            target_of[i] = float(lefts[r, floor_of[i]])
             empty_value += float(values[r, 0])
         else:
             by_job[i].append(r)
@@ -139,6 +142,11 @@ def plan_elastic(
             # The critical-path floor: the job runs at least ``floor`` rounds of the window
             # (all it needs, if fewer), on whichever width the market picks.
             n = steps_n[min(floor_of[i], cap) : cap + 1]
+            if floor_progress and floor_of[i] > 0:
+                # ... and makes at least the progress ``floor`` rounds on its requested count
+                # would (the closest it can come, if no width can).
+                need = max(target_of[i], float(lefts[r, cap]))
+                n = steps_n[: cap + 1][lefts[r, : cap + 1] <= need + 1e-9]
             costs.append(n * width)
             gains.append(values[r, n])
             widths_at.append(np.full(len(n), width))

@@ -84,6 +84,7 @@ class ShockwaveParams:
     completion_weight: float = 0.0
     elastic_order: str = "srpt"
     elastic_critical_at_widest: bool = False
+    elastic_floor_progress: bool = True
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -301,6 +302,7 @@ class Shockwave:
             snapshot.round_seconds,
             priority,
             params.completion_weight,
+            params.elastic_floor_progress,
         )
         return solved.plan, solved.widths
 
