@@ -82,7 +82,9 @@ def _envelope(points: list[tuple[float, float, int, int]]) -> list[tuple[float, 
     return hull
 
 
-def empty_row_value(values: npt.NDArray[np.float64], owner: list[tuple[int, int]], job: int) -> float:
+def empty_row_value(
+    values: npt.NDArray[np.float64], owner: list[tuple[int, int]], job: int
+) -> float:
     """phi_j(0) of ``job`` (its base row's first value)."""
     return float(values[owner.index((job, 0)), 0])
 
@@ -180,22 +182,22 @@ def plan_elastic(
     steps = []
     for i, hull in enumerate(hulls):
         for k in range(1, len(hull)):
-            cost = hull[k][0] - hull[k - 1][0]
-            gain = hull[k][1] - hull[k - 1][1]
-            steps.append((gain / cost, i, k, cost, gain))
+            step_cost = hull[k][0] - hull[k - 1][0]
+            step_gain = hull[k][1] - hull[k - 1][1]
+            steps.append((step_gain / step_cost, i, k, step_cost, step_gain))
     steps.sort(key=lambda s: (-s[0], s[1], s[2]))
     bound = value
     blocked = [False] * len(jobs)
     fractional_done = False
-    for ratio, i, k, cost, gain in steps:
+    for ratio, i, k, step_cost, step_gain in steps:
         if blocked[i] or chosen[i] != k - 1:
             continue
-        if cost <= left + 1e-9:
+        if step_cost <= left + 1e-9:
             chosen[i] = k
-            left -= cost
-            value += gain
+            left -= step_cost
+            value += step_gain
             if not fractional_done:
-                bound += gain
+                bound += step_gain
         else:
             blocked[i] = True
             if not fractional_done:
@@ -206,9 +208,9 @@ def plan_elastic(
     counts = np.zeros(len(jobs), dtype=np.int64)
     packed_jobs = []
     for i, job in enumerate(jobs):
-        _, _, width, n = hulls[i][chosen[i]]
-        counts[i] = n
-        width = width if n > 0 else job.base.gpus
+        _, _, width, rounds_run = hulls[i][chosen[i]]
+        counts[i] = rounds_run
+        width = width if rounds_run > 0 else job.base.gpus
         widths[job.base.job_id] = width
         packed_jobs.append(dataclasses.replace(job.base, gpus=width))
     gain_total = bound - empty_value
@@ -274,9 +276,7 @@ def make_elastic(workload: Workload, table: ThroughputTable, max_gpus: int = 8) 
     jobs = []
     for job in workload.jobs:
         spec = job.spec
-        rates = {
-            (bs, g): r for (model, bs, g), r in table.rates.items() if model == spec.model
-        }
+        rates = {(bs, g): r for (model, bs, g), r in table.rates.items() if model == spec.model}
         sizes = sorted({bs for bs, _ in rates} | {r.batch_size for r in job.trajectory})
         elastic = elastic_range(spec.gpus, max_gpus, sizes, rates)
         jobs.append(dataclasses.replace(job, spec=dataclasses.replace(spec, elastic=elastic)))

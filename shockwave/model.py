@@ -162,7 +162,8 @@ class ElasticRange:
                 _require_positive_int(f"elastic.speedup[{gpus}][{bs}]", bs)
                 if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
                     raise ValidationError(
-                        f"elastic.speedup[{gpus}][{bs}]", f"must be a positive number, got {factor!r}"
+                        f"elastic.speedup[{gpus}][{bs}]",
+                        f"must be a positive number, got {factor!r}",
                     )
             frozen[gpus] = MappingProxyType(dict(rates))
         object.__setattr__(self, "speedup", MappingProxyType(frozen))

@@ -289,7 +289,6 @@ class ObjectiveTerms:
         """:meth:`row` for many jobs at once: (value, left) as len(jobs) x (T + 1) arrays,
         caps and floors (the elastic planner's thousands of rows)."""
         params, t = self.params, self.params.rounds
-        count = len(jobs)
         caps = np.array([min(j.cap, t) for j in jobs], dtype=np.int64)
         util_rows, left_rows, late_rows = [], [], []
         for job, cap in zip(jobs, caps.tolist(), strict=True):

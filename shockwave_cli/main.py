@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shockwave.elastic import make_elastic
 from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import AdaptationMode, Cluster, ValidationError
@@ -42,7 +43,6 @@ from shockwave.policies import BASELINES
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.policy import Policy, get_policy, policy_names
 from shockwave.prediction_report import prediction_report
-from shockwave.elastic import make_elastic
 from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories

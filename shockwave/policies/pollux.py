@@ -69,7 +69,7 @@ def speedup(job: ActiveJob, gpus: int, params: PolluxParams) -> float:
 
 def _fitness_term(s: float, p: float) -> float:
     """The job's share of sum_j SPEEDUP^p, signed so that more is better."""
-    return s**p if p > 0 else -(s**p)
+    return float(s**p) if p > 0 else -float(s**p)
 
 
 class Pollux:
@@ -78,9 +78,7 @@ class Pollux:
 
     def decide(self, snapshot: Snapshot, params: Any) -> Decision:
         free = snapshot.cluster.total_gpus
-        order = sorted(
-            enumerate(snapshot.jobs), key=lambda item: (not item[1].running, item[0])
-        )
+        order = sorted(enumerate(snapshot.jobs), key=lambda item: (not item[1].running, item[0]))
         width: dict[str, int] = {}
         reasons: dict[str, str] = {}
         jobs = {j.job_id: j for j in snapshot.jobs}

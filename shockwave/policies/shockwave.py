@@ -201,7 +201,11 @@ class Shockwave:
             )
         column = rounds[offset] if offset < len(rounds) else ()
         chosen, reasons, chosen_widths = _fill(
-            snapshot, [j for j in column if j in active], outlooks, widths, params.restart_overhead_s
+            snapshot,
+            [j for j in column if j in active],
+            outlooks,
+            widths,
+            params.restart_overhead_s,
         )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -360,7 +364,9 @@ def _plan_variants(
         n = np.arange(cap + 1, dtype=float)
         work = np.maximum(0.0, n * length - overhead) * speed
         work[0] = 0.0
-        utility = np.minimum(1.0, base + np.interp(work / look.error_factor, seconds, gained) / epochs)
+        utility = np.minimum(
+            1.0, base + np.interp(work / look.error_factor, seconds, gained) / epochs
+        )
         utility[0] = base
         left = np.maximum(0.0, look.remaining_s - work)
         finish = np.where(left <= 0, n * length, window * length + left)

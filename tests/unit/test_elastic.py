@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import pytest
 
@@ -13,7 +14,7 @@ from shockwave.policies.pollux import Pollux, PolluxParams
 from shockwave.policies.shockwave import Shockwave, ShockwaveParams
 from shockwave.policy import Decision, get_policy, make_params
 from shockwave.simulator import PolicyContractError, SimSettings, simulate
-from shockwave.snapshot import ActiveJob, JobProgress
+from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.traces import ThroughputTable
 from tests.builders import active_job, cluster, sim_job, snapshot, workload
 
@@ -21,7 +22,9 @@ LINEAR = {2: {32: 1.8}, 4: {32: 3.2}, 8: {32: 5.6}}
 """Speed-ups over one GPU of a job that scales sublinearly."""
 
 
-def elastic(job: ActiveJob, low: int = 1, high: int = 8, speedup: dict | None = None) -> ActiveJob:
+def elastic(
+    job: ActiveJob, low: int = 1, high: int = 8, speedup: dict[int, dict[int, float]] | None = None
+) -> ActiveJob:
     spec = dataclasses.replace(
         job.spec, elastic=ElasticRange(low, high, LINEAR if speedup is None else speedup)
     )
@@ -170,13 +173,15 @@ def test_simulator_runs_a_job_at_its_width_speed() -> None:
 
 
 class Widen:
-    name = "widen"
-    Params = dict
+    """Runs job ``a`` on ``width`` GPUs every round."""
+
+    name: ClassVar[str] = "widen"
+    Params: ClassVar[type[Any]] = dict
 
     def __init__(self, width: int) -> None:
         self.width = width
 
-    def decide(self, snap, params):  # type: ignore[no-untyped-def]
+    def decide(self, snap: Snapshot, params: Any) -> Decision:
         return Decision(jobs=("a",), widths={"a": self.width})
 
 
@@ -193,7 +198,7 @@ def test_a_change_of_count_is_a_restart() -> None:
     )
 
     class Alternate(Widen):
-        def decide(self, snap, params):  # type: ignore[no-untyped-def]
+        def decide(self, snap: Snapshot, params: Any) -> Decision:
             self.width = 3 - self.width
             return Decision(jobs=("a",), widths={"a": self.width})
 
