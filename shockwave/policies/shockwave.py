@@ -85,6 +85,7 @@ class ShockwaveParams:
     elastic_order: str = "srpt"
     elastic_critical_at_widest: bool = False
     elastic_floor_progress: bool = True
+    elastic_long_margin: float = 0.5
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -318,9 +319,12 @@ class Shockwave:
         length = snapshot.round_seconds
         jobs = []
         priority = []
+        long_s = _long_job_s(snapshot, params, outlooks)
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
             variants = _plan_variants(job, look, params, window, length)
+            if look.remaining_s >= long_s:
+                variants = {w: v for w, v in variants.items() if w >= job.spec.gpus}
             base = variants[job.spec.gpus]
             top = 1.0
             if job.spec.elastic is not None and params.elastic_critical_at_widest:
@@ -336,6 +340,21 @@ class Shockwave:
             jobs.append(ElasticPlanJob(base, variants, top))
             priority.append(_elastic_priority(look, params))
         return jobs, priority
+
+
+def _long_job_s(
+    snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+) -> float:
+    """The remaining time from which an elastic job may not run narrower than it asked: the
+    critical-path margin of the makespan bound H (work over GPUs, or the longest job). Such a
+    job's remainder is most of what is left of the makespan; on fewer GPUs it would become
+    the makespan (inf when the margin is 0: no guard)."""
+    margin = params.elastic_long_margin
+    if margin <= 0 or not snapshot.jobs:
+        return math.inf
+    work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
+    longest = max(look.remaining_s for look in outlooks.values())
+    return margin * max(work / snapshot.cluster.total_gpus, longest)
 
 
 def _plan_variants(
