@@ -114,6 +114,7 @@ def plan_cluster(
         base_round=base_round,
         policy=policy.name,
         rounds=[list(column) for column in decision.rounds],
+        widths=dict(decision.widths),
         solve_seconds=seconds,
         **solve_summary(decision.solve),
     )

@@ -102,6 +102,7 @@ class JobRow(SQLModel, table=True):
     env: dict[str, str] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
+    elastic: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -208,6 +209,9 @@ class PlanRow(SQLModel, table=True):
     base_round: int
     policy: str = Field(max_length=64)
     rounds: list[list[str]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    widths: dict[str, int] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     objective: float | None = None
     bound: float | None = None
     gain_gap: float | None = None
