@@ -49,11 +49,13 @@ class ElasticPlanJob:
     runs on g GPUs, ``gpus`` left at the requested count so the penalties price work alike.
     A rigid job has the one variant ``{base.gpus: base}``. ``top_speed``: its fastest width's
     speed-up over the requested count; ``base``'s soonest and latest remaining times are at
-    that width (what the critical-path reservation judges)."""
+    that width (what the critical-path reservation judges). ``must_run``: the job runs every
+    round of the window it still needs (a long job, whose remainder is the makespan's)."""
 
     base: PlanJob
     variants: Mapping[int, PlanJob]
     top_speed: float = 1.0
+    must_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,7 @@ def plan_elastic(
     empty_value = 0.0
     for r, (i, width) in enumerate(owner):
         if width == 0:
-            floor_of[i] = int(floors[r])
+            floor_of[i] = params.rounds if jobs[i].must_run else int(floors[r])
             target_of[i] = float(lefts[r, floor_of[i]])
             empty_value += float(values[r, 0])
         else:

@@ -86,6 +86,7 @@ class ShockwaveParams:
     elastic_critical_at_widest: bool = False
     elastic_floor_progress: bool = True
     elastic_long_margin: float = 0.5
+    elastic_long_runs: float = 0.9
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -323,7 +324,8 @@ class Shockwave:
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
             variants = _plan_variants(job, look, params, window, length)
-            if look.remaining_s >= long_s:
+            long = job.spec.elastic is not None and look.remaining_s >= long_s
+            if long:
                 variants = {w: v for w, v in variants.items() if w >= job.spec.gpus}
             base = variants[job.spec.gpus]
             top = 1.0
@@ -337,9 +339,15 @@ class Shockwave:
                     soonest_remaining_s=look.soonest_remaining_s / top,
                     latest_remaining_s=look.latest_remaining_s / top,
                 )
-            jobs.append(ElasticPlanJob(base, variants, top))
+            runs = params.elastic_long_runs
+            must_run = long and runs > 0 and look.remaining_s >= long_s * runs / margin_of(params)
+            jobs.append(ElasticPlanJob(base, variants, top, must_run))
             priority.append(_elastic_priority(look, params))
         return jobs, priority
+
+
+def margin_of(params: ShockwaveParams) -> float:
+    return params.elastic_long_margin or 1.0
 
 
 def _long_job_s(
