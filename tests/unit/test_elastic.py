@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -16,6 +17,7 @@ from shockwave.policy import Decision, get_policy, make_params
 from shockwave.simulator import PolicyContractError, SimSettings, simulate
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.traces import ThroughputTable
+from shockwave_sdk import CheckpointStore, InvalidEnvironment, JobEnvironment, world_size_change
 from tests.builders import active_job, cluster, sim_job, snapshot, workload
 
 LINEAR = {2: {32: 1.8}, 4: {32: 3.2}, 8: {32: 5.6}}
@@ -250,3 +252,23 @@ def test_pollux_restart_penalty_keeps_a_count() -> None:
 def test_pollux_params_refuse_a_bad_exponent(p: float) -> None:
     with pytest.raises(ValueError, match="p must be"):
         PolluxParams(p=p)
+
+
+# ------------------------------------------------------------------------------------------ SDK
+
+
+def test_sdk_reads_the_world_size_and_its_change(tmp_path: Path) -> None:
+    env = JobEnvironment.from_environ({"SHOCKWAVE_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0"})
+    assert env.world_size == 2
+    assert JobEnvironment.from_environ({"CUDA_VISIBLE_DEVICES": "0,1,2"}).world_size == 3
+    assert JobEnvironment.from_environ({}).world_size is None
+    with pytest.raises(InvalidEnvironment, match="SHOCKWAVE_WORLD_SIZE"):
+        JobEnvironment.from_environ({"SHOCKWAVE_WORLD_SIZE": "0"})
+    store = CheckpointStore(tmp_path)
+    first = world_size_change(JobEnvironment(world_size=1), store)
+    assert (first.previous, first.current, first.changed) == (None, 1, False)
+    same = world_size_change(JobEnvironment(world_size=1), store)
+    assert (same.previous, same.changed) == (1, False)
+    grown = world_size_change(env, store)
+    assert (grown.previous, grown.current, grown.changed) == (1, 2, True)
+    assert grown.describe() == "world size 1 -> 2"
