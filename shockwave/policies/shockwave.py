@@ -86,7 +86,7 @@ class ShockwaveParams:
     elastic_critical_at_widest: bool = False
     elastic_floor_progress: bool = True
     elastic_long_margin: float = 0.5
-    elastic_long_runs: float = 0.9
+    elastic_long_runs: float = 0.75
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -320,7 +320,7 @@ class Shockwave:
         length = snapshot.round_seconds
         jobs = []
         priority = []
-        long_s = _long_job_s(snapshot, params, outlooks)
+        long_s, must_s = _long_job_s(snapshot, params, outlooks)
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
             variants = _plan_variants(job, look, params, window, length)
@@ -339,30 +339,36 @@ class Shockwave:
                     soonest_remaining_s=look.soonest_remaining_s / top,
                     latest_remaining_s=look.latest_remaining_s / top,
                 )
-            runs = params.elastic_long_runs
-            must_run = long and runs > 0 and look.remaining_s >= long_s * runs / margin_of(params)
+            must_run = long and look.remaining_s >= must_s
             jobs.append(ElasticPlanJob(base, variants, top, must_run))
             priority.append(_elastic_priority(look, params))
         return jobs, priority
 
 
-def margin_of(params: ShockwaveParams) -> float:
-    return params.elastic_long_margin or 1.0
-
-
 def _long_job_s(
     snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
-) -> float:
-    """The remaining time from which an elastic job may not run narrower than it asked: the
-    critical-path margin of the makespan bound H (work over GPUs, or the longest job). Such a
-    job's remainder is most of what is left of the makespan; on fewer GPUs it would become
-    the makespan (inf when the margin is 0: no guard)."""
-    margin = params.elastic_long_margin
-    if margin <= 0 or not snapshot.jobs:
-        return math.inf
+) -> tuple[float, float]:
+    """(guard, must-run): the remaining times from which an elastic job may not run narrower
+    than it asked, and from which it runs every round of the window (inf: no such rule).
+
+    Guard: ``elastic_long_margin`` of the makespan bound H = max(work over GPUs W, longest
+    remainder L): such a job's remainder is most of what is left of the makespan; on fewer GPUs
+    it would become the makespan. Must-run: only while the makespan is a path through long jobs
+    (critical-path margin x L > W, as :func:`shockwave.planner.critical_path_s` judges it), a
+    guarded job with ``elastic_long_runs`` x L or more left: under the NSW objective a wide job
+    competes per GPU-round with jobs shrunk to one GPU, whose log-utility gains per GPU are far
+    larger, and would wait until the path had slid past the bound."""
+    if not snapshot.jobs:
+        return math.inf, math.inf
     work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
+    work /= snapshot.cluster.total_gpus
     longest = max(look.remaining_s for look in outlooks.values())
-    return margin * max(work / snapshot.cluster.total_gpus, longest)
+    margin = params.elastic_long_margin
+    guard = margin * max(work, longest) if margin > 0 else math.inf
+    runs = params.elastic_long_runs
+    on_path = params.planner.critical_path_margin * longest > work
+    must = max(guard, runs * longest) if runs > 0 and on_path else math.inf
+    return guard, must
 
 
 def _plan_variants(
