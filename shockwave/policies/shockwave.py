@@ -353,11 +353,13 @@ def _long_job_s(
 
     Guard: ``elastic_long_margin`` of the makespan bound H = max(work over GPUs W, longest
     remainder L): such a job's remainder is most of what is left of the makespan; on fewer GPUs
-    it would become the makespan. Must-run: only while the makespan is a path through long jobs
-    (critical-path margin x L > W, as :func:`shockwave.planner.critical_path_s` judges it), a
-    guarded job with ``elastic_long_runs`` x L or more left: under the NSW objective a wide job
-    competes per GPU-round with jobs shrunk to one GPU, whose log-utility gains per GPU are far
-    larger, and would wait until the path had slid past the bound."""
+    it would become the makespan. Must-run: while the makespan is a path through long jobs
+    (P = ``elastic_long_runs`` x L > W, as :func:`shockwave.planner.critical_path_s` judges it
+    from the soonest remainders), a guarded job that could not sit out the window and still end
+    inside P (remainder > P - T D), the rigid reservation's rule on the predicted remainders:
+    under the NSW objective a wide job competes per GPU-round with jobs shrunk to one GPU, whose
+    log-utility gains per GPU are far larger, and would wait until the path had slid past the
+    bound."""
     if not snapshot.jobs:
         return math.inf, math.inf
     work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
@@ -365,9 +367,9 @@ def _long_job_s(
     longest = max(look.remaining_s for look in outlooks.values())
     margin = params.elastic_long_margin
     guard = margin * max(work, longest) if margin > 0 else math.inf
-    runs = params.elastic_long_runs
-    on_path = params.planner.critical_path_margin * longest > work
-    must = max(guard, runs * longest) if runs > 0 and on_path else math.inf
+    path = params.elastic_long_runs * longest
+    window_s = params.planner.rounds * snapshot.round_seconds
+    must = max(guard, path - window_s) if path > work else math.inf
     return guard, must
 
 
