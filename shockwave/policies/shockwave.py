@@ -66,6 +66,14 @@ class ShockwaveParams:
     ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
     relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
     ``error_seed``.
+    Elastic jobs (docs/elastic.md, :mod:`shockwave.elastic`): ``completion_weight`` kappa of
+    the predicted-finish term (0: off); ``elastic_order`` the packing order of jobs not past
+    their deadline (``srpt`` or ``laxity``); ``elastic_critical_at_widest`` judge the critical
+    path at each job's widest count; ``elastic_floor_progress`` a critical-path floor also asks
+    for its rounds' progress on the requested count; ``elastic_long_margin`` the share of the
+    makespan bound from which a job may not run narrower than it asked (0: off);
+    ``elastic_long_runs`` the share of the longest remainder that makes the path along which
+    long jobs must run (0: off).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
