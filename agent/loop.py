@@ -413,6 +413,7 @@ class Agent:
                 "SHOCKWAVE_JOB_ID": lease.job_id,
                 "SHOCKWAVE_ATTEMPT_ID": lease.attempt_id,
                 "SHOCKWAVE_BATCH_SIZE": str(lease.batch_size),
+                "SHOCKWAVE_WORLD_SIZE": str(len(lease.gpus)),
                 "SHOCKWAVE_API_URL": self.config.api_url,
                 "SHOCKWAVE_TOKEN": token,
                 "SHOCKWAVE_CHECKPOINT_DIR": str(checkpoint),

@@ -94,6 +94,24 @@ JOB_EXAMPLE: JsonDict = {
 }
 
 
+class ElasticCreate(BaseModel):
+    """An elastic job's GPU counts (docs/elastic.md): the market may run it on any of 1, 2, 4
+    and 8 from ``min_gpus`` to ``max_gpus`` (its requested ``gpus`` among them). ``speedup``:
+    its throughput on a count over its throughput on the requested one, per batch size
+    (``{"2": {"32": 1.8}}``); where none is declared a sublinear guess is used."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_gpus: Annotated[GpuCount, BeforeValidator(_strict_int)]
+    max_gpus: Annotated[GpuCount, BeforeValidator(_strict_int)]
+    speedup: Annotated[
+        dict[
+            Literal["1", "2", "4", "8"], Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)]
+        ],
+        Field(max_length=4),
+    ] = {}
+
+
 class JobCreate(BaseModel):
     """A job submission (SPEC section 3.1). ``throughput``: samples per second of the whole
     gang at each batch size, if known. ``tenant``: only an admin may set it; a user's jobs
@@ -132,6 +150,7 @@ class JobCreate(BaseModel):
     command: Command = []
     image: Image | None = None
     env: Env = {}
+    elastic: ElasticCreate | None = None
 
     @field_validator("command")
     @classmethod

@@ -4,6 +4,7 @@ Usage::
 
     python bench/solver.py [--preset paper | --jobs N --gpus G] [--rounds 30] [--seeds 3]
         [--source random|trace|both] [--time-limit 15] [--scip-check] [--json OUT]
+        [--elastic MAX]
 
 An instance is a snapshot of N active jobs in the middle of their lives. Jobs come from a seeded
 synthetic workload (``random``, WISR throughputs) or are drawn from the 900-job reference trace
@@ -23,6 +24,12 @@ first); ``plain_gap`` is (bound - objective) / |objective|. ``policy_seconds`` t
 ``Shockwave.solve`` (PlanJobs, build, solve, packing) as a cross-check. With ``--scip-check``,
 ``scip_seconds``/``scip_gain_gap`` are SCIP certifying from the greedy start (use_scip="always";
 seconds null when SCIP hits the limit). The table shows the median over seeds of each size.
+
+``--elastic MAX`` makes every job elastic from 1 GPU to MAX (speed-ups from the WISR table, as
+``shockwave simulate --elastic`` does) and times the elastic planner (:mod:`shockwave.elastic`)
+as ``Shockwave.solve_widths`` runs it: ``build_seconds`` the outlooks and every width's
+PlanJobs, ``solve_seconds`` the rows, the envelopes, the greedy and the packing; ``gain_gap``
+its certified gap (docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from shockwave.elastic import make_elastic, plan_elastic
 from shockwave.estimators import contention_factor
 from shockwave.generator import generate_workload
 from shockwave.model import Cluster
@@ -53,7 +61,7 @@ from shockwave.policies.shockwave import Shockwave, ShockwaveParams, _plan_job
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.throughput_model import ThroughputModel
 from shockwave.traces import ThroughputTable
-from shockwave.workload import SimJob
+from shockwave.workload import SimJob, Workload
 from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "reference"
@@ -205,13 +213,17 @@ def build_instance(
     seed: int,
     throughputs: ThroughputTable,
     trace_pool: Sequence[SimJob],
+    elastic: int | None = None,
 ) -> Instance:
-    """A seeded instance of ``source`` ("random" or "trace")."""
+    """A seeded instance of ``source`` ("random" or "trace"); every job elastic from 1 to
+    ``elastic`` GPUs when given."""
     rng = np.random.default_rng([seed, jobs, gpus, 0 if source == "random" else 1])
     if source == "random":
         sim_jobs = list(generate_workload(jobs, seed=rng, throughputs=throughputs).jobs)
     else:
         sim_jobs = trace_jobs(trace_pool, jobs, rng)
+    if elastic is not None:
+        sim_jobs = list(make_elastic(Workload(tuple(sim_jobs)), throughputs, elastic).jobs)
     return snapshot_of(sim_jobs, gpus, source, seed, rng)
 
 
@@ -330,6 +342,57 @@ def measure(
     )
 
 
+def measure_elastic(
+    instance: Instance, params: ShockwaveParams, clock: Callable[[], float]
+) -> Measurement:
+    """The elastic planner on ``instance`` (module docstring, ``--elastic``)."""
+    snapshot = instance.snapshot
+    policy = Shockwave()
+    started = clock()
+    rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+    outlooks = {
+        job.job_id: policy.outlook(
+            snapshot, job, params, instance.contention_sum, instance.contention_rounds, rates
+        )
+        for job in snapshot.jobs
+    }
+    jobs, priority = policy.elastic_jobs(snapshot, params, outlooks)
+    build_seconds = clock() - started
+    started = clock()
+    solved = plan_elastic(
+        jobs,
+        snapshot.cluster.total_gpus,
+        params.planner,
+        snapshot.round_seconds,
+        priority,
+        params.completion_weight,
+    ).plan
+    seconds = clock() - started
+    status = solved.status.value
+    return Measurement(
+        source=f"{instance.source}/elastic",
+        jobs=len(snapshot.jobs),
+        gpus=snapshot.cluster.total_gpus,
+        rounds=params.planner.rounds,
+        seed=instance.seed,
+        running=sum(j.running for j in snapshot.jobs),
+        multi_regime=sum(len(o.prediction.remaining_regimes()) >= 2 for o in outlooks.values()),
+        non_concave=0,
+        build_seconds=build_seconds,
+        seconds_to_gap=seconds if status == "optimal" else None,
+        solve_seconds=seconds,
+        gap_at_limit=solved.gain_gap,
+        gain_gap=solved.gain_gap,
+        plain_gap=solved.gap,
+        greedy_gain_gap=solved.gain_gap,
+        status=status,
+        solver=solved.solver,
+        policy_seconds=seconds,
+        policy_status=status,
+        policy_gain_gap=solved.gain_gap,
+    )
+
+
 # -------------------------------------------------------------------------------------- report
 
 
@@ -403,6 +466,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--reference", type=Path, default=REFERENCE, help="reference data dir")
     parser.add_argument("--json", type=Path, default=None, help="write every solve here")
+    parser.add_argument(
+        "--elastic",
+        type=int,
+        default=None,
+        metavar="MAX",
+        help="every job elastic from 1 to MAX GPUs; time the elastic planner",
+    )
     args = parser.parse_args(argv)
     if args.preset is not None and args.jobs is not None:
         parser.error("--preset and --jobs exclude each other")
@@ -448,8 +518,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for source in sources:
         for jobs, gpus in sizes:
             for seed in range(args.seeds):
-                instance = build_instance(source, jobs, gpus, seed, throughputs, trace_pool)
-                rows.append(measure(instance, params, args.scip_check, time.perf_counter))
+                instance = build_instance(
+                    source, jobs, gpus, seed, throughputs, trace_pool, args.elastic
+                )
+                if args.elastic is not None:
+                    rows.append(measure_elastic(instance, params, time.perf_counter))
+                else:
+                    rows.append(measure(instance, params, args.scip_check, time.perf_counter))
     console.print(median_table(rows, args.seeds, args.time_limit, args.scip_check))
     disagree = [r for r in rows if r.policy_status != r.status]
     if disagree:

@@ -10,6 +10,8 @@ A small but real training program that uses the SDK the way a GPU job would:
   of the epoch's mean gradient) decide from its real gradients when to change its batch size,
   which it then requests;
 - on SIGTERM it checkpoints at the next step and exits 0;
+- it runs on the GPU count its lease gives (``SHOCKWAVE_WORLD_SIZE``): an elastic job's may
+  change between attempts, and it resumes from the same checkpoint on the new count;
 - it appends its loss curve to ``loss.jsonl`` in the checkpoint directory (one JSON object a
   line: ``start``, ``epoch``, ``stopped`` and ``finished`` records, each with the attempt id).
 
@@ -42,6 +44,7 @@ from shockwave_sdk import (
     ShockwaveClient,
     per_example_sample,
     remembered_job,
+    world_size_change,
 )
 
 Array = npt.NDArray[np.float64]
@@ -261,13 +264,20 @@ def train(
         weights=np.zeros(x.shape[1]), batch_size=env.batch_size or config.batch_size
     )
     losses = LossLog(store.path(LOSS_LOG), env.attempt_id or f"local-{int(time.time())}")
+    world = world_size_change(env, store)
     losses.write(
         "start",
         epoch=progress.epoch,
         offset=progress.offset,
         batch_size=progress.batch_size,
         loss=loss(progress.weights, x, y),
+        world_size=world.current,
+        previous_world_size=world.previous,
     )
+    if world.changed:
+        # Data parallel: the global batch size stays; each worker's share is what changes.
+        share = max(1, progress.batch_size // world.current)
+        log(f"{world.describe()}: resumed from the checkpoint, {share} samples a worker a step")
     log(
         f"starting at epoch {progress.epoch + 1}/{config.epochs}, offset {progress.offset}, "
         f"batch size {progress.batch_size}, mode {config.mode}"

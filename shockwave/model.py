@@ -122,6 +122,71 @@ class ThroughputProfile:
         return samples_per_epoch / self.samples_per_second[batch_size]
 
 
+ELASTIC_GUESS_EXPONENT = 0.8
+"""Where an elastic job declares no throughput at a GPU count, its rate there is guessed as
+(g / requested) ** 0.8 of its rate on the requested count: sublinear, as data-parallel
+training is (the reference tables' median over models is about that from 1 to 8 GPUs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticRange:
+    """An elastic job's GPU counts: any of :data:`VALID_WIDTHS` from ``min_gpus`` to
+    ``max_gpus``, the requested count among them.
+
+    ``speedup[g][bs]``: throughput on g GPUs over throughput on the requested count at batch
+    size bs (declared or measured: in the simulator, the throughput table's ratio). The job's
+    requested count stays its reference: finish-time fairness and its declared profile are
+    against it, for every policy (docs/elastic.md).
+    """
+
+    min_gpus: int
+    max_gpus: int
+    speedup: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("min_gpus", "max_gpus"):
+            value = getattr(self, name)
+            if value not in VALID_WIDTHS or isinstance(value, bool):
+                raise ValidationError(
+                    f"elastic.{name}", f"must be one of {VALID_WIDTHS}, got {value!r}"
+                )
+        if self.min_gpus > self.max_gpus:
+            raise ValidationError(
+                "elastic.min_gpus", f"{self.min_gpus} is above max_gpus {self.max_gpus}"
+            )
+        frozen: dict[int, Mapping[int, float]] = {}
+        for gpus, rates in self.speedup.items():
+            if gpus not in VALID_WIDTHS:
+                raise ValidationError(f"elastic.speedup[{gpus}]", f"not one of {VALID_WIDTHS}")
+            for bs, factor in rates.items():
+                _require_positive_int(f"elastic.speedup[{gpus}][{bs}]", bs)
+                if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+                    raise ValidationError(
+                        f"elastic.speedup[{gpus}][{bs}]",
+                        f"must be a positive number, got {factor!r}",
+                    )
+            frozen[gpus] = MappingProxyType(dict(rates))
+        object.__setattr__(self, "speedup", MappingProxyType(frozen))
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The GPU counts the job may run on, ascending."""
+        return tuple(w for w in VALID_WIDTHS if self.min_gpus <= w <= self.max_gpus)
+
+    def factor(self, gpus: int, requested: int, batch_size: int) -> float:
+        """Throughput on ``gpus`` GPUs over throughput on ``requested`` at ``batch_size``: the
+        declared ratio, else the geometric mean of those declared at ``gpus``, else the
+        :data:`ELASTIC_GUESS_EXPONENT` guess."""
+        if gpus == requested:
+            return 1.0
+        rates = self.speedup.get(gpus, {})
+        if batch_size in rates:
+            return float(rates[batch_size])
+        if rates:
+            return float(math.exp(sum(math.log(v) for v in rates.values()) / len(rates)))
+        return float((gpus / requested) ** ELASTIC_GUESS_EXPONENT)
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a user submits: the job's shape, length, adaptation and knowledge.
@@ -147,6 +212,7 @@ class JobSpec:
     budget: float = 1.0
     model: str = ""
     type_throughput: Mapping[str, ThroughputProfile] = field(default_factory=dict)
+    elastic: ElasticRange | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -190,6 +256,16 @@ class JobSpec:
             self, "type_throughput", MappingProxyType(dict(sorted(self.type_throughput.items())))
         )
         self._check_physical()
+        if self.elastic is not None and not self.elastic.min_gpus <= self.gpus:
+            raise ValidationError(
+                "elastic.min_gpus",
+                f"must be at most the requested {self.gpus} GPUs, got {self.elastic.min_gpus}",
+            )
+        if self.elastic is not None and not self.gpus <= self.elastic.max_gpus:
+            raise ValidationError(
+                "elastic.max_gpus",
+                f"must be at least the requested {self.gpus} GPUs, got {self.elastic.max_gpus}",
+            )
 
     def _check_physical(self) -> None:
         """Refuse a job whose length no real training has: too many samples in all, or an

@@ -214,40 +214,111 @@ def build_problem(
     """
     t = params.rounds
     count = len(jobs)
-    z0 = sum(j.remaining[0] for j in jobs) or 1.0
-    coupling = params.makespan_weight / z0
-    scale = 1.0 / (max(count, 1) * total_gpus)
+    terms = ObjectiveTerms.of(jobs, total_gpus, params, round_seconds)
     value = np.zeros((count, t + 1))
     rem = np.zeros((count, t + 1))
     caps = np.zeros(count, dtype=np.int64)
     floors = np.zeros(count, dtype=np.int64)
-    horizon = max(
-        sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
-        max((j.critical_remaining_s for j in jobs), default=0.0),
-    )
-    window_s = t * round_seconds
-    mean_fair = float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0
-    slack = params.horizon_margin * horizon - window_s
-    path = critical_path_s(jobs, total_gpus, params.critical_path_margin)
     for i, job in enumerate(jobs):
+        value[i], rem[i], caps[i], floors[i] = terms.row(job)
+    gpus = np.array([j.gpus for j in jobs], dtype=float)
+    return Problem(tuple(jobs), total_gpus, t, terms.coupling, value, rem, caps, gpus, floors)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectiveTerms:
+    """The window-wide constants of phi_j (Z0, 1/(N M), the makespan slack, the mean fair
+    share, the critical path), computed once from the jobs of a solve, so that a job's row can
+    be tabulated alone (:meth:`row`); :mod:`shockwave.elastic` tabulates one row per width."""
+
+    params: PlannerParams
+    total_gpus: int
+    round_seconds: float
+    z0: float
+    scale: float
+    slack: float
+    mean_fair: float
+    path: float | None
+
+    @property
+    def coupling(self) -> float:
+        return self.params.makespan_weight / self.z0
+
+    @classmethod
+    def of(
+        cls, jobs: Sequence[PlanJob], total_gpus: int, params: PlannerParams, round_seconds: float
+    ) -> ObjectiveTerms:
+        horizon = max(
+            sum(j.remaining[0] * j.gpus for j in jobs) / total_gpus,
+            max((j.critical_remaining_s for j in jobs), default=0.0),
+        )
+        return cls(
+            params=params,
+            total_gpus=total_gpus,
+            round_seconds=round_seconds,
+            z0=sum(j.remaining[0] for j in jobs) or 1.0,
+            scale=1.0 / (max(len(jobs), 1) * total_gpus),
+            slack=params.horizon_margin * horizon - params.rounds * round_seconds,
+            mean_fair=float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0,
+            path=critical_path_s(jobs, total_gpus, params.critical_path_margin),
+        )
+
+    def row(self, job: PlanJob) -> tuple[FloatArray, FloatArray, int, int]:
+        """(phi_j(n), r_j(n)) for n = 0..T, the job's cap and its critical-path floor."""
+        params, t = self.params, self.params.rounds
         cap = min(job.cap, t)
         util = np.array(job.utility[: cap + 1], dtype=float)
         left = np.array(job.remaining[: cap + 1], dtype=float)
         util = np.pad(util, (0, t - cap), mode="edge")
         left = np.pad(left, (0, t - cap), mode="edge")
-        value[i] = job.weight * scale * np.log(util + params.utility_floor)
+        value = job.weight * self.scale * np.log(util + params.utility_floor)
         extra = max(0.0, job.critical_remaining_s - job.remaining[0])
-        late = np.maximum(0.0, np.where(left > 0, left + extra, 0.0) - slack)
+        late = np.maximum(0.0, np.where(left > 0, left + extra, 0.0) - self.slack)
         late_by = np.array(job.overdue[: cap + 1] or [0.0] * (cap + 1), dtype=float)
-        overdue = np.pad(late_by, (0, t - cap), mode="edge") * mean_fair / job.fair_share_s
-        penalty = params.makespan_weight * (left * job.gpus / total_gpus + late)
+        overdue = np.pad(late_by, (0, t - cap), mode="edge") * self.mean_fair / job.fair_share_s
+        penalty = params.makespan_weight * (left * job.gpus / self.total_gpus + late)
         penalty += params.deadline_weight * job.gpus * overdue
-        value[i] -= penalty / z0
-        rem[i] = left
-        caps[i] = cap
-        floors[i] = critical_floor(job, path, window_s, round_seconds, cap)
-    gpus = np.array([j.gpus for j in jobs], dtype=float)
-    return Problem(tuple(jobs), total_gpus, t, coupling, value, rem, caps, gpus, floors)
+        value -= penalty / self.z0
+        window_s = t * self.round_seconds
+        floor = critical_floor(job, self.path, window_s, self.round_seconds, cap)
+        return value, left, cap, floor
+
+    def rows(
+        self, jobs: Sequence[PlanJob]
+    ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """:meth:`row` for many jobs at once: (value, left) as len(jobs) x (T + 1) arrays,
+        caps and floors (the elastic planner's thousands of rows)."""
+        params, t = self.params, self.params.rounds
+        caps = np.array([min(j.cap, t) for j in jobs], dtype=np.int64)
+        util_rows, left_rows, late_rows = [], [], []
+        for job, cap in zip(jobs, caps.tolist(), strict=True):
+            pad = t - cap
+            util_rows.append([*job.utility[: cap + 1], *[job.utility[cap]] * pad])
+            left_rows.append([*job.remaining[: cap + 1], *[job.remaining[cap]] * pad])
+            late = job.overdue or (0.0,) * (cap + 1)
+            late_rows.append([*late[: cap + 1], *[late[cap]] * pad])
+        util = np.array(util_rows, dtype=float)
+        left = np.array(left_rows, dtype=float)
+        late_by = np.array(late_rows, dtype=float)
+        weight = np.array([j.weight for j in jobs])
+        gpus = np.array([j.gpus for j in jobs], dtype=float)
+        fair = np.array([j.fair_share_s for j in jobs])
+        extra = np.maximum(0.0, np.array([j.critical_remaining_s - j.remaining[0] for j in jobs]))
+        value = (weight * self.scale)[:, None] * np.log(util + params.utility_floor)
+        late = np.maximum(0.0, np.where(left > 0, left + extra[:, None], 0.0) - self.slack)
+        overdue = late_by * (self.mean_fair / fair)[:, None]
+        penalty = params.makespan_weight * (left * (gpus / self.total_gpus)[:, None] + late)
+        penalty += params.deadline_weight * gpus[:, None] * overdue
+        value -= penalty / self.z0
+        window_s = t * self.round_seconds
+        floors = np.array(
+            [
+                critical_floor(j, self.path, window_s, self.round_seconds, int(c))
+                for j, c in zip(jobs, caps, strict=True)
+            ],
+            dtype=np.int64,
+        )
+        return value, left, caps, floors
 
 
 def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float | None:

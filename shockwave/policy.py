@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from shockwave.planner import PlannerParams
-from shockwave.snapshot import Snapshot
+from shockwave.snapshot import ActiveJob, Snapshot
 
 REPLAN_MODES = ("reactive", "lazy")
 """When a policy that plans ahead re-plans: on every change (reactive) or only when its plan
@@ -54,8 +54,10 @@ class Decision:
     decides one round at a time. ``solve``: its latest solve's figures, None for a policy that
     solves nothing. ``excluded``: jobs left out of this decision because the policy cannot model
     them, with the reason (:func:`decide_isolating`). ``types``: on a typed cluster, the GPU
-    type a heterogeneity-aware policy plans each job on (empty: any type will do). The shells
-    read these, never ``state`` (which only the policy reads).
+    type a heterogeneity-aware policy plans each job on (empty: any type will do).
+    ``widths``: the GPU count of each elastic job the policy runs on other than its requested
+    one (docs/elastic.md); a job not named runs on its requested count. The shells read
+    these, never ``state`` (which only the policy reads).
     """
 
     jobs: tuple[str, ...]
@@ -66,6 +68,11 @@ class Decision:
     solve: SolveSummary | None = None
     excluded: Mapping[str, str] = field(default_factory=dict)
     types: Mapping[str, str] = field(default_factory=dict)
+    widths: Mapping[str, int] = field(default_factory=dict)
+
+    def width(self, job: ActiveJob) -> int:
+        """The GPUs ``job`` runs on when this decision runs it."""
+        return self.widths.get(job.job_id, job.spec.gpus)
 
     @property
     def rounds(self) -> tuple[tuple[str, ...], ...]:
@@ -77,6 +84,7 @@ class Decision:
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
         object.__setattr__(self, "excluded", MappingProxyType(dict(self.excluded)))
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
+        object.__setattr__(self, "widths", MappingProxyType(dict(self.widths)))
 
 
 MODEL_ERRORS = (ArithmeticError, ValueError)

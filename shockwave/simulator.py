@@ -182,6 +182,7 @@ class _JobRun:
         "restarts",
         "scalings",
         "sim",
+        "width",
     )
 
     def __init__(self, sim: SimJob) -> None:
@@ -199,6 +200,7 @@ class _JobRun:
         self.active_rounds = 0
         self.restarts = 0
         self.scalings: list[tuple[float, int]] = []
+        self.width = sim.spec.gpus
 
     @property
     def job_id(self) -> str:
@@ -216,31 +218,47 @@ class _JobRun:
         before = sum(r.epochs for r in self.sim.trajectory[: self.regime_index])
         return float(min(self.sim.spec.epochs, before + self.regime_done))
 
-    def seconds_to_finish(self) -> float:
-        total = 0.0
-        for i in range(self.regime_index, len(self.sim.trajectory)):
-            regime = self.sim.trajectory[i]
-            left = regime.epochs - (self.regime_done if i == self.regime_index else 0.0)
-            total += left * self._epoch_seconds(regime.batch_size)
-        return total
-
-    def _epoch_seconds(self, batch_size: int) -> float:
-        """True seconds per epoch on the GPU type the job runs on now."""
+    def _type_epoch_seconds(self, batch_size: int) -> float:
+        """True seconds per epoch on the requested count, on the GPU type the job runs on now."""
         if not self.gpu_type:
             return self.sim.epoch_seconds[batch_size]
         return heterogeneity.true_epoch_seconds(self.sim, self.gpu_type, batch_size)
 
-    def advance(self, seconds: float, start_s: float = 0.0) -> None:
-        """Train for ``seconds`` of useful time from ``start_s``, crossing regime boundaries as
-        the truth says; each crossing to a new batch size is noted in ``scalings``."""
+    def epoch_seconds(self, batch_size: int, gpus: int) -> float:
+        """True seconds per epoch at ``batch_size`` on ``gpus`` GPUs (an elastic job off its
+        requested count runs at its range's speed-up)."""
+        seconds = self._type_epoch_seconds(batch_size)
+        elastic = self.sim.spec.elastic
+        if elastic is None or gpus == self.sim.spec.gpus:
+            return seconds
+        return seconds / elastic.factor(gpus, self.sim.spec.gpus, batch_size)
+
+    def seconds_to_finish(self, gpus: int | None = None) -> float:
+        gpus = self.sim.spec.gpus if gpus is None else gpus
+        total = 0.0
+        for i in range(self.regime_index, len(self.sim.trajectory)):
+            regime = self.sim.trajectory[i]
+            left = regime.epochs - (self.regime_done if i == self.regime_index else 0.0)
+            total += left * self.epoch_seconds(regime.batch_size, gpus)
+        return total
+
+    def advance(self, seconds: float, start_s: float = 0.0, gpus: int | None = None) -> None:
+        """Train for ``seconds`` of useful time from ``start_s`` on ``gpus`` GPUs (default: the
+        requested count), crossing regime boundaries as the truth says; each crossing to a new
+        batch size is noted in ``scalings``. What the scheduler measures is the epoch time on
+        the requested count (a shell normalizes an elastic job's by its declared speed-up), per
+        GPU type on a typed cluster."""
+        gpus = self.sim.spec.gpus if gpus is None else gpus
         now = start_s
         while seconds > _EPS and not self.done:
             regime = self.sim.trajectory[self.regime_index]
-            per_epoch = self._epoch_seconds(regime.batch_size)
+            per_epoch = self.epoch_seconds(regime.batch_size, gpus)
             if self.gpu_type in self.sim.epoch_seconds_by_type:
-                self.measured_by_type.setdefault(self.gpu_type, {})[regime.batch_size] = per_epoch
+                self.measured_by_type.setdefault(self.gpu_type, {})[regime.batch_size] = (
+                    self._type_epoch_seconds(regime.batch_size)
+                )
             else:
-                self.measured[regime.batch_size] = per_epoch
+                self.measured[regime.batch_size] = self.sim.epoch_seconds[regime.batch_size]
             left = regime.epochs - self.regime_done
             if seconds + _EPS >= left * per_epoch:
                 seconds -= left * per_epoch
@@ -328,6 +346,7 @@ def simulate(
         spent = (timer() - started) if timer else 0.0
         state, solve = decision.state, decision.solve
         _check_decision(decision, {r.job_id: r for r in run.active}, cluster)
+        run.set_widths(decision)
         plans = [p for p in plans if p.base_round + len(p.rounds) > index]
         plans.append(
             Plan(
@@ -460,7 +479,17 @@ class _Run:
             self.version += 1
 
     def waiting_view(self) -> list[engine.Waiting]:
-        return [engine.Waiting(r.job_id, r.sim.spec.gpus) for r in self.active]
+        """The active jobs for the engine, each at the width the last decision gave it."""
+        return [engine.Waiting(r.job_id, r.width) for r in self.active]
+
+    def set_widths(self, decision: Decision) -> None:
+        """Each active job's width for this round: the decision's, else its requested count
+        (an elastic job the decision does not run keeps its last width, for fills)."""
+        for r in self.active:
+            if r.job_id in decision.widths:
+                r.width = decision.widths[r.job_id]
+            elif r.job_id in decision.jobs or r.sim.spec.elastic is None:
+                r.width = r.sim.spec.gpus
 
     def start(
         self, job_id: str, gpus: tuple[int, ...], now: float, lease_end: float, restarted: bool
@@ -470,18 +499,18 @@ class _Run:
         r = next(x for x in self.active if x.job_id == job_id)
         r.gpu_type = self.cluster.type_of(gpus[0]) if self.cluster.is_typed and gpus else ""
         lease = lease_end - now
-        needed = r.seconds_to_finish()
+        needed = r.seconds_to_finish(len(gpus))
         elapsed = min(lease, needed)
         useful = elapsed
         if restarted:
             r.restarts += 1
             if elapsed > lease - self.settings.overhead_guard_s:
                 useful = max(0.0, elapsed - self.settings.restart_overhead_s)
-        r.advance(useful, now + elapsed - useful)
+        r.advance(useful, now + elapsed - useful, len(gpus))
         r.attained += useful
         r.executed_last = useful
         r.gpus = gpus
-        self._busy += useful * r.sim.spec.gpus
+        self._busy += useful * len(gpus)
         if r.done:
             r.finish = now + elapsed
             heapq.heappush(self._ends, (now + elapsed, self._seq, job_id))
@@ -547,7 +576,13 @@ def _check_decision(decision: Decision, active: Mapping[str, _JobRun], cluster: 
         if job_id in seen:
             raise PolicyContractError(f"decision names job {job_id!r} twice")
         seen.add(job_id)
-        width += active[job_id].sim.spec.gpus
+        spec = active[job_id].sim.spec
+        gpus = decision.widths.get(job_id, spec.gpus)
+        if gpus != spec.gpus and (spec.elastic is None or gpus not in spec.elastic.widths):
+            raise PolicyContractError(
+                f"decision runs job {job_id!r} on {gpus} GPUs, not a count it declared"
+            )
+        width += gpus
     if width > cluster.total_gpus:
         raise PolicyContractError(
             f"decision asks for {width} GPUs but the cluster has {cluster.total_gpus}"

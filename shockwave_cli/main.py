@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shockwave.elastic import make_elastic
 from shockwave.generator import MODE_MIX, generate_workload
 from shockwave.heterogeneity import check_fits_typed, makespan_lower_bound
 from shockwave.metrics import RunMetrics, summarize
@@ -205,6 +206,17 @@ def simulate_command(
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    elastic: Annotated[
+        bool,
+        typer.Option(
+            "--elastic",
+            help="Make every job elastic from 1 GPU to --elastic-max-gpus (or its request), "
+            "its throughput on each count from the table (docs/elastic.md).",
+        ),
+    ] = False,
+    elastic_max_gpus: Annotated[
+        int, typer.Option(help="With --elastic: the most GPUs an elastic job may get (1/2/4/8).")
+    ] = 8,
     report: Annotated[
         bool,
         typer.Option(
@@ -246,6 +258,13 @@ def simulate_command(
         )
         workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
         workload = load_typed_workload(workload, throughputs, cluster)
+        if elastic:
+            if cluster.is_typed:
+                raise InputError(
+                    "--elastic runs on one GPU type: give --gpus a count, not TYPE:COUNT "
+                    "(elastic jobs on typed clusters are not modelled yet)"
+                )
+            workload = _elastic(workload, throughputs, elastic_max_gpus)
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
@@ -470,6 +489,13 @@ def _workload(
         raise InputError("give --trace and --trajectories, or --generate N")
     seed = 0 if seed is None else seed
     return _generated(generate, throughputs, seed, mean_interarrival, mode_mix)
+
+
+def _elastic(workload: Workload, throughputs: Path, max_gpus: int) -> Workload:
+    try:
+        return make_elastic(workload, load_throughputs(throughputs), max_gpus)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def _mode_mix(text: str | None, generate: int | None) -> Mapping[AdaptationMode, float]:

@@ -22,6 +22,7 @@ from shockwave_sdk.client import (
     exit_fenced,
     remembered_job,
 )
+from shockwave_sdk.elastic import WorldSizeChange, world_size_change
 from shockwave_sdk.environment import InvalidEnvironment, JobEnvironment
 from shockwave_sdk.outbox import EventOutbox, OutboxTaken
 from shockwave_sdk.scaling import (
@@ -59,6 +60,7 @@ __all__ = [
     "RetryPolicy",
     "ScalingDecision",
     "ShockwaveClient",
+    "WorldSizeChange",
     "atomic_write",
     "exit_fenced",
     "micro_batch_sample",
@@ -67,4 +69,5 @@ __all__ = [
     "remembered_job",
     "squared_norm",
     "two_batch_sample",
+    "world_size_change",
 ]

@@ -24,7 +24,9 @@ class JobEnvironment:
     ``None`` when it runs on its own (a developer's laptop): :attr:`managed` tells which.
     ``checkpoint_dir`` is the same for every attempt of the job, relative paths resolved against
     the working directory the agent started the process in. ``batch_size`` is the job's current
-    batch size as the service knows it (from its scaling events).
+    batch size as the service knows it (from its scaling events). ``world_size``: the GPUs
+    this attempt runs on (``SHOCKWAVE_WORLD_SIZE``; an elastic job's may differ from its last
+    attempt's, docs/elastic.md), else the count of ``CUDA_VISIBLE_DEVICES``, else None.
     """
 
     job_id: str | None = None
@@ -34,6 +36,7 @@ class JobEnvironment:
     batch_size: int | None = None
     attempt_id: str | None = None
     visible_devices: str | None = None
+    world_size: int | None = None
 
     @property
     def managed(self) -> bool:
@@ -58,7 +61,14 @@ class JobEnvironment:
             batch_size=_positive_int("SHOCKWAVE_BATCH_SIZE", get("SHOCKWAVE_BATCH_SIZE")),
             attempt_id=get("SHOCKWAVE_ATTEMPT_ID"),
             visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+            world_size=_positive_int("SHOCKWAVE_WORLD_SIZE", get("SHOCKWAVE_WORLD_SIZE"))
+            or _device_count(env.get("CUDA_VISIBLE_DEVICES")),
         )
+
+
+def _device_count(devices: str | None) -> int | None:
+    names = [d for d in (devices or "").split(",") if d.strip()]
+    return len(names) or None
 
 
 def _strip_slash(url: str | None) -> str | None:

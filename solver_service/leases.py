@@ -127,7 +127,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         r=r,
         now=now,
         state_version=cluster.state_version,
-        jobs=_waiting(jobs.values()),
+        jobs=_waiting(jobs.values(), plan.widths if plan is not None else {}),
         plans=[_engine_plan(plan)] if plan is not None else [],
         leases=held,
         cluster=layout.cluster if layout is not None else None,
@@ -216,7 +216,7 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
     prefer = engine.next_column(upcoming, r)
     changes = engine.fill(
         types=upcoming.types if upcoming is not None else {},
-        jobs=_waiting(jobs.values()),
+        jobs=_waiting(jobs.values(), plan.widths if plan is not None else {}),
         leases=held,
         cluster=layout.cluster,
         prefer=prefer,
@@ -404,17 +404,20 @@ def mark_lost_nodes(
     return LostNodes(nodes=lost, requeued=requeued, state_version=version)
 
 
-def _waiting(rows: Iterable[JobRow]) -> list[engine.Waiting]:
+def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.Waiting]:
     """The active jobs the engine may start, in arrival order: not a row the model now refuses
     (the planner leaves it out with a reason, :func:`store.snapshot.active_jobs`), so a stored
-    poison job reaches neither the fallback order nor spare GPUs."""
+    poison job reaches neither the fallback order nor spare GPUs. Each on its requested count,
+    an elastic job on the count the plan gives it (``widths``, docs/elastic.md): a lease on
+    another count than its last attempt's is a new attempt, as a move is."""
     waiting = []
     for row in rows:
         try:
             events.spec_of_row(row)
         except ValidationError:
             continue
-        waiting.append(engine.Waiting(row.id, row.gpus))
+        width = widths.get(row.id, row.gpus) if row.elastic is not None else row.gpus
+        waiting.append(engine.Waiting(row.id, width))
     return waiting
 
 

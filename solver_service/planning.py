@@ -115,6 +115,7 @@ def plan_cluster(
         policy=policy.name,
         rounds=[list(column) for column in decision.rounds],
         types=dict(decision.types),
+        widths=dict(decision.widths),
         solve_seconds=seconds,
         **solve_summary(decision.solve),
     )

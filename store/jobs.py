@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import JobState, transition
-from shockwave.model import AdaptationMode, JobSpec, ThroughputProfile
+from shockwave.model import AdaptationMode, ElasticRange, JobSpec, ThroughputProfile
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
@@ -49,6 +49,8 @@ class SpecFields(Protocol):
     def budget(self) -> float: ...
     @property
     def model(self) -> str: ...
+    @property
+    def elastic(self) -> Any: ...
 
 
 class Submission(SpecFields, Protocol):
@@ -86,7 +88,35 @@ def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
             str(t).lower(): ThroughputProfile({int(bs): float(v) for bs, v in rates.items()})
             for t, rates in getattr(source, "type_throughput", {}).items()
         },
+        elastic=elastic_of(source.elastic),
     )
+
+
+def elastic_of(value: Any) -> ElasticRange | None:
+    """The core's range from a submission's ``elastic`` object or its stored JSON (None: a
+    rigid job). Speed-up keys are strings in JSON; ValidationError names a bad field."""
+    if value is None:
+        return None
+    data = value.model_dump() if hasattr(value, "model_dump") else dict(value)
+    speedup = {
+        int(gpus): {int(bs): float(f) for bs, f in rates.items()}
+        for gpus, rates in (data.get("speedup") or {}).items()
+    }
+    return ElasticRange(int(data["min_gpus"]), int(data["max_gpus"]), speedup)
+
+
+def elastic_json(spec: JobSpec) -> dict[str, Any] | None:
+    """What ``jobs.elastic`` stores for ``spec`` (None for a rigid job)."""
+    if spec.elastic is None:
+        return None
+    return {
+        "min_gpus": spec.elastic.min_gpus,
+        "max_gpus": spec.elastic.max_gpus,
+        "speedup": {
+            str(g): {str(bs): f for bs, f in rates.items()}
+            for g, rates in spec.elastic.speedup.items()
+        },
+    }
 
 
 def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
@@ -142,6 +172,7 @@ def create_job(session: Session, principal: Principal, data: Submission) -> JobR
         command=list(data.command),
         image=data.image,
         env=dict(data.env),
+        elastic=elastic_json(spec),
     )
     session.add(row)
     session.flush()

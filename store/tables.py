@@ -105,6 +105,7 @@ class JobRow(SQLModel, table=True):
     env: dict[str, str] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
+    elastic: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -212,6 +213,9 @@ class PlanRow(SQLModel, table=True):
     policy: str = Field(max_length=64)
     rounds: list[list[str]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     types: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
+    widths: dict[str, int] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
     objective: float | None = None

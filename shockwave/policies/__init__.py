@@ -6,6 +6,7 @@ from shockwave.policies.gandiva_fair import GandivaFair
 from shockwave.policies.gavel import MaxMinFairness
 from shockwave.policies.mst import MaxSumThroughput
 from shockwave.policies.ossp import Ossp
+from shockwave.policies.pollux import Pollux
 from shockwave.policies.shockwave import Shockwave
 from shockwave.policies.themis import Themis
 from shockwave.policy import register
@@ -22,6 +23,7 @@ for _policy in (
     GandivaFair(),
     Ossp(),
     Shockwave(),
+    Pollux(),
 ):
     register(_policy)
 

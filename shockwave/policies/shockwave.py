@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
 
+from shockwave.elastic import ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
@@ -71,6 +72,14 @@ class ShockwaveParams:
     ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
     relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
     ``error_seed``.
+    Elastic jobs (docs/elastic.md, :mod:`shockwave.elastic`): ``completion_weight`` kappa of
+    the predicted-finish term (0: off); ``elastic_order`` the packing order of jobs not past
+    their deadline (``srpt`` or ``laxity``); ``elastic_critical_at_widest`` judge the critical
+    path at each job's widest count; ``elastic_floor_progress`` a critical-path floor also asks
+    for its rounds' progress on the requested count; ``elastic_long_margin`` the share of the
+    makespan bound from which a job may not run narrower than it asked (0: off);
+    ``elastic_long_runs`` the share of the longest remainder that makes the path along which
+    long jobs must run (0: off).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -86,6 +95,12 @@ class ShockwaveParams:
     oracle: bool = False
     prediction_error: float = 0.0
     error_seed: int = 0
+    completion_weight: float = 0.0
+    elastic_order: str = "srpt"
+    elastic_critical_at_widest: bool = False
+    elastic_floor_progress: bool = True
+    elastic_long_margin: float = 0.5
+    elastic_long_runs: float = 0.75
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -138,6 +153,7 @@ class ShockwaveState:
     counts: Mapping[str, int] = field(default_factory=dict)
     last: PlanSummary = field(default_factory=PlanSummary)
     plan_types: Mapping[str, str] = field(default_factory=dict)
+    widths: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +206,12 @@ class Shockwave:
         due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
-        types = state.plan_types
+        types, widths = state.plan_types, state.widths
         if due:
             if typed:
                 solved, types = plan_typed(snapshot, params, outlooks, _plan_job)
             else:
-                solved = self.solve(snapshot, params, outlooks)
+                solved, widths = self.solve_widths(snapshot, params, outlooks)
             rounds, counts, planned_at, offset = (
                 solved.rounds,
                 solved.counts,
@@ -216,8 +232,15 @@ class Shockwave:
             chosen, reasons, types = fill_typed(
                 snapshot, [j for j in column if j in active], outlooks, types
             )
+            chosen_widths: Mapping[str, int] = {}
         else:
-            chosen, reasons = _fill(snapshot, [j for j in column if j in active], outlooks)
+            chosen, reasons, chosen_widths = _fill(
+                snapshot,
+                [j for j in column if j in active],
+                outlooks,
+                widths,
+                params.restart_overhead_s,
+            )
         new_state = ShockwaveState(
             plan_rounds=rounds,
             planned_at_round=planned_at,
@@ -228,6 +251,7 @@ class Shockwave:
             counts=MappingProxyType(dict(counts)),
             last=last,
             plan_types=MappingProxyType(dict(types)),
+            widths=MappingProxyType(dict(widths)),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -240,6 +264,7 @@ class Shockwave:
             planned=planned,
             solve=last.summary(),
             types=types,
+            widths=chosen_widths,
         )
 
     def outlook(
@@ -306,22 +331,164 @@ class Shockwave:
             priority.append(-look.laxity_s)
         return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
 
+    def solve_widths(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[Plan, Mapping[str, int]]:
+        """:meth:`solve`, or with elastic jobs in the snapshot the elastic planner
+        (:mod:`shockwave.elastic`): the plan and the GPU count of each planned job."""
+        if not any(job.spec.elastic is not None for job in snapshot.jobs):
+            return self.solve(snapshot, params, outlooks), {}
+        jobs, priority = self.elastic_jobs(snapshot, params, outlooks)
+        solved = plan_elastic(
+            jobs,
+            snapshot.cluster.total_gpus,
+            params.planner,
+            snapshot.round_seconds,
+            priority,
+            params.completion_weight,
+            params.elastic_floor_progress,
+        )
+        return solved.plan, solved.widths
+
+    def elastic_jobs(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[list[ElasticPlanJob], list[float]]:
+        """Every job's tables on each of its widths, and the packing priorities."""
+        window = params.planner.rounds
+        length = snapshot.round_seconds
+        jobs = []
+        priority = []
+        long_s, must_s = _long_job_s(snapshot, params, outlooks)
+        for job in snapshot.jobs:
+            look = outlooks[job.job_id]
+            variants = _plan_variants(job, look, params, window, length)
+            long = job.spec.elastic is not None and look.remaining_s >= long_s
+            if long:
+                variants = {w: v for w, v in variants.items() if w >= job.spec.gpus}
+            base = variants[job.spec.gpus]
+            top = 1.0
+            if job.spec.elastic is not None and params.elastic_critical_at_widest:
+                bs = job.progress.batch_size
+                top = max(job.spec.elastic.factor(w, job.spec.gpus, bs) for w in variants)
+                top = max(1.0, top)
+                base = replace(
+                    base,
+                    critical_remaining_s=base.critical_remaining_s / top,
+                    soonest_remaining_s=look.soonest_remaining_s / top,
+                    latest_remaining_s=look.latest_remaining_s / top,
+                )
+            must_run = long and look.remaining_s >= must_s
+            jobs.append(ElasticPlanJob(base, variants, top, must_run))
+            priority.append(_elastic_priority(look, params))
+        return jobs, priority
+
+
+def _long_job_s(
+    snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+) -> tuple[float, float]:
+    """(guard, must-run): the remaining times from which an elastic job may not run narrower
+    than it asked, and from which it runs every round of the window (inf: no such rule).
+
+    Guard: ``elastic_long_margin`` of the makespan bound H = max(work over GPUs W, longest
+    remainder L): such a job's remainder is most of what is left of the makespan; on fewer GPUs
+    it would become the makespan. Must-run: while the makespan is a path through long jobs
+    (P = ``elastic_long_runs`` x L > W, as :func:`shockwave.planner.critical_path_s` judges it
+    from the soonest remainders), a guarded job that could not sit out the window and still end
+    inside P (remainder > P - T D), the rigid reservation's rule on the predicted remainders:
+    under the NSW objective a wide job competes per GPU-round with jobs shrunk to one GPU, whose
+    log-utility gains per GPU are far larger, and would wait until the path had slid past the
+    bound."""
+    if not snapshot.jobs:
+        return math.inf, math.inf
+    work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
+    work /= snapshot.cluster.total_gpus
+    longest = max(look.remaining_s for look in outlooks.values())
+    margin = params.elastic_long_margin
+    guard = margin * max(work, longest) if margin > 0 else math.inf
+    path = params.elastic_long_runs * longest
+    window_s = params.planner.rounds * snapshot.round_seconds
+    must = max(guard, path - window_s) if path > work else math.inf
+    return guard, must
+
+
+def _plan_variants(
+    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+) -> dict[int, PlanJob]:
+    """:func:`_plan_job` for each of the job's widths at once (its requested count always):
+    progress on ``width`` GPUs is the predicted trajectory's, piecewise linear in the seconds
+    run, at ``speed`` times the requested count's pace."""
+    gpus = job.spec.gpus
+    widths = job.spec.elastic.widths if job.spec.elastic is not None else (gpus,)
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    epochs = job.spec.epochs
+    base = min(1.0, job.progress.epochs_done / epochs)
+    weight = job.spec.budget * look.rho**params.fairness_exponent
+    held = len(job.progress.gpus)
+    variants: dict[int, PlanJob] = {}
+    for width in dict.fromkeys((gpus, *widths)):
+        speed = 1.0
+        if job.spec.elastic is not None:
+            speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+        running = job.running and held == width
+        overhead = 0.0 if running else params.restart_overhead_s
+        cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
+        n = np.arange(cap + 1, dtype=float)
+        work = np.maximum(0.0, n * length - overhead) * speed
+        work[0] = 0.0
+        utility = np.minimum(
+            1.0, base + np.interp(work / look.error_factor, seconds, gained) / epochs
+        )
+        utility[0] = base
+        left = np.maximum(0.0, look.remaining_s - work)
+        finish = np.where(left <= 0, n * length, window * length + left)
+        overdue = np.maximum(0.0, finish - look.deadline_s)
+        overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+        variants[width] = PlanJob(
+            job_id=job.job_id,
+            gpus=gpus,
+            weight=weight,
+            utility=tuple(utility.tolist()),
+            remaining=tuple(left.tolist()),
+            running=running,
+            overdue=tuple(overdue.tolist()),
+            critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+            soonest_remaining_s=look.soonest_remaining_s,
+            latest_remaining_s=look.latest_remaining_s,
+            fair_share_s=max(1.0, look.fair_share_s),
+        )
+    return variants
+
 
 def _plan_job(
-    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+    job: ActiveJob,
+    look: JobOutlook,
+    params: ShockwaveParams,
+    window: int,
+    length: float,
+    width: int | None = None,
 ) -> PlanJob:
-    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window."""
-    overhead = 0.0 if job.running else params.restart_overhead_s
-    cap = min(window, max(1, math.ceil((look.remaining_s + overhead) / length)))
+    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window; on
+    ``width`` GPUs for an elastic job (a round there trains as ``speed`` rounds on its
+    requested count; remaining time stays counted on the requested count)."""
+    gpus = job.spec.gpus
+    width = gpus if width is None else width
+    speed = 1.0
+    if job.spec.elastic is not None:
+        speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+    held = len(job.progress.gpus) if job.spec.elastic is not None else width
+    overhead = 0.0 if job.running and held == width else params.restart_overhead_s
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
     utility = [base]
     remaining = [look.remaining_s]
     overdue = [max(0.0, window * length + look.remaining_s - look.deadline_s)]
     for n in range(1, cap + 1):
-        useful = max(0.0, n * length - overhead) / look.error_factor
+        useful = max(0.0, n * length - overhead) * speed / look.error_factor
         utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
-        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead))
+        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead) * speed)
         remaining.append(left)
         finish = n * length if left <= 0 else window * length + left
         overdue.append(max(0.0, finish - look.deadline_s))
@@ -332,13 +499,23 @@ def _plan_job(
         weight=weight,
         utility=tuple(utility),
         remaining=tuple(remaining),
-        running=job.running,
+        running=job.running and held == width,
         overdue=tuple(overdue),
         critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
         soonest_remaining_s=look.soonest_remaining_s,
         latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
     )
+
+
+def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
+    """Packing priority of the elastic plan: a job past its fairness deadline by its
+    lateness (> 0, first), else, with ``params.elastic_order`` ``"srpt"``, shortest remaining
+    time first (the counts fix what each job gets in the window, not when; finishing the short
+    ones first cuts completion times at no cost to the objective), else by laxity."""
+    if look.laxity_s < 0 or params.elastic_order != "srpt":
+        return -look.laxity_s
+    return -look.remaining_s
 
 
 def _soonest_remaining(prediction: Prediction) -> float:
@@ -380,33 +557,98 @@ def _replan_due(
 
 
 def _fill(
-    snapshot: Snapshot, planned: Sequence[str], outlooks: Mapping[str, JobOutlook]
-) -> tuple[list[str], dict[str, str]]:
-    """The planned round, then idle GPUs filled with the jobs that have most work left."""
+    snapshot: Snapshot,
+    planned: Sequence[str],
+    outlooks: Mapping[str, JobOutlook],
+    widths: Mapping[str, int] | None = None,
+    restart_overhead_s: float = 0.0,
+) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """The planned round, then idle GPUs filled with the jobs that have most work left; and
+    the GPU count of each chosen elastic job that runs on other than its request (its planned
+    one, a filler the widest of its counts up to its plan or request that fits)."""
     by_id = {j.job_id: j for j in snapshot.jobs}
+    widths = widths or {}
     free = snapshot.cluster.total_gpus
     chosen: list[str] = []
+    chosen_widths: dict[str, int] = {}
+
+    def fit(job: ActiveJob) -> int:
+        want = widths.get(job.job_id, job.spec.gpus)
+        if job.spec.elastic is None:
+            return want
+        return max((w for w in job.spec.elastic.widths if w <= min(want, free)), default=want)
+
     for job_id in planned:
-        width = by_id[job_id].spec.gpus
+        width = fit(by_id[job_id])
         if width <= free:
             chosen.append(job_id)
             free -= width
+            if width != by_id[job_id].spec.gpus:
+                chosen_widths[job_id] = width
     reasons: dict[str, str] = {}
     waiting = sorted(
         (j for j in snapshot.jobs if j.job_id not in set(chosen)),
         key=lambda j: -outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
-        if job.spec.gpus <= free:
+        width = fit(job)
+        if width <= free:
             chosen.append(job.job_id)
-            free -= job.spec.gpus
+            free -= width
+            if width != job.spec.gpus:
+                chosen_widths[job.job_id] = width
         else:
             look = outlooks[job.job_id]
             reasons[job.job_id] = (
                 f"not planned for this round (predicted FTF {look.rho:.2f}, "
                 f"{look.remaining_s:.0f} s left); no idle GPUs to fill"
             )
-    return chosen, reasons
+    if free > 0:
+        _scale_up(snapshot, chosen, chosen_widths, outlooks, free, restart_overhead_s)
+    return chosen, reasons, chosen_widths
+
+
+def _scale_up(
+    snapshot: Snapshot,
+    chosen: Sequence[str],
+    widths: dict[str, int],
+    outlooks: Mapping[str, JobOutlook],
+    free: int,
+    restart_overhead_s: float,
+) -> None:
+    """Work conservation for elastic jobs: GPUs no waiting job can use go, one step at a time,
+    to the chosen elastic job whose next count saves the most of its run time per GPU added
+    in this round (net of the restart a change of count costs). Updates ``widths``."""
+    by_id = {j.job_id: j for j in snapshot.jobs}
+    length = snapshot.round_seconds
+    while free > 0:
+        best: tuple[float, str, int] | None = None
+        for job_id in chosen:
+            job = by_id[job_id]
+            elastic = job.spec.elastic
+            if elastic is None:
+                continue
+            g = widths.get(job_id, job.spec.gpus)
+            bs = job.progress.batch_size
+            now = elastic.factor(g, job.spec.gpus, bs)
+            left = outlooks[job_id].remaining_s
+            held = len(job.progress.gpus)
+            for w in elastic.widths:
+                if not g < w <= g + free:
+                    continue
+                overhead = 0.0 if held == w else restart_overhead_s
+                speed = elastic.factor(w, job.spec.gpus, bs)
+                work = min(left / now, length)
+                gain = (work * (speed / now - 1.0) - overhead * speed / now) / (w - g)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, job_id, w)
+        if best is None:
+            return
+        _, job_id, w = best
+        free -= w - widths.get(job_id, by_id[job_id].spec.gpus)
+        widths[job_id] = w if w != by_id[job_id].spec.gpus else widths.pop(job_id, w)
+        if w == by_id[job_id].spec.gpus:
+            widths.pop(job_id, None)
 
 
 def _error_factor(job_id: str, params: ShockwaveParams) -> float:

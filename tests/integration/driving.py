@@ -101,9 +101,15 @@ def version(database: Database) -> int:
 
 
 def store_plan(
-    database: Database, rounds: list[list[str]], *, base_round: int = 0, at: int | None = None
+    database: Database,
+    rounds: list[list[str]],
+    *,
+    base_round: int = 0,
+    at: int | None = None,
+    widths: dict[str, int] | None = None,
 ) -> int:
-    """Store a plan at state version ``at`` (default: the cluster's current one); its id."""
+    """Store a plan at state version ``at`` (default: the cluster's current one); its id.
+    ``widths``: the GPU counts it gives elastic jobs."""
     with Session(database.engine) as session:
         plan = PlanRow(
             cluster_id="default",
@@ -111,6 +117,7 @@ def store_plan(
             base_round=base_round,
             policy="test",
             rounds=rounds,
+            widths=widths or {},
             solve_seconds=0.25,
             gain_gap=0.001,
         )

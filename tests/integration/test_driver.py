@@ -523,3 +523,27 @@ def test_gpus_freed_mid_round_and_a_new_arrival_start_waiting_jobs_at_once(
     assert {le.round_index for le in live.values()} == {0}
     assert all(abs(le.ends_at.timestamp() - (t0 + 3600.0)) < 1e-3 for le in live.values())
     assert_no_gpu_twice(database)
+
+
+def test_an_elastic_job_is_leased_the_plans_count_and_a_new_count_is_a_new_attempt(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    two_nodes(client, tokens, database)
+    elastic = {"min_gpus": 1, "max_gpus": 8, "speedup": {"4": {"32": 3.1}}}
+    job = submit(client, tokens.admin, gpus=2, elastic=elastic)
+    rigid = submit(client, tokens.admin, gpus=2)
+    # A plan may not widen a rigid job: the driver leases its requested count.
+    store_plan(database, [[job, rigid]], widths={job: 4, rigid: 4})
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        first = {lease.job_id: lease for lease in leases(database)}
+        assert len(first[job].gpus) == 4
+        assert len(first[rigid].gpus) == 2
+        store_plan(database, [[job, rigid]], base_round=1, widths={job: 1})
+        driver.step(t0 + ROUND_S)
+    second = {lease.job_id: lease for lease in leases(database)}
+    assert len(second[job].gpus) == 1
+    assert second[job].id != first[job].id, "another count is another attempt"
+    assert second[rigid].id == first[rigid].id
+    assert_no_gpu_twice(database)

@@ -71,6 +71,17 @@ INVALID_SUBMISSIONS = [
     pytest.param({"name": ""}, "name", id="empty-name"),
     pytest.param({"name": "x" * 129}, "name", id="long-name"),
     pytest.param({"gpus": "two"}, "gpus", id="string-gpus"),
+    pytest.param(
+        {"gpus": 4, "elastic": {"min_gpus": 1, "max_gpus": 2}},
+        "elastic.max_gpus",
+        id="elastic-below-request",
+    ),
+    pytest.param({"elastic": {"min_gpus": 3, "max_gpus": 8}}, "elastic.min_gpus", id="elastic-3"),
+    pytest.param(
+        {"elastic": {"min_gpus": 1, "max_gpus": 8, "speedup": {"2": {"32": -1.0}}}},
+        "elastic.speedup[2][32]",
+        id="elastic-negative-speedup",
+    ),
 ]
 
 
