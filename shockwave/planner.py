@@ -363,9 +363,14 @@ def pack_rounds(
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
-    Packing order: jobs planned for every round of the window first (they must be in round 0
-    anyway), then running jobs and jobs past their deadline (``priority`` > 0: negative laxity),
-    then the rest, each group by ``priority`` (most urgent first). Each job takes a contiguous
+    Packing order: jobs past their deadline (``priority`` > 0: negative laxity) that the counts
+    finish inside the window first, then jobs planned for every round of the window (they must
+    be in round 0 anyway), then running jobs and the other jobs past their deadline, then the
+    rest, each group by ``priority`` (most urgent first). The first group goes first because
+    the deadline term valued each of them as finishing after its first n rounds: packed behind
+    the full-window jobs, a gang that the rounds' leftover GPUs cannot hold was left out of
+    every round, re-plan after re-plan, while its count said it was done (issue 19: a 4-GPU
+    job with 4 s of work left waited 7 hours on 16 GPUs). Each job takes a contiguous
     block from the earliest round where one fits (a running job keeps running, a resumed one
     pays one restart), else the earliest rounds with room. Keeping running jobs ahead of waiting
     ones that are not yet late avoids needless preemption. Returns the rounds and the number of
@@ -374,9 +379,14 @@ def pack_rounds(
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
+    finishing_late = [
+        priority[i] > 0 and counts[i] > 0 and problem.rem[i, int(counts[i])] <= 0
+        for i in range(len(problem.jobs))
+    ]
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
+            not finishing_late[i],
             int(counts[i]) < problem.rounds,
             not (problem.jobs[i].running or priority[i] > 0),
             -priority[i],
