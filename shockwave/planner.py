@@ -441,27 +441,60 @@ def pack_rounds(
     pays one restart), else the earliest rounds with room. Keeping running jobs ahead of waiting
     ones that are not yet late avoids needless preemption. Returns the rounds and the number of
     job-rounds that found no room.
+
+    One exception (issue 19): a job past its deadline that its count finishes inside the window
+    but that the packing left out of every round goes first, and the window is packed again.
+    The deadline term valued it as finishing after its first n rounds; behind the full-window
+    jobs, a gang wider than the GPUs they leave in each round was dropped from every plan,
+    re-plan after re-plan, while its count said it was done (a 4-GPU job with 4 s of work left
+    waited 7 hours on 16 GPUs). Only a job stranded whole reorders: one that lost part of its
+    rounds still runs, and moving it ahead of the full-window jobs preempts the long jobs
+    that set the makespan (the 120-job trace's worst FTF went from 0.85 to 0.91 that way).
     """
+    finishing_late = {
+        i
+        for i in range(len(problem.jobs))
+        if priority[i] > 0 and counts[i] > 0 and problem.rem[i, int(counts[i])] <= 0
+    }
+    first: set[int] = set()
+    while True:
+        members, placed = _pack(problem, counts, priority, first)
+        stranded = {i for i in finishing_late - first if placed[i] == 0}
+        if not stranded:
+            break
+        first |= stranded
+    lost = int(sum(int(counts[i]) - placed[i] for i in range(len(problem.jobs))))
+    return tuple(tuple(m) for m in members), lost
+
+
+def _pack(
+    problem: Problem,
+    counts: npt.NDArray[np.int64],
+    priority: Sequence[float],
+    first: set[int],
+) -> tuple[list[list[str]], list[int]]:
+    """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest;
+    returns the rounds' members and the rounds each job got."""
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
+    placed = [0] * len(problem.jobs)
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
+            i not in first,
             int(counts[i]) < problem.rounds,
             not (problem.jobs[i].running or priority[i] > 0),
             -priority[i],
             i,
         ),
     )
-    lost = 0
     for i in order:
         n = int(counts[i])
         if n <= 0:
             continue
         job = problem.jobs[i]
         fits = free >= job.gpus
-        chosen: list[int] | None = None
         window = np.convolve(fits.astype(np.int64), np.ones(n, dtype=np.int64), mode="valid")
         starts = np.nonzero(window == n)[0]
         if len(starts):
@@ -469,11 +502,11 @@ def pack_rounds(
         else:
             roomiest = sorted(np.nonzero(fits)[0].tolist(), key=lambda r: (-free[r], r))
             chosen = [int(r) for r in roomiest[:n]]
-            lost += n - len(chosen)
         for r in chosen:
             free[r] -= job.gpus
             members[r].append(job.job_id)
-    return tuple(tuple(m) for m in members), lost
+        placed[i] = len(chosen)
+    return members, placed
 
 
 def plan(

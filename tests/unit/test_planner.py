@@ -334,6 +334,34 @@ def test_packing_table(
     assert unpacked == 0
 
 
+@pytest.mark.parametrize(
+    ("late_cap", "priority", "runs_now"),
+    [
+        pytest.param(1, 5.0, True, id="late-and-finishing-goes-first"),
+        pytest.param(2, 5.0, False, id="late-but-not-finishing-keeps-its-place"),
+        pytest.param(1, -5.0, False, id="finishing-but-not-late-keeps-its-place"),
+    ],
+)
+def test_packing_does_not_strand_a_late_gang_behind_full_window_jobs(
+    late_cap: int, priority: float, runs_now: bool
+) -> None:
+    # Four 1-GPU jobs planned for the whole window leave 2 of 6 GPUs in every round: a 4-GPU
+    # job that its one round finishes fits in none (issue 19: such a job, past its deadline,
+    # was left out of every plan for hours while its count said it was done).
+    t, gpus = 3, 6
+    full = [plan_job(f"f{i}", [0.1, 0.4, 0.7, 0.9], running=True) for i in range(4)]
+    late = plan_job("late", [0.1 + 0.8 * n / late_cap for n in range(late_cap + 1)], gpus=4)
+    problem = build_problem([*full, late], gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([t, t, t, t, 1], dtype=np.int64)
+    rounds, unpacked = pack_rounds(problem, counts, [1.0, 1.0, 1.0, 1.0, priority])
+    assert ("late" in rounds[0]) is runs_now
+    assert all(sum(4 if j == "late" else 1 for j in members) <= gpus for members in rounds)
+    placed = sum(appearances(rounds, j.job_id) for j in problem.jobs)
+    assert unpacked == int(counts.sum()) - placed
+    # The late gang takes round 0's room: two full-window jobs lose that round instead.
+    assert unpacked == (2 if runs_now else 1)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known limitation (docs/policy.md): contiguous blocks first can strand a job's rounds",
