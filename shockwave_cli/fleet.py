@@ -9,7 +9,10 @@ started something or owed reports, a second poll at once acknowledges the new at
 heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
 that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
 an agent whose lease ends then would, so a new round's leases start without a poll interval's
-delay.
+delay; while a poll answer still names the round that has ended (the driver is materializing
+the next one), it polls again every ``boundary_retry_s`` for at most one poll interval: the
+real agent polls every second (``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall
+time, and the fleet keeps that pace only where it decides when a new round's leases start.
 
 Instead of a process, each attempt "trains" at the job's true pace from the reference
 trajectory, in a coroutine of the node's own (a training process does not wait for its
@@ -165,6 +168,7 @@ class Fleet:
         heartbeat_s: float,
         restart_s: float = 0.0,
         boundary_lag_s: float | None = None,
+        boundary_retry_s: float | None = None,
         admin_token: str | None = None,
         report_s: float = 0.0,
     ) -> None:
@@ -175,6 +179,7 @@ class Fleet:
         self.heartbeat_s = heartbeat_s
         self.restart_s = restart_s
         self.boundary_lag_s = boundary_lag_s
+        self.boundary_retry_s = boundary_retry_s
         self.admin_token = admin_token
         self.report_s = report_s
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
@@ -221,6 +226,9 @@ class Fleet:
                 ends = poll.get("round_ends_at")
                 if self.boundary_lag_s is not None and ends:
                     boundary = wall_seconds(ends) + self.boundary_lag_s - time.time()
+                    overdue = -boundary
+                    if 0.0 <= overdue < self.poll_s and self.boundary_retry_s is not None:
+                        boundary = self.boundary_retry_s  # the next round is not out yet
             pause = self.poll_s - (loop.time() - started)
             if 0.0 < boundary < pause:
                 pause = boundary

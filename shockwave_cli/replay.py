@@ -73,6 +73,11 @@ it stops or finishes): at 120x the reference trace's 124,938 epochs would be abo
 events a wall second, more than the service on two cores takes, while the planner reads
 progress once a round. Batch-size changes are all posted."""
 TICKS_PER_ROUND = 40
+AGENT_POLL_S = 1.0
+"""The real agent's poll interval (``agent.config.AgentConfig.poll_interval_s``): around a
+boundary, the simulated agents poll this often in simulated time (scaled to wall time) until
+the new round is out."""
+MIN_RETRY_S = 0.005
 LATE_SHARE = 0.05
 """A boundary is late when it began more than this share of a round after it was due."""
 
@@ -322,6 +327,7 @@ def replay(
             "agent_poll_s": config.agent_poll_s,
             "restart_overhead_s": config.restart_overhead_s,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
+            "request_ms": _latencies(run.latency),
         },
     )
 
@@ -334,6 +340,8 @@ class DriveOutcome:
     t0: float
     jobs: dict[str, tuple[SimJob, TrainingJob]]
     errors: Counter[tuple[str, str]]
+    latency: Mapping[str, list[float]] = field(default_factory=dict)
+    """Request kind -> wall seconds of each answered request of the agents and programs."""
 
 
 async def _drive(
@@ -357,6 +365,7 @@ async def _drive(
         heartbeat_s=HEARTBEAT_S,
         restart_s=config.restart_overhead_s / scale,
         boundary_lag_s=min(0.02, config.round_wall_s / 20),
+        boundary_retry_s=max(MIN_RETRY_S, AGENT_POLL_S / scale),
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
     )
@@ -426,7 +435,22 @@ async def _drive(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(agents, 30.0)
         await client.aclose()
-    return DriveOutcome(t0, jobs, fleet.log.errors)
+    return DriveOutcome(t0, jobs, fleet.log.errors, fleet.log.latency)
+
+
+def _latencies(latency: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per request kind: how many, and the median and 95th percentile in milliseconds (wall
+    time: at 120x, 10 ms is 1.2 simulated seconds)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, seconds in sorted(latency.items()):
+        ordered = sorted(seconds)
+        if ordered:
+            out[kind] = {
+                "n": len(ordered),
+                "p50": round(1000 * ordered[len(ordered) // 2], 2),
+                "p95": round(1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
+            }
+    return out
 
 
 async def _check_events(
