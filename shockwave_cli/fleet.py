@@ -224,11 +224,8 @@ class Fleet:
                 if self._reconcile(here, poll) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
                 ends = poll.get("round_ends_at")
-                if self.boundary_lag_s is not None and ends:
-                    boundary = wall_seconds(ends) + self.boundary_lag_s - time.time()
-                    overdue = -boundary
-                    if 0.0 <= overdue < self.poll_s and self.boundary_retry_s is not None:
-                        boundary = self.boundary_retry_s  # the next round is not out yet
+                if ends:
+                    boundary = self.until_boundary_poll(wall_seconds(ends) - time.time())
             pause = self.poll_s - (loop.time() - started)
             if 0.0 < boundary < pause:
                 pause = boundary
@@ -236,6 +233,17 @@ class Fleet:
                 here.wake.clear()
             await _first_of(stop, here.wake, timeout=max(0.0, pause))
         await training
+
+    def until_boundary_poll(self, round_ends_in: float) -> float:
+        """Seconds until the poll for the next round, given that the round a poll answer
+        named ends in ``round_ends_in`` seconds (negative: it has ended and the next one is
+        not out yet); inf when no such poll is due (the regular interval applies)."""
+        if self.boundary_lag_s is None:
+            return math.inf
+        wait = round_ends_in + self.boundary_lag_s
+        if wait < 0.0 and self.boundary_retry_s is not None and -wait < self.poll_s:
+            return self.boundary_retry_s
+        return wait
 
     async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
         """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,

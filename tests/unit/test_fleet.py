@@ -146,3 +146,13 @@ def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_chan
     assert last["kind"] == "progress" and last["epoch"] == 6
     assert trained.finished and trained.finished_at is not None
     assert node.outbox == [{"attempt_id": "a1", "state": "exited", "exit_code": 0}]
+
+
+def test_a_node_polls_just_after_the_round_ends_and_again_soon_until_the_next_is_out() -> None:
+    fleet = Fleet(["http://api"], {"n1": ("t", 4)}, {}, poll_s=0.1, heartbeat_s=3.0,
+                  boundary_lag_s=0.02, boundary_retry_s=0.01)  # fmt: skip
+    assert fleet.until_boundary_poll(0.5) == 0.52  # the round ends in 0.5 s
+    assert fleet.until_boundary_poll(-0.05) == 0.01  # ended, the next one not out yet
+    assert fleet.until_boundary_poll(-0.5) == -0.48  # long overdue: the regular interval
+    assert Fleet(["http://api"], {"n1": ("t", 4)}, {}, poll_s=0.1, heartbeat_s=3.0,
+                 boundary_lag_s=0.02).until_boundary_poll(-0.05) < 0  # fmt: skip
