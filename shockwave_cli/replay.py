@@ -107,6 +107,9 @@ class ReplayConfig:
     redis_url: str = REDIS_URL
     poll_s: float | None = None
     timeout_s: float | None = None
+    solver: Literal["inline", "process"] = "process"
+    """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
+    thread of the service's process stalls its API and round driver by 24 simulated seconds."""
 
     @property
     def round_wall_s(self) -> float:
@@ -223,6 +226,8 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
                 config.policy,
                 "--log-level",
                 "info",
+                "--solver",
+                config.solver,
             )
         else:
             url = stack.enter_context(throwaway_database("replay", config.postgres_url))
