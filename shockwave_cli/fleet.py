@@ -106,6 +106,8 @@ class FleetLog:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     events: Counter[str] = field(default_factory=Counter)
     refused_last: bool = False
+    started: dict[str, float] = field(default_factory=dict)
+    """Attempt id -> wall time (s since the epoch) at which its node started it."""
 
     def nodes_at(self, round_index: int) -> dict[str, float]:
         """Node -> when it first saw round ``round_index`` or a later one as current."""
@@ -305,6 +307,7 @@ class Fleet:
             if job is None or token is None:  # a finished job posts its end and exits 0
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
+            self.log.started[attempt_id] = now
             job.fenced = False
             job.restarts += 1
             here.attempts[attempt_id] = Attempt(
