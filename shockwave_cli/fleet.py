@@ -85,6 +85,17 @@ class TrainingJob:
     def epochs(self) -> int:
         return sum(r.epochs for r in self.regimes)
 
+    def seconds_left(self) -> float:
+        """Wall seconds of training until the last epoch ends (what is counted so far in
+        ``partial_s`` deducted)."""
+        left, seen = -self.partial_s, 0
+        for regime in self.regimes:
+            todo = seen + regime.epochs - max(seen, self.epochs_done)
+            seen += regime.epochs
+            if todo > 0:
+                left += todo * self.epoch_seconds[regime.batch_size]
+        return max(0.0, left)
+
     def batch_size_at(self, epoch: int) -> int:
         """The batch size of the trajectory's regime that holds 0-based ``epoch``."""
         seen = 0
@@ -268,11 +279,28 @@ class Fleet:
         return poll
 
     async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
-        """The node's training processes: advance each attempt every ``poll_s``."""
+        """The node's training processes: advance each attempt every ``poll_s``, and at the
+        moment one of them finishes its last epoch (a program exits then; its agent notices at
+        once), not up to ``poll_s`` later."""
         while not stop.is_set():
             await self._train(here)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
+                await asyncio.wait_for(stop.wait(), timeout=self.next_training_step(here))
+
+    def next_training_step(self, here: Node) -> float:
+        """Seconds until the trainer should next advance ``here``'s attempts: ``poll_s``, or
+        sooner when an attempt's job will finish within its lease before then."""
+        now = time.time()
+        wait = self.poll_s
+        for attempt in here.attempts.values():
+            job = self.jobs[attempt.job_id]
+            if job.finished:
+                continue
+            since = max(job.trained_until, attempt.started_t, now)
+            done = since + job.seconds_left()
+            if done <= attempt.ends_t:
+                wait = min(wait, max(0.0, done - now) + 1e-4)
+        return wait
 
     async def _before_stop(self, here: Node, poll: Any) -> None:
         """Before the leases change: count the leased time, and let each attempt about to

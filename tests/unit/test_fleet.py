@@ -156,3 +156,15 @@ def test_a_node_polls_just_after_the_round_ends_and_again_soon_until_the_next_is
     assert fleet.until_boundary_poll(-0.5) == -0.48  # long overdue: the regular interval
     assert Fleet(["http://api"], {"n1": ("t", 4)}, {}, poll_s=0.1, heartbeat_s=3.0,
                  boundary_lag_s=0.02).until_boundary_poll(-0.05) < 0  # fmt: skip
+
+
+def test_the_trainer_wakes_when_a_leased_job_finishes_not_a_poll_later() -> None:
+    two = TrainingJob("j1", 100, (Regime(32, 1), Regime(64, 2)), {32: 0.1, 64: 0.05})
+    two.epochs_done, two.partial_s = 1, 0.02  # 2 epochs of 0.05 s left, 0.02 s of one done
+    assert abs(two.seconds_left() - 0.08) < 1e-9
+    fleet, node = RecordingFleet({"j1": two}), Node("agent-token")  # polls every 1 s
+    now = time.time()
+    node.attempts["a1"] = Attempt("a1", "j1", T2, now, now + 60.0)
+    assert 0.0 < fleet.next_training_step(node) <= 0.09
+    node.attempts["a1"].ends_t = now + 0.05  # the lease ends first: nothing to wake for
+    assert fleet.next_training_step(node) == 1.0
