@@ -38,7 +38,8 @@ test: venv
 	$(BIN)/python -m pytest
 
 # The runs `make test` leaves out: the compose stack running two jobs (make compose-check, about
-# two minutes) and the tests marked `slow` (the short chaos run, about a minute).
+# two minutes) and the tests marked `slow` (the short chaos run, the two node deaths of the
+# training e2e and the demo: about a minute each).
 test-slow: venv compose-check
 	scripts/services.sh
 	$(BIN)/python -m pytest -m slow

@@ -2,6 +2,9 @@
 training jobs, run as a newcomer would (here with two agents and short rounds, so that it ends
 within a minute or so), without a terminal: it prints one line per event and the final table,
 and exits 0 once every demo job is done. Every process it started is gone afterwards.
+
+Marked ``slow`` (about a minute): `make test-slow` runs it; `tests/e2e/test_embedded.py` covers
+`shockwave up` in the default suite.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import subprocess
 from contextlib import suppress
 from pathlib import Path
 
+import pytest
+
 from bench.deployment import base_env
 from shockwave_cli.demo import DEMO_JOBS
 from shockwave_cli.supervision import free_port, shockwave_argv
@@ -21,6 +26,7 @@ NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://
 TIMEOUT_S = 180
 
 
+@pytest.mark.slow
 def test_demo_runs_every_job_to_the_end(tmp_path: Path) -> None:
     env = {**NOWHERE_ENV, "TMPDIR": str(tmp_path)}
     argv = [*shockwave_argv(), "up", "--demo", "--agents", "2", "--slots", "2"]

@@ -28,6 +28,9 @@ attempts' records in the shared ``loss.jsonl`` never interleave).
 
 The agents share one checkpoint directory (each work directory's ``checkpoints`` is a link to
 it): on one machine, the stand-in for the shared storage a job moving between nodes needs.
+
+The two node deaths (about a minute each) are marked ``slow``: `make test-slow` runs them, so
+that `make test` stays well inside CI's 15 minutes; `bench/chaos` kills the same parts.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlmodel import Session, col, select
 
 from bench.deployment import ROOT, Deployment, deployment, job_states, parallel_tokens, rounds
@@ -621,11 +625,13 @@ CRASH_JOBS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_crashed_node_s_jobs_finish_on_the_other_node(tmp_path: Path) -> None:
     """The node dies: kill -9 of its agent and of every process the agent started."""
     node_dies(tmp_path, crash)
 
 
+@pytest.mark.slow
 def test_an_agent_killed_alone_leaves_no_job_running_unfenced(tmp_path: Path) -> None:
     """kill -9 of the agent process only (its process group): the jobs it started, in
     sessions of their own so that a restarted agent can re-attach to them, live on until their
