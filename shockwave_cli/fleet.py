@@ -437,19 +437,18 @@ class Fleet:
         assert job.token is not None
         self.log.events[event["kind"]] += 1
         for attempt in range(EVENT_TRIES):
+            sent = job.token
             answer = await self._call(
-                event["kind"],
-                "POST",
-                f"/v1/jobs/{job.id}/events",
-                job.token,
-                event,
-                refusals=(409,),
+                event["kind"], "POST", f"/v1/jobs/{job.id}/events", sent, event, refusals=(409,)
             )
             if answer is not None:
                 job.accepted.append(event["seq"])
                 return
             if self.log.refused_last:
-                job.fenced = True
+                # Fenced: the attempt whose token this was is over. Only when that is still
+                # the job's current attempt does the program stop: a newer attempt, started
+                # on another node while this request was in flight, is not the one refused.
+                job.fenced = job.fenced or job.token == sent
                 self.log.events[f"{event['kind']} refused"] += 1
                 return
             await asyncio.sleep(min(1.0, 0.02 * 2**attempt))

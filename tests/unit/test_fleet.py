@@ -168,3 +168,23 @@ def test_the_trainer_wakes_when_a_leased_job_finishes_not_a_poll_later() -> None
     assert 0.0 < fleet.next_training_step(node) <= 0.09
     node.attempts["a1"].ends_t = now + 0.05  # the lease ends first: nothing to wake for
     assert fleet.next_training_step(node) == 1.0
+
+
+def test_a_refusal_of_an_older_attempts_token_does_not_stop_the_newer_attempt() -> None:
+    """An event of attempt a1 is in flight when a2 starts the job on another node with a new
+    token; the 409 that fences a1 must not stop a2 (it did: a2 ended silently, the service
+    kept extending its lease and the job never finished)."""
+    j1 = job("j1")
+    fleet = RecordingFleet({"j1": j1})
+    j1.token = "tok-a1"
+
+    async def refused_after_a2_started(*_: Any, **__: Any) -> Any:
+        j1.token = "tok-a2"  # a2 started while the request of a1 was in flight
+        fleet.log.refused_last = True
+        return None
+
+    fleet._call = refused_after_a2_started  # type: ignore[method-assign]
+    asyncio.run(fleet._job_event(j1, {"seq": 1, "kind": "progress"}))
+    assert not j1.fenced
+    asyncio.run(fleet._job_event(j1, {"seq": 2, "kind": "progress"}))  # a2's own token refused
+    assert j1.fenced
