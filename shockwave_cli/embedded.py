@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 import uvicorn
 from sqlalchemy.engine import Engine
@@ -62,6 +62,8 @@ class EmbeddedConfig:
     policy: str = "shockwave"
     open_mode: bool = True
     log_level: str = "info"
+    solver: Literal["inline", "process"] = "inline"
+    """Where plans are solved: a thread of this process, or one child process."""
 
     @property
     def database_url(self) -> str:
@@ -198,7 +200,7 @@ class Embedded:
         url = self.config.database_url
         configure_cluster(self.engine, self.config.policy, self.config.round_seconds)
         enqueue.configure(
-            SolverSettings(database_url=url, database_schema=None, solver_mode="inline"),
+            SolverSettings(database_url=url, database_schema=None, solver_mode=self.config.solver),
             engine=self.engine,
         )
         settings = Settings(

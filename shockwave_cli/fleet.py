@@ -9,7 +9,10 @@ started something or owed reports, a second poll at once acknowledges the new at
 heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
 that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
 an agent whose lease ends then would, so a new round's leases start without a poll interval's
-delay.
+delay; while a poll answer still names the round that has ended (the driver is materializing
+the next one), it polls again every ``boundary_retry_s`` for at most one poll interval: the
+real agent polls every second (``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall
+time, and the fleet keeps that pace only where it decides when a new round's leases start.
 
 Instead of a process, each attempt "trains" at the job's true pace from the reference
 trajectory, in a coroutine of the node's own (a training process does not wait for its
@@ -82,6 +85,17 @@ class TrainingJob:
     def epochs(self) -> int:
         return sum(r.epochs for r in self.regimes)
 
+    def seconds_left(self) -> float:
+        """Wall seconds of training until the last epoch ends (what is counted so far in
+        ``partial_s`` deducted)."""
+        left, seen = -self.partial_s, 0
+        for regime in self.regimes:
+            todo = seen + regime.epochs - max(seen, self.epochs_done)
+            seen += regime.epochs
+            if todo > 0:
+                left += todo * self.epoch_seconds[regime.batch_size]
+        return max(0.0, left)
+
     def batch_size_at(self, epoch: int) -> int:
         """The batch size of the trajectory's regime that holds 0-based ``epoch``."""
         seen = 0
@@ -103,6 +117,8 @@ class FleetLog:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     events: Counter[str] = field(default_factory=Counter)
     refused_last: bool = False
+    started: dict[str, float] = field(default_factory=dict)
+    """Attempt id -> wall time (s since the epoch) at which its node started it."""
 
     def nodes_at(self, round_index: int) -> dict[str, float]:
         """Node -> when it first saw round ``round_index`` or a later one as current."""
@@ -165,6 +181,7 @@ class Fleet:
         heartbeat_s: float,
         restart_s: float = 0.0,
         boundary_lag_s: float | None = None,
+        boundary_retry_s: float | None = None,
         admin_token: str | None = None,
         report_s: float = 0.0,
     ) -> None:
@@ -175,6 +192,7 @@ class Fleet:
         self.heartbeat_s = heartbeat_s
         self.restart_s = restart_s
         self.boundary_lag_s = boundary_lag_s
+        self.boundary_retry_s = boundary_retry_s
         self.admin_token = admin_token
         self.report_s = report_s
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
@@ -219,8 +237,8 @@ class Fleet:
                 if self._reconcile(here, poll) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
                 ends = poll.get("round_ends_at")
-                if self.boundary_lag_s is not None and ends:
-                    boundary = wall_seconds(ends) + self.boundary_lag_s - time.time()
+                if ends:
+                    boundary = self.until_boundary_poll(wall_seconds(ends) - time.time())
             pause = self.poll_s - (loop.time() - started)
             if 0.0 < boundary < pause:
                 pause = boundary
@@ -228,6 +246,17 @@ class Fleet:
                 here.wake.clear()
             await _first_of(stop, here.wake, timeout=max(0.0, pause))
         await training
+
+    def until_boundary_poll(self, round_ends_in: float) -> float:
+        """Seconds until the poll for the next round, given that the round a poll answer
+        named ends in ``round_ends_in`` seconds (negative: it has ended and the next one is
+        not out yet); inf when no such poll is due (the regular interval applies)."""
+        if self.boundary_lag_s is None:
+            return math.inf
+        wait = round_ends_in + self.boundary_lag_s
+        if wait < 0.0 and self.boundary_retry_s is not None and -wait < self.poll_s:
+            return self.boundary_retry_s
+        return wait
 
     async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
         """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
@@ -250,11 +279,28 @@ class Fleet:
         return poll
 
     async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
-        """The node's training processes: advance each attempt every ``poll_s``."""
+        """The node's training processes: advance each attempt every ``poll_s``, and at the
+        moment one of them finishes its last epoch (a program exits then; its agent notices at
+        once), not up to ``poll_s`` later."""
         while not stop.is_set():
             await self._train(here)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
+                await asyncio.wait_for(stop.wait(), timeout=self.next_training_step(here))
+
+    def next_training_step(self, here: Node) -> float:
+        """Seconds until the trainer should next advance ``here``'s attempts: ``poll_s``, or
+        sooner when an attempt's job will finish within its lease before then."""
+        now = time.time()
+        wait = self.poll_s
+        for attempt in here.attempts.values():
+            job = self.jobs[attempt.job_id]
+            if job.finished:
+                continue
+            since = max(job.trained_until, attempt.started_t, now)
+            done = since + job.seconds_left()
+            if done <= attempt.ends_t:
+                wait = min(wait, max(0.0, done - now) + 1e-4)
+        return wait
 
     async def _before_stop(self, here: Node, poll: Any) -> None:
         """Before the leases change: count the leased time, and let each attempt about to
@@ -289,6 +335,7 @@ class Fleet:
             if job is None or token is None:  # a finished job posts its end and exits 0
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
+            self.log.started[attempt_id] = now
             job.fenced = False
             job.restarts += 1
             here.attempts[attempt_id] = Attempt(
@@ -390,19 +437,18 @@ class Fleet:
         assert job.token is not None
         self.log.events[event["kind"]] += 1
         for attempt in range(EVENT_TRIES):
+            sent = job.token
             answer = await self._call(
-                event["kind"],
-                "POST",
-                f"/v1/jobs/{job.id}/events",
-                job.token,
-                event,
-                refusals=(409,),
+                event["kind"], "POST", f"/v1/jobs/{job.id}/events", sent, event, refusals=(409,)
             )
             if answer is not None:
                 job.accepted.append(event["seq"])
                 return
             if self.log.refused_last:
-                job.fenced = True
+                # Fenced: the attempt whose token this was is over. Only when that is still
+                # the job's current attempt does the program stop: a newer attempt, started
+                # on another node while this request was in flight, is not the one refused.
+                job.fenced = job.fenced or job.token == sent
                 self.log.events[f"{event['kind']} refused"] += 1
                 return
             await asyncio.sleep(min(1.0, 0.02 * 2**attempt))

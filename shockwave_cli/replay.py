@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import os
 import secrets
@@ -73,6 +74,11 @@ it stops or finishes): at 120x the reference trace's 124,938 epochs would be abo
 events a wall second, more than the service on two cores takes, while the planner reads
 progress once a round. Batch-size changes are all posted."""
 TICKS_PER_ROUND = 40
+AGENT_POLL_S = 1.0
+"""The real agent's poll interval (``agent.config.AgentConfig.poll_interval_s``): around a
+boundary, the simulated agents poll this often in simulated time (scaled to wall time) until
+the new round is out."""
+MIN_RETRY_S = 0.005
 LATE_SHARE = 0.05
 """A boundary is late when it began more than this share of a round after it was due."""
 
@@ -102,6 +108,9 @@ class ReplayConfig:
     redis_url: str = REDIS_URL
     poll_s: float | None = None
     timeout_s: float | None = None
+    solver: Literal["inline", "process"] = "process"
+    """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
+    thread of the service's process stalls its API and round driver by 24 simulated seconds."""
 
     @property
     def round_wall_s(self) -> float:
@@ -137,6 +146,8 @@ class ReplayReport:
     states: Mapping[str, int]
     wall_s: float
     notes: Mapping[str, Any] = field(default_factory=dict)
+    lags: Mapping[str, Any] | None = None
+    """Leased time left untrained, by cause (:func:`_lags`); None without the database."""
 
     def record(self) -> dict[str, Any]:
         """The extra keys of ``metrics.json`` (beside the simulator's)."""
@@ -146,6 +157,7 @@ class ReplayReport:
                 "fills": self.fills,
                 "late_boundaries": self.late_boundaries,
                 "max_boundary_lateness_s": self.max_lateness_s,
+                "lease_lags_s": None if self.lags is None else dict(self.lags),
                 "events": {
                     "posted": self.events.posted,
                     "accepted": self.events.accepted,
@@ -218,6 +230,8 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
                 config.policy,
                 "--log-level",
                 "info",
+                "--solver",
+                config.solver,
             )
         else:
             url = stack.enter_context(throwaway_database("replay", config.postgres_url))
@@ -303,7 +317,7 @@ def replay(
             raise ReplayError(f"{error}\n{service.logs()}") from None
         events = asyncio.run(_check_events(service, run.jobs))
         states = asyncio.run(_job_states(service, run.jobs))
-        tables = _tables(service.database_url, config)
+        tables = _tables(service.database_url, config, run)
     wall = time.time() - began
     result = _result(workload, config, run)
     return ReplayReport(
@@ -312,6 +326,7 @@ def replay(
         plan_sources=tables.sources,
         fills=tables.fills,
         late_boundaries=tables.late,
+        lags=tables.lags,
         max_lateness_s=tables.max_lateness_s,
         events=events,
         states=states,
@@ -322,6 +337,7 @@ def replay(
             "agent_poll_s": config.agent_poll_s,
             "restart_overhead_s": config.restart_overhead_s,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
+            "request_ms": _latencies(run.latency),
         },
     )
 
@@ -334,6 +350,10 @@ class DriveOutcome:
     t0: float
     jobs: dict[str, tuple[SimJob, TrainingJob]]
     errors: Counter[tuple[str, str]]
+    latency: Mapping[str, list[float]] = field(default_factory=dict)
+    """Request kind -> wall seconds of each answered request of the agents and programs."""
+    started: Mapping[str, float] = field(default_factory=dict)
+    """Attempt id -> wall time its node started it."""
 
 
 async def _drive(
@@ -357,6 +377,7 @@ async def _drive(
         heartbeat_s=HEARTBEAT_S,
         restart_s=config.restart_overhead_s / scale,
         boundary_lag_s=min(0.02, config.round_wall_s / 20),
+        boundary_retry_s=max(MIN_RETRY_S, AGENT_POLL_S / scale),
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
     )
@@ -426,7 +447,22 @@ async def _drive(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(agents, 30.0)
         await client.aclose()
-    return DriveOutcome(t0, jobs, fleet.log.errors)
+    return DriveOutcome(t0, jobs, fleet.log.errors, fleet.log.latency, fleet.log.started)
+
+
+def _latencies(latency: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per request kind: how many, and the median and 95th percentile in milliseconds (wall
+    time: at 120x, 10 ms is 1.2 simulated seconds)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, seconds in sorted(latency.items()):
+        ordered = sorted(seconds)
+        if ordered:
+            out[kind] = {
+                "n": len(ordered),
+                "p50": round(1000 * ordered[len(ordered) // 2], 2),
+                "p95": round(1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
+            }
+    return out
 
 
 async def _check_events(
@@ -484,11 +520,13 @@ class Tables:
     fills: int | None = None
     late: int | None = None
     max_lateness_s: float | None = None
+    lags: dict[str, dict[str, float]] | None = None
 
 
-def _tables(url: str | None, config: ReplayConfig) -> Tables:
-    """Rounds by source, late boundaries (simulated seconds) and mid-round fills, from the
-    service's own tables; nothing when the run does not own the database."""
+def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
+    """Rounds by source, late boundaries (simulated seconds), mid-round fills and the lags
+    of the leases (:func:`_lags`), from the service's own tables; nothing when the run does
+    not own the database."""
     if url is None:
         return Tables()
     engine = create_engine(url)
@@ -497,7 +535,11 @@ def _tables(url: str | None, config: ReplayConfig) -> Tables:
             rows = connection.execute(
                 text('SELECT "index", source, started_at, ends_at FROM rounds ORDER BY "index"')
             ).all()
-            leases = connection.execute(text("SELECT round_index, issued_at FROM leases")).all()
+            leases = connection.execute(
+                text(
+                    "SELECT id, job_id, round_index, gpus, state, issued_at, updated_at FROM leases"
+                )
+            ).all()
     finally:
         engine.dispose()
     sources = dict.fromkeys(SOURCES, 0)
@@ -517,7 +559,40 @@ def _tables(url: str | None, config: ReplayConfig) -> Tables:
             and _stamp(lease.issued_at) > started[lease.round_index] + 1e-3
         }
     )
-    return Tables(sources, fills, late, round(worst, 3))
+    return Tables(sources, fills, late, round(worst, 3), _lags(leases, config, run))
+
+
+def _lags(leases: Sequence[Any], config: ReplayConfig, run: DriveOutcome) -> dict[str, Any]:
+    """Where leased GPU time went untrained, in simulated seconds: ``start`` from a lease's
+    issue to its node starting the attempt (the boundary's commit, the poll that brings it;
+    the restore comes after), ``exit`` from a job's last epoch to its lease's ``exited``
+    report (the program's last event, the agent's report). Per lag: count, mean, median,
+    95th percentile and GPU-seconds in all."""
+    finished = {job_id: p.finished_at for job_id, (_, p) in run.jobs.items()}
+    start: list[tuple[float, int]] = []
+    exit_: list[tuple[float, int]] = []
+    for lease in leases:
+        width = len(lease.gpus if isinstance(lease.gpus, list) else json.loads(lease.gpus))
+        began = run.started.get(lease.id)
+        if began is not None:
+            start.append(((began - _stamp(lease.issued_at)) * config.time_scale, width))
+        done = finished.get(lease.job_id)
+        if lease.state == "EXITED" and done is not None:
+            exit_.append(((_stamp(lease.updated_at) - done) * config.time_scale, width))
+    return {"start": _lag_stats(start), "exit": _lag_stats(exit_)}
+
+
+def _lag_stats(lags: list[tuple[float, int]]) -> dict[str, float]:
+    if not lags:
+        return {"n": 0}
+    ordered = sorted(lag for lag, _ in lags)
+    return {
+        "n": len(ordered),
+        "mean": round(sum(ordered) / len(ordered), 2),
+        "p50": round(ordered[len(ordered) // 2], 2),
+        "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
+        "gpu_s": round(sum(max(0.0, lag) * width for lag, width in lags), 1),
+    }
 
 
 def _stamp(value: Any) -> float:

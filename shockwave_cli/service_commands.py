@@ -171,6 +171,13 @@ def up_command(
     log_level: Annotated[
         str, typer.Option(help="Log level: critical, error, warning, info, debug.")
     ] = "info",
+    solver: Annotated[
+        str,
+        typer.Option(
+            help="Where plans are solved: inline (a thread of this process) or process (one "
+            "child process: a long solve does not slow the API and the round driver).",
+        ),
+    ] = "inline",
     demo: Annotated[
         bool,
         typer.Option(
@@ -222,6 +229,8 @@ def up_command(
             log_level = "warning"
     if not db.parent.is_dir():
         _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
+    if solver not in ("inline", "process"):
+        _fail(f"--solver: inline or process, not {solver!r}", 2)
 
     from shockwave_cli import embedded
 
@@ -238,6 +247,7 @@ def up_command(
         policy=policy,
         open_mode=open_mode,
         log_level=log_level.lower(),
+        solver="process" if solver == "process" else "inline",
     )
     service = None
     show = None

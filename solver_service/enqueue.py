@@ -8,6 +8,10 @@ Two modes (``SHOCKWAVE_SOLVER_MODE``):
   everything a plan is made from and the round driver asks for a plan every round.
 - ``inline`` (the embedded ``shockwave up``): run the plan in a background thread of this
   process, one plan at a time, each with its own database session.
+- ``process`` (``shockwave up --solver process``): the same, in one child process (spawned,
+  with its own database engine), so that a solve's pure-Python work (the Shockwave planner's
+  greedy: 0.1 to 0.5 s a plan on the reference trace) does not hold the interpreter lock that
+  the API's and the round driver's threads need meanwhile.
 
 Callers send a request only after the transaction that made it necessary has committed, so a
 worker never plans from data that is not there yet. The process's requester is built from the
@@ -17,8 +21,9 @@ environment on first use, or explicitly with :func:`configure` at the entry poin
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -97,11 +102,48 @@ class InlineRequester:
             log.exception("plan %s@%s failed", cluster_id, state_version)
 
 
+class ProcessRequester:
+    """Plans in one child process, one plan at a time (module docstring). The child logs at
+    this process's root level, in the format of ``shockwave up``."""
+
+    def __init__(self, settings: SolverSettings) -> None:
+        self._pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_child,
+            initargs=(settings.model_dump(), logging.getLogger().getEffectiveLevel()),
+        )
+
+    def request(self, cluster_id: str, state_version: int) -> None:
+        self._pool.submit(_plan_in_child, cluster_id, state_version)
+
+    def close(self) -> None:
+        """Wait for the plan in progress; drop the queued ones (the driver asks again)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+_child: InlineRequester | None = None
+
+
+def _start_child(settings: dict[str, object], level: int) -> None:
+    global _child
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    _child = InlineRequester(SolverSettings.model_validate(settings))
+
+
+def _plan_in_child(cluster_id: str, state_version: int) -> None:
+    assert _child is not None, "the solver process was not started"
+    _child._plan(cluster_id, state_version)
+
+
 def make_requester(settings: SolverSettings, engine: Engine | None = None) -> PlanRequester:
     """The requester for ``settings.solver_mode`` (``engine``: the inline solver's database,
     default one built from the settings)."""
     if settings.solver_mode == "inline":
         return InlineRequester(settings, engine)
+    if settings.solver_mode == "process":
+        return ProcessRequester(settings)
     return CeleryRequester(settings)
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 from shockwave.planner import PlannerParams
 from store.settings import DatabaseSettings
 
-SolverMode = Literal["celery", "inline"]
+SolverMode = Literal["celery", "inline", "process"]
 
 
 class SolverSettings(DatabaseSettings):
@@ -18,7 +18,9 @@ class SolverSettings(DatabaseSettings):
     ``broker_url``: the Celery broker (Redis); it carries only plan requests, never data.
     ``solver_mode``: ``celery`` sends each plan request to the
     ``solver_queue``; ``inline`` runs it in a background thread of the requesting process (the
-    embedded ``shockwave up``). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
+    embedded ``shockwave up``); ``process`` in a child process of it (``shockwave up --solver
+    process``: a solve's Python work then never holds the interpreter the API and the round
+    driver run in). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
     policies that solve a program). The task's soft time limit is that plus
     ``task_time_margin_s``, its hard limit that plus the margin again.
     ``broker_timeout_s``: how long a request may wait on the broker before it gives up (the API

@@ -5,7 +5,12 @@ allocation ``x_j`` in [0, 1]: the share of time job j should hold its GPUs. This
 those fractions into a concrete job set per round, the way the reference simulator does
 (SIMULATOR-NOTES.md section 1), so that our baselines reproduce the paper's figures:
 
-1. Credit each job with the useful seconds it ran in the round that just ended (``T_j``).
+1. Credit each job with the useful seconds it ran since the last recompute (``T_j``): the
+   initial credit plus the work its finished epochs measure now (:func:`work_done_s`) less the
+   work they measured at the last recompute. The reference adds each round's useful seconds
+   to ``T_j`` once per decision; counting from the job's progress gives the same ``T_j`` in
+   the simulator (one decision per round) and stays right where a shell decides several times
+   a round or has no per-round figure (the service plans on every change, from client events).
 2. Recompute the allocation only when the set of active jobs changed since the last recompute
    *and* at least ``min_seconds_between_allocations`` have passed (or no recompute has yet
    happened after time 0). At a recompute, fold the service each job got against its share into
@@ -95,6 +100,9 @@ class PriorityState:
     received: Mapping[str, float] = field(default_factory=dict)
     deficit: Mapping[str, float] = field(default_factory=dict)
     memory: Mapping[str, Any] = field(default_factory=dict)
+    work_base: Mapping[str, float] = field(default_factory=dict)
+    """Per job, :func:`work_done_s` at the last recompute (0 before its first): ``received``
+    is the initial credit plus the work done since."""
 
 
 class TimeFractionPolicy:
@@ -126,11 +134,11 @@ class TimeFractionPolicy:
         now = snapshot.now
         active_ids = frozenset(j.job_id for j in snapshot.jobs)
 
-        received = {
-            job.job_id: state.received.get(job.job_id, knobs.initial_credit_s)
-            + job.progress.executed_last_round_s
-            for job in snapshot.jobs
-        }
+        work = {job.job_id: work_done_s(job) for job in snapshot.jobs}
+        base = {job.job_id: state.work_base.get(job.job_id, 0.0) for job in snapshot.jobs}
+        # to the microsecond: equal service ranks equal (ties go to arrival order), as it does
+        # when the seconds are added up round by round
+        received = {j: round(knobs.initial_credit_s + work[j] - base[j], 6) for j in work}
         deficit = {job.job_id: state.deficit.get(job.job_id, 0.0) for job in snapshot.jobs}
         allocation: Mapping[str, float] = {
             k: v for k, v in state.allocation.items() if k in active_ids
@@ -152,6 +160,7 @@ class TimeFractionPolicy:
                 share = allocation.get(job_id, 0.0)
                 deficit[job_id] += share * since - (received[job_id] - knobs.initial_credit_s)
                 received[job_id] = knobs.initial_credit_s
+                base[job_id] = work[job_id]
             inputs = [allocation_job(job, now) for job in snapshot.jobs]
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, allocation, memory, params
@@ -171,8 +180,23 @@ class TimeFractionPolicy:
             received=MappingProxyType(received),
             deficit=MappingProxyType(deficit),
             memory=memory,
+            work_base=MappingProxyType(base),
         )
         return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+
+
+def work_done_s(job: ActiveJob) -> float:
+    """Seconds of training the job's finished epochs took: each regime it left behind and the
+    epochs of the current one, at the measured epoch time of their batch size (the declared
+    one where none was measured). In the simulator this is the useful time it attained
+    (restores excluded); in the service, what its progress events report."""
+    total = 0.0
+    seen = 0.0
+    for regime in job.progress.observed_regimes:
+        total += regime.epochs * (job.epoch_seconds(regime.batch_size) or 0.0)
+        seen += regime.epochs
+    current = max(0.0, job.progress.epochs_done - seen)
+    return total + current * (job.epoch_seconds() or 0.0)
 
 
 def allocation_job(job: ActiveJob, now: float) -> AllocationJob:

@@ -445,3 +445,24 @@ def test_inline_mode_plans_in_process(
         enqueue.install(previous)
         inline.close()
     assert len(plan.rounds[0]) == 2 and set(plan.rounds[0]) <= set(jobs), "4 GPUs: two jobs run"
+
+
+@pytest.mark.slow  # spawning the child imports the service: 3 to 9 s; tests/e2e/test_replay.py
+# runs the embedded service with --solver process in the default suite
+def test_process_mode_plans_in_a_child_process(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    add_nodes(database.engine, ("n1", 4))
+    settings = SolverSettings(
+        solver_mode="process", database_url=database.url, database_schema=database.schema
+    )
+    child = enqueue.make_requester(settings)
+    assert isinstance(child, enqueue.ProcessRequester)
+    previous = enqueue.install(child)
+    try:
+        jobs = [submit(client, tokens.admin, gpus=2) for _ in range(3)]
+        plan = wait_for("plan from the child", lambda: plans(database.engine, 3), 30.0)[0]
+    finally:
+        enqueue.install(previous)
+        child.close()
+    assert len(plan.rounds[0]) == 2 and set(plan.rounds[0]) <= set(jobs), "4 GPUs: two jobs run"

@@ -146,3 +146,45 @@ def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_chan
     assert last["kind"] == "progress" and last["epoch"] == 6
     assert trained.finished and trained.finished_at is not None
     assert node.outbox == [{"attempt_id": "a1", "state": "exited", "exit_code": 0}]
+
+
+def test_a_node_polls_just_after_the_round_ends_and_again_soon_until_the_next_is_out() -> None:
+    fleet = Fleet(["http://api"], {"n1": ("t", 4)}, {}, poll_s=0.1, heartbeat_s=3.0,
+                  boundary_lag_s=0.02, boundary_retry_s=0.01)  # fmt: skip
+    assert fleet.until_boundary_poll(0.5) == 0.52  # the round ends in 0.5 s
+    assert fleet.until_boundary_poll(-0.05) == 0.01  # ended, the next one not out yet
+    assert fleet.until_boundary_poll(-0.5) == -0.48  # long overdue: the regular interval
+    assert Fleet(["http://api"], {"n1": ("t", 4)}, {}, poll_s=0.1, heartbeat_s=3.0,
+                 boundary_lag_s=0.02).until_boundary_poll(-0.05) < 0  # fmt: skip
+
+
+def test_the_trainer_wakes_when_a_leased_job_finishes_not_a_poll_later() -> None:
+    two = TrainingJob("j1", 100, (Regime(32, 1), Regime(64, 2)), {32: 0.1, 64: 0.05})
+    two.epochs_done, two.partial_s = 1, 0.02  # 2 epochs of 0.05 s left, 0.02 s of one done
+    assert abs(two.seconds_left() - 0.08) < 1e-9
+    fleet, node = RecordingFleet({"j1": two}), Node("agent-token")  # polls every 1 s
+    now = time.time()
+    node.attempts["a1"] = Attempt("a1", "j1", T2, now, now + 60.0)
+    assert 0.0 < fleet.next_training_step(node) <= 0.09
+    node.attempts["a1"].ends_t = now + 0.05  # the lease ends first: nothing to wake for
+    assert fleet.next_training_step(node) == 1.0
+
+
+def test_a_refusal_of_an_older_attempts_token_does_not_stop_the_newer_attempt() -> None:
+    """An event of attempt a1 is in flight when a2 starts the job on another node with a new
+    token; the 409 that fences a1 must not stop a2 (it did: a2 ended silently, the service
+    kept extending its lease and the job never finished)."""
+    j1 = job("j1")
+    fleet = RecordingFleet({"j1": j1})
+    j1.token = "tok-a1"
+
+    async def refused_after_a2_started(*_: Any, **__: Any) -> Any:
+        j1.token = "tok-a2"  # a2 started while the request of a1 was in flight
+        fleet.log.refused_last = True
+        return None
+
+    fleet._call = refused_after_a2_started  # type: ignore[method-assign]
+    asyncio.run(fleet._job_event(j1, {"seq": 1, "kind": "progress"}))
+    assert not j1.fenced
+    asyncio.run(fleet._job_event(j1, {"seq": 2, "kind": "progress"}))  # a2's own token refused
+    assert j1.fenced

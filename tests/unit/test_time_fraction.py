@@ -20,6 +20,9 @@ from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob
 from tests.builders import active_job, snapshot
 
+EPOCH_S = 100.0
+"""Seconds of an epoch of a builder's job (100 steps at 1 step a second)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FixedSharesParams:
@@ -44,9 +47,10 @@ class FixedShares(TimeFractionPolicy):
         return {j.job_id: params.shares[j.job_id] for j in jobs}, memory
 
 
-def jobs_of(spec: str, *, executed: Mapping[str, float] | None = None) -> list[ActiveJob]:
-    """``"a b:4 c"`` -> 1-GPU a, 4-GPU b, 1-GPU c, in that arrival order."""
-    ran = executed or {}
+def jobs_of(spec: str, *, done: Mapping[str, float] | None = None) -> list[ActiveJob]:
+    """``"a b:4 c"`` -> 1-GPU a, 4-GPU b, 1-GPU c, in that arrival order; ``done``: seconds of
+    training each job has done so far (its finished epochs: an epoch takes 100 s here)."""
+    work = done or {}
     out = []
     for index, item in enumerate(spec.split()):
         job_id, _, width = item.partition(":")
@@ -55,7 +59,7 @@ def jobs_of(spec: str, *, executed: Mapping[str, float] | None = None) -> list[A
                 job_id,
                 gpus=int(width or 1),
                 arrival=float(index),
-                executed_last_round=ran.get(job_id, 0.0),
+                epochs_done=work.get(job_id, 0.0) / EPOCH_S,
             )
         )
     return out
@@ -66,7 +70,6 @@ def state_at(
     *,
     recomputed_at: float = 0.0,
     after_start: bool = False,
-    received: Mapping[str, float] | None = None,
     deficit: Mapping[str, float] | None = None,
 ) -> PriorityState:
     """The mechanism's memory right after a recompute that gave ``shares``."""
@@ -75,7 +78,7 @@ def state_at(
         recomputed_at=recomputed_at,
         recomputed_after_start=after_start,
         job_set=frozenset(shares),
-        received=MappingProxyType({k: 60.0 for k in shares} | dict(received or {})),
+        received=MappingProxyType({k: 60.0 for k in shares}),
         deficit=MappingProxyType({k: 0.0 for k in shares} | dict(deficit or {})),
     )
 
@@ -160,7 +163,7 @@ def test_recompute_folds_service_into_deficit_and_resets_credit() -> None:
     first = policy.decide(snapshot(jobs_of("a b"), gpus=1, now=0), params)
     assert dict(first.allocation) == {"a": 0.5, "b": 0.5}
     # a ran the whole round; c's arrival at 120 triggers the first recompute after the start.
-    jobs = jobs_of("a b c", executed={"a": 120.0})
+    jobs = jobs_of("a b c", done={"a": 120.0})
     state = priority_state(
         policy.decide(snapshot(jobs, gpus=1, now=120, state=first.state), params)
     )
@@ -168,56 +171,68 @@ def test_recompute_folds_service_into_deficit_and_resets_credit() -> None:
     # deficit_j += x_j * 120 - (T_j - 60): a got 120 s against 60 owed, b nothing.
     assert dict(state.deficit) == pytest.approx({"a": -60.0, "b": 60.0, "c": 0.0})
     assert dict(state.received) == {"a": 60.0, "b": 60.0, "c": 60.0}
+    assert dict(state.work_base) == pytest.approx({"a": 120.0, "b": 0.0, "c": 0.0})
 
 
 def test_received_accumulates_between_recomputes() -> None:
     policy, params = MaxMinFairness(), gavel_params()
     state = policy.decide(snapshot(jobs_of("a b"), now=0), params).state
     for now in (120, 240):
-        jobs = jobs_of("a b", executed={"a": 120.0, "b": 30.0})
+        rounds = now // 120  # a trains 120 s a round, b 30 s
+        jobs = jobs_of("a b", done={"a": 120.0 * rounds, "b": 30.0 * rounds})
         state = policy.decide(snapshot(jobs, now=now, state=state), params).state
     assert isinstance(state, PriorityState)
-    assert dict(state.received) == {"a": 300.0, "b": 120.0}
+    assert dict(state.received) == pytest.approx({"a": 300.0, "b": 120.0})
+
+
+def test_deciding_again_on_the_same_progress_counts_nothing_twice() -> None:
+    """A shell may decide several times a round (the service plans on every change): the
+    service a job received is read from its progress, so a repeat decision adds nothing."""
+    policy, params = MaxMinFairness(), gavel_params()
+    state = policy.decide(snapshot(jobs_of("a b"), now=0), params).state
+    jobs = jobs_of("a b", done={"a": 120.0})
+    for now in (120, 150, 180):
+        state = policy.decide(snapshot(jobs, now=now, state=state), params).state
+    assert isinstance(state, PriorityState)
+    assert dict(state.received) == pytest.approx({"a": 180.0, "b": 60.0})
 
 
 # --- ranking by x / T -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("shares", "received", "deficit", "executed", "expected_order"),
+    ("shares", "deficit", "done", "expected_order"),
     [
-        pytest.param({"a": 0.5, "b": 0.5}, {}, {}, {}, ("a", "b"), id="ties-in-arrival-order"),
+        pytest.param({"a": 0.5, "b": 0.5}, {}, {}, ("a", "b"), id="ties-in-arrival-order"),
         pytest.param(
-            {"a": 0.5, "b": 0.5}, {}, {}, {"a": 120.0}, ("b", "a"), id="ran-last-round-ranks-below"
+            {"a": 0.5, "b": 0.5}, {}, {"a": 120.0}, ("b", "a"), id="ran-last-round-ranks-below"
         ),
-        pytest.param({"a": 0.25, "b": 0.5}, {}, {}, {}, ("b", "a"), id="larger-share-first"),
+        pytest.param({"a": 0.25, "b": 0.5}, {}, {}, ("b", "a"), id="larger-share-first"),
         pytest.param(
-            {"a": 1.0, "b": 0.5}, {}, {}, {"a": 120.0}, ("b", "a"), id="share-over-time-received"
+            {"a": 1.0, "b": 0.5}, {}, {"a": 120.0}, ("b", "a"), id="share-over-time-received"
         ),
         pytest.param(
             {"a": 0.5, "b": 0.5},
-            {},
             {"a": -10.0, "b": 5.0},
             {},
             ("b", "a"),
             id="deficit-breaks-tie",
         ),
-        pytest.param({"a": 0.5, "b": 1.0}, {"b": 120.0}, {}, {}, ("b", "a"), id="share-breaks-tie"),
-        pytest.param({"a": 0.0, "b": 0.1}, {}, {}, {}, ("b", "a"), id="zero-share-ranks-last"),
+        pytest.param({"a": 0.5, "b": 1.0}, {}, {"b": 60.0}, ("b", "a"), id="share-breaks-tie"),
+        pytest.param({"a": 0.0, "b": 0.1}, {}, {}, ("b", "a"), id="zero-share-ranks-last"),
         pytest.param(
-            {"a": 0.0, "b": 0.0}, {}, {"a": -60.0}, {}, ("b", "a"), id="zero-shares-by-deficit"
+            {"a": 0.0, "b": 0.0}, {"a": -60.0}, {}, ("b", "a"), id="zero-shares-by-deficit"
         ),
     ],
 )
 def test_jobs_rank_by_share_over_time_received(
     shares: dict[str, float],
-    received: dict[str, float],
     deficit: dict[str, float],
-    executed: dict[str, float],
+    done: dict[str, float],
     expected_order: tuple[str, ...],
 ) -> None:
-    state = state_at(shares, received=received, deficit=deficit)
-    snap = snapshot(jobs_of("a b", executed=executed), gpus=4, now=120, state=state)
+    state = state_at(shares, deficit=deficit)
+    snap = snapshot(jobs_of("a b", done=done), gpus=4, now=120, state=state)
     decision = FixedShares().decide(snap, FixedSharesParams(shares=shares))
     assert priority_state(decision).recomputed_at == 0, "the test meant no recompute"
     assert decision.jobs == expected_order
@@ -237,7 +252,7 @@ def test_gavel_alternates_equal_shares_on_one_gpu(
     policy, params = MaxMinFairness(), gavel_params()
     first = policy.decide(snapshot(jobs_of("a b"), gpus=1, now=0), params)
     assert first.jobs == ("a",)
-    jobs = jobs_of("a b", executed=ran_last_round)
+    jobs = jobs_of("a b", done=ran_last_round)
     decision = policy.decide(snapshot(jobs, gpus=1, now=120, state=first.state), params)
     assert decision.jobs == expected
     assert set(decision.reasons) == {"a", "b"} - set(expected)
