@@ -51,7 +51,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.elastic import make_elastic, plan_elastic
+from shockwave.elastic import make_elastic
 from shockwave.estimators import contention_factor
 from shockwave.generator import generate_workload
 from shockwave.model import Cluster
@@ -240,6 +240,18 @@ def gain_gap_of(value: float, bound: float, empty: float) -> float:
     return max(0.0, bound - value) / gain if gain > 1e-15 else 0.0
 
 
+def _outlooks(policy: Shockwave, instance: Instance, params: ShockwaveParams) -> dict[str, Any]:
+    """Every job's outlook, as ``Shockwave.decide`` computes them before a solve."""
+    snapshot = instance.snapshot
+    rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+    return {
+        job.job_id: policy.outlook(
+            snapshot, job, params, instance.contention_sum, instance.contention_rounds, rates
+        )
+        for job in snapshot.jobs
+    }
+
+
 def build(
     instance: Instance, params: ShockwaveParams, clock: Callable[[], float]
 ) -> tuple[Problem, dict[str, Any], float]:
@@ -247,13 +259,7 @@ def build(
     policy = Shockwave()
     snapshot = instance.snapshot
     started = clock()
-    rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
-    outlooks = {
-        job.job_id: policy.outlook(
-            snapshot, job, params, instance.contention_sum, instance.contention_rounds, rates
-        )
-        for job in snapshot.jobs
-    }
+    outlooks = _outlooks(policy, instance, params)
     window, length = params.planner.rounds, snapshot.round_seconds
     plan_jobs = [
         _plan_job(job, outlooks[job.job_id], params, window, length) for job in snapshot.jobs
@@ -349,24 +355,11 @@ def measure_elastic(
     snapshot = instance.snapshot
     policy = Shockwave()
     started = clock()
-    rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
-    outlooks = {
-        job.job_id: policy.outlook(
-            snapshot, job, params, instance.contention_sum, instance.contention_rounds, rates
-        )
-        for job in snapshot.jobs
-    }
+    outlooks = _outlooks(policy, instance, params)
     jobs, priority = policy.elastic_jobs(snapshot, params, outlooks)
     build_seconds = clock() - started
     started = clock()
-    solved = plan_elastic(
-        jobs,
-        snapshot.cluster.total_gpus,
-        params.planner,
-        snapshot.round_seconds,
-        priority,
-        params.completion_weight,
-    ).plan
+    solved = policy.plan_elastic_jobs(snapshot, params, jobs, priority).plan
     seconds = clock() - started
     status = solved.status.value
     return Measurement(

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shockwave.elastic import ElasticPlanJob, plan_elastic
+from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
@@ -339,7 +339,19 @@ class Shockwave:
         if not any(job.spec.elastic is not None for job in snapshot.jobs):
             return self.solve(snapshot, params, outlooks), {}
         jobs, priority = self.elastic_jobs(snapshot, params, outlooks)
-        solved = plan_elastic(
+        solved = self.plan_elastic_jobs(snapshot, params, jobs, priority)
+        return solved.plan, solved.widths
+
+    @staticmethod
+    def plan_elastic_jobs(
+        snapshot: Snapshot,
+        params: ShockwaveParams,
+        jobs: Sequence[ElasticPlanJob],
+        priority: Sequence[float],
+    ) -> ElasticPlan:
+        """The elastic planner on :meth:`elastic_jobs`' tables, with the policy's knobs (one
+        call for the policy and for ``bench/solver.py --elastic``, so both time the same)."""
+        return plan_elastic(
             jobs,
             snapshot.cluster.total_gpus,
             params.planner,
@@ -348,7 +360,6 @@ class Shockwave:
             params.completion_weight,
             params.elastic_floor_progress,
         )
-        return solved.plan, solved.widths
 
     def elastic_jobs(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
