@@ -65,7 +65,10 @@ FairnessExponent = Annotated[
 ]
 Replan = Annotated[
     str | None,
-    typer.Option(help=f"Shockwave: re-plan policy, reactive or lazy (default {_POLICY.replan})."),
+    typer.Option(
+        help=f"Shockwave: re-plan policy, reactive or lazy (default {_POLICY.replan}; "
+        f"{_POLICY.elastic_replan} while any job is elastic, unless given)."
+    ),
 ]
 ReplanEvery = Annotated[
     int | None,
@@ -232,6 +235,9 @@ def apply_knobs(
         except ValueError as error:
             raise InputError(f"{knob.flag}: {error}") from None
     params = replace(params, planner=planner)
+    if knobs.replan is not None:
+        # Given explicitly, it holds for elastic workloads too (docs/elastic.md).
+        params = replace(params, elastic_replan=None)
     if knobs.oracle:
         params = replace(params, oracle=True)
     if seed is not None:

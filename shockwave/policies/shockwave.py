@@ -78,8 +78,12 @@ class ShockwaveParams:
     path at each job's widest count; ``elastic_floor_progress`` a critical-path floor also asks
     for its rounds' progress on the requested count; ``elastic_long_margin`` the share of the
     makespan bound from which a job may not run narrower than it asked (0: off);
-    ``elastic_long_runs`` the share of the longest remainder that makes the path along which
-    long jobs must run (0: off).
+    ``elastic_long_runs`` the share of the makespan bound that makes the path along which
+    long jobs must run (0: off); ``elastic_path_at_widest`` judge that path on each job's
+    remainder at its widest count, against max(work bound, longest such remainder), rather
+    than on requested counts and only while the longest remainder outlasts the work bound;
+    ``elastic_running_credit_s`` the lateness credit a running job past its deadline has over
+    waiting ones in the packing order (0: off).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -101,10 +105,18 @@ class ShockwaveParams:
     elastic_floor_progress: bool = True
     elastic_long_margin: float = 0.5
     elastic_long_runs: float = 0.75
+    elastic_path_at_widest: bool = True
+    elastic_running_credit_s: float = 120.0
+    elastic_replan: str | None = "lazy"
+    elastic_fill_shortest: bool = False
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
+        if self.elastic_replan is not None and self.elastic_replan not in REPLAN_MODES:
+            raise ValueError(
+                f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
+            )
         check_regime_predictor(self.regime_predictor)
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
@@ -240,6 +252,7 @@ class Shockwave:
                 outlooks,
                 widths,
                 params.restart_overhead_s,
+                params.elastic_fill_shortest and _has_elastic(snapshot),
             )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -373,8 +386,15 @@ class Shockwave:
         for job in snapshot.jobs:
             look = outlooks[job.job_id]
             variants = _plan_variants(job, look, params, window, length)
-            long = job.spec.elastic is not None and look.remaining_s >= long_s
-            if long:
+            is_elastic = job.spec.elastic is not None
+            long = is_elastic and look.remaining_s >= long_s
+            if params.elastic_path_at_widest:
+                # On widest counts the path rule stands alone: a job whose fastest finish
+                # cannot sit out the window runs it, not narrower than it asked.
+                must_run = is_elastic and _widest_remaining_s(job, look) >= must_s
+            else:
+                must_run = long and look.remaining_s >= must_s
+            if long or must_run:
                 variants = {w: v for w, v in variants.items() if w >= job.spec.gpus}
             base = variants[job.spec.gpus]
             top = 1.0
@@ -388,9 +408,10 @@ class Shockwave:
                     soonest_remaining_s=look.soonest_remaining_s / top,
                     latest_remaining_s=look.latest_remaining_s / top,
                 )
-            must_run = long and look.remaining_s >= must_s
             jobs.append(ElasticPlanJob(base, variants, top, must_run))
-            priority.append(_elastic_priority(look, params))
+            late_running = job.running and look.laxity_s < 0
+            credit = params.elastic_running_credit_s if late_running else 0.0
+            priority.append(_elastic_priority(look, params) + credit)
         return jobs, priority
 
 
@@ -414,12 +435,30 @@ def _long_job_s(
     work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
     work /= snapshot.cluster.total_gpus
     longest = max(look.remaining_s for look in outlooks.values())
+    if params.elastic_path_at_widest:
+        longest = max(_widest_remaining_s(j, outlooks[j.job_id]) for j in snapshot.jobs)
     margin = params.elastic_long_margin
     guard = margin * max(work, longest) if margin > 0 else math.inf
-    path = params.elastic_long_runs * longest
     window_s = params.planner.rounds * snapshot.round_seconds
+    if params.elastic_long_runs <= 0:
+        return guard, math.inf
+    if params.elastic_path_at_widest:
+        return guard, params.elastic_long_runs * max(work, longest) - window_s
+    path = params.elastic_long_runs * longest
     must = max(guard, path - window_s) if path > work else math.inf
     return guard, must
+
+
+def _widest_remaining_s(job: ActiveJob, look: JobOutlook) -> float:
+    """The job's predicted remaining run time on its widest count (its requested count's
+    remainder over that count's speed-up at its batch size; a rigid job's own remainder):
+    the soonest it can end, which is what a makespan path through it is made of."""
+    elastic = job.spec.elastic
+    if elastic is None:
+        return look.remaining_s
+    bs = job.progress.batch_size
+    top = max(elastic.factor(w, job.spec.gpus, bs) for w in elastic.widths)
+    return look.remaining_s / max(1.0, top)
 
 
 def _plan_variants(
@@ -560,11 +599,18 @@ def _replan_due(
         return True
     if offset >= params.replan_every_rounds:
         return True
-    if params.replan == "lazy":
+    mode = params.replan
+    if params.elastic_replan is not None and _has_elastic(snapshot):
+        mode = params.elastic_replan
+    if mode == "lazy":
         return False
     if active != state.job_set:
         return True
     return any(state.regimes_seen.get(j, -1) != n for j, n in regimes_seen.items())
+
+
+def _has_elastic(snapshot: Snapshot) -> bool:
+    return any(job.spec.elastic is not None for job in snapshot.jobs)
 
 
 def _fill(
@@ -573,6 +619,7 @@ def _fill(
     outlooks: Mapping[str, JobOutlook],
     widths: Mapping[str, int] | None = None,
     restart_overhead_s: float = 0.0,
+    shortest_first: bool = False,
 ) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """The planned round, then idle GPUs filled with the jobs that have most work left; and
     the GPU count of each chosen elastic job that runs on other than its request (its planned
@@ -599,7 +646,7 @@ def _fill(
     reasons: dict[str, str] = {}
     waiting = sorted(
         (j for j in snapshot.jobs if j.job_id not in set(chosen)),
-        key=lambda j: -outlooks[j.job_id].remaining_s,
+        key=lambda j: (1 if shortest_first else -1) * outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
         width = fit(job)

@@ -17,6 +17,7 @@ from shockwave.policy import Decision, get_policy, make_params
 from shockwave.simulator import PolicyContractError, SimSettings, simulate
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.traces import ThroughputTable
+from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
 from shockwave_sdk import CheckpointStore, InvalidEnvironment, JobEnvironment, world_size_change
 from tests.builders import active_job, cluster, sim_job, snapshot, workload
 
@@ -156,6 +157,73 @@ def test_rigid_snapshot_takes_the_rigid_planner() -> None:
     assert plan == shockwave.solve(snap, params, outlooks)
 
 
+def test_a_long_job_that_cannot_widen_must_run_while_the_work_bound_binds() -> None:
+    # Sixty 1-GPU jobs of 15,000 s that run 5.6x faster on 8 GPUs, and one 8-GPU job of
+    # 20,000 s that cannot run faster, on 48 GPUs: the work bound (22,083 s) exceeds the
+    # longest remainder, so judged on requested counts no path binds; on widest counts the
+    # 1-GPU jobs can end in 2,679 s, and the 8-GPU job is the path: it must run now.
+    short = [elastic(active_job(str(i), epochs=150)) for i in range(60)]
+    wide = elastic(active_job("wide", gpus=8, epochs=200), speedup={})
+    jobs = [*short, wide]
+    snap = snapshot(jobs, gpus=48)
+    shockwave = Shockwave()
+
+    def must_run(**knobs: object) -> set[str]:
+        params = ShockwaveParams(planner=PlannerParams(rounds=10), **knobs)  # type: ignore[arg-type]
+        outlooks = {j.job_id: shockwave.outlook(snap, j, params, {}, {}) for j in jobs}
+        plan_jobs, _ = shockwave.elastic_jobs(snap, params, outlooks)
+        return {j.base.job_id for j in plan_jobs if j.must_run}
+
+    assert must_run() == {"wide"}
+    assert must_run(elastic_path_at_widest=False) == set()
+    decision, _ = plan_for(jobs, 48)
+    assert "wide" in decision.jobs and decision.width(wide) == 8
+    decision, _ = plan_for(jobs, 48, elastic_path_at_widest=False)
+    assert "wide" not in decision.jobs
+
+
+def test_a_running_job_past_its_deadline_is_packed_before_a_waiting_one() -> None:
+    # Both jobs are long past their fairness deadlines, the waiting one 50 s more: by
+    # lateness alone it would take the running job's GPU (and both would pay a restart).
+    running = elastic(
+        active_job("run", epochs=100, epochs_done=10, arrival=50, executed_last_round=120)
+    )
+    waiting = elastic(active_job("wait", epochs=100, epochs_done=10, arrival=0))
+    snap = snapshot([running, waiting], gpus=1, now=100_000)
+
+    def first(**knobs: object) -> tuple[str, ...]:
+        params = ShockwaveParams(planner=PlannerParams(rounds=10), **knobs)  # type: ignore[arg-type]
+        return Shockwave().decide(snap, params).jobs
+
+    assert first() == ("run",)
+    assert first(elastic_running_credit_s=0) == ("wait",)
+
+
+@pytest.mark.parametrize(
+    ("rigid", "knobs", "solves"),
+    [
+        (False, {}, 1),
+        (False, {"elastic_replan": None}, 2),
+        (True, {}, 2),
+    ],
+)
+def test_an_elastic_plan_is_not_remade_on_every_arrival(
+    rigid: bool, knobs: dict[str, object], solves: int
+) -> None:
+    # Re-planning on every arrival re-chooses every job's width and round, and each change is
+    # a restart: with elastic jobs the plan is followed until it is 8 rounds old (or runs
+    # out), arrivals wait for it or for idle GPUs. A rigid workload still re-plans at once.
+    def make(job_id: str) -> ActiveJob:
+        job = active_job(job_id, epochs=100)
+        return job if rigid else elastic(job)
+
+    params = ShockwaveParams(planner=PlannerParams(rounds=10), **knobs)  # type: ignore[arg-type]
+    shockwave = Shockwave()
+    first = shockwave.decide(snapshot([make("a"), make("b")], gpus=2), params)
+    later = snapshot([make("a"), make("b"), make("c")], gpus=2, now=120.0, state=first.state)
+    assert shockwave.decide(later, params).solve.solves == solves
+
+
 # -------------------------------------------------------------------------------- the simulator
 
 
@@ -272,3 +340,13 @@ def test_sdk_reads_the_world_size_and_its_change(tmp_path: Path) -> None:
     grown = world_size_change(env, store)
     assert (grown.previous, grown.current, grown.changed) == (1, 2, True)
     assert grown.describe() == "world size 1 -> 2"
+
+
+def test_an_explicit_replan_holds_for_elastic_jobs_too() -> None:
+    params = ShockwaveParams()
+    assert params.replan == "reactive" and params.elastic_replan == "lazy"
+    given = apply_knobs(params, ShockwaveKnobs(replan="reactive"), None)
+    assert given.replan == "reactive" and given.elastic_replan is None
+    assert apply_knobs(params, ShockwaveKnobs(), None).elastic_replan == "lazy"
+    with pytest.raises(ValueError, match="elastic_replan"):
+        ShockwaveParams(elastic_replan="eager")
