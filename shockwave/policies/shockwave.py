@@ -83,7 +83,9 @@ class ShockwaveParams:
     remainder at its widest count, against max(work bound, longest such remainder), rather
     than on requested counts and only while the longest remainder outlasts the work bound;
     ``elastic_running_credit_s`` the lateness credit a running job past its deadline has over
-    waiting ones in the packing order (0: off).
+    waiting ones in the packing order (0: off); ``elastic_replan`` the re-plan mode while any
+    job is elastic (None: ``replan``): lazy, because every re-plan re-chooses widths and
+    rounds and each change is a restart.
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -108,7 +110,6 @@ class ShockwaveParams:
     elastic_path_at_widest: bool = True
     elastic_running_credit_s: float = 120.0
     elastic_replan: str | None = "lazy"
-    elastic_fill_shortest: bool = False
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_MODES:
@@ -252,7 +253,6 @@ class Shockwave:
                 outlooks,
                 widths,
                 params.restart_overhead_s,
-                params.elastic_fill_shortest and _has_elastic(snapshot),
             )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -423,13 +423,18 @@ def _long_job_s(
 
     Guard: ``elastic_long_margin`` of the makespan bound H = max(work over GPUs W, longest
     remainder L): such a job's remainder is most of what is left of the makespan; on fewer GPUs
-    it would become the makespan. Must-run: while the makespan is a path through long jobs
-    (P = ``elastic_long_runs`` x L > W, as :func:`shockwave.planner.critical_path_s` judges it
-    from the soonest remainders), a guarded job that could not sit out the window and still end
-    inside P (remainder > P - T D), the rigid reservation's rule on the predicted remainders:
-    under the NSW objective a wide job competes per GPU-round with jobs shrunk to one GPU, whose
-    log-utility gains per GPU are far larger, and would wait until the path had slid past the
-    bound."""
+    it would become the makespan. Must-run: a job that could not sit out the window and still
+    end inside P = ``elastic_long_runs`` x H (remainder > P - T D): under the NSW objective a
+    wide job competes per GPU-round with jobs shrunk to one GPU, whose log-utility gains per
+    GPU are far larger, and would wait until the path had slid past the bound.
+
+    With ``elastic_path_at_widest`` (default) L is the longest remainder at each job's widest
+    count and a job's must-run test is on its own widest remainder
+    (:func:`_widest_remaining_s`), whatever W is: judged on requested counts, a 1-GPU job
+    that could end 6x faster on 8 GPUs set L, and the path rule held only while 0.75 L > W,
+    so an 8-GPU job that cannot run faster waited 6,000 s while W bound the makespan (the
+    900-job trace). Otherwise: L on requested counts, and must-run only while P > W (as
+    :func:`shockwave.planner.critical_path_s` judges it), for guarded jobs."""
     if not snapshot.jobs:
         return math.inf, math.inf
     work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
@@ -619,7 +624,6 @@ def _fill(
     outlooks: Mapping[str, JobOutlook],
     widths: Mapping[str, int] | None = None,
     restart_overhead_s: float = 0.0,
-    shortest_first: bool = False,
 ) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """The planned round, then idle GPUs filled with the jobs that have most work left; and
     the GPU count of each chosen elastic job that runs on other than its request (its planned
@@ -646,7 +650,7 @@ def _fill(
     reasons: dict[str, str] = {}
     waiting = sorted(
         (j for j in snapshot.jobs if j.job_id not in set(chosen)),
-        key=lambda j: (1 if shortest_first else -1) * outlooks[j.job_id].remaining_s,
+        key=lambda j: -outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
         width = fit(job)
