@@ -221,7 +221,8 @@ def test_an_elastic_plan_is_not_remade_on_every_arrival(
     shockwave = Shockwave()
     first = shockwave.decide(snapshot([make("a"), make("b")], gpus=2), params)
     later = snapshot([make("a"), make("b"), make("c")], gpus=2, now=120.0, state=first.state)
-    assert shockwave.decide(later, params).solve.solves == solves
+    solve = shockwave.decide(later, params).solve
+    assert solve is not None and solve.solves == solves
 
 
 # -------------------------------------------------------------------------------- the simulator
