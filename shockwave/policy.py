@@ -190,7 +190,8 @@ def service_params(
     time_scale: float = 1.0,
 ) -> Any:
     """The policy's default params with the service's options wherever the policy has such
-    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`), the
+    knobs: the cluster's re-plan mode (a ``replan`` field; one of :data:`REPLAN_MODES`; it
+    also holds for elastic jobs, over an ``elastic_replan`` default), the
     solver's time limit (a ``planner`` of :class:`~shockwave.planner.PlannerParams`), and
     ``time_scale``: the workload runs that many times faster than the knobs assume
     (``shockwave replay --time-scale``), so every duration knob is divided by it
@@ -202,6 +203,10 @@ def service_params(
     changes: dict[str, Any] = {}
     if "replan" in names and replan in REPLAN_MODES:
         changes["replan"] = replan
+        if "elastic_replan" in names:
+            # The cluster's mode holds for elastic jobs too, as an explicit --replan does in
+            # the simulator (docs/elastic.md, lazy re-planning).
+            changes["elastic_replan"] = None
     planner = getattr(params, "planner", None)
     if solver_time_limit_s is not None and isinstance(planner, PlannerParams):
         changes["planner"] = dataclasses.replace(planner, time_limit_s=solver_time_limit_s)

@@ -13,7 +13,7 @@ from shockwave.model import ELASTIC_GUESS_EXPONENT, ElasticRange, ValidationErro
 from shockwave.planner import PlannerParams, SolveStatus
 from shockwave.policies.pollux import Pollux, PolluxParams
 from shockwave.policies.shockwave import Shockwave, ShockwaveParams
-from shockwave.policy import Decision, get_policy, make_params
+from shockwave.policy import Decision, get_policy, make_params, service_params
 from shockwave.simulator import PolicyContractError, SimSettings, simulate
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.traces import ThroughputTable
@@ -351,3 +351,6 @@ def test_an_explicit_replan_holds_for_elastic_jobs_too() -> None:
     assert apply_knobs(params, ShockwaveKnobs(), None).elastic_replan == "lazy"
     with pytest.raises(ValueError, match="elastic_replan"):
         ShockwaveParams(elastic_replan="eager")
+    # The service's cluster mode is explicit too.
+    served = service_params(Shockwave(), replan="reactive", solver_time_limit_s=None)
+    assert served.replan == "reactive" and served.elastic_replan is None
