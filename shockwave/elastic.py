@@ -13,7 +13,7 @@ Solving: per job, the points (cost g n, value phi_j(g, n)) over every width and 
 multiple-choice knapsack. The greedy on each job's upper concave envelope over cost (by gain
 per GPU-round) solves its relaxation exactly, which bounds the optimum and certifies the
 integer plan's gap, as the rigid planner does (docs/elastic.md). A job's width is fixed over
-the window; the plan is re-made often (every arrival, finish, regime change and 8 rounds), so
+the window; the plan is re-made every 8 rounds (the policy's lazy elastic re-planning), so
 widths follow the load. Counts are then packed into rounds by :func:`shockwave.planner.pack_rounds`.
 
 ``make_elastic`` turns a simulator workload elastic from a throughput table (``--elastic``).
