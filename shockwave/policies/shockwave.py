@@ -56,6 +56,12 @@ from shockwave.regime_predictors import (
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
+PACKING_ORDERS = ("laxity", "deadline")
+"""How the running and late jobs of a plan are ordered for round 0. ``laxity``: least laxity
+first (deadline minus predicted remainder). ``deadline``: earliest fairness deadline first, which
+cannot thrash: a running job's deadline does not move, where a waiting job's laxity falls by a
+round each round until it overtakes the running one's, and they swap back and forth."""
+
 
 @dataclass(frozen=True, slots=True)
 class ShockwaveParams:
@@ -80,6 +86,9 @@ class ShockwaveParams:
     makespan bound from which a job may not run narrower than it asked (0: off);
     ``elastic_long_runs`` the share of the longest remainder that makes the path along which
     long jobs must run (0: off).
+    ``packing_order``: the order in which the plan's running and late jobs take round 0
+    (:data:`PACKING_ORDERS`): ``laxity`` (least laxity first, the default) or ``deadline``
+    (earliest fairness deadline first; docs/policy.md, "Packing order").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -101,8 +110,14 @@ class ShockwaveParams:
     elastic_floor_progress: bool = True
     elastic_long_margin: float = 0.5
     elastic_long_runs: float = 0.75
+    packing_order: str = "laxity"
 
     def __post_init__(self) -> None:
+        if self.packing_order not in PACKING_ORDERS:
+            raise ValueError(
+                f"packing_order must be one of {', '.join(PACKING_ORDERS)}, "
+                f"got {self.packing_order!r}"
+            )
         if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
         check_regime_predictor(self.regime_predictor)
@@ -329,7 +344,10 @@ class Shockwave:
             look = outlooks[job.job_id]
             jobs.append(_plan_job(job, look, params, window, length))
             priority.append(-look.laxity_s)
-        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
+        deadlines = None
+        if params.packing_order == "deadline":
+            deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
+        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority, deadlines)
 
     def solve_widths(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
