@@ -116,8 +116,15 @@ class Run:
     cpu_s: float = 0.0
 
 
-def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> Run:
-    """Generate the cell's workload for ``seed`` and simulate ``policy_name`` on it."""
+def run_one(
+    cell: Cell,
+    seed: int,
+    policy_name: str,
+    throughputs_path: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> Run:
+    """Generate the cell's workload for ``seed`` and simulate ``policy_name`` on it, with
+    ``overrides`` of its params (:func:`shockwave.policy.make_params`)."""
     table = load_throughputs(Path(throughputs_path))
     workload = generate_workload(
         cell.jobs,
@@ -134,7 +141,7 @@ def run_one(cell: Cell, seed: int, policy_name: str, throughputs_path: str) -> R
         workload,
         Cluster.of_gpus(cell.gpus, GPUS_PER_NODE),
         policy,
-        make_params(policy),
+        make_params(policy, overrides),
         SimSettings(),
     )
     metrics = summarize(result).as_dict()
@@ -279,6 +286,25 @@ def plot(verdicts: Sequence[Verdict], cells: Sequence[Cell], path: Path) -> None
     plt.close(fig)
 
 
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as params: an int or a float where the value reads as one, else
+    the string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        value: Any = text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = value
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
@@ -288,6 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cells", default="", help="comma-separated cell names (default: all)")
     parser.add_argument("--out", type=Path, default=Path("out/sweep"))
     parser.add_argument("--json", type=Path, default=None, help="default: <out>/sweep.json")
+    parser.add_argument(
+        "--shockwave-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Shockwave param for this sweep (str, int, float), e.g. packing_order=deadline",
+    )
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
@@ -305,6 +338,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"[red]unknown cells {', '.join(unknown)}; known: {known}[/red]")
             return 2
         cells = [c for c in GRID if c.name in wanted]
+    try:
+        ours = parse_overrides(args.shockwave_param)
+        make_params(get_policy("shockwave"), ours)
+    except ValueError as error:
+        console.print(f"[red]{error}[/red]")
+        return 2
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     policies = ("shockwave", *BASELINES)
     # Longest first, so the slow Shockwave runs of big cells do not finish last alone.
@@ -319,7 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         Progress(console=console, transient=True) as progress,
     ):
         bar = progress.add_task("simulating", total=len(tasks))
-        futures = [pool.submit(run_one, c, s, p, str(throughputs)) for c, s, p in tasks]
+        futures = [
+            pool.submit(run_one, c, s, p, str(throughputs), ours if p == "shockwave" else None)
+            for c, s, p in tasks
+        ]
         for future in as_completed(futures):
             runs.append(future.result())
             progress.advance(bar)
@@ -344,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "wall_s": wall,
                 "cpu_s": cpu,
                 "workers": args.workers,
+                "shockwave_params": ours,
                 "all_met": met,
                 "verdicts": [asdict(v) | {"met": v.met} for v in verdicts],
                 "runs": [asdict(r) for r in runs],

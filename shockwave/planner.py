@@ -430,13 +430,19 @@ def solve_counts(problem: Problem) -> tuple[npt.NDArray[np.int64], float, float]
 
 
 def pack_rounds(
-    problem: Problem, counts: npt.NDArray[np.int64], priority: Sequence[float]
+    problem: Problem,
+    counts: npt.NDArray[np.int64],
+    priority: Sequence[float],
+    deadlines: Sequence[float] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
     Packing order: jobs planned for every round of the window first (they must be in round 0
     anyway), then running jobs and jobs past their deadline (``priority`` > 0: negative laxity),
-    then the rest, each group by ``priority`` (most urgent first). Each job takes a contiguous
+    then the rest, each group by ``priority`` (most urgent first); with ``deadlines`` (each job's
+    fairness deadline), the running and late jobs go by earliest deadline instead (least laxity
+    thrashes: a waiting job's laxity falls a round each round, overtakes the running job's, and
+    the two swap back and forth, paying a restart each time). Each job takes a contiguous
     block from the earliest round where one fits (a running job keeps running, a resumed one
     pays one restart), else the earliest rounds with room. Keeping running jobs ahead of waiting
     ones that are not yet late avoids needless preemption. Returns the rounds and the number of
@@ -458,7 +464,7 @@ def pack_rounds(
     }
     first: set[int] = set()
     while True:
-        members, placed = _pack(problem, counts, priority, first)
+        members, placed = _pack(problem, counts, priority, first, deadlines)
         stranded = {i for i in finishing_late - first if placed[i] == 0}
         if not stranded:
             break
@@ -472,6 +478,7 @@ def _pack(
     counts: npt.NDArray[np.int64],
     priority: Sequence[float],
     first: set[int],
+    deadlines: Sequence[float] | None = None,
 ) -> tuple[list[list[str]], list[int]]:
     """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest;
     returns the rounds' members and the rounds each job got."""
@@ -479,13 +486,18 @@ def _pack(
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
     placed = [0] * len(problem.jobs)
+
+    def urgency(i: int) -> float:
+        urgent = problem.jobs[i].running or priority[i] > 0
+        return deadlines[i] if deadlines is not None and urgent else -priority[i]
+
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
             i not in first,
             int(counts[i]) < problem.rounds,
             not (problem.jobs[i].running or priority[i] > 0),
-            -priority[i],
+            urgency(i),
             i,
         ),
     )
@@ -515,8 +527,10 @@ def plan(
     params: PlannerParams,
     round_seconds: float,
     priority: Sequence[float] | None = None,
+    deadlines: Sequence[float] | None = None,
 ) -> Plan:
-    """Solve the window for ``jobs`` and pack it into rounds (never raises on a hard instance)."""
+    """Solve the window for ``jobs`` and pack it into rounds (never raises on a hard instance);
+    ``priority`` and ``deadlines``: the packing order (:func:`pack_rounds`)."""
     if not jobs:
         empty: tuple[tuple[str, ...], ...] = tuple(() for _ in range(params.rounds))
         return Plan({}, empty, 0.0, 0.0, 0.0, SolveStatus.EMPTY)
@@ -544,7 +558,7 @@ def plan(
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
-    rounds, lost = pack_rounds(problem, counts, weights)
+    rounds, lost = pack_rounds(problem, counts, weights, deadlines)
     return Plan(
         counts={j.job_id: int(c) for j, c in zip(jobs, counts, strict=True)},
         rounds=rounds,

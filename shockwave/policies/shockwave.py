@@ -56,6 +56,12 @@ from shockwave.regime_predictors import (
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
+PACKING_ORDERS = ("laxity", "deadline")
+"""How the running and late jobs of a plan are ordered for round 0. ``laxity``: least laxity
+first (deadline minus predicted remainder). ``deadline``: earliest fairness deadline first, which
+cannot thrash: a running job's deadline does not move, where a waiting job's laxity falls by a
+round each round until it overtakes the running one's, and they swap back and forth."""
+
 
 @dataclass(frozen=True, slots=True)
 class ShockwaveParams:
@@ -86,6 +92,9 @@ class ShockwaveParams:
     waiting ones in the packing order (0: off); ``elastic_replan`` the re-plan mode while any
     job is elastic (None: ``replan``): lazy, because every re-plan re-chooses widths and
     rounds and each change is a restart.
+    ``packing_order``: the order in which the plan's running and late jobs take round 0
+    (:data:`PACKING_ORDERS`): ``laxity`` (least laxity first, the default) or ``deadline``
+    (earliest fairness deadline first; docs/policy.md, "Packing order").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -110,8 +119,14 @@ class ShockwaveParams:
     elastic_path_at_widest: bool = True
     elastic_running_credit_s: float = 120.0
     elastic_replan: str | None = "lazy"
+    packing_order: str = "laxity"
 
     def __post_init__(self) -> None:
+        if self.packing_order not in PACKING_ORDERS:
+            raise ValueError(
+                f"packing_order must be one of {', '.join(PACKING_ORDERS)}, "
+                f"got {self.packing_order!r}"
+            )
         if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
         if self.elastic_replan is not None and self.elastic_replan not in REPLAN_MODES:
@@ -342,7 +357,10 @@ class Shockwave:
             look = outlooks[job.job_id]
             jobs.append(_plan_job(job, look, params, window, length))
             priority.append(-look.laxity_s)
-        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority)
+        deadlines = None
+        if params.packing_order == "deadline":
+            deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
+        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority, deadlines)
 
     def solve_widths(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]

@@ -64,3 +64,11 @@ def test_unknown_cell_is_refused(tmp_path: Path) -> None:
     assert (
         sweep.main(["--reference", str(REFERENCE), "--cells", "nope", "--out", str(tmp_path)]) == 2
     )
+
+
+def test_shockwave_params_from_the_command_line() -> None:
+    parsed = sweep.parse_overrides(["packing_order=deadline", "fairness_exponent=6", "x=0.5"])
+    assert parsed == {"packing_order": "deadline", "fairness_exponent": 6, "x": 0.5}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        sweep.parse_overrides(["packing_order"])
+    assert sweep.main(["--shockwave-param", "no_such_knob=1", "--cells", "light-default-24"]) == 2

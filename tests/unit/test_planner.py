@@ -25,6 +25,7 @@ from shockwave.planner import (
     pack_rounds,
     plan,
 )
+from shockwave.policies.shockwave import PACKING_ORDERS, ShockwaveParams
 from tests.builders import plan_job
 
 ROUND = 60.0
@@ -335,6 +336,47 @@ def test_packing_table(
 
 
 @pytest.mark.parametrize(
+    ("order", "runs_now"),
+    [
+        pytest.param("laxity", {"waiting"}, id="least-laxity-preempts-the-running-job"),
+        pytest.param("deadline", {"running"}, id="earliest-deadline-keeps-it-running"),
+    ],
+)
+def test_packing_by_deadline_does_not_preempt_for_a_later_deadline(
+    order: str, runs_now: set[str]
+) -> None:
+    # A running 8-GPU job with 400 s left and one with 2,600 s left that has waited: both
+    # late, 8 GPUs for one of them. The waiting one's laxity is lower (it falls a round each
+    # round it waits), its deadline later; least laxity swaps them each time the other's
+    # laxity falls below (issue 19: a light-load cell paid tens of restarts that way).
+    t, gpus = 3, 8
+    running = plan_job("running", [0.8, 0.9, 1.0, 1.0], gpus=8, running=True)
+    waiting = plan_job("waiting", [0.1, 0.2, 0.3, 0.4], gpus=8)
+    problem = build_problem([running, waiting], gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([2, 1], dtype=np.int64)
+    laxity = {"running": -100.0, "waiting": -900.0}
+    remaining = {"running": 400.0, "waiting": 2600.0}
+    priority = [-laxity["running"], -laxity["waiting"]]
+    deadlines = None
+    if order == "deadline":
+        deadlines = [laxity[j] + remaining[j] for j in ("running", "waiting")]
+    rounds, unpacked = pack_rounds(problem, counts, priority, deadlines)
+    assert set(rounds[0]) == runs_now
+    assert unpacked == 0
+
+
+def test_deadlines_leave_jobs_neither_running_nor_late_in_laxity_order() -> None:
+    # Deadlines order only the running and late jobs; two waiting jobs with time to spare
+    # keep the laxity order whatever their deadlines.
+    t, gpus = 2, 4
+    jobs = [plan_job(f"j{i}", [0.1, 0.5, 0.9], gpus=4) for i in range(2)]
+    problem = build_problem(jobs, gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([1, 1], dtype=np.int64)
+    rounds, _ = pack_rounds(problem, counts, [-500.0, -100.0], [10.0, 9000.0])
+    assert rounds[0] == ("j1",)
+
+
+@pytest.mark.parametrize(
     ("late_cap", "priority", "runs_now"),
     [
         pytest.param(1, 5.0, True, id="late-and-finishing-goes-first"),
@@ -424,3 +466,9 @@ def test_gap_definitions(
     result = solved(objective, bound, empty)
     assert result.gain_gap == pytest.approx(gain_gap)
     assert result.gap == pytest.approx(gap)
+
+
+def test_packing_order_knob_is_checked() -> None:
+    assert ShockwaveParams().packing_order in PACKING_ORDERS
+    with pytest.raises(ValueError, match="packing_order"):
+        ShockwaveParams(packing_order="fifo")
