@@ -10,6 +10,15 @@ RUN_OUT := out/120jobs
 
 .PHONY: venv run test test-slow e2e lint chaos images compose-check
 
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers. Most end-to-end tests wait on
+# the processes they start, so two workers nearly halve the suite's time on 2 cores. All of
+# tests/e2e is one unit of work (tests/conftest.py): those tests run one after another on one
+# worker while the other runs the rest, so no two deployments compete for the CPU (their time
+# bounds were set for one at a time). TEST_WORKERS=0 runs the suite in one process, as a plain
+# `pytest` does.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+
 venv: $(VENV)/.installed
 
 # Re-installs only when the project's dependencies change.
@@ -35,7 +44,7 @@ test: venv
 	scripts/services.sh
 	scripts/images.sh
 	scripts/browser.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 # The runs `make test` leaves out: the compose stack running two jobs (make compose-check, about
 # two minutes) and the tests marked `slow` (the short chaos run, the two node deaths of the
