@@ -112,7 +112,7 @@ def scenario(run: Training) -> None:
     run.agents[NODE] = start_agent(run.stack, run.api, NODE, run.tokens[NODE], docker=True)
     wait_until(
         lambda: all(f"re-attached to attempt {a}" in agent_log(run) for a in ids),
-        90,  # the agent's start: 30 s was seen to run out at a load average of 10
+        30,
         f"the new agent to re-attach to {sorted(ids)}\n{run.logs()}",
     )
     time.sleep(2.0)  # a few of the new agent's polls
