@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -117,6 +118,9 @@ def deployment(
         migrate.upgrade(url)
         engine = database_engine(url)
         env = base_env(url, broker_url or shared_redis_url())
+        # A queue of its own too: deployments run side by side (pytest-xdist workers, other
+        # checkouts) and a database number of 15 is no guarantee against another run's worker.
+        env["SHOCKWAVE_SOLVER_QUEUE"] = f"solver-{secrets.token_hex(4)}"
         try:
             with Supervisor(log_dir, env, cwd=ROOT) as services:
                 admin = admin_command(env, "--role", "admin")

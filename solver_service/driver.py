@@ -382,8 +382,10 @@ class RoundDriver:
         return outcome
 
     def _fill(self, now: float) -> bool:
+        # Stamped after the fill's locks are held (fill_round): an exit report may commit
+        # while this step runs; never earlier than the step's own time.
         with Session(self.engine) as session:
-            fill = leases.fill_round(session, self.cluster_id, now)
+            fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
         if not fill.jobs:
             return False
         self.last_fill = fill

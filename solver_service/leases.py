@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import update
@@ -191,10 +191,15 @@ class FillOutcome:
     issued: int
 
 
-def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
+def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) -> FillOutcome:
     """Start waiting jobs on the GPUs no live lease holds, with leases to the current round's
     end, and commit (module docstring). Nothing is written before the first round or once the
-    current round's end has passed (the boundary is due)."""
+    current round's end has passed (the boundary is due).
+
+    The leases are stamped ``clock()`` read once the jobs and live leases are locked, not a
+    time read before: an exit report that committed while the fill waited for those locks
+    freed the GPUs the fill takes, and its lease's ``updated_at`` must not be later than the
+    new lease's ``issued_at`` (the hand-over the chaos checker accepts)."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
     )
@@ -202,11 +207,13 @@ def fill_round(session: Session, cluster_id: str, now: float) -> FillOutcome:
         return FillOutcome(-1, (), 0)
     r = cluster.current_round
     ends = cluster.round_ends_at
-    if now >= ends.timestamp():
-        return FillOutcome(r, (), 0)
     jobs = {row.id: row for row in _lock_active_jobs(session)}
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
+    now = clock()
+    if now >= ends.timestamp():
+        session.rollback()
+        return FillOutcome(r, (), 0)
     held = _held_gpus(live, layout)
     if layout is None or all(j in held for j in jobs):
         session.rollback()

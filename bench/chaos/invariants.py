@@ -162,7 +162,7 @@ def _first_round(lease: LeaseRow, rounds: list[RoundRow]) -> int | None:
     return None
 
 
-def _handed_over(a: LeaseRow, b: LeaseRow) -> bool:
+def handed_over(a: LeaseRow, b: LeaseRow) -> bool:
     """The later-issued of ``a`` and ``b`` was a fill after the earlier had ended (exited, lost
     or checkpointed), so both may share a round: the fill took GPUs freed mid-round."""
     first, second = sorted((a, b), key=lambda lease: lease.issued_at)
@@ -191,12 +191,12 @@ def _leases(found: Findings, leases: list[LeaseRow], rounds: list[RoundRow]) -> 
             leased[r].add(lease.job_id)
     for (r, node, gpu), users in sorted(gpu_use.items()):
         clashes = [(a, b) for i, a in enumerate(users) for b in users[i + 1 :]]
-        if any(not _handed_over(a, b) for a, b in clashes):
+        if any(not handed_over(a, b) for a, b in clashes):
             ids = [lease.id for lease in users]
             found.add("gpu_double_leased", f"round {r} {node} GPU {gpu}: leases {ids}")
     for (job, r), attempts in sorted(live.items()):
         pairs = [(a, b) for i, a in enumerate(attempts) for b in attempts[i + 1 :]]
-        if any(a.issued_at != b.issued_at and not _handed_over(a, b) for a, b in pairs):
+        if any(a.issued_at != b.issued_at and not handed_over(a, b) for a, b in pairs):
             issued = sorted({a.issued_at.isoformat() for a in attempts})
             found.add("job_ran_twice", f"job {job} round {r}: attempts issued at {issued}")
     for r, jobs in sorted(placed.items()):

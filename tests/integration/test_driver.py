@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from bench.chaos.invariants import handed_over
 from shockwave_cli.supervision import Supervised, shockwave_argv, wait_until
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
@@ -523,6 +524,32 @@ def test_gpus_freed_mid_round_and_a_new_arrival_start_waiting_jobs_at_once(
     assert {le.round_index for le in live.values()} == {0}
     assert all(abs(le.ends_at.timestamp() - (t0 + 3600.0)) < 1e-3 for le in live.values())
     assert_no_gpu_twice(database)
+
+
+def test_a_fill_is_stamped_after_the_exit_report_that_freed_its_gpus_even_mid_step(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The step's time was read before the exit report committed (the report raced the step,
+    as in the chaos runs); the fill that takes the freed GPUs is still stamped after the
+    report, so the exited lease handed them over (the chaos checker's rule) and no GPU was
+    leased twice at once."""
+    register(client, tokens.agent, gpus=4)
+    first = submit(client, tokens.admin, gpus=4)
+    second = submit(client, tokens.admin, gpus=4)
+    with driver_on(database, round_s=3600.0) as (driver, _):
+        driver.step(now())
+        (lease,) = leases(database)
+        assert lease.job_id == first
+        report(client, tokens.agent, lease.id, "running")
+        step_began = now()
+        report(client, tokens.agent, lease.id, "exited", 0)
+        assert driver.step(step_began)
+        assert driver.last_fill is not None and driver.last_fill.jobs == (second,)
+    (exited,) = leases(database, states=("EXITED",))
+    (filled,) = leases(database)
+    assert filled.job_id == second and filled.gpus == exited.gpus
+    assert filled.issued_at >= exited.updated_at, (filled.issued_at, exited.updated_at)
+    assert handed_over(exited, filled)
 
 
 def test_an_elastic_job_is_leased_the_plans_count_and_a_new_count_is_a_new_attempt(
