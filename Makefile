@@ -12,9 +12,10 @@ RUN_OUT := out/120jobs
 
 # TEST_WORKERS=2 make test runs the suite on two pytest-xdist workers: all of tests/e2e is one
 # unit of work (tests/conftest.py), run one test after another on one worker while the other
-# runs the rest. Not the default yet (0: one process, as a plain `pytest`): on the loaded 2-core
-# machine (load average 6-10) the Docker runtime test's agent restart outran its 1.5 s orphan
-# grace in both parallel runs, and the six training jobs failed once (notes: ci-speed.md).
+# runs the rest. Not the default yet (0: one process, as a plain `pytest`): on this 2-core
+# machine (load average 2.4-10) the Docker runtime test's restarted agent came up after its
+# jobs' 1.5 s orphan grace in all three parallel runs (it passes serially), and the six training
+# jobs failed once; that test has to hold up beside another worker first.
 TEST_WORKERS ?= 0
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
