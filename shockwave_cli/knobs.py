@@ -70,6 +70,13 @@ Replan = Annotated[
         f"{_POLICY.elastic_replan} while any job is elastic, unless given)."
     ),
 ]
+PackingOrder = Annotated[
+    str | None,
+    typer.Option(
+        help="Shockwave: order in which the plan's running and late jobs take the next round, "
+        f"laxity or deadline (default {_POLICY.packing_order}; docs/policy.md, issue 19).",
+    ),
+]
 ReplanEvery = Annotated[
     int | None,
     typer.Option(
@@ -145,6 +152,7 @@ class ShockwaveKnobs:
     fairness_exponent: float | None = None
     replan: str | None = None
     replan_every: int | None = None
+    packing_order: str | None = None
     solver_time_limit: float | None = None
     solver_gap: float | None = None
     use_scip: str | None = None
@@ -206,6 +214,7 @@ _KNOBS: tuple[_Knob, ...] = (
     _Knob("fairness_exponent", "fairness_exponent", False, _non_negative, "must be >= 0"),
     _Knob("replan", "replan", in_planner=False),
     _Knob("replan_every", "replan_every_rounds", in_planner=False),
+    _Knob("packing_order", "packing_order", in_planner=False),
     _Knob("prediction_error", "prediction_error", in_planner=False),
     _Knob("predictor", "regime_predictor", in_planner=False),
 )

@@ -327,7 +327,7 @@ def test_shockwave_knobs_reach_the_policy_and_solver_stats_are_recorded(
         out,
         *("--policy", "shockwave,fifo", "--window-rounds", "5", "--use-scip", "never"),
         *("--makespan-weight", "50", "--replan", "lazy", "--fairness-exponent", "2"),
-        *("--predictor", "restatement"),
+        *("--predictor", "restatement", "--packing-order", "deadline"),
     )
 
     result = invoke(*args)
@@ -344,6 +344,7 @@ def test_shockwave_knobs_reach_the_policy_and_solver_stats_are_recorded(
     assert params["planner"]["time_limit_s"] == 15.0
     assert (params["replan"], params["fairness_exponent"]) == ("lazy", 2)
     assert (params["oracle"], params["prediction_error"]) == (False, 0.0)
+    assert params["packing_order"] == "deadline"
     solver = row["solver"]
     assert isinstance(solver, dict)
     assert solver["solves"] >= 1
@@ -409,6 +410,7 @@ def test_throughput_knowledge_applies_to_every_policy(throughputs: Path, tmp_pat
         ),
         pytest.param(("--predictor", "psychic"), ("--predictor", "'psychic'"), id="predictor"),
         pytest.param(("--replan", "eager"), ("--replan", "'eager'"), id="replan"),
+        pytest.param(("--packing-order", "fifo"), ("--packing-order", "'fifo'"), id="packing"),
         pytest.param(("--use-scip", "maybe"), ("--use-scip", "'maybe'"), id="use-scip"),
         pytest.param(("--window-rounds", "0"), ("--window-rounds", "> 0"), id="window"),
         pytest.param(("--replan-every", "-2"), ("--replan-every", "> 0"), id="replan-every"),
