@@ -367,7 +367,7 @@ class Shockwave:
     ) -> tuple[Plan, Mapping[str, int]]:
         """:meth:`solve`, or with elastic jobs in the snapshot the elastic planner
         (:mod:`shockwave.elastic`): the plan and the GPU count of each planned job."""
-        if not any(job.spec.elastic is not None for job in snapshot.jobs):
+        if not _has_elastic(snapshot):
             return self.solve(snapshot, params, outlooks), {}
         jobs, priority = self.elastic_jobs(snapshot, params, outlooks)
         solved = self.plan_elastic_jobs(snapshot, params, jobs, priority)
@@ -457,9 +457,10 @@ def _long_job_s(
         return math.inf, math.inf
     work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
     work /= snapshot.cluster.total_gpus
-    longest = max(look.remaining_s for look in outlooks.values())
     if params.elastic_path_at_widest:
         longest = max(_widest_remaining_s(j, outlooks[j.job_id]) for j in snapshot.jobs)
+    else:
+        longest = max(look.remaining_s for look in outlooks.values())
     margin = params.elastic_long_margin
     guard = margin * max(work, longest) if margin > 0 else math.inf
     window_s = params.planner.rounds * snapshot.round_seconds
@@ -633,6 +634,7 @@ def _replan_due(
 
 
 def _has_elastic(snapshot: Snapshot) -> bool:
+    """Whether any job of the snapshot is elastic (the elastic planner and re-plan mode)."""
     return any(job.spec.elastic is not None for job in snapshot.jobs)
 
 
