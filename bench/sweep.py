@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours = parse_overrides(args.shockwave_param)
         make_params(get_policy("shockwave"), ours)
     except ValueError as error:
-        console.print(f"[red]{error}[/red]")
+        console.print(f"[red]--shockwave-param: {error}[/red]")
         return 2
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     policies = ("shockwave", *BASELINES)
