@@ -120,6 +120,24 @@ def test_under_load_jobs_run_narrow() -> None:
     assert all(decision.width(by_id[j]) == 1 for j in decision.jobs)
 
 
+def test_a_crowded_cluster_plans_no_job_wider_than_it_asked() -> None:
+    # Twenty 1-GPU jobs on 8 GPUs: the jobs ask for more GPUs than there are, so no job is
+    # planned wider than its request (without the rule the market widens one to finish it
+    # sooner); alone on the cluster a job is still planned wider.
+    jobs = [elastic(active_job(str(i), epochs=5 + i)) for i in range(20)]
+    shockwave = Shockwave()
+
+    def widths(jobs: list[ActiveJob], **knobs: object) -> dict[str, int]:
+        params = ShockwaveParams(planner=PlannerParams(rounds=10), **knobs)  # type: ignore[arg-type]
+        snap = snapshot(jobs, gpus=8)
+        outlooks = {j.job_id: shockwave.outlook(snap, j, params, {}, {}) for j in jobs}
+        return dict(shockwave.solve_widths(snap, params, outlooks)[1])
+
+    assert max(widths(jobs).values()) == 1
+    assert max(widths(jobs, elastic_widen_load=0.0).values()) > 1
+    assert widths(jobs[:1])["0"] > 1
+
+
 def test_rigid_jobs_keep_their_count_beside_elastic_ones() -> None:
     rigid = active_job("r", gpus=2, epochs=100)
     flexible = elastic(active_job("e", epochs=100))
