@@ -62,6 +62,12 @@ first (deadline minus predicted remainder). ``deadline``: earliest fairness dead
 cannot thrash: a running job's deadline does not move, where a waiting job's laxity falls by a
 round each round until it overtakes the running one's, and they swap back and forth."""
 
+ELASTIC_ORDERS = ("srpt", "srpt-all", "laxity")
+"""How an elastic plan's jobs are ordered into its rounds (docs/elastic.md, "Packing order").
+``srpt``: jobs past their fairness deadline first by lateness, the rest shortest remaining
+first. ``srpt-all``: every job shortest remaining first (fairness is left to the counts).
+``laxity``: least laxity first."""
+
 
 @dataclass(frozen=True, slots=True)
 class ShockwaveParams:
@@ -79,8 +85,8 @@ class ShockwaveParams:
     relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
     ``error_seed``.
     Elastic jobs (docs/elastic.md, :mod:`shockwave.elastic`): ``completion_weight`` kappa of
-    the predicted-finish term (0: off); ``elastic_order`` the packing order of jobs not past
-    their deadline (``srpt`` or ``laxity``); ``elastic_critical_at_widest`` judge the critical
+    the predicted-finish term (0: off); ``elastic_order`` the packing order
+    (:data:`ELASTIC_ORDERS`); ``elastic_critical_at_widest`` judge the critical
     path at each job's widest count; ``elastic_floor_progress`` a critical-path floor also asks
     for its rounds' progress on the requested count; ``elastic_long_margin`` the share of the
     makespan bound from which a job may not run narrower than it asked (0: off);
@@ -132,6 +138,11 @@ class ShockwaveParams:
             )
         if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
+        if self.elastic_order not in ELASTIC_ORDERS:
+            raise ValueError(
+                f"elastic_order must be one of {', '.join(ELASTIC_ORDERS)}, "
+                f"got {self.elastic_order!r}"
+            )
         if self.elastic_replan is not None and self.elastic_replan not in REPLAN_MODES:
             raise ValueError(
                 f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
@@ -611,7 +622,12 @@ def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
     """Packing priority of the elastic plan: a job past its fairness deadline by its
     lateness (> 0, first), else, with ``params.elastic_order`` ``"srpt"``, shortest remaining
     time first (the counts fix what each job gets in the window, not when; finishing the short
-    ones first cuts completion times at no cost to the objective), else by laxity."""
+    ones first cuts completion times at no cost to the objective), else by laxity.
+    ``"srpt-all"``: every job shortest remaining first, late or not (the estimator's deadlines
+    count contention from the jobs active so far, so on a busy trace most jobs are "late" and
+    lateness, not length, would order nearly every round)."""
+    if params.elastic_order == "srpt-all":
+        return -look.remaining_s
     if look.laxity_s < 0 or params.elastic_order != "srpt":
         return -look.laxity_s
     return -look.remaining_s

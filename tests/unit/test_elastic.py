@@ -217,6 +217,24 @@ def test_a_running_job_past_its_deadline_is_packed_before_a_waiting_one() -> Non
     assert first(elastic_running_credit_s=0) == ("wait",)
 
 
+def test_srpt_all_packs_a_short_job_before_a_late_long_one() -> None:
+    # A long job far past its fairness deadline and a short one that arrived later, on one
+    # GPU, both planned rounds of the window: by default the later job waits behind the more
+    # late one; with the "srpt-all" order the short one takes round 0.
+    late = elastic(active_job("late", epochs=100, epochs_done=10, arrival=0))
+    short = elastic(active_job("short", epochs=3, arrival=50_000))
+    snap = snapshot([late, short], gpus=1, now=100_000)
+
+    def first(**knobs: object) -> tuple[str, ...]:
+        params = ShockwaveParams(planner=PlannerParams(rounds=10), **knobs)  # type: ignore[arg-type]
+        return Shockwave().decide(snap, params).jobs
+
+    assert first() == ("late",)
+    assert first(elastic_order="srpt-all") == ("short",)
+    with pytest.raises(ValueError, match="elastic_order"):
+        ShockwaveParams(elastic_order="fifo")
+
+
 @pytest.mark.parametrize(
     ("rigid", "knobs", "solves"),
     [
