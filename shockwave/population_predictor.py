@@ -63,6 +63,7 @@ from shockwave.predictor import (
     Prediction,
     PredictorParams,
     epoch_seconds,
+    gns_ladder,
     predict,
 )
 from shockwave.snapshot import ActiveJob
@@ -219,10 +220,11 @@ def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) ->
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
+    censored = _censored_climb(job)
     support = sum(
         float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
         for group in own
-        for block in _blocks(group, spec.initial_batch_size, ladder, replay)
+        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censored)
     )
     return (own, ()) if support >= population.backoff_jobs else groups
 
@@ -234,6 +236,7 @@ def _from_templates(
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
+    censored = _censored_climb(job)
     own, others = groups
     levels = [(1.0, own), (population.mode_weight, others)]
     support = 0.0
@@ -242,7 +245,7 @@ def _from_templates(
         if support >= population.backoff_jobs or level_weight <= 0:
             break
         for group in level:
-            for block in _blocks(group, spec.initial_batch_size, ladder, replay):
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censored):
                 weights = level_weight * _kernel(
                     spec.epochs, block.epochs, population.length_bandwidth
                 )
@@ -253,6 +256,16 @@ def _from_templates(
                 yield _Candidates(
                     block.sizes[k + 1 :], weights, rest / rest.sum(axis=1, keepdims=True)
                 )
+
+
+def _censored_climb(job: ActiveJob) -> tuple[int, tuple[int, ...]] | None:
+    """For a GNS job: its epochs and the ladder it climbs (:func:`shockwave.predictor.gns_ladder`),
+    which :func:`_replayed` needs to read a shorter template as censored; None otherwise."""
+    spec = job.spec
+    if spec.mode is not AdaptationMode.GNS:
+        return None
+    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
+    return spec.epochs, tuple(climb)
 
 
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
@@ -293,20 +306,25 @@ _DECISIONS = _Memo(16384)
 
 
 def _blocks(
-    group: tuple[Template, ...], initial: int, ladder: tuple[int, ...], replay: bool
+    group: tuple[Template, ...],
+    initial: int,
+    ladder: tuple[int, ...],
+    replay: bool,
+    censored: tuple[int, tuple[int, ...]] | None = None,
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay`` (memoized: most groups outlive many priors)."""
-    key = (id(group), initial, ladder, replay)
+    ladder when ``replay``, shorter GNS templates continued when ``censored`` (see
+    :func:`_replayed`; memoized: most groups outlive many priors)."""
+    key = (id(group), initial, ladder, replay, censored)
     cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
     if cached is not None:
         return cached
-    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
     for template in group:
         sizes, lengths = (
-            _replayed(template, initial, ladder)
+            _replayed(template, initial, ladder, censored)
             if replay
-            else (template.batch_sizes, template.lengths)
+            else (template.batch_sizes, tuple(float(x) for x in template.lengths))
         )
         by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
     blocks = tuple(
@@ -322,19 +340,45 @@ def _blocks(
 
 
 def _replayed(
-    template: Template, initial: int, ladder: Sequence[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The template's regimes on another job's ladder, regimes that land on one size merged."""
+    template: Template,
+    initial: int,
+    ladder: Sequence[int],
+    censored: tuple[int, tuple[int, ...]] | None = None,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The template's regimes on another job's ladder, regimes that land on one size merged.
+
+    ``censored`` (a GNS job: its epochs E and the ladder it climbs): a GNS job's batch size
+    grows with its gradient noise scale, which grows with the epochs trained, so a template of
+    E' < E epochs that ended below the largest size was *censored*: it stopped climbing because
+    it ended, and says nothing of what follows its epoch E'. It replays in epochs up to E', and
+    the E - E' epochs it never saw follow the paper's prior from its highest size on: that size
+    and each rung above it on the job's climb take an even share (its regimes after its highest
+    one, a final drop, stay at the end). A template that reached the largest size, or is at
+    least as long as the job, replays in proportion as before.
+    """
     sizes: list[int] = []
-    lengths: list[int] = []
+    lengths: list[float] = []
     for symbol, length in zip(template.symbols, template.lengths, strict=True):
         size = size_of(symbol, initial, ladder)
         if sizes and sizes[-1] == size:
             lengths[-1] += length
         else:
             sizes.append(size)
-            lengths.append(length)
-    return tuple(sizes), tuple(lengths)
+            lengths.append(float(length))
+    if censored is None or template.epochs >= censored[0]:
+        return tuple(sizes), tuple(lengths)
+    epochs, climb = censored
+    highest = max(sizes)
+    above = [bs for bs in climb if bs > highest]
+    if not above:
+        return tuple(sizes), tuple(lengths)
+    peak = len(sizes) - 1 - sizes[::-1].index(highest)
+    share = (epochs - template.epochs) / (len(above) + 1)
+    lengths[peak] += share
+    return (
+        (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
+        (*lengths[: peak + 1], *[share] * len(above), *lengths[peak + 1 :]),
+    )
 
 
 def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:
