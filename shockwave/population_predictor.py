@@ -91,11 +91,18 @@ class PopulationParams:
     static_weight: float = 0.3
     mode_weight: float = 0.05
     backoff_jobs: float = 3.0
+    grown_static_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
             raise ValueError("length_bandwidth must be > 0")
-        for name in ("prior_weight", "static_weight", "mode_weight", "backoff_jobs"):
+        for name in (
+            "prior_weight",
+            "static_weight",
+            "grown_static_weight",
+            "mode_weight",
+            "backoff_jobs",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -167,7 +174,11 @@ def predict_population(
         )
         _CANDIDATES.put(key, groups, candidates)
     alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
-    alive.append(_Candidates((), np.array([population.static_weight]), np.ones((1, 1))))
+    static = population.static_weight
+    censoring = _censoring(job, groups[0])
+    if censoring is not None and prefix[-1] in censoring.grown_from:
+        static = population.grown_static_weight
+    alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
     signature = (key, tuple(len(a.weights) for a in alive))
     decision = _DECISIONS.get(signature, groups)
     if decision is None:
@@ -220,11 +231,11 @@ def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) ->
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
-    censored = _censored_climb(job)
+    censoring = _censoring(job, own)
     support = sum(
         float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
         for group in own
-        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censored)
+        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
     )
     return (own, ()) if support >= population.backoff_jobs else groups
 
@@ -236,8 +247,8 @@ def _from_templates(
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
-    censored = _censored_climb(job)
     own, others = groups
+    censoring = _censoring(job, own)
     levels = [(1.0, own), (population.mode_weight, others)]
     support = 0.0
     k = len(prefix) - 1
@@ -245,7 +256,7 @@ def _from_templates(
         if support >= population.backoff_jobs or level_weight <= 0:
             break
         for group in level:
-            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censored):
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring):
                 weights = level_weight * _kernel(
                     spec.epochs, block.epochs, population.length_bandwidth
                 )
@@ -258,14 +269,33 @@ def _from_templates(
                 )
 
 
-def _censored_climb(job: ActiveJob) -> tuple[int, tuple[int, ...]] | None:
-    """For a GNS job: its epochs and the ladder it climbs (:func:`shockwave.predictor.gns_ladder`),
-    which :func:`_replayed` needs to read a shorter template as censored; None otherwise."""
+@dataclass(frozen=True, slots=True)
+class _Censoring:
+    """What a GNS job needs to read a shorter template as censored (:func:`_replayed`): its
+    ``epochs``, the ``climb`` of batch sizes it goes up (:func:`shockwave.predictor.gns_ladder`)
+    and the batch sizes its model has been seen to grow from (``grown_from``: a finished job
+    of its model left each of them for a larger one)."""
+
+    epochs: int
+    climb: tuple[int, ...]
+    grown_from: frozenset[int]
+
+
+def _censoring(job: ActiveJob, own: Sequence[tuple[Template, ...]]) -> _Censoring | None:
+    """:class:`_Censoring` for a GNS job, from its model's groups ``own``; None for other
+    modes (an Accordion job goes back down; a custom job follows its own list)."""
     spec = job.spec
     if spec.mode is not AdaptationMode.GNS:
         return None
+    grown_from = frozenset(
+        small
+        for group in own
+        for template in group
+        for small, large in zip(template.batch_sizes, template.batch_sizes[1:], strict=False)
+        if large > small
+    )
     climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
-    return spec.epochs, tuple(climb)
+    return _Censoring(spec.epochs, tuple(climb), grown_from)
 
 
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
@@ -310,19 +340,19 @@ def _blocks(
     initial: int,
     ladder: tuple[int, ...],
     replay: bool,
-    censored: tuple[int, tuple[int, ...]] | None = None,
+    censoring: _Censoring | None = None,
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay``, shorter GNS templates continued when ``censored`` (see
-    :func:`_replayed`; memoized: most groups outlive many priors)."""
-    key = (id(group), initial, ladder, replay, censored)
+    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_replayed`;
+    memoized: most groups outlive many priors)."""
+    key = (id(group), initial, ladder, replay, censoring)
     cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
     if cached is not None:
         return cached
     by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
     for template in group:
         sizes, lengths = (
-            _replayed(template, initial, ladder, censored)
+            _replayed(template, initial, ladder, censoring)
             if replay
             else (template.batch_sizes, tuple(float(x) for x in template.lengths))
         )
@@ -343,18 +373,19 @@ def _replayed(
     template: Template,
     initial: int,
     ladder: Sequence[int],
-    censored: tuple[int, tuple[int, ...]] | None = None,
+    censoring: _Censoring | None = None,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The template's regimes on another job's ladder, regimes that land on one size merged.
 
-    ``censored`` (a GNS job: its epochs E and the ladder it climbs): a GNS job's batch size
-    grows with its gradient noise scale, which grows with the epochs trained, so a template of
-    E' < E epochs that ended below the largest size was *censored*: it stopped climbing because
-    it ended, and says nothing of what follows its epoch E'. It replays in epochs up to E', and
-    the E - E' epochs it never saw follow the paper's prior from its highest size on: that size
-    and each rung above it on the job's climb take an even share (its regimes after its highest
-    one, a final drop, stay at the end). A template that reached the largest size, or is at
-    least as long as the job, replays in proportion as before.
+    ``censoring`` (a GNS job of E epochs): a GNS job's batch size grows with its gradient noise
+    scale, which grows as it trains, so a template of E' < E epochs that ended below its largest
+    size, at a size its model has been seen to grow from, was *censored*: it stopped climbing
+    because it ended, and says nothing of its epochs after E'. It replays in epochs up to E',
+    and the E - E' epochs it never saw follow the paper's prior from its highest size on: that
+    size and each larger one on the job's climb take an even share (its regimes after its
+    highest one, a final drop, stay at the end). Any other template (as long as the job, at the
+    largest size, or stopped at a size its model never grew from: a model whose GNS jobs do not
+    climb) replays in proportion.
     """
     sizes: list[int] = []
     lengths: list[float] = []
@@ -365,15 +396,18 @@ def _replayed(
         else:
             sizes.append(size)
             lengths.append(float(length))
-    if censored is None or template.epochs >= censored[0]:
+    if (
+        censoring is None
+        or template.epochs >= censoring.epochs
+        or max(template.batch_sizes) not in censoring.grown_from
+    ):
         return tuple(sizes), tuple(lengths)
-    epochs, climb = censored
     highest = max(sizes)
-    above = [bs for bs in climb if bs > highest]
+    above = [bs for bs in censoring.climb if bs > highest]
     if not above:
         return tuple(sizes), tuple(lengths)
     peak = len(sizes) - 1 - sizes[::-1].index(highest)
-    share = (epochs - template.epochs) / (len(above) + 1)
+    share = (censoring.epochs - template.epochs) / (len(above) + 1)
     lengths[peak] += share
     return (
         (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
