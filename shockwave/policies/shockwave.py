@@ -59,8 +59,9 @@ from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 PACKING_ORDERS = ("deadline", "laxity")
 """How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
 earliest fairness deadline first. ``laxity``: least laxity first (deadline minus predicted
-remainder), the order before issue 19. Earliest deadline cannot thrash: a running job's deadline does not move, where a waiting job's laxity falls by a
-round each round until it overtakes the running one's, and they swap back and forth."""
+remainder), the order before issue 19. Earliest deadline cannot thrash: a running job's
+deadline does not move, where a waiting job's laxity falls by a round each round until it
+overtakes the running one's, and they swap back and forth."""
 
 
 @dataclass(frozen=True, slots=True)
