@@ -15,6 +15,10 @@ prior, and the job's own observations update it the restatement way:
    no further change (weight ``static_weight``); equal, so a job is as likely to adapt as not
    until finished jobs say otherwise. Custom jobs consult only their own (mode, model, initial
    size) group: their declared list is their own.
+   A GNS job reads its model's templates the way GNS behaves (issue 19): where a finished job
+   of its model has grown from a batch size, a shorter template that ended there was censored
+   (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
+   dropped (weight ``grown_static_weight``) while the job is at such a size.
 2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
    job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
    of ten epochs, a noise scale that grows by epoch) replay faithfully on jobs of similar length,
@@ -84,6 +88,9 @@ class PopulationParams:
     finished job. ``mode_weight``: the weight of a template from another model of the same mode
     (models differ: one adapts where another never does). ``backoff_jobs``: below this weight
     of similar-length jobs of its own model, a job consults the other models.
+    ``grown_static_weight``: the static guess's weight for a GNS job at a batch size a finished
+    job of its model grew from (the static guess stands for a model that may never adapt; step
+    4's loss would let it outvote finished jobs that all climbed).
     """
 
     length_bandwidth: float = 1.0
