@@ -15,6 +15,10 @@ prior, and the job's own observations update it the restatement way:
    no further change (weight ``static_weight``); equal, so a job is as likely to adapt as not
    until finished jobs say otherwise. Custom jobs consult only their own (mode, model, initial
    size) group: their declared list is their own.
+   A GNS job reads its model's templates the way GNS behaves (issue 19): where a finished job
+   of its model has grown from a batch size, a shorter template that ended there was censored
+   (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
+   dropped (weight ``grown_static_weight``) while the job is at such a size.
 2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
    job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
    of ten epochs, a noise scale that grows by epoch) replay faithfully on jobs of similar length,
@@ -63,6 +67,7 @@ from shockwave.predictor import (
     Prediction,
     PredictorParams,
     epoch_seconds,
+    gns_ladder,
     predict,
 )
 from shockwave.snapshot import ActiveJob
@@ -83,6 +88,9 @@ class PopulationParams:
     finished job. ``mode_weight``: the weight of a template from another model of the same mode
     (models differ: one adapts where another never does). ``backoff_jobs``: below this weight
     of similar-length jobs of its own model, a job consults the other models.
+    ``grown_static_weight``: the static guess's weight for a GNS job at a batch size a finished
+    job of its model grew from (the static guess stands for a model that may never adapt; step
+    4's loss would let it outvote finished jobs that all climbed).
     """
 
     length_bandwidth: float = 1.0
@@ -90,11 +98,18 @@ class PopulationParams:
     static_weight: float = 0.3
     mode_weight: float = 0.05
     backoff_jobs: float = 3.0
+    grown_static_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
             raise ValueError("length_bandwidth must be > 0")
-        for name in ("prior_weight", "static_weight", "mode_weight", "backoff_jobs"):
+        for name in (
+            "prior_weight",
+            "static_weight",
+            "grown_static_weight",
+            "mode_weight",
+            "backoff_jobs",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -166,7 +181,11 @@ def predict_population(
         )
         _CANDIDATES.put(key, groups, candidates)
     alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
-    alive.append(_Candidates((), np.array([population.static_weight]), np.ones((1, 1))))
+    static = population.static_weight
+    censoring = _censoring(job, groups[0])
+    if censoring is not None and prefix[-1] in censoring.grown_from:
+        static = population.grown_static_weight
+    alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
     signature = (key, tuple(len(a.weights) for a in alive))
     decision = _DECISIONS.get(signature, groups)
     if decision is None:
@@ -219,10 +238,11 @@ def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) ->
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
+    censoring = _censoring(job, own)
     support = sum(
         float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
         for group in own
-        for block in _blocks(group, spec.initial_batch_size, ladder, replay)
+        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
     )
     return (own, ()) if support >= population.backoff_jobs else groups
 
@@ -235,6 +255,7 @@ def _from_templates(
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
     own, others = groups
+    censoring = _censoring(job, own)
     levels = [(1.0, own), (population.mode_weight, others)]
     support = 0.0
     k = len(prefix) - 1
@@ -242,7 +263,7 @@ def _from_templates(
         if support >= population.backoff_jobs or level_weight <= 0:
             break
         for group in level:
-            for block in _blocks(group, spec.initial_batch_size, ladder, replay):
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring):
                 weights = level_weight * _kernel(
                     spec.epochs, block.epochs, population.length_bandwidth
                 )
@@ -253,6 +274,35 @@ def _from_templates(
                 yield _Candidates(
                     block.sizes[k + 1 :], weights, rest / rest.sum(axis=1, keepdims=True)
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class _Censoring:
+    """What a GNS job needs to read a shorter template as censored (:func:`_replayed`): its
+    ``epochs``, the ``climb`` of batch sizes it goes up (:func:`shockwave.predictor.gns_ladder`)
+    and the batch sizes its model has been seen to grow from (``grown_from``: a finished job
+    of its model left each of them for a larger one)."""
+
+    epochs: int
+    climb: tuple[int, ...]
+    grown_from: frozenset[int]
+
+
+def _censoring(job: ActiveJob, own: Sequence[tuple[Template, ...]]) -> _Censoring | None:
+    """:class:`_Censoring` for a GNS job, from its model's groups ``own``; None for other
+    modes (an Accordion job goes back down; a custom job follows its own list)."""
+    spec = job.spec
+    if spec.mode is not AdaptationMode.GNS:
+        return None
+    grown_from = frozenset(
+        small
+        for group in own
+        for template in group
+        for small, large in zip(template.batch_sizes, template.batch_sizes[1:], strict=False)
+        if large > small
+    )
+    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
+    return _Censoring(spec.epochs, tuple(climb), grown_from)
 
 
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
@@ -293,20 +343,25 @@ _DECISIONS = _Memo(16384)
 
 
 def _blocks(
-    group: tuple[Template, ...], initial: int, ladder: tuple[int, ...], replay: bool
+    group: tuple[Template, ...],
+    initial: int,
+    ladder: tuple[int, ...],
+    replay: bool,
+    censoring: _Censoring | None = None,
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay`` (memoized: most groups outlive many priors)."""
-    key = (id(group), initial, ladder, replay)
+    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_replayed`;
+    memoized: most groups outlive many priors)."""
+    key = (id(group), initial, ladder, replay, censoring)
     cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
     if cached is not None:
         return cached
-    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
     for template in group:
         sizes, lengths = (
-            _replayed(template, initial, ladder)
+            _replayed(template, initial, ladder, censoring)
             if replay
-            else (template.batch_sizes, template.lengths)
+            else (template.batch_sizes, tuple(float(x) for x in template.lengths))
         )
         by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
     blocks = tuple(
@@ -322,19 +377,49 @@ def _blocks(
 
 
 def _replayed(
-    template: Template, initial: int, ladder: Sequence[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The template's regimes on another job's ladder, regimes that land on one size merged."""
+    template: Template,
+    initial: int,
+    ladder: Sequence[int],
+    censoring: _Censoring | None = None,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The template's regimes on another job's ladder, regimes that land on one size merged.
+
+    ``censoring`` (a GNS job of E epochs): a GNS job's batch size grows with its gradient noise
+    scale, which grows as it trains, so a template of E' < E epochs that ended below its largest
+    size, at a size its model has been seen to grow from, was *censored*: it stopped climbing
+    because it ended, and says nothing of its epochs after E'. It replays in epochs up to E',
+    and the E - E' epochs it never saw follow the paper's prior from its highest size on: that
+    size and each larger one on the job's climb take an even share (its regimes after its
+    highest one, a final drop, stay at the end). Any other template (as long as the job, at the
+    largest size, or stopped at a size its model never grew from: a model whose GNS jobs do not
+    climb) replays in proportion.
+    """
     sizes: list[int] = []
-    lengths: list[int] = []
+    lengths: list[float] = []
     for symbol, length in zip(template.symbols, template.lengths, strict=True):
         size = size_of(symbol, initial, ladder)
         if sizes and sizes[-1] == size:
             lengths[-1] += length
         else:
             sizes.append(size)
-            lengths.append(length)
-    return tuple(sizes), tuple(lengths)
+            lengths.append(float(length))
+    if (
+        censoring is None
+        or template.epochs >= censoring.epochs
+        or max(template.batch_sizes) not in censoring.grown_from
+    ):
+        return tuple(sizes), tuple(lengths)
+    highest = max(sizes)
+    above = [bs for bs in censoring.climb if bs > highest]
+    if not above:
+        return tuple(sizes), tuple(lengths)
+    peak = len(sizes) - 1 - sizes[::-1].index(highest)
+    share = (censoring.epochs - template.epochs) / (len(above) + 1)
+    lengths[peak] += share
+    return (
+        (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
+        (*lengths[: peak + 1], *[share] * len(above), *lengths[peak + 1 :]),
+    )
 
 
 def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:

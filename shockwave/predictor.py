@@ -125,7 +125,7 @@ def batch_size_pattern(job: ActiveJob, params: PredictorParams) -> list[int]:
         declared = list(spec.batch_sizes)
         return seen + declared[len(seen) :]
     if mode is AdaptationMode.GNS:
-        ladder = _gns_ladder(spec.initial_batch_size, largest, spec.batch_sizes)
+        ladder = gns_ladder(spec.initial_batch_size, largest, spec.batch_sizes)
         return seen + [bs for bs in ladder if bs > seen[-1]]
     small, large = spec.initial_batch_size, largest
     pattern = list(seen)
@@ -134,7 +134,7 @@ def batch_size_pattern(job: ActiveJob, params: PredictorParams) -> list[int]:
     return pattern
 
 
-def _gns_ladder(initial: int, largest: int, declared: Sequence[int]) -> list[int]:
+def gns_ladder(initial: int, largest: int, declared: Sequence[int]) -> list[int]:
     """Doublings from the initial size up to the largest (declared sizes on the way win)."""
     known = sorted({bs for bs in declared if initial <= bs <= largest} | {initial, largest})
     ladder = [initial]

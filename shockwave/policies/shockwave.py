@@ -56,11 +56,12 @@ from shockwave.regime_predictors import (
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
-PACKING_ORDERS = ("laxity", "deadline")
-"""How the running and late jobs of a plan are ordered for round 0. ``laxity``: least laxity
-first (deadline minus predicted remainder). ``deadline``: earliest fairness deadline first, which
-cannot thrash: a running job's deadline does not move, where a waiting job's laxity falls by a
-round each round until it overtakes the running one's, and they swap back and forth."""
+PACKING_ORDERS = ("deadline", "laxity")
+"""How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
+earliest fairness deadline first. ``laxity``: least laxity first (deadline minus predicted
+remainder), the order before issue 19. Earliest deadline cannot thrash: a running job's
+deadline does not move, where a waiting job's laxity falls by a round each round until it
+overtakes the running one's, and they swap back and forth."""
 
 ELASTIC_ORDERS = ("srpt", "srpt-all", "laxity")
 """How an elastic plan's jobs are ordered into its rounds (docs/elastic.md, "Packing order").
@@ -101,8 +102,8 @@ class ShockwaveParams:
     it asked while the active jobs ask for this many times the cluster's GPUs or more (0:
     off): a crowded cluster runs most work per GPU on narrow counts.
     ``packing_order``: the order in which the plan's running and late jobs take round 0
-    (:data:`PACKING_ORDERS`): ``laxity`` (least laxity first, the default) or ``deadline``
-    (earliest fairness deadline first; docs/policy.md, "Packing order").
+    (:data:`PACKING_ORDERS`): ``deadline`` (earliest fairness deadline first, the default) or
+    ``laxity`` (least laxity first; docs/policy.md, "Packing order").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -128,7 +129,7 @@ class ShockwaveParams:
     elastic_running_credit_s: float = 120.0
     elastic_replan: str | None = "lazy"
     elastic_widen_load: float = 1.0
-    packing_order: str = "laxity"
+    packing_order: str = "deadline"
 
     def __post_init__(self) -> None:
         if self.packing_order not in PACKING_ORDERS:
