@@ -56,7 +56,7 @@ from sqlmodel import Session, col, select
 
 from bench.deployment import ROOT, Deployment, deployment, job_states, parallel_tokens, rounds
 from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
-from shockwave_cli.supervision import Supervised, wait_until
+from shockwave_cli.supervision import Supervised, stop_together, wait_until
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"
@@ -218,8 +218,9 @@ def training(
             finally:
                 http.close()
         finally:
-            for agent in agents.values():
-                agent.stop()  # SIGTERM: each stops its jobs (checkpoint, grace, SIGKILL)
+            # SIGTERM, all at once: each stops its jobs (checkpoint, grace, SIGKILL) and
+            # reports them while the API still runs.
+            stop_together(agents.values())
             kill_strays(tmp_path)
 
 
