@@ -54,7 +54,7 @@ import httpx
 import pytest
 from sqlmodel import Session, col, select
 
-from bench.deployment import ROOT, Deployment, deployment, job_states, parallel_tokens, rounds
+from bench.deployment import ROOT, Deployment, deployment, job_states, rounds
 from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
 from shockwave_cli.supervision import Supervised, stop_together, wait_until
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
@@ -183,13 +183,7 @@ def training(
             api = stack.api()
             checkpoints = tmp_path / "checkpoints"
             checkpoints.mkdir()
-            tokens = dict(
-                zip(
-                    nodes,
-                    parallel_tokens(stack.env, [["--role", "agent", "--node", n] for n in nodes]),
-                    strict=True,
-                )
-            )
+            tokens = dict(zip(nodes, stack.agent_tokens(nodes), strict=True))
             for node in nodes:
                 agents[node] = start_agent(
                     stack, api, node, tokens[node], liveness, docker=image is not None
