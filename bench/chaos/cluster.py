@@ -15,13 +15,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlmodel import Session
-
 from bench.deployment import Deployment, deployment, driver_metrics
 from bench.servers import PostgresServer, RedisServer, private_postgres, private_redis
 from shockwave_cli.supervision import LOOPBACK, Supervised, free_port, wait_http, wait_until
-from store.principals import Role
-from store.tokens import create_token
 
 AGENT_MODULE = "bench.chaos.agent"
 GPUS_PER_NODE = 2
@@ -109,7 +105,7 @@ def cluster(log_dir: Path, *, apis: int, nodes: int, round_seconds: float) -> It
             name: _driver(deployed, name, round_seconds) for name in ("driver-a", "driver-b")
         }
         names = [f"n{i}" for i in range(1, nodes + 1)]
-        tokens = agent_tokens(deployed, names)
+        tokens = deployed.agent_tokens(names)
         agents: dict[str, Path] = {}
         for node, token in zip(names, tokens, strict=True):
             name = f"agent-{node}"
@@ -161,15 +157,6 @@ def _grew_with(path: Path, offset: int, text: str) -> bool:
     with path.open("rb") as source:
         source.seek(offset)
         return text.encode() in source.read()
-
-
-def agent_tokens(deployed: Deployment, nodes: list[str]) -> list[str]:
-    """An agent token per node, stored directly (as ``shockwave admin create-token`` does,
-    without a process per token: the machine is small)."""
-    with Session(deployed.engine) as session:
-        tokens = [create_token(session, Role.AGENT, node=node, name=node) for node in nodes]
-        session.commit()
-    return tokens
 
 
 def _api(deployed: Deployment, name: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.deployment import Deployment, parallel_tokens
+from bench.deployment import Deployment
 
 HEARTBEAT_EVERY_S = 1.0
 EPOCH_SECONDS = 2.0
@@ -181,7 +181,7 @@ class Fleet:
 
 def register_fleet(stack: Deployment, api_url: str, nodes: Mapping[str, int]) -> Fleet:
     """Registered agents of ``stack``: node id -> GPUs."""
-    tokens = parallel_tokens(stack.env, [["--role", "agent", "--node", n] for n in nodes])
+    tokens = stack.agent_tokens(list(nodes))
     agents = [
         SimulatedAgent(node, token, api_url, gpus)
         for (node, gpus), token in zip(nodes.items(), tokens, strict=True)

@@ -22,13 +22,18 @@ no container of the test is left, running or not.
 
 from __future__ import annotations
 
+import functools
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+
+from sqlmodel import Session
 
 from agent.config import safe_name
 from bench.deployment import job_states
 from shockwave.lifecycle import LIVE_LEASES
 from shockwave_cli.supervision import wait_until
+from store.tables import NodeRow
 from tests.e2e.engine import containers, docker, remove
 from tests.e2e.test_training_e2e import (
     Training,
@@ -39,6 +44,7 @@ from tests.e2e.test_training_e2e import (
     drain_unpreempted,
     epochs_logged,
     leases_of,
+    node_state,
     start_agent,
     training,
 )
@@ -72,6 +78,14 @@ def container_id(attempt: str) -> str:
 
 def agent_log(run: Training) -> str:
     return run.agents[NODE].log_path.read_text(errors="replace")
+
+
+def heartbeat_after(run: Training, moment: datetime) -> bool:
+    """Whether the node's last heartbeat came after ``moment``."""
+    with Session(run.stack.engine) as session:
+        row = session.get(NodeRow, NODE)
+        beat = row.last_heartbeat_at if row is not None else None
+    return beat is not None and beat > moment
 
 
 def test_jobs_run_in_containers_checkpoint_resume_reattach_and_fail(
@@ -109,13 +123,26 @@ def scenario(run: Training) -> None:
     run.agents[NODE].kill()
     running = {container_of(a): "running" for a in ids}
     assert containers(set(running)) == running, "the containers outlive their agent"
-    run.agents[NODE] = start_agent(run.stack, run.api, NODE, run.tokens[NODE], docker=True)
+    run.agents[NODE] = start_agent(
+        run.stack, run.api, NODE, run.tokens[NODE], run.liveness, docker=True
+    )
+    # It re-attaches if it is back before the node is LOST (the node TTL: then the attempts
+    # are fenced and their programs end): however slow its start, within the TTL.
     wait_until(
         lambda: all(f"re-attached to attempt {a}" in agent_log(run) for a in ids),
-        30,
-        f"the new agent to re-attach to {sorted(ids)}\n{run.logs()}",
+        run.liveness.node_ttl_s,
+        f"the new agent to re-attach to {sorted(ids)} (node {node_state(run.stack, NODE)})\n"
+        f"{run.logs()}",
     )
-    time.sleep(2.0)  # a few of the new agent's polls
+    # Two of its heartbeat polls, each of which answers the node's leases and has the agent
+    # start those it does not run: a second start of a re-attached attempt would come there.
+    for _ in range(2):
+        wait_until(
+            functools.partial(heartbeat_after, run, datetime.now(UTC)),
+            30,
+            f"a heartbeat of the new agent\n{run.logs()}",
+        )
+    assert node_state(run.stack, NODE) == "READY"
     since_restart = agent_log(run).rsplit("=== start", 1)[-1]
     for attempt, job_id in attempts.items():
         assert f"started attempt {attempt} " not in since_restart, "started twice"

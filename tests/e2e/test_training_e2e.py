@@ -54,17 +54,33 @@ import httpx
 import pytest
 from sqlmodel import Session, col, select
 
-from bench.deployment import ROOT, Deployment, deployment, job_states, parallel_tokens, rounds
+from bench.deployment import ROOT, Deployment, deployment, job_states, rounds
 from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
-from shockwave_cli.supervision import Supervised, wait_until
+from shockwave_cli.supervision import Supervised, stop_together, wait_until
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"
 ROUND_SECONDS = 3.0
-NODE_TTL_S = 4.0
-ORPHAN_GRACE_S = 1.5
-"""A job outlives its killed agent this long before its wrapper stops it: well below the node
-TTL, so it is gone (checkpointed) before the server may run it elsewhere."""
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How soon a silent node is LOST (the driver's ``--node-ttl``) and how long a job outlives
+    its killed agent before its wrapper stops it (the agent's ``--orphan-grace``: below the
+    TTL, so the job is gone, checkpointed, before the server may run it elsewhere)."""
+
+    node_ttl_s: float
+    orphan_grace_s: float
+
+
+NODE_DEATHS = Liveness(node_ttl_s=4.0, orphan_grace_s=1.5)
+"""For the tests that kill a node and wait for it to be LOST: short, so they take seconds."""
+NO_NODE_DEATHS = Liveness(node_ttl_s=60.0, orphan_grace_s=10.0)
+"""For the tests in which no node dies (agents are drained, or killed and started again on
+purpose to re-attach): a node is LOST only if its agent is silent for a minute. With the 4 s
+TTL, an agent restarted beside another pytest-xdist worker on a loaded machine (its start took
+over 30 s at a load average of 10) came back to a LOST node: its containers' attempts fenced
+and gone, a node death the test did not cause. The orphan grace is the agent's default."""
 SLOTS = 2
 STEP_SECONDS = 0.02
 """Each SGD step of the example lasts at least this long (``--min-step-seconds``), so that an
@@ -86,6 +102,7 @@ class Training:
     tokens: dict[str, str]
     image: str | None = None
     """The image the jobs run in (agents with the Docker runtime); None: processes."""
+    liveness: Liveness = NO_NODE_DEATHS
     jobs: dict[str, str] = field(default_factory=dict)
     """job id -> name"""
 
@@ -151,11 +168,14 @@ class Training:
 
 @contextmanager
 def training(
-    tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2"), image: str | None = None
+    tmp_path: Path,
+    nodes: tuple[str, ...] = ("n1", "n2"),
+    image: str | None = None,
+    liveness: Liveness = NO_NODE_DEATHS,
 ) -> Iterator[Training]:
     """Worker, API, driver and one ``shockwave agent`` per node (with ``image``: the Docker
-    runtime, the jobs in containers of it); every process, the jobs' own included, is stopped
-    at the end whatever happens."""
+    runtime, the jobs in containers of it), with ``liveness``'s node TTL and orphan grace;
+    every process, the jobs' own included, is stopped at the end whatever happens."""
     with deployment(tmp_path) as stack:
         agents: dict[str, Supervised] = {}
         try:
@@ -163,21 +183,17 @@ def training(
             api = stack.api()
             checkpoints = tmp_path / "checkpoints"
             checkpoints.mkdir()
-            tokens = dict(
-                zip(
-                    nodes,
-                    parallel_tokens(stack.env, [["--role", "agent", "--node", n] for n in nodes]),
-                    strict=True,
-                )
-            )
+            tokens = dict(zip(nodes, stack.agent_tokens(nodes), strict=True))
             for node in nodes:
-                agents[node] = start_agent(stack, api, node, tokens[node], docker=image is not None)
+                agents[node] = start_agent(
+                    stack, api, node, tokens[node], liveness, docker=image is not None
+                )
             http = httpx.Client(
                 base_url=api,
                 headers={"Authorization": f"Bearer {stack.admin_token}"},
                 timeout=10.0,
             )
-            run = Training(stack, api, http, checkpoints, agents, tokens, image)
+            run = Training(stack, api, http, checkpoints, agents, tokens, image, liveness)
             wait_until(
                 lambda: ready_nodes(stack) == set(nodes),
                 30,
@@ -189,20 +205,27 @@ def training(
                 "--round-seconds",
                 str(ROUND_SECONDS),
                 "--node-ttl",
-                str(NODE_TTL_S),
+                str(liveness.node_ttl_s),
             )
             try:
                 yield run
             finally:
                 http.close()
         finally:
-            for agent in agents.values():
-                agent.stop()  # SIGTERM: each stops its jobs (checkpoint, grace, SIGKILL)
+            # SIGTERM, all at once: each stops its jobs (checkpoint, grace, SIGKILL) and
+            # reports them while the API still runs.
+            stop_together(agents.values())
             kill_strays(tmp_path)
 
 
 def start_agent(
-    stack: Deployment, api: str, node: str, token: str, *, docker: bool = False
+    stack: Deployment,
+    api: str,
+    node: str,
+    token: str,
+    liveness: Liveness,
+    *,
+    docker: bool = False,
 ) -> Supervised:
     work = stack.log_dir / f"agent-{node}"
     work.mkdir(exist_ok=True)
@@ -225,7 +248,7 @@ def start_agent(
         "--heartbeat-interval",
         "1",
         "--orphan-grace",
-        str(ORPHAN_GRACE_S),
+        str(liveness.orphan_grace_s),
         env={"SHOCKWAVE_AGENT_TOKEN": token},
     )
 
@@ -612,7 +635,7 @@ def drain_unpreempted(run: Training) -> set[str]:
         )
         drained |= set(running)
         run.agents[node] = start_agent(
-            run.stack, run.api, node, run.tokens[node], docker=run.image is not None
+            run.stack, run.api, node, run.tokens[node], run.liveness, docker=run.image is not None
         )
     return drained
 
@@ -658,7 +681,8 @@ def node_dies(
     declared lost. ``stopped_cleanly``: each of them ended with a checkpoint and its
     ``stopped`` record (its wrapper stopped it) rather than dying in the middle of a step."""
     began = time.monotonic()
-    with training(tmp_path) as run:
+    ttl_s = NODE_DEATHS.node_ttl_s
+    with training(tmp_path, liveness=NODE_DEATHS) as run:
         for index, (mode, epochs, samples) in enumerate(CRASH_JOBS):
             run.submit(f"crash-{index}-{mode}", mode, epochs, samples, seed=10 + index)
 
@@ -690,14 +714,14 @@ def node_dies(
 
         wait_until(
             lambda: node_state(run.stack, "n1") == "LOST",
-            NODE_TTL_S + 10,
+            ttl_s + 10,
             f"n1 to be LOST\n{run.logs()}",
         )
         lost_after = time.monotonic() - killed_at
         fenced_at = {job_id: len(run.loss_log(job_id)) for job_id in victims.values()}
         running = [pid for pid in processes if alive(pid)]
         assert not running, f"n1's job processes {running} still run after n1 was LOST"
-        assert lost_after >= NODE_TTL_S - 1.5, lost_after
+        assert lost_after >= ttl_s - 1.5, lost_after
         leases = leases_of(run.stack)
         for attempt, job_id in victims.items():
             assert next(x for x in leases[job_id] if x.id == attempt).state == "LOST"

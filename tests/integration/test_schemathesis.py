@@ -6,7 +6,8 @@ be a server error, must match the response schema the API declares, and, when it
 5xx, must be a problem document. The API runs in open mode (no tokens) on SQLite and on
 Postgres (which refuses values SQLite stores: NUL in text, integers beyond its column types).
 A ``job_id`` path parameter names a fresh real job most of the time, so the routes get past
-their 404s. POST /v1/jobs and event posts get the most cases.
+their 404s. POST /v1/jobs and event posts get the most cases (on Postgres; fewer on SQLite,
+see ``HEAVY_EXAMPLES_SQLITE``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from tests.integration.conftest import Database, build_app
 
 HEAVY = {("POST", "/v1/jobs"), ("POST", "/v1/jobs/{job_id}/events")}
 HEAVY_EXAMPLES = 200
+HEAVY_EXAMPLES_SQLITE = 60
+"""The heavy operations on SQLite: the same requests as on Postgres (generation does not depend
+on the database, nor does the API's validation), stored by the laxer database (Postgres also
+refuses NUL in text and integers beyond its column types, where SQLite stores them). The full
+count ran on both (50 s of the module's 178 s under a parallel run); a third of it on SQLite
+still sends every part of the bodies malformed and well-formed."""
 LIGHT_EXAMPLES = 25
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 STREAM = "/v1/events"
@@ -111,10 +118,16 @@ def test_the_heavily_fuzzed_operations_exist() -> None:
 
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
 def test_operation_answers_without_server_errors_and_as_declared(
-    target: FuzzTarget, job_ids: list[str], method: str, path: str, mode: GenerationMode
+    database: Database,
+    target: FuzzTarget,
+    job_ids: list[str],
+    method: str,
+    path: str,
+    mode: GenerationMode,
 ) -> None:
     operation = target.schema[path][method]
-    examples = HEAVY_EXAMPLES if (method, path) in HEAVY else LIGHT_EXAMPLES
+    heavy = HEAVY_EXAMPLES if database.kind == "postgres" else HEAVY_EXAMPLES_SQLITE
+    examples = heavy if (method, path) in HEAVY else LIGHT_EXAMPLES
     statuses: list[int] = []
     real_job = st.sampled_from([None, *job_ids]) if "{job_id}" in path else st.none()
 
@@ -141,4 +154,4 @@ def test_operation_answers_without_server_errors_and_as_declared(
 
     assert statuses, f"no case was generated for {method} {path}"
     if (method, path) in HEAVY:
-        assert len(statuses) >= HEAVY_EXAMPLES, len(statuses)
+        assert len(statuses) >= heavy, len(statuses)
