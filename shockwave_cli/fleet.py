@@ -397,9 +397,13 @@ class Fleet:
         stop = set(poll["stop"])
         async with here.training:
             self._account(here)
-            for attempt_id, attempt in list(here.attempts.items()):
-                if attempt_id not in leases or attempt_id in stop:
-                    await self._publish(self.jobs[attempt.job_id], force=True)
+            stopping = [
+                self.jobs[attempt.job_id]
+                for attempt_id, attempt in here.attempts.items()
+                if attempt_id not in leases or attempt_id in stop
+            ]
+            # each program posts its own (they are processes of their own): at once, not in turn
+            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
 
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
@@ -442,9 +446,11 @@ class Fleet:
         due; a finished job's attempt owes ``exited 0``, a fenced one stops."""
         async with here.training:
             self._account(here)
-            for attempt in list(here.attempts.values()):
-                job = self.jobs[attempt.job_id]
-                await self._publish(job, force=job.finished)
+            attempts = list(here.attempts.values())
+            jobs = [self.jobs[attempt.job_id] for attempt in attempts]
+            # each program posts its own (processes of their own): at once, not in turn
+            await asyncio.gather(*(self._publish(job, force=job.finished) for job in jobs))
+            for attempt, job in zip(attempts, jobs, strict=True):
                 if attempt.attempt_id not in here.attempts:
                     continue  # the agent stopped it meanwhile
                 if job.fenced:

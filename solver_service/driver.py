@@ -284,7 +284,7 @@ class RoundDriver:
             did = True
             log.info(
                 "round %s (%s): %s jobs, leases %s issued, %s extended, %s revoked; "
-                "began %s s after due, materialized in %.3f s",
+                "began %s s after due, materialized in %.3f s (%s)",
                 outcome.index,
                 outcome.source,
                 len(outcome.jobs),
@@ -293,6 +293,7 @@ class RoundDriver:
                 outcome.revoked,
                 "-" if lateness is None else f"{lateness:.3f}",
                 took,
+                ", ".join(f"{phase} {s:.3f}" for phase, s in outcome.phases.items()),
             )
             cluster = self._cluster()
             self._filled_version = (cluster.current_round, cluster.state_version)
