@@ -298,8 +298,7 @@ class Fleet:
                 next_beat = started + self.heartbeat_s
             here.seen_round = poll["current_round"]
             self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
-            await self._before_stop(here, poll)
-            acted = self._reconcile(here, poll)
+            acted = await self._changeover(here, poll)
             if acted or here.outbox:
                 async with here.sending:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
@@ -408,6 +407,31 @@ class Fleet:
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
         is new with the token the poll minted for it. Whether something started."""
+        self._settle(here, poll)
+        return self._start(here, poll)
+
+    async def _changeover(self, here: Node, poll: Any) -> bool:
+        """A poll's changes with long polls: count the leased time, start what is new at once
+        (its restore, like the simulator's restart overhead, stands for the checkpoint that a
+        stopping attempt on its GPUs writes meanwhile), let each attempt about to stop post
+        its progress (at once, each program on its own), then stop it and note extensions.
+        Whether something started."""
+        leases = {lease["attempt_id"] for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        async with here.training:
+            self._account(here)
+            stopping = [
+                self.jobs[attempt.job_id]
+                for attempt_id, attempt in here.attempts.items()
+                if attempt_id not in leases or attempt_id in stop
+            ]
+            started = self._start(here, poll)
+            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            self._settle(here, poll)
+        return started
+
+    def _settle(self, here: Node, poll: Any) -> None:
+        """Stop what is no longer leased (owing ``checkpointed``) and note extensions."""
         leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
         stop = set(poll["stop"])
         for attempt_id in list(here.attempts):
@@ -417,6 +441,11 @@ class Fleet:
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
                 here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
+
+    def _start(self, here: Node, poll: Any) -> bool:
+        """Start each new lease with the token the poll minted for it; whether any started."""
+        leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
+        stop = set(poll["stop"])
         now = time.time()
         started = False
         for attempt_id, lease in leases.items():
