@@ -108,10 +108,19 @@ class ReplayConfig:
     redis_url: str = REDIS_URL
     poll_s: float | None = None
     timeout_s: float | None = None
-    long_poll: bool = True
+    long_poll: bool | None = None
     """The agents hold each poll open (``wait_s``: up to a poll interval) until the service has
     something new for them, and report at once in polls of their own; False: plain polls every
-    poll interval, and quick re-polls at the round's end (the fleet before long polls)."""
+    poll interval, and quick re-polls at the round's end (the fleet before long polls). None:
+    on in the embedded mode, whose driver wakes the held polls; off in the others, where a held
+    poll re-reads its leases on a timer (``SHOCKWAVE_POLL_RECHECK_S``), not measured yet."""
+
+    @property
+    def long_polls(self) -> bool:
+        if self.long_poll is not None:
+            return self.long_poll
+        return self.mode == "embedded" and self.api is None
+
     sqlite_synchronous: Literal["full", "normal"] = "full"
     """The embedded service's ``shockwave up --sqlite-synchronous``."""
     solver: Literal["inline", "process"] = "process"
@@ -346,7 +355,7 @@ def replay(
             "mode": "api" if config.api else config.mode,
             "time_scale": config.time_scale,
             "agent_poll_s": config.agent_poll_s,
-            "long_poll": config.long_poll,
+            "long_poll": config.long_polls,
             "sqlite_synchronous": config.sqlite_synchronous,
             "restart_overhead_s": config.restart_overhead_s,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
@@ -395,7 +404,7 @@ async def _drive(
         boundary_retry_s=max(MIN_RETRY_S, AGENT_POLL_S / scale),
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
-        wait_s=config.agent_poll_s if config.long_poll else None,
+        wait_s=config.agent_poll_s if config.long_polls else None,
     )
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))

@@ -88,12 +88,15 @@ def replay_command(
         ),
     ] = None,
     long_poll: Annotated[
-        bool,
+        bool | None,
         typer.Option(
+            "--long-poll/--no-long-poll",
             help="Agents hold each poll open until the service has news for them (a bounded "
-            "long poll, up to a poll interval); --no-long-poll: plain polls."
+            "long poll, up to a poll interval); --no-long-poll: plain polls. Default: on in the "
+            "embedded mode, off otherwise.",
+            show_default=False,
         ),
-    ] = True,
+    ] = None,
     sqlite_synchronous: Annotated[
         str,
         typer.Option(
