@@ -715,3 +715,27 @@ def test_a_long_poll_with_news_answers_at_once_and_a_bad_wait_is_refused(
     assert [lease["attempt_id"] for lease in answer["leases"]] == [attempt]
     too_long = client.post("/v1/agent/poll", json={"wait_s": 31}, headers=bearer(tokens.agent))
     assert "wait_s" in str(assert_problem(too_long, 422))
+
+
+def test_a_long_poll_with_no_driver_in_its_process_rereads_the_leases_on_a_timer(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The distributed service: the driver runs elsewhere and wakes nobody; a held poll reads
+    its leases again every ``poll_recheck_s`` and answers once the new round is there."""
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    seen = contact(client, tokens.agent)["current_round"]
+    submit(client, tokens.admin)
+    monkeypatch.setattr(client.app.state.settings, "poll_recheck_s", 0.05)  # type: ignore[attr-defined]
+    answers: list[dict[str, Any]] = []
+    body = {"wait_s": 20.0, "seen_round": seen, "tokens": True}
+    waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
+    began = time.monotonic()
+    waiting.start()
+    time.sleep(0.2)
+    with driver_on(database) as (driver, _):  # notifies nobody
+        driver.step(now() + 1.0)
+    waiting.join(timeout=10.0)
+    assert not waiting.is_alive() and time.monotonic() - began < 5.0
+    assert answers[0]["current_round"] == seen + 1 and len(answers[0]["leases"]) == 1
