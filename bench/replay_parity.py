@@ -27,7 +27,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,6 @@ def replayed(
     mode: str,
     time_scale: float,
     out: Path,
-    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     argv = [
         *shockwave_argv(),
@@ -105,7 +103,6 @@ def replayed(
         mode,
         "--out",
         str(out),
-        *extra,
     ]
     began = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -164,14 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("out/parity"))
     parser.add_argument("--json", type=Path)
-    parser.add_argument(
-        "--sqlite-synchronous",
-        choices=("full", "normal"),
-        default="full",
-        help="the embedded service's `shockwave up --sqlite-synchronous`",
-    )
     args = parser.parse_args(argv)
-    extra = ["--sqlite-synchronous", args.sqlite_synchronous]
     args.out.mkdir(parents=True, exist_ok=True)
     trace, trajectories, throughputs = reference_files(args.reference)
     table = load_throughputs(throughputs)
@@ -191,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulated(workload, cluster, policy)
         for mode in args.modes.split(","):
             out = args.out / f"{case}-{mode}"
-            rep = replayed(*files, throughputs, flags, policy, mode, args.time_scale, out, extra)
+            rep = replayed(*files, throughputs, flags, policy, mode, args.time_scale, out)
             row = {"case": case, "mode": mode, **compare(sim, rep, mode)}
             rows.append(row)
             console.print(_table([row]))

@@ -69,8 +69,6 @@ class EmbeddedConfig:
     log_level: str = "info"
     solver: Literal["inline", "process"] = "inline"
     """Where plans are solved: a thread of this process, or one child process."""
-    sqlite_synchronous: Literal["full", "normal"] = "full"
-    """SQLite's ``synchronous`` for the API and the driver (:func:`store.db.make_engine`)."""
 
     @property
     def database_url(self) -> str:
@@ -200,7 +198,7 @@ class Embedded:
 
     def __init__(self, config: EmbeddedConfig) -> None:
         self.config = config
-        self.engine = make_engine(config.database_url, sqlite_synchronous=config.sqlite_synchronous)
+        self.engine = make_engine(config.database_url)
         self.stop = threading.Event()
         self._server: uvicorn.Server | None = None
         self._threads: list[threading.Thread] = []

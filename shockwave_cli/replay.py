@@ -121,8 +121,6 @@ class ReplayConfig:
             return self.long_poll
         return self.mode == "embedded" and self.api is None
 
-    sqlite_synchronous: Literal["full", "normal"] = "full"
-    """The embedded service's ``shockwave up --sqlite-synchronous``."""
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -250,8 +248,6 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
                 "info",
                 "--solver",
                 config.solver,
-                "--sqlite-synchronous",
-                config.sqlite_synchronous,
             )
         else:
             url = stack.enter_context(throwaway_database("replay", config.postgres_url))
@@ -356,7 +352,6 @@ def replay(
             "time_scale": config.time_scale,
             "agent_poll_s": config.agent_poll_s,
             "long_poll": config.long_polls,
-            "sqlite_synchronous": config.sqlite_synchronous,
             "restart_overhead_s": config.restart_overhead_s,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
             "request_ms": _latencies(run.latency),

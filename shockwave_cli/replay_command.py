@@ -97,12 +97,6 @@ def replay_command(
             show_default=False,
         ),
     ] = None,
-    sqlite_synchronous: Annotated[
-        str,
-        typer.Option(
-            help="The embedded service's `shockwave up --sqlite-synchronous` (full or normal)."
-        ),
-    ] = "full",
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -119,8 +113,6 @@ def replay_command(
     """
     try:
         get_policy(policy)
-        if sqlite_synchronous not in ("full", "normal"):
-            raise InputError(f"--sqlite-synchronous: full or normal, not {sqlite_synchronous!r}")
         cluster = parse_cluster(gpus, gpus_per_node, nodes)
         workload = load_workload(trace, trajectories, load_throughputs(throughputs))
         for job in workload.jobs:
@@ -148,7 +140,6 @@ def replay_command(
         database_url=database_url,
         poll_s=poll_seconds,
         long_poll=long_poll,
-        sqlite_synchronous="normal" if sqlite_synchronous == "normal" else "full",
         timeout_s=timeout,
     )
     errors.print(

@@ -178,15 +178,6 @@ def up_command(
             "child process: a long solve does not slow the API and the round driver).",
         ),
     ] = "inline",
-    sqlite_synchronous: Annotated[
-        str,
-        typer.Option(
-            help="full: every commit reaches the disk before it is answered (survives a power "
-            "loss). normal: commits reach the OS and the disk at checkpoints, a commit costs "
-            "microseconds instead of a disk sync; a power loss or an OS crash may undo the last "
-            "transactions (never corrupts the file), a crash of this process loses nothing.",
-        ),
-    ] = "full",
     demo: Annotated[
         bool,
         typer.Option(
@@ -240,8 +231,6 @@ def up_command(
         _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
     if solver not in ("inline", "process"):
         _fail(f"--solver: inline or process, not {solver!r}", 2)
-    if sqlite_synchronous not in ("full", "normal"):
-        _fail(f"--sqlite-synchronous: full or normal, not {sqlite_synchronous!r}", 2)
 
     from shockwave_cli import embedded
 
@@ -259,7 +248,6 @@ def up_command(
         open_mode=open_mode,
         log_level=log_level.lower(),
         solver="process" if solver == "process" else "inline",
-        sqlite_synchronous="normal" if sqlite_synchronous == "normal" else "full",
     )
     service = None
     show = None

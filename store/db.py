@@ -10,23 +10,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-SQLITE_SYNCHRONOUS = ("full", "normal")
-"""SQLite's ``synchronous`` settings a caller may choose (WAL journal either way)."""
 
 
-def make_engine(url: str, schema: str | None = None, *, sqlite_synchronous: str = "full") -> Engine:
+def make_engine(url: str, schema: str | None = None) -> Engine:
     """An engine for ``url``: Postgres through psycopg 3, or SQLite with foreign keys on.
 
     ``schema`` (Postgres only) becomes every connection's search_path, so the same tables can
-    live in a schema of their own (see :func:`store.migrate.upgrade`).
-
-    ``sqlite_synchronous`` (SQLite only): ``full`` (SQLite's default) syncs the journal to disk
-    at every commit, so a committed transaction survives a power loss; ``normal`` syncs at WAL
-    checkpoints only: a commit is then a write to the OS, not to the disk (measured on the
-    development machine: 3.7 ms against 0.02 ms a commit), and a power loss or an OS crash may
-    undo the last transactions, never corrupt the file; a crash of the process loses nothing."""
-    if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
-        raise ValueError(f"sqlite_synchronous: one of {SQLITE_SYNCHRONOUS}")
+    live in a schema of their own (see :func:`store.migrate.upgrade`)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False})
 
@@ -36,7 +26,6 @@ def make_engine(url: str, schema: str | None = None, *, sqlite_synchronous: str 
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA busy_timeout=5000")
-            cursor.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
             cursor.close()
 
         return engine
