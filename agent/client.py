@@ -88,6 +88,20 @@ class LeasePoll:
     stop: frozenset[str]
     reports: tuple[dict[str, Any], ...] = ()
     tokens: dict[str, str] = field(default_factory=dict)
+    current_round: int | None = None
+    """The round the answer is from (None: not said)."""
+    round_ends_at: float | None = None
+    """When that round ends, seconds since the epoch (None: not said, or no round yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A bounded long poll: hold the answer up to ``seconds`` while nothing is new for the
+    node and the current round is still ``seen_round`` (``wait_s``/``seen_round`` of
+    ``POST /v1/agent/poll``)."""
+
+    seconds: float
+    seen_round: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +144,7 @@ class AgentApi(Protocol):
         heartbeat: bool,
         tokens: bool,
         logs: dict[str, str] | None = None,
+        wait: Wait | None = None,
     ) -> LeasePoll: ...
 
     def job_token(self, attempt_id: str) -> str: ...
@@ -149,6 +164,8 @@ class AgentClient:
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.node = node
+        self.long_polls = True
+        """False once the server refused ``wait_s`` (an older one: 422): plain polls then."""
         self._http = httpx.Client(
             base_url=api_url.rstrip("/"),
             headers=headers,
@@ -170,10 +187,12 @@ class AgentClient:
         heartbeat: bool,
         tokens: bool,
         logs: dict[str, str] | None = None,
+        wait: Wait | None = None,
     ) -> LeasePoll:
         """One contact in one request: deliver ``reports``, heartbeat (when ``heartbeat``),
         tell the server what runs here and learn the leases (with a job token for each new
-        one, when ``tokens``); ``logs``: the tail of attempts' output, by attempt id."""
+        one, when ``tokens``); ``logs``: the tail of attempts' output, by attempt id;
+        ``wait``: let the server hold the answer until it has news (a bounded long poll)."""
         body = self._named(
             {
                 "heartbeat": heartbeat,
@@ -184,18 +203,42 @@ class AgentClient:
         )
         if logs:
             body["logs"] = logs
-        answer = self._call("POST", "/v1/agent/poll", json=body)
+        if wait is not None and self.long_polls:
+            try:
+                answer = self._call(
+                    "POST",
+                    "/v1/agent/poll",
+                    json={**body, "wait_s": wait.seconds, "seen_round": wait.seen_round},
+                )
+            except ApiRefused as error:
+                if error.status != 422:
+                    raise
+                self.long_polls = False  # a server without long polls: ask plainly
+                answer = self._call("POST", "/v1/agent/poll", json=body)
+        else:
+            answer = self._call("POST", "/v1/agent/poll", json=body)
         try:
             leases = [Lease.parse(item) for item in answer["leases"]]
             stop = frozenset(str(a) for a in answer["stop"])
             answers = tuple(dict(item) for item in answer["reports"])
             minted = {str(k): str(v) for k, v in answer["tokens"].items()}
+            current = answer.get("current_round")
+            current = None if current is None else int(current)
+            ends = answer.get("round_ends_at")
+            ends = None if not ends else parse_time(str(ends))
             if len(answers) != len(reports):
                 raise ValueError(f"{len(answers)} report answers for {len(reports)} reports")
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ApiUnavailable(f"POST /v1/agent/poll: unexpected answer ({error!r})") from error
         by_id = {lease.attempt_id: lease for lease in leases}
-        return LeasePoll(leases=by_id, stop=stop, reports=answers, tokens=minted)
+        return LeasePoll(
+            leases=by_id,
+            stop=stop,
+            reports=answers,
+            tokens=minted,
+            current_round=current,
+            round_ends_at=ends,
+        )
 
     def job_token(self, attempt_id: str) -> str:
         return str(self._call("POST", f"/v1/agent/leases/{attempt_id}/token")["token"])

@@ -42,6 +42,10 @@ class AgentConfig:
     (:mod:`agent.liveness`; 0: never). With ``grace_s`` it must stay below the server's node
     TTL (30 s by default), so that an orphan is gone before its job may run elsewhere; an agent
     restarted within it re-attaches to its jobs.
+    ``boundary_wait_s``: once the round its last poll named has ended, the agent's next poll
+    asks the server to hold the answer up to this long until the next round is out (a bounded
+    long poll, ``wait_s``): the new round's leases start when the server commits them, not at
+    the next poll interval. 0: never ask. The loop does not supervise while a poll is held.
     """
 
     api_url: str
@@ -58,6 +62,7 @@ class AgentConfig:
     max_backoff_s: float = 10.0
     lease_slack_s: float = 3.0
     orphan_grace_s: float = 10.0
+    boundary_wait_s: float = 1.0
 
     @property
     def state_file(self) -> Path:

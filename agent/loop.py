@@ -44,6 +44,7 @@ from agent.client import (
     Lease,
     LeasePoll,
     Report,
+    Wait,
 )
 from agent.config import AgentConfig, RuntimeKind, safe_name
 from agent.liveness import Beacon
@@ -86,6 +87,8 @@ class Agent:
         self.next_heartbeat = 0.0
         self.unreachable_since: float | None = None
         self.dirty = False
+        self.round: tuple[int, float | None] | None = None
+        """The round the last poll answer named and when it ends (None: not known)."""
         self.beacon = Beacon(config.alive_file)
         self.final_logs: dict[str, str] = {}
         """The output tails of attempts that ended, owed to the server (not persisted: a
@@ -231,6 +234,10 @@ class Agent:
             self.unreachable_since = None
         self.backoff.reset()
         self.next_contact = now + self.config.poll_interval_s
+        ends = None if self.round is None else self.round[1]
+        if self.config.boundary_wait_s > 0 and ends is not None and now < ends:
+            # the round ends before the next contact: poll then, for the next one
+            self.next_contact = min(self.next_contact, ends)
 
     def unreachable(self, now: float, why: str) -> None:
         delay = self.backoff.failure()
@@ -252,21 +259,36 @@ class Agent:
             self.registered = True
             self.next_heartbeat = now + self.config.heartbeat_interval_s
         beat = now >= self.next_heartbeat
-        poll = self.poll(heartbeat=beat, tokens=True)
+        poll = self.poll(heartbeat=beat, tokens=True, wait=self.boundary_wait(now))
+        if poll.current_round is not None:
+            self.round = (poll.current_round, poll.round_ends_at)
         if beat:
             self.next_heartbeat = now + self.config.heartbeat_interval_s
         if self.reconcile(poll, now) or self.state.outbox:
             self.poll(heartbeat=False, tokens=False)
+
+    def boundary_wait(self, now: float) -> Wait | None:
+        """A long poll for the next round when the one the agent last saw has just ended
+        (within twice ``boundary_wait_s`` of its end: a driver that is much later gets plain
+        polls); None otherwise. Held at most half the request timeout."""
+        wait_s = min(self.config.boundary_wait_s, self.config.request_timeout_s / 2)
+        if self.round is None or wait_s <= 0:
+            return None
+        seen, ends = self.round
+        if ends is None or not ends <= now < ends + 2 * wait_s:
+            return None
+        return Wait(wait_s, seen)
 
     def flush_outbox(self) -> None:
         """Deliver the reports owed (a poll without heartbeat; its leases are left for the
         next contact)."""
         self.poll(heartbeat=False, tokens=False)
 
-    def poll(self, heartbeat: bool, tokens: bool) -> LeasePoll:
-        """``POST /v1/agent/poll`` with the reports owed and the attempts running here. The
-        reports it answers leave the outbox; one answered ``stop`` stops its attempt (a 404,
-        an attempt the server does not know, is dropped, as is any refusal)."""
+    def poll(self, heartbeat: bool, tokens: bool, wait: Wait | None = None) -> LeasePoll:
+        """``POST /v1/agent/poll`` with the reports owed and the attempts running here (held
+        by the server while nothing is new, with ``wait``). The reports it answers leave the
+        outbox; one answered ``stop`` stops its attempt (a 404, an attempt the server does not
+        know, is dropped, as is any refusal)."""
         sent = list(self.state.outbox)
         logs = dict(self.final_logs)
         if heartbeat:
@@ -274,7 +296,11 @@ class Agent:
                 tail = log_tail(Path(running.handle.log_file))
                 if tail is not None:
                     logs[running.attempt_id] = tail
-        poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens, logs)
+        here = sorted(self.state.attempts)
+        if wait is None:
+            poll = self.client.poll(here, sent, heartbeat, tokens, logs)
+        else:
+            poll = self.client.poll(here, sent, heartbeat, tokens, logs, wait=wait)
         for attempt in logs:
             self.final_logs.pop(attempt, None)
         del self.state.outbox[: len(sent)]

@@ -26,6 +26,9 @@ in progress and 2 threads (api.app bounds the requests in progress by twice the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 import anyio.to_thread
 from sqlalchemy.engine import Engine
@@ -34,6 +37,43 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 DEFAULT_LIMIT = 30
 """The bound for pools whose size is not known (not a QueuePool)."""
+
+
+class _Slot:
+    """One request's place among those in progress; given back at most once per take."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self.held = False
+
+    async def take(self) -> None:
+        await self._slots.acquire()
+        self.held = True
+
+    def give(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()
+
+
+_SLOT: ContextVar[_Slot | None] = ContextVar("admission_slot", default=None)
+
+
+@asynccontextmanager
+async def released() -> AsyncIterator[None]:
+    """Give the current request's slot back for the duration, and wait for one again after:
+    a request that waits for news (a long poll, ``POST /v1/agent/poll`` with ``wait_s``)
+    holds no connection and no thread meanwhile, and must not keep others out. A no-op
+    outside :class:`InFlightLimit`."""
+    slot = _SLOT.get()
+    if slot is None or not slot.held:
+        yield
+        return
+    slot.give()
+    try:
+        yield
+    finally:
+        await slot.take()
 
 
 def pool_capacity(engine: Engine) -> int:
@@ -71,8 +111,14 @@ class InFlightLimit:
         if scope["type"] != "http" or scope.get("path") in self.exempt:
             await self.app(scope, receive, send)
             return
-        async with self._semaphore():
+        slot = _Slot(self._semaphore())
+        await slot.take()
+        token = _SLOT.set(slot)
+        try:
             await self.app(scope, receive, send)
+        finally:
+            _SLOT.reset(token)
+            slot.give()
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()

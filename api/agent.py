@@ -348,6 +348,18 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     )
 
 
+def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
+    """Whether a poll's ``answer`` tells the agent anything it must act on: a live lease it
+    does not run, an attempt it runs that must stop, or a round other than
+    ``data.seen_round``. A long poll (``wait_s``) is held while there is none."""
+    running = set(data.running)
+    return (
+        (data.seen_round is not None and answer.current_round != data.seen_round)
+        or any(lease.attempt_id not in running for lease in answer.leases)
+        or any(attempt in running for attempt in answer.stop)
+    )
+
+
 def _store_logs(connection: Connection, node_id: str, logs: dict[str, str]) -> None:
     """Keep each attempt's output tail on its lease (the node's own attempts only); committed
     with the poll's heartbeat."""

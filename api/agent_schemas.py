@@ -30,6 +30,8 @@ POLL_ITEMS_MAX = 1024
 LOG_TAIL_MAX = 8192
 """The most characters of an attempt's output an agent ships (its last ones)."""
 LogTail = Annotated[str, Field(max_length=LOG_TAIL_MAX, pattern=r"^[^\x00]*$")]
+POLL_WAIT_MAX_S = 30.0
+"""The longest a poll may ask to be held (``wait_s``); the server may hold it less."""
 
 
 class NodeRegister(BaseModel):
@@ -187,6 +189,24 @@ class AgentPoll(BaseModel):
         description="The tail of each attempt's output (its last "
         f"{LOG_TAIL_MAX} characters), by attempt id: `shockwave jobs logs` and the dashboard "
         "show it. Attempts of other nodes are ignored.",
+    )
+    wait_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=POLL_WAIT_MAX_S,
+        description="A bounded long poll: when nothing is new for the node (no live lease "
+        "outside `running`, nothing in `running` to stop, and the current round is "
+        "`seen_round`), hold the answer up to this many seconds until something is (the next "
+        "round is out, a lease is issued or revoked), then answer. The reports and the "
+        "heartbeat are applied before the wait. 0 (the default): answer at once.",
+    )
+    seen_round: int | None = Field(
+        default=None,
+        ge=-1,
+        le=INT4_MAX,
+        description="With `wait_s`: the round the agent's last answer named "
+        "(`current_round`); a later round ends the wait even when the node's leases are only "
+        "extended. Without it only the node's leases end the wait.",
     )
 
 

@@ -30,6 +30,7 @@ from api.routes import (
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
+from store.lease_signal import LeaseSignal
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (408, "The request body did not arrive in time"),
@@ -44,10 +45,13 @@ def create_app(
     engine: Engine | None = None,
     *,
     request_plan: PlanRequest = no_plan_requests,
+    lease_signal: LeaseSignal | None = None,
 ) -> FastAPI:
     """The API for ``settings`` (default: from the environment), on ``engine`` if given.
     ``request_plan`` is how a committed change asks for a new plan (the solver service's
-    requester, handed in by the composition root); by default nobody is asked."""
+    requester, handed in by the composition root); by default nobody is asked.
+    ``lease_signal``: what the round driver of this process notifies when it issues leases
+    (long polls wake on it); by default one nobody notifies (they re-read on a timer)."""
     settings = settings or Settings()
     # Swagger UI (/docs) and ReDoc (/redoc) from assets in the fastapi-offline package, served
     # here: no page the API serves loads anything from another host.
@@ -67,6 +71,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
     app.state.request_plan = request_plan
+    app.state.lease_signal = lease_signal or LeaseSignal()
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     errors.install(app)
     # Requests in progress: no more than the pool has connections (api.admission), and twice

@@ -22,7 +22,10 @@ class Settings(DatabaseSettings):
     api.ratelimit). ``rate_limit_admin``: whether admin tokens (and open mode) are limited too;
     off by default, since operators' scripts and benchmarks act as admin. ``worker_threads``:
     how many requests at most run their sync part (the route and its database work) at once
-    per process (api.admission); scale out with more processes, not more threads."""
+    per process (api.admission); scale out with more processes, not more threads.
+    ``poll_recheck_s``: a long poll (``POST /v1/agent/poll`` with ``wait_s``) reads its node's
+    leases again at least this often; sooner when the round driver of the same process says the
+    leases changed (store.lease_signal), which is the only wake-up ``shockwave up`` needs."""
 
     open_mode: bool = False
     host: str = "127.0.0.1"
@@ -37,3 +40,4 @@ class Settings(DatabaseSettings):
     rate_limit_per_s: float = Field(default=20.0, ge=0)
     rate_limit_burst: int = Field(default=200, ge=1)
     rate_limit_admin: bool = False
+    poll_recheck_s: float = Field(default=1.0, gt=0, le=60)

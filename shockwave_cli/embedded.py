@@ -9,7 +9,11 @@ The pieces are the distributed service's own, wired in-process:
   SQLite it takes no advisory lock, so a file lock next to the database makes sure that only
   one process drives a given file;
 - the API (uvicorn) serves in a thread on a socket bound by :func:`claim`, so "port in use"
-  (like "database in use") is reported before anything starts.
+  (like "database in use") is reported before anything starts;
+- they wake each other instead of waiting for a timer: a change the API commits (a job
+  finished or submitted, a node joined: what asks for a plan) wakes the driver, which fills the
+  freed GPUs at once, and the driver's commits of leases wake the agents' long polls
+  (store.lease_signal), which answer with the new leases at once.
 
 :meth:`Embedded.start` starts them, :meth:`Embedded.wait` blocks until asked to stop (or until
 a piece dies, which it reports), :meth:`Embedded.close` stops the API first (no new requests),
@@ -41,6 +45,7 @@ from solver_service.driver import DriverSettings, RoundDriver
 from solver_service.settings import SolverSettings
 from store.cluster_version import DEFAULT_CLUSTER, bump_state_version, ensure_cluster
 from store.db import make_engine
+from store.lease_signal import LeaseSignal
 from store.tables import ClusterRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -182,6 +187,12 @@ def configure_cluster(
         session.commit()
 
 
+def _nap(changed: threading.Event, seconds: float) -> None:
+    """The driver's sleep: ``seconds``, or until the API commits a change of the cluster."""
+    if changed.wait(seconds):
+        changed.clear()
+
+
 class Embedded:
     """The API, the round driver and the inline solver of one SQLite database, in threads."""
 
@@ -209,15 +220,29 @@ class Embedded:
             host=self.config.host,
             port=self.config.port,
         )
-        app = create_app(settings, engine=self.engine, request_plan=enqueue.request_plan)
+        # The driver wakes the agents' long polls as soon as it commits leases, and a change
+        # the API commits (a job finished, submitted or cancelled, a node joined) wakes the
+        # driver at once: the GPUs it freed are filled without waiting for the driver's tick.
+        signal = LeaseSignal()
+        changed = threading.Event()
+
+        def request_plan(cluster_id: str, state_version: int) -> None:
+            enqueue.request_plan(cluster_id, state_version)
+            changed.set()
+
+        app = create_app(
+            settings, engine=self.engine, request_plan=request_plan, lease_signal=signal
+        )
         # One process, one /metrics: the driver's metrics go on the API's registry.
         self._driver = RoundDriver(
             self.engine,
             DriverSettings(
                 database_url=url, database_schema=None, round_seconds=self.config.round_seconds
             ),
+            sleep=lambda seconds: _nap(changed, seconds),
             request_plan=enqueue.request_plan,
             registry=app.state.metrics.registry,
+            leases_changed=signal.notify,
         )
         self._server = uvicorn.Server(
             uvicorn.Config(

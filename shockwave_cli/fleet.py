@@ -154,9 +154,13 @@ class Node:
     ended: set[str] = field(default_factory=set)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     training: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a report is owed: the node polls at once (an agent notices a process exit)."""
-    """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a poll carries the outbox (reports leave in order, once)."""
+    seen_round: int | None = None
+    """The round the node's last poll answer named."""
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
@@ -184,6 +188,7 @@ class Fleet:
         boundary_retry_s: float | None = None,
         admin_token: str | None = None,
         report_s: float = 0.0,
+        wait_s: float | None = None,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -196,6 +201,10 @@ class Fleet:
         self.admin_token = admin_token
         self.report_s = report_s
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
+        self.wait_s = wait_s
+        """Long polls: each poll asks the server to hold its answer up to this long while
+        nothing is new for the node (``wait_s``, ``seen_round``); reports go in polls of their
+        own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -223,6 +232,10 @@ class Fleet:
             await asyncio.sleep(self.poll_s)
         self.registered.add(node)
         training = asyncio.create_task(self._trainer(here, stop))
+        if self.wait_s is not None:
+            await self._long_polls(here, node, stop)
+            await training
+            return
         next_beat = 0.0
         while not stop.is_set():
             started = loop.time()
@@ -247,6 +260,67 @@ class Fleet:
             await _first_of(stop, here.wake, timeout=max(0.0, pause))
         await training
 
+    async def _long_polls(self, here: Node, node: str, stop: asyncio.Event) -> None:
+        """The node's loop with long polls: one poll after the other, each held by the server
+        up to ``wait_s`` until something is new for the node, so a new round's leases and a
+        mid-round fill start as soon as the driver commits them; the reports owed go at once
+        in polls of their own (:meth:`_reporter`), as an agent reports an exit when it sees
+        it. Without an answer (an error) the node waits ``poll_s`` before trying again."""
+        assert self.wait_s is not None
+        loop = asyncio.get_running_loop()
+        reporter = asyncio.create_task(self._reporter(here, stop))
+        next_beat = 0.0
+        while not stop.is_set():
+            started = loop.time()
+            beat = started >= next_beat
+            async with here.sending:  # what is owed goes first, so the server's view is current
+                if here.outbox:
+                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+            polling = asyncio.create_task(
+                self._poll(
+                    here,
+                    "poll",
+                    heartbeat=beat,
+                    tokens=True,
+                    wait_s=self.wait_s,
+                    reports=False,
+                )
+            )
+            await _first_of_task(polling, stop)
+            if not polling.done():
+                polling.cancel()
+                break
+            poll = polling.result()
+            if poll is None:
+                await _first_of(stop, timeout=self.poll_s)
+                continue
+            if beat:
+                next_beat = started + self.heartbeat_s
+            here.seen_round = poll["current_round"]
+            self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+            acted = await self._changeover(here, poll)
+            if acted or here.outbox:
+                async with here.sending:
+                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+            elif loop.time() - started < self.wait_s / 2:
+                # answered early with nothing to start (a new round that only extends, or a
+                # lease of a job this fleet does not run yet): do not spin on the server
+                await _first_of(stop, timeout=self.boundary_retry_s or self.wait_s / 10)
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+
+    async def _reporter(self, here: Node, stop: asyncio.Event) -> None:
+        """Deliver the node's reports as soon as they are owed (a job's exit), while its long
+        poll waits: a poll of its own, no heartbeat, no tokens."""
+        while not stop.is_set():
+            await _first_of(stop, here.wake, timeout=self.heartbeat_s)
+            async with here.sending:
+                if here.outbox:
+                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+                if not here.outbox:
+                    here.wake.clear()
+
     def until_boundary_poll(self, round_ends_in: float) -> float:
         """Seconds until the poll for the next round, given that the round a poll answer
         named ends in ``round_ends_in`` seconds (negative: it has ended and the next one is
@@ -258,16 +332,29 @@ class Fleet:
             return self.boundary_retry_s
         return wait
 
-    async def _poll(self, here: Node, kind: str, *, heartbeat: bool, tokens: bool) -> Any:
-        """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
-        refused or unknown) leaves the outbox, one lost with the request stays owed."""
-        sent = list(here.outbox)
-        body = {
+    async def _poll(
+        self,
+        here: Node,
+        kind: str,
+        *,
+        heartbeat: bool,
+        tokens: bool,
+        wait_s: float = 0.0,
+        reports: bool = True,
+    ) -> Any:
+        """One ``POST /v1/agent/poll`` with the reports owed (unless not ``reports``); a report
+        answered (applied, refused or unknown) leaves the outbox, one lost with the request
+        stays owed. ``wait_s``: a long poll from the round the node last saw."""
+        sent = list(here.outbox) if reports else []
+        body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
             "reports": sent,
             "running": sorted(here.attempts),
         }
+        if wait_s > 0:
+            body["wait_s"] = wait_s
+            body["seen_round"] = here.seen_round
         if here.name is not None:
             body["node"] = here.name
         poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body)
@@ -309,13 +396,42 @@ class Fleet:
         stop = set(poll["stop"])
         async with here.training:
             self._account(here)
-            for attempt_id, attempt in list(here.attempts.items()):
-                if attempt_id not in leases or attempt_id in stop:
-                    await self._publish(self.jobs[attempt.job_id], force=True)
+            stopping = [
+                self.jobs[attempt.job_id]
+                for attempt_id, attempt in here.attempts.items()
+                if attempt_id not in leases or attempt_id in stop
+            ]
+            # each program posts its own (they are processes of their own): at once, not in turn
+            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
 
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
         is new with the token the poll minted for it. Whether something started."""
+        self._settle(here, poll)
+        return self._start(here, poll)
+
+    async def _changeover(self, here: Node, poll: Any) -> bool:
+        """A poll's changes with long polls: count the leased time, start what is new at once
+        (its restore, like the simulator's restart overhead, stands for the checkpoint that a
+        stopping attempt on its GPUs writes meanwhile), let each attempt about to stop post
+        its progress (at once, each program on its own), then stop it and note extensions.
+        Whether something started."""
+        leases = {lease["attempt_id"] for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        async with here.training:
+            self._account(here)
+            stopping = [
+                self.jobs[attempt.job_id]
+                for attempt_id, attempt in here.attempts.items()
+                if attempt_id not in leases or attempt_id in stop
+            ]
+            started = self._start(here, poll)
+            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            self._settle(here, poll)
+        return started
+
+    def _settle(self, here: Node, poll: Any) -> None:
+        """Stop what is no longer leased (owing ``checkpointed``) and note extensions."""
         leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
         stop = set(poll["stop"])
         for attempt_id in list(here.attempts):
@@ -325,6 +441,11 @@ class Fleet:
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
                 here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
+
+    def _start(self, here: Node, poll: Any) -> bool:
+        """Start each new lease with the token the poll minted for it; whether any started."""
+        leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
+        stop = set(poll["stop"])
         now = time.time()
         started = False
         for attempt_id, lease in leases.items():
@@ -354,9 +475,11 @@ class Fleet:
         due; a finished job's attempt owes ``exited 0``, a fenced one stops."""
         async with here.training:
             self._account(here)
-            for attempt in list(here.attempts.values()):
-                job = self.jobs[attempt.job_id]
-                await self._publish(job, force=job.finished)
+            attempts = list(here.attempts.values())
+            jobs = [self.jobs[attempt.job_id] for attempt in attempts]
+            # each program posts its own (processes of their own): at once, not in turn
+            await asyncio.gather(*(self._publish(job, force=job.finished) for job in jobs))
+            for attempt, job in zip(attempts, jobs, strict=True):
                 if attempt.attempt_id not in here.attempts:
                     continue  # the agent stopped it meanwhile
                 if job.fenced:
@@ -489,6 +612,15 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+async def _first_of_task(task: asyncio.Task[Any], stop: asyncio.Event) -> None:
+    """Wait until ``task`` is done or ``stop`` is set."""
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
 
 
 async def _first_of(*events: asyncio.Event, timeout: float) -> None:

@@ -108,6 +108,19 @@ class ReplayConfig:
     redis_url: str = REDIS_URL
     poll_s: float | None = None
     timeout_s: float | None = None
+    long_poll: bool | None = None
+    """The agents hold each poll open (``wait_s``: up to a poll interval) until the service has
+    something new for them, and report at once in polls of their own; False: plain polls every
+    poll interval, and quick re-polls at the round's end (the fleet before long polls). None:
+    on in the embedded mode, whose driver wakes the held polls; off in the others, where a held
+    poll re-reads its leases on a timer (``SHOCKWAVE_POLL_RECHECK_S``), not measured yet."""
+
+    @property
+    def long_polls(self) -> bool:
+        if self.long_poll is not None:
+            return self.long_poll
+        return self.mode == "embedded" and self.api is None
+
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -207,6 +220,9 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
         # the driver wakes this often to fill GPUs freed mid-round (default 0.5 s: a minute
         # of simulated time at 120x)
         SHOCKWAVE_TICK_S=f"{min(0.5, config.round_wall_s / TICKS_PER_ROUND):.6g}",
+        # a long poll re-reads its leases this often where no driver in its process wakes it
+        # (the distributed mode); the embedded service's driver wakes it at each commit
+        SHOCKWAVE_POLL_RECHECK_S=f"{min(1.0, config.round_wall_s / TICKS_PER_ROUND):.6g}",
     )
     round_wall = f"{config.round_wall_s:.6g}"
     with ExitStack() as stack:
@@ -335,6 +351,7 @@ def replay(
             "mode": "api" if config.api else config.mode,
             "time_scale": config.time_scale,
             "agent_poll_s": config.agent_poll_s,
+            "long_poll": config.long_polls,
             "restart_overhead_s": config.restart_overhead_s,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
             "request_ms": _latencies(run.latency),
@@ -354,6 +371,8 @@ class DriveOutcome:
     """Request kind -> wall seconds of each answered request of the agents and programs."""
     started: Mapping[str, float] = field(default_factory=dict)
     """Attempt id -> wall time its node started it."""
+    round_seen: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    """Round index -> node -> wall time of the first poll answer naming it as current."""
 
 
 async def _drive(
@@ -380,6 +399,7 @@ async def _drive(
         boundary_retry_s=max(MIN_RETRY_S, AGENT_POLL_S / scale),
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
+        wait_s=config.agent_poll_s if config.long_polls else None,
     )
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))
@@ -447,7 +467,9 @@ async def _drive(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(agents, 30.0)
         await client.aclose()
-    return DriveOutcome(t0, jobs, fleet.log.errors, fleet.log.latency, fleet.log.started)
+    return DriveOutcome(
+        t0, jobs, fleet.log.errors, fleet.log.latency, fleet.log.started, fleet.log.round_seen
+    )
 
 
 def _latencies(latency: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -544,7 +566,7 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
         engine.dispose()
     sources = dict.fromkeys(SOURCES, 0)
     sources.update(Counter(row.source for row in rows))
-    started = {row.index: _stamp(row.started_at) for row in rows}
+    started = {int(row._mapping["index"]): _stamp(row.started_at) for row in rows}
     late, worst = 0, 0.0
     for previous, row in itertools.pairwise(rows):
         lateness = (_stamp(row.started_at) - _stamp(previous.ends_at)) * config.time_scale
@@ -559,27 +581,55 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
             and _stamp(lease.issued_at) > started[lease.round_index] + 1e-3
         }
     )
-    return Tables(sources, fills, late, round(worst, 3), _lags(leases, config, run))
+    return Tables(sources, fills, late, round(worst, 3), _lags(leases, started, config, run))
 
 
-def _lags(leases: Sequence[Any], config: ReplayConfig, run: DriveOutcome) -> dict[str, Any]:
+def _lags(
+    leases: Sequence[Any],
+    rounds: Mapping[int, float],
+    config: ReplayConfig,
+    run: DriveOutcome,
+) -> dict[str, Any]:
     """Where leased GPU time went untrained, in simulated seconds: ``start`` from a lease's
     issue to its node starting the attempt (the boundary's commit, the poll that brings it;
-    the restore comes after), ``exit`` from a job's last epoch to its lease's ``exited``
-    report (the program's last event, the agent's report). Per lag: count, mean, median,
-    95th percentile and GPU-seconds in all."""
+    the restore comes after), split into ``start_boundary`` (leases issued at a round's
+    start) and ``start_fill`` (issued mid-round, on GPUs that freed up); ``exit`` from a job's
+    last epoch to its lease's ``exited`` report (the program's last event, the agent's
+    report); ``round_seen`` from a round's start (``rounds``: index -> wall start) to each
+    node's first poll answer naming it (the materialization and the poll that brings it).
+    Per lag: count, mean, median, 95th percentile and GPU-seconds in all."""
     finished = {job_id: p.finished_at for job_id, (_, p) in run.jobs.items()}
+    scale = config.time_scale
     start: list[tuple[float, int]] = []
+    at_boundary: list[tuple[float, int]] = []
+    at_fill: list[tuple[float, int]] = []
     exit_: list[tuple[float, int]] = []
+    starts = set(rounds.values())  # a lease keeps its issue time when a later round extends it
     for lease in leases:
         width = len(lease.gpus if isinstance(lease.gpus, list) else json.loads(lease.gpus))
         began = run.started.get(lease.id)
         if began is not None:
-            start.append(((began - _stamp(lease.issued_at)) * config.time_scale, width))
+            issued = _stamp(lease.issued_at)
+            lag = ((began - issued) * scale, width)
+            start.append(lag)
+            boundary = any(abs(issued - at) <= 1e-3 for at in starts)
+            (at_boundary if boundary else at_fill).append(lag)
         done = finished.get(lease.job_id)
         if lease.state == "EXITED" and done is not None:
-            exit_.append(((_stamp(lease.updated_at) - done) * config.time_scale, width))
-    return {"start": _lag_stats(start), "exit": _lag_stats(exit_)}
+            exit_.append(((_stamp(lease.updated_at) - done) * scale, width))
+    seen = [
+        ((at - rounds[index]) * scale, 1)
+        for index, nodes in run.round_seen.items()
+        if index in rounds
+        for at in nodes.values()
+    ]
+    return {
+        "start": _lag_stats(start),
+        "start_boundary": _lag_stats(at_boundary),
+        "start_fill": _lag_stats(at_fill),
+        "round_seen": _lag_stats(seen),
+        "exit": _lag_stats(exit_),
+    }
 
 
 def _lag_stats(lags: list[tuple[float, int]]) -> dict[str, float]:

@@ -87,6 +87,16 @@ def replay_command(
             help="Agents' poll interval in wall seconds (default: a tenth of a round).", min=0.005
         ),
     ] = None,
+    long_poll: Annotated[
+        bool | None,
+        typer.Option(
+            "--long-poll/--no-long-poll",
+            help="Agents hold each poll open until the service has news for them (a bounded "
+            "long poll, up to a poll interval); --no-long-poll: plain polls. Default: on in the "
+            "embedded mode, off otherwise.",
+            show_default=False,
+        ),
+    ] = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -129,6 +139,7 @@ def replay_command(
         token=token,
         database_url=database_url,
         poll_s=poll_seconds,
+        long_poll=long_poll,
         timeout_s=timeout,
     )
     errors.print(

@@ -221,7 +221,10 @@ def lock_key(cluster_id: str, schema: str | None) -> int:
 
 class RoundDriver:
     """Runs the rounds of one cluster (module docstring). ``request_plan`` asks the solver
-    service for a plan; ``registry`` receives the metrics (``self.metrics.registry``)."""
+    service for a plan; ``registry`` receives the metrics (``self.metrics.registry``);
+    ``leases_changed`` is called after each commit that issues or ends leases (a round, a
+    fill, nodes lost): in one process with the API it wakes the agents' long polls
+    (store.lease_signal)."""
 
     def __init__(
         self,
@@ -234,6 +237,7 @@ class RoundDriver:
         request_plan: PlanRequest = no_plan_requests,
         cluster_id: str = DEFAULT_CLUSTER,
         registry: CollectorRegistry | None = None,
+        leases_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -243,6 +247,7 @@ class RoundDriver:
         self._sleep = sleep
         self._timer = timer
         self._request_plan = request_plan
+        self._leases_changed = leases_changed
         self._lock: LeaderLock | None = None
         if engine.dialect.name == "postgresql":
             self._lock = LeaderLock(engine, lock_key(cluster_id, settings.database_schema))
@@ -279,7 +284,7 @@ class RoundDriver:
             did = True
             log.info(
                 "round %s (%s): %s jobs, leases %s issued, %s extended, %s revoked; "
-                "began %s s after due, materialized in %.3f s",
+                "began %s s after due, materialized in %.3f s (%s)",
                 outcome.index,
                 outcome.source,
                 len(outcome.jobs),
@@ -288,6 +293,7 @@ class RoundDriver:
                 outcome.revoked,
                 "-" if lateness is None else f"{lateness:.3f}",
                 took,
+                ", ".join(f"{phase} {s:.3f}" for phase, s in outcome.phases.items()),
             )
             cluster = self._cluster()
             self._filled_version = (cluster.current_round, cluster.state_version)
@@ -364,6 +370,7 @@ class RoundDriver:
         with Session(self.engine) as session:
             lost = leases.mark_lost_nodes(session, self.cluster_id, now, self.settings.node_ttl_s)
         if lost is not None:
+            self._leases_changed()
             self.last_lost = lost
             self.metrics.nodes_lost.inc(len(lost.nodes))
             log.warning(
@@ -377,6 +384,7 @@ class RoundDriver:
     def _start_round(self, now: float) -> RoundOutcome:
         with Session(self.engine) as session:
             outcome = leases.start_round(session, self.cluster_id, now)
+        self._leases_changed()
         self.last_round = outcome
         self.metrics.observe_round(outcome)
         return outcome
@@ -388,6 +396,7 @@ class RoundDriver:
             fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
         if not fill.jobs:
             return False
+        self._leases_changed()
         self.last_fill = fill
         self.metrics.fills.inc(len(fill.jobs))
         self.metrics.leases.labels("issued").inc(fill.issued)

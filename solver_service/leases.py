@@ -29,6 +29,7 @@ joined).
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -71,6 +72,9 @@ class RoundOutcome:
     started_at: datetime
     ends_at: datetime
     unfit: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Wall seconds of each step of the boundary: ``gather`` (reads and locks), ``engine``,
+    ``apply`` (lease and round writes, flushed) and ``commit``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +115,13 @@ def at(now: float) -> datetime:
 
 def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring)."""
+    clock = [time.perf_counter()]
+    phases: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        clock.append(time.perf_counter())
+        phases[phase] = clock[-1] - clock[-2]
+
     ensure_cluster(session, cluster_id)
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
@@ -123,18 +134,23 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
     plan = freshest_plan(session, cluster.id, r)
+    waiting = _waiting(jobs.values(), plan.widths if plan is not None else {})
+    unconfirmed = _unconfirmed(session, jobs, held, r)
+    settling = _settling(session)
+    lap("gather")
     changes = engine.boundary(
         r=r,
         now=now,
         state_version=cluster.state_version,
-        jobs=_waiting(jobs.values(), plan.widths if plan is not None else {}),
+        jobs=waiting,
         plans=[_engine_plan(plan)] if plan is not None else [],
         leases=held,
         cluster=layout.cluster if layout is not None else None,
-        unconfirmed=_unconfirmed(session, jobs, held, r),
+        unconfirmed=unconfirmed,
         conserve=True,
-        settling=_settling(session),
+        settling=settling,
     )
+    lap("engine")
     issued, extended, revoked, suspended = _apply(
         session, changes, jobs, live, layout, r, started, ends
     )
@@ -176,8 +192,11 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         started_at=started,
         ends_at=ends,
         unfit=dict(changes.unfit),
+        phases=phases,
     )
+    lap("apply")
     session.commit()
+    lap("commit")
     return outcome
 
 

@@ -6,11 +6,13 @@ node). See :mod:`api.agent` for what each one does.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
+from starlette.concurrency import run_in_threadpool
 
-from api import agent
+from api import admission, agent
 from api.agent_schemas import (
     AgentPoll,
     AttemptIdPath,
@@ -26,6 +28,8 @@ from api.agent_schemas import (
 from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import Problem, openapi_problems
+from api.settings import Settings
+from store.lease_signal import LeaseSignal
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 AGENTS = access(admin=ANY, user=DENIED, agent=OWN, job=DENIED)
@@ -121,15 +125,41 @@ def leases(
     summary="Poll: reports, heartbeat and leases in one request",
     openapi_extra=AGENTS,
 )
-def poll(data: AgentPoll, session: SessionDep, principal: CurrentPrincipal) -> PollAnswer:
+async def poll(
+    data: AgentPoll, request: Request, session: SessionDep, principal: CurrentPrincipal
+) -> PollAnswer:
     """What an agent does each contact, in one round trip: deliver its ``reports`` (each
     answered as its own status report would be, in ``reports``), heartbeat (unless
     ``heartbeat`` is false), and learn the leases to run and the attempts to stop. A live lease
     listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
     ``running`` report would otherwise say. The agent's own loop uses this; the separate
-    heartbeat, leases and status endpoints answer the same questions one at a time."""
+    heartbeat, leases and status endpoints answer the same questions one at a time.
+
+    With ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
+    (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as the
+    round driver of this process commits a round or a fill (store.lease_signal), and at least
+    every ``poll_recheck_s``. While held the request takes no thread, no connection and no
+    admission slot."""
     node_id = agent.acting_node(principal, data.node)
-    return agent.poll(session, principal, node_id, data)
+    signal: LeaseSignal = request.app.state.lease_signal
+    seen = signal.generation
+    answer = await run_in_threadpool(agent.poll, session, principal, node_id, data)
+    if data.wait_s <= 0 or agent.has_news(answer, data):
+        return answer
+    settings: Settings = request.app.state.settings
+    deadline = time.monotonic() + data.wait_s
+    again = data.model_copy(update={"reports": [], "heartbeat": False, "logs": {}})
+    while (left := deadline - time.monotonic()) > 0:
+        async with admission.released():
+            notified = await signal.wait(seen, min(left, settings.poll_recheck_s))
+        if not notified and deadline - time.monotonic() <= 0:
+            break  # held to the end with no news: the first answer still holds
+        seen = signal.generation
+        fresh = await run_in_threadpool(agent.poll, session, principal, node_id, again)
+        answer = fresh.model_copy(update={"reports": answer.reports})
+        if agent.has_news(fresh, data):
+            break
+    return answer
 
 
 @router.post(

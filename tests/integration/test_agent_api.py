@@ -4,11 +4,15 @@ state machine driven by reports, and an agent never seeing another node's leases
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
+from solver_service.driver import DriverSettings, RoundDriver
 from store.tables import NodeRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, RecordedPlanRequests, Tokens
@@ -656,3 +660,82 @@ def test_a_poll_from_an_unknown_node_is_a_404_and_bad_reports_name_the_field(
         "/v1/agent/poll", json={"running": ["a"] * 1025}, headers=bearer(tokens.agent)
     )
     assert "running" in str(assert_problem(too_many, 422))
+
+
+def test_a_long_poll_is_held_while_nothing_is_new_and_answered_when_the_driver_commits(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wait_s``: with nothing new for the node the answer waits (no news, the same answer
+    after ``wait_s``); the round driver of the same process committing a round that leases a
+    job to the node wakes a waiting poll at once, long before its ``wait_s``."""
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    idle = contact(client, tokens.agent)
+    began = time.monotonic()
+    held = contact(client, tokens.agent, wait_s=0.3, seen_round=idle["current_round"])
+    assert time.monotonic() - began >= 0.28
+    assert (held["current_round"], held["leases"]) == (idle["current_round"], [])
+
+    job = submit(client, tokens.admin)
+    state = client.app.state  # type: ignore[attr-defined]
+    monkeypatch.setattr(state.settings, "poll_recheck_s", 60.0)  # only the signal wakes it
+    signal = state.lease_signal
+    answers: list[dict[str, Any]] = []
+    body = {"wait_s": 20.0, "seen_round": idle["current_round"], "tokens": True}
+    waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
+    began = time.monotonic()
+    waiting.start()
+    time.sleep(0.2)
+    assert waiting.is_alive(), "held: the node has nothing new yet"
+    settings = DriverSettings(
+        database_url=database.url, database_schema=database.schema, round_seconds=ROUND_S
+    )
+    late = RoundDriver(database.engine, settings, leases_changed=signal.notify)
+    try:
+        late.step(now() + 1.0)  # the next boundary: the job is leased to the node
+    finally:
+        late.close()
+    waiting.join(timeout=10.0)
+    assert not waiting.is_alive() and time.monotonic() - began < 5.0
+    (answer,) = answers
+    assert answer["current_round"] == idle["current_round"] + 1
+    assert [lease["job_id"] for lease in answer["leases"]] == [job]
+    assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
+
+
+def test_a_long_poll_with_news_answers_at_once_and_a_bad_wait_is_refused(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A lease the node does not run yet is news: no wait. ``wait_s`` is bounded."""
+    _, attempt = one_lease(client, tokens, database)
+    began = time.monotonic()
+    answer = contact(client, tokens.agent, wait_s=20.0, seen_round=0)
+    assert time.monotonic() - began < 5.0
+    assert [lease["attempt_id"] for lease in answer["leases"]] == [attempt]
+    too_long = client.post("/v1/agent/poll", json={"wait_s": 31}, headers=bearer(tokens.agent))
+    assert "wait_s" in str(assert_problem(too_long, 422))
+
+
+def test_a_long_poll_with_no_driver_in_its_process_rereads_the_leases_on_a_timer(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The distributed service: the driver runs elsewhere and wakes nobody; a held poll reads
+    its leases again every ``poll_recheck_s`` and answers once the new round is there."""
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    seen = contact(client, tokens.agent)["current_round"]
+    submit(client, tokens.admin)
+    monkeypatch.setattr(client.app.state.settings, "poll_recheck_s", 0.05)  # type: ignore[attr-defined]
+    answers: list[dict[str, Any]] = []
+    body = {"wait_s": 20.0, "seen_round": seen, "tokens": True}
+    waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
+    began = time.monotonic()
+    waiting.start()
+    time.sleep(0.2)
+    with driver_on(database) as (driver, _):  # notifies nobody
+        driver.step(now() + 1.0)
+    waiting.join(timeout=10.0)
+    assert not waiting.is_alive() and time.monotonic() - began < 5.0
+    assert answers[0]["current_round"] == seen + 1 and len(answers[0]["leases"]) == 1

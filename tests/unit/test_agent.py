@@ -18,11 +18,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
 from agent import wrap
-from agent.client import ApiUnavailable, Backoff, Lease, LeasePoll, Report
+from agent.client import (
+    AgentClient,
+    ApiUnavailable,
+    Backoff,
+    Lease,
+    LeasePoll,
+    Report,
+    Wait,
+    parse_time,
+)
 from agent.config import AgentConfig, Machine
 from agent.loop import LOG_TAIL_BYTES, NOT_RUN, Agent
 from agent.runtime import (
@@ -180,6 +190,10 @@ class FakeServer:
     mint: bool = True
     """Whether a poll asking for tokens gets them (else the agent asks one at a time)."""
     asked_tokens: list[str] = field(default_factory=list)
+    round: tuple[int, float] | None = None
+    """The current round and its end, as a poll answer names them (None: not said)."""
+    waits: list[Wait | None] = field(default_factory=list)
+    """The long-poll request of each poll (None: answer at once)."""
 
     def _call(self) -> None:
         if self.down:
@@ -196,8 +210,10 @@ class FakeServer:
         heartbeat: bool,
         tokens: bool,
         logs: dict[str, str] | None = None,
+        wait: Wait | None = None,
     ) -> LeasePoll:
         self._call()
+        self.waits.append(wait)
         self.logs.update(logs or {})
         answers = []
         for r in reports:
@@ -214,6 +230,8 @@ class FakeServer:
             stop=frozenset(self.stop),
             reports=tuple(answers),
             tokens=minted,
+            current_round=None if self.round is None else self.round[0],
+            round_ends_at=None if self.round is None else self.round[1],
         )
 
     def job_token(self, attempt_id: str) -> str:
@@ -579,3 +597,58 @@ def test_the_wrapper_stops_a_job_whose_agent_is_gone(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+def test_the_agent_polls_at_the_rounds_end_and_asks_the_server_to_hold_it_for_the_next(
+    tmp_path: Path, world: Any
+) -> None:
+    """Between boundaries: plain polls every poll interval. The contact after the round's end
+    comes at the end (not a poll interval later) and is a bounded long poll from the round it
+    saw, so the next round's leases start when the server has them; a round much later than
+    due gets plain polls again."""
+    server, runtime, clock = world
+    server.round = (3, clock.now + 1.75)
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 1.5, tick=0.25)
+    assert server.waits and all(wait is None for wait in server.waits), "mid-round: plain"
+    polls = len(server.waits)
+    run_for(agent, clock, 0.5, tick=0.25)  # 1.5 -> 2.0: the round ends at 1.75
+    assert server.waits[polls:] == [Wait(1.0, 3)], "at the end, held for round 4"
+    server.round = (3, clock.now - 10.0)  # the driver is far behind: no holding the loop
+    run_for(agent, clock, 2.0, tick=0.25)
+    assert server.waits[-1] is None
+
+
+def test_the_client_sends_a_long_poll_and_falls_back_to_plain_polls_on_an_older_server() -> None:
+    """An older server refuses the unknown ``wait_s`` (422): the poll is sent again plainly,
+    and no later poll asks again. The answer's round is read."""
+    bodies: list[dict[str, Any]] = []
+    old_server = True
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if old_server and "wait_s" in body:
+            return httpx.Response(422, json={"title": "Invalid input", "detail": "wait_s"})
+        return httpx.Response(
+            200,
+            json={
+                "leases": [],
+                "stop": [],
+                "reports": [],
+                "tokens": {},
+                "current_round": 4,
+                "round_ends_at": "2026-11-27T10:00:00+00:00",
+            },
+        )
+
+    client = AgentClient("http://api", None, "n1", 1.0, transport=httpx.MockTransport(answer))
+    poll = client.poll([], [], True, True, wait=Wait(1.0, 3))
+    assert (poll.current_round, poll.round_ends_at) == (4, parse_time("2026-11-27T10:00:00Z"))
+    assert [("wait_s" in b, b.get("seen_round")) for b in bodies] == [(True, 3), (False, None)]
+    client.poll([], [], True, True, wait=Wait(1.0, 4))
+    assert "wait_s" not in bodies[-1] and len(bodies) == 3
+    old_server = False
+    fresh = AgentClient("http://api", None, "n1", 1.0, transport=httpx.MockTransport(answer))
+    fresh.poll([], [], True, True, wait=Wait(1.0, 4))
+    assert bodies[-1]["wait_s"] == 1.0 and bodies[-1]["seen_round"] == 4

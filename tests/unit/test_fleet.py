@@ -188,3 +188,43 @@ def test_a_refusal_of_an_older_attempts_token_does_not_stop_the_newer_attempt() 
     assert not j1.fenced
     asyncio.run(fleet._job_event(j1, {"seq": 2, "kind": "progress"}))  # a2's own token refused
     assert j1.fenced
+
+
+def test_a_changeover_starts_the_new_lease_before_the_stopping_attempt_posts_its_last_epoch(
+) -> None:  # fmt: skip
+    """With long polls a new lease starts at once (its restore stands for the checkpoint the
+    stopping attempt writes); the stopping attempt's last progress goes out after, and its
+    ``checkpointed`` report after that."""
+    done = job("j1", epochs=4, epoch_s=0.0001)
+    done.epochs_done, done.posted_epoch, done.token = 2, 2, "tok-old"
+    jobs = {"j1": done, "j2": job("j2")}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    node.attempts["a1"] = Attempt("a1", "j1", T1, time.time() - 1.0)
+    started_at: list[float] = []
+    real_start = fleet._start
+
+    def start(here: Node, poll: Any) -> bool:
+        started_at.append(len(fleet.calls))
+        return real_start(here, poll)
+
+    fleet._start = start  # type: ignore[method-assign]
+    poll = answer([lease("a2", "j2")], a2="tok-2")  # a1 is gone: it stops
+    assert asyncio.run(fleet._changeover(node, poll))
+    assert started_at == [0], "started before any request"
+    assert list(node.attempts) == ["a2"] and jobs["j2"].token == "tok-2"
+    assert [(kind, body and body["epoch"]) for kind, _, body in fleet.calls] == [
+        ("progress", 3),
+        ("progress", 4),
+    ]
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
+
+
+def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_no_reports() -> None:
+    fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
+    node = Node("agent-token", seen_round=7)
+    node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
+    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True, wait_s=0.1, reports=False))
+    (_, _, body) = fleet.calls[0]
+    assert body is not None
+    assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [])
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}], "still owed"
