@@ -434,6 +434,7 @@ def pack_rounds(
     counts: npt.NDArray[np.int64],
     priority: Sequence[float],
     deadlines: Sequence[float] | None = None,
+    wait_for_ends: bool = False,
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
@@ -463,12 +464,29 @@ def pack_rounds(
         if priority[i] > 0 and counts[i] > 0 and problem.rem[i, int(counts[i])] <= 0
     }
     first: set[int] = set()
+    later: set[int] = set()
+    kept: tuple[list[list[str]], list[int]] | None = None
+    displaced: set[int] = set()
     while True:
-        members, placed = _pack(problem, counts, priority, first, deadlines)
+        members, placed = _pack(problem, counts, priority, first, deadlines, later)
         stranded = {i for i in finishing_late - first if placed[i] == 0}
-        if not stranded:
+        if stranded:
+            first |= stranded
+            continue
+        if kept is not None and not (
+            _displaced(problem, counts, members) < displaced
+            and _start_on_ends(problem, members, later)
+        ):
+            # deferring won no running job its GPUs back, or a deferred job would not start
+            # on the GPUs that free up inside round 0: undo it
+            members, placed = kept
             break
-        first |= stranded
+        displaced = _displaced(problem, counts, members)
+        deferred = _deferrable(problem, members, displaced, first | later) if wait_for_ends else []
+        if not deferred:
+            break
+        kept = (members, placed)
+        later |= set(deferred)
     lost = int(sum(int(counts[i]) - placed[i] for i in range(len(problem.jobs))))
     return tuple(tuple(m) for m in members), lost
 
@@ -479,9 +497,10 @@ def _pack(
     priority: Sequence[float],
     first: set[int],
     deadlines: Sequence[float] | None = None,
+    later: set[int] | None = None,
 ) -> tuple[list[list[str]], list[int]]:
-    """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest;
-    returns the rounds' members and the rounds each job got."""
+    """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest and
+    those in ``later`` after it; returns the rounds' members and the rounds each job got."""
     t = problem.rounds
     free = np.full(t, problem.total_gpus, dtype=np.int64)
     members: list[list[str]] = [[] for _ in range(t)]
@@ -491,10 +510,13 @@ def _pack(
         urgent = problem.jobs[i].running or priority[i] > 0
         return deadlines[i] if deadlines is not None and urgent else -priority[i]
 
+    later = later or set()
+
     order = sorted(
         range(len(problem.jobs)),
         key=lambda i: (
             i not in first,
+            i in later,
             int(counts[i]) < problem.rounds,
             not (problem.jobs[i].running or priority[i] > 0),
             urgency(i),
@@ -521,6 +543,65 @@ def _pack(
     return members, placed
 
 
+def _displaced(
+    problem: Problem, counts: npt.NDArray[np.int64], members: list[list[str]]
+) -> set[int]:
+    """Running jobs with rounds in the window that the packing left out of round 0."""
+    now = set(members[0]) if members else set()
+    return {
+        i
+        for i, job in enumerate(problem.jobs)
+        if job.running and counts[i] > 0 and job.job_id not in now
+    }
+
+
+def _start_on_ends(problem: Problem, members: list[list[str]], later: set[int]) -> bool:
+    """Whether each job of ``later`` is in round 1 and, with the jobs that start at round 1
+    ahead of it in that column (the mid-round fill's order), fits the GPUs of the jobs that
+    end inside round 0."""
+    if len(members) < 2:
+        return False
+    index = {job.job_id: i for i, job in enumerate(problem.jobs)}
+    ending = sum(problem.jobs[index[j]].gpus for j in members[0] if problem.rem[index[j], 1] <= 0)
+    waiting = {problem.jobs[i].job_id for i in later}
+    if not waiting <= set(members[1]):
+        return False
+    starting = 0
+    for job_id in members[1]:
+        if job_id in members[0]:
+            continue
+        starting += problem.jobs[index[job_id]].gpus
+        waiting.discard(job_id)
+        if not waiting:
+            break
+    return starting <= ending
+
+
+def _deferrable(
+    problem: Problem, members: list[list[str]], displaced: set[int], moved: set[int]
+) -> list[int]:
+    """Jobs of round 0 not running (the last packed first, none of ``moved``) that can wait
+    for the GPUs of the round-0 jobs ending inside it, until they free the displaced jobs'
+    GPUs; none when no running job was displaced or no job ends in round 0."""
+    if not displaced or not members:
+        return []
+    index = {job.job_id: i for i, job in enumerate(problem.jobs)}
+    round0 = [index[j] for j in members[0]]
+    ending = sum(problem.jobs[i].gpus for i in round0 if problem.rem[i, 1] <= 0)
+    need = sum(problem.jobs[i].gpus for i in displaced)
+    chosen: list[int] = []
+    freed = 0
+    for i in reversed(round0):
+        if freed >= need:
+            break
+        job = problem.jobs[i]
+        if job.running or i in moved or freed + job.gpus > ending:
+            continue
+        chosen.append(i)
+        freed += job.gpus
+    return chosen
+
+
 def plan(
     jobs: Sequence[PlanJob],
     total_gpus: int,
@@ -528,9 +609,10 @@ def plan(
     round_seconds: float,
     priority: Sequence[float] | None = None,
     deadlines: Sequence[float] | None = None,
+    wait_for_ends: bool = False,
 ) -> Plan:
     """Solve the window for ``jobs`` and pack it into rounds (never raises on a hard instance);
-    ``priority`` and ``deadlines``: the packing order (:func:`pack_rounds`)."""
+    ``priority``, ``deadlines`` and ``wait_for_ends``: the packing order (:func:`pack_rounds`)."""
     if not jobs:
         empty: tuple[tuple[str, ...], ...] = tuple(() for _ in range(params.rounds))
         return Plan({}, empty, 0.0, 0.0, 0.0, SolveStatus.EMPTY)
@@ -558,7 +640,7 @@ def plan(
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
-    rounds, lost = pack_rounds(problem, counts, weights, deadlines)
+    rounds, lost = pack_rounds(problem, counts, weights, deadlines, wait_for_ends)
     return Plan(
         counts={j.job_id: int(c) for j, c in zip(jobs, counts, strict=True)},
         rounds=rounds,

@@ -104,6 +104,9 @@ class ShockwaveParams:
     ``packing_order``: the order in which the plan's running and late jobs take round 0
     (:data:`PACKING_ORDERS`): ``deadline`` (earliest fairness deadline first, the default) or
     ``laxity`` (least laxity first; docs/policy.md, "Packing order").
+    ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
+    job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
+    :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -130,6 +133,7 @@ class ShockwaveParams:
     elastic_replan: str | None = "lazy"
     elastic_widen_load: float = 1.0
     packing_order: str = "deadline"
+    wait_for_ends: bool = True
 
     def __post_init__(self) -> None:
         if self.packing_order not in PACKING_ORDERS:
@@ -149,6 +153,8 @@ class ShockwaveParams:
                 f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
             )
         check_regime_predictor(self.regime_predictor)
+        if not isinstance(self.wait_for_ends, (bool, int)):
+            raise ValueError("wait_for_ends must be a bool")
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
@@ -377,7 +383,15 @@ class Shockwave:
         deadlines = None
         if params.packing_order == "deadline":
             deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
-        return plan(jobs, snapshot.cluster.total_gpus, params.planner, length, priority, deadlines)
+        return plan(
+            jobs,
+            snapshot.cluster.total_gpus,
+            params.planner,
+            length,
+            priority,
+            deadlines,
+            bool(params.wait_for_ends),
+        )
 
     def solve_widths(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
