@@ -389,18 +389,22 @@ class Fleet:
                 wait = min(wait, max(0.0, done - now) + 1e-4)
         return wait
 
+    def _stopping(self, here: Node, poll: Any) -> list[TrainingJob]:
+        """The jobs of ``here``'s attempts that ``poll`` no longer leases or tells to stop."""
+        leases = {lease["attempt_id"] for lease in poll["leases"]}
+        stop = set(poll["stop"])
+        return [
+            self.jobs[attempt.job_id]
+            for attempt_id, attempt in here.attempts.items()
+            if attempt_id not in leases or attempt_id in stop
+        ]
+
     async def _before_stop(self, here: Node, poll: Any) -> None:
         """Before the leases change: count the leased time, and let each attempt about to
         stop post its progress (the SDK's last report before it checkpoints)."""
-        leases = {lease["attempt_id"] for lease in poll["leases"]}
-        stop = set(poll["stop"])
         async with here.training:
             self._account(here)
-            stopping = [
-                self.jobs[attempt.job_id]
-                for attempt_id, attempt in here.attempts.items()
-                if attempt_id not in leases or attempt_id in stop
-            ]
+            stopping = self._stopping(here, poll)
             # each program posts its own (they are processes of their own): at once, not in turn
             await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
 
@@ -416,15 +420,9 @@ class Fleet:
         stopping attempt on its GPUs writes meanwhile), let each attempt about to stop post
         its progress (at once, each program on its own), then stop it and note extensions.
         Whether something started."""
-        leases = {lease["attempt_id"] for lease in poll["leases"]}
-        stop = set(poll["stop"])
         async with here.training:
             self._account(here)
-            stopping = [
-                self.jobs[attempt.job_id]
-                for attempt_id, attempt in here.attempts.items()
-                if attempt_id not in leases or attempt_id in stop
-            ]
+            stopping = self._stopping(here, poll)
             started = self._start(here, poll)
             await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
             self._settle(here, poll)
