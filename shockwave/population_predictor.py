@@ -158,7 +158,9 @@ def predict_population(
     if left <= _EPS:
         return paper
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    groups = _consulted(_groups(prior, job), job, population)
+    everyone = _groups(prior, job)
+    censoring = _censoring(job, everyone[0])
+    groups = _consulted(everyone, job, population, censoring)
     key = (
         spec.mode,
         spec.model,
@@ -176,13 +178,12 @@ def predict_population(
     if candidates is None:
         unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
         candidates = (
-            *_from_templates(job, groups, population, prefix),
+            *_from_templates(job, groups, population, prefix, censoring),
             _from_paper(unrefined, population.prior_weight),
         )
         _CANDIDATES.put(key, groups, candidates)
     alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
     static = population.static_weight
-    censoring = _censoring(job, groups[0])
     if censoring is not None and prefix[-1] in censoring.grown_from:
         static = population.grown_static_weight
     alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
@@ -229,16 +230,18 @@ def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
     return tuple(same_model), tuple(other_models)
 
 
-def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) -> _Groups:
+def _consulted(
+    groups: _Groups, job: ActiveJob, population: PopulationParams, censoring: _Censoring | None
+) -> _Groups:
     """``groups`` without the other models' when the job's own model holds enough jobs of a
-    similar length (they would not be consulted)."""
+    similar length (they would not be consulted); ``censoring``: the job's, from its own
+    model's groups (:func:`_censoring`)."""
     own, others = groups
     if not others:
         return groups
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
-    censoring = _censoring(job, own)
     support = sum(
         float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
         for group in own
@@ -248,14 +251,18 @@ def _consulted(groups: _Groups, job: ActiveJob, population: PopulationParams) ->
 
 
 def _from_templates(
-    job: ActiveJob, groups: _Groups, population: PopulationParams, prefix: Sequence[int]
+    job: ActiveJob,
+    groups: _Groups,
+    population: PopulationParams,
+    prefix: Sequence[int],
+    censoring: _Censoring | None,
 ) -> Iterator[_Candidates]:
-    """Candidates from the job's own model, backing off to other models while it is thin."""
+    """Candidates from the job's own model, backing off to other models while it is thin;
+    ``censoring`` as in :func:`_consulted`."""
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
     own, others = groups
-    censoring = _censoring(job, own)
     levels = [(1.0, own), (population.mode_weight, others)]
     support = 0.0
     k = len(prefix) - 1
