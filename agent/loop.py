@@ -296,11 +296,7 @@ class Agent:
                 tail = log_tail(Path(running.handle.log_file))
                 if tail is not None:
                     logs[running.attempt_id] = tail
-        here = sorted(self.state.attempts)
-        if wait is None:
-            poll = self.client.poll(here, sent, heartbeat, tokens, logs)
-        else:
-            poll = self.client.poll(here, sent, heartbeat, tokens, logs, wait=wait)
+        poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens, logs, wait)
         for attempt in logs:
             self.final_logs.pop(attempt, None)
         del self.state.outbox[: len(sent)]
