@@ -273,9 +273,7 @@ class Fleet:
         while not stop.is_set():
             started = loop.time()
             beat = started >= next_beat
-            async with here.sending:  # what is owed goes first, so the server's view is current
-                if here.outbox:
-                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+            await self._deliver(here)  # what is owed goes first, so the server's view is current
             polling = asyncio.create_task(
                 self._poll(
                     here,
@@ -315,11 +313,16 @@ class Fleet:
         poll waits: a poll of its own, no heartbeat, no tokens."""
         while not stop.is_set():
             await _first_of(stop, here.wake, timeout=self.heartbeat_s)
-            async with here.sending:
-                if here.outbox:
-                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
-                if not here.outbox:
-                    here.wake.clear()
+            await self._deliver(here)
+            if not here.outbox:
+                here.wake.clear()
+
+    async def _deliver(self, here: Node) -> None:
+        """The node's owed reports, in a poll of their own (no heartbeat, no tokens), one
+        sender at a time so that they leave in order and once."""
+        async with here.sending:
+            if here.outbox:
+                await self._poll(here, "poll ack", heartbeat=False, tokens=False)
 
     def until_boundary_poll(self, round_ends_in: float) -> float:
         """Seconds until the poll for the next round, given that the round a poll answer
