@@ -114,13 +114,6 @@ class ReplayConfig:
     poll interval, and quick re-polls at the round's end (the fleet before long polls). None:
     on in the embedded mode, whose driver wakes the held polls; off in the others, where a held
     poll re-reads its leases on a timer (``SHOCKWAVE_POLL_RECHECK_S``), not measured yet."""
-
-    @property
-    def long_polls(self) -> bool:
-        if self.long_poll is not None:
-            return self.long_poll
-        return self.mode == "embedded" and self.api is None
-
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -132,6 +125,13 @@ class ReplayConfig:
     @property
     def agent_poll_s(self) -> float:
         return self.poll_s if self.poll_s is not None else max(0.02, self.round_wall_s / 10)
+
+    @property
+    def long_polls(self) -> bool:
+        """Whether the agents long-poll (``long_poll``, or its default for the mode)."""
+        if self.long_poll is not None:
+            return self.long_poll
+        return self.mode == "embedded" and self.api is None
 
 
 @dataclass(frozen=True, slots=True)
