@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -467,22 +467,25 @@ def pack_rounds(
     later: set[int] = set()
     kept: tuple[list[list[str]], list[int]] | None = None
     displaced: set[int] = set()
+    index = {job.job_id: i for i, job in enumerate(problem.jobs)} if wait_for_ends else {}
     while True:
         members, placed = _pack(problem, counts, priority, first, deadlines, later)
         stranded = {i for i in finishing_late - first if placed[i] == 0}
         if stranded:
             first |= stranded
             continue
+        if not wait_for_ends:
+            break
+        left_out = _displaced(problem, counts, members)
         if kept is not None and not (
-            _displaced(problem, counts, members) < displaced
-            and _start_on_ends(problem, members, later)
+            left_out < displaced and _start_on_ends(problem, index, members, later)
         ):
             # deferring won no running job its GPUs back, or a deferred job would not start
             # on the GPUs that free up inside round 0: undo it
             members, placed = kept
             break
-        displaced = _displaced(problem, counts, members)
-        deferred = _deferrable(problem, members, displaced, first | later) if wait_for_ends else []
+        displaced = left_out
+        deferred = _deferrable(problem, index, members, displaced, first | later)
         if not deferred:
             break
         kept = (members, placed)
@@ -555,14 +558,20 @@ def _displaced(
     }
 
 
-def _start_on_ends(problem: Problem, members: list[list[str]], later: set[int]) -> bool:
+def _ending_gpus(problem: Problem, round0: Sequence[int]) -> int:
+    """GPUs of the jobs of round 0 (indices ``round0``) that end inside it."""
+    return sum(problem.jobs[i].gpus for i in round0 if problem.rem[i, 1] <= 0)
+
+
+def _start_on_ends(
+    problem: Problem, index: Mapping[str, int], members: list[list[str]], later: set[int]
+) -> bool:
     """Whether each job of ``later`` is in round 1 and, with the jobs that start at round 1
     ahead of it in that column (the mid-round fill's order), fits the GPUs of the jobs that
-    end inside round 0."""
+    end inside round 0. ``index``: job id -> index in ``problem.jobs``."""
     if len(members) < 2:
         return False
-    index = {job.job_id: i for i, job in enumerate(problem.jobs)}
-    ending = sum(problem.jobs[index[j]].gpus for j in members[0] if problem.rem[index[j], 1] <= 0)
+    ending = _ending_gpus(problem, [index[j] for j in members[0]])
     waiting = {problem.jobs[i].job_id for i in later}
     if not waiting <= set(members[1]):
         return False
@@ -578,16 +587,20 @@ def _start_on_ends(problem: Problem, members: list[list[str]], later: set[int]) 
 
 
 def _deferrable(
-    problem: Problem, members: list[list[str]], displaced: set[int], moved: set[int]
+    problem: Problem,
+    index: Mapping[str, int],
+    members: list[list[str]],
+    displaced: set[int],
+    moved: set[int],
 ) -> list[int]:
     """Jobs of round 0 not running (the last packed first, none of ``moved``) that can wait
     for the GPUs of the round-0 jobs ending inside it, until they free the displaced jobs'
-    GPUs; none when no running job was displaced or no job ends in round 0."""
+    GPUs; none when no running job was displaced or no job ends in round 0. ``index`` as in
+    :func:`_start_on_ends`."""
     if not displaced or not members:
         return []
-    index = {job.job_id: i for i, job in enumerate(problem.jobs)}
     round0 = [index[j] for j in members[0]]
-    ending = sum(problem.jobs[i].gpus for i in round0 if problem.rem[i, 1] <= 0)
+    ending = _ending_gpus(problem, round0)
     need = sum(problem.jobs[i].gpus for i in displaced)
     chosen: list[int] = []
     freed = 0
