@@ -70,6 +70,12 @@ first. ``srpt-all``: every job shortest remaining first (fairness is left to the
 ``laxity``: least laxity first."""
 
 
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class ShockwaveParams:
     """Every knob of the policy, with its default.
@@ -136,18 +142,10 @@ class ShockwaveParams:
     wait_for_ends: bool = True
 
     def __post_init__(self) -> None:
-        if self.packing_order not in PACKING_ORDERS:
-            raise ValueError(
-                f"packing_order must be one of {', '.join(PACKING_ORDERS)}, "
-                f"got {self.packing_order!r}"
-            )
+        _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
         if self.replan not in REPLAN_MODES:
             raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
-        if self.elastic_order not in ELASTIC_ORDERS:
-            raise ValueError(
-                f"elastic_order must be one of {', '.join(ELASTIC_ORDERS)}, "
-                f"got {self.elastic_order!r}"
-            )
+        _check_choice("elastic_order", self.elastic_order, ELASTIC_ORDERS)
         if self.elastic_replan is not None and self.elastic_replan not in REPLAN_MODES:
             raise ValueError(
                 f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
