@@ -274,14 +274,9 @@ def lm(regimes_: Sequence[tuple[int, int]]) -> FinishedJob:
     return finished(regimes_, mode=GNS, model="LM", ladder=LM_LADDER)
 
 
-def test_a_shorter_gns_template_that_ended_below_the_top_is_continued_up_the_ladder() -> None:
-    # Three LM jobs of 40 epochs ended at 20: they stopped climbing because they ended. Another
-    # LM job grew from 20, so 20 is no ceiling for the model. A job of 200 epochs now at 20 is
-    # predicted to climb to 80 (the 120-job trace's job 22: without this it was predicted to
-    # stay at 20 for its last 180 epochs, 60% too long).
-    short = [lm([(5, 10), (10, 10), (20, 20)]) for _ in range(3)]
-    prior = learnt(*short, lm([(20, 10), (40, 10)]))
-    running = job(
+def lm_job_at_20() -> ActiveJob:
+    """An LM GNS job of 200 epochs that went 5 -> 10 -> 20 in its first 20 and is at 25."""
+    return job(
         mode=GNS,
         model="LM",
         ladder=LM_LADDER,
@@ -290,6 +285,16 @@ def test_a_shorter_gns_template_that_ended_below_the_top_is_continued_up_the_lad
         batch_size=20,
         epochs_done=25.0,
     )
+
+
+def test_a_shorter_gns_template_that_ended_below_the_top_is_continued_up_the_ladder() -> None:
+    # Three LM jobs of 40 epochs ended at 20: they stopped climbing because they ended. Another
+    # LM job grew from 20, so 20 is no ceiling for the model. A job of 200 epochs now at 20 is
+    # predicted to climb to 80 (the 120-job trace's job 22: without this it was predicted to
+    # stay at 20 for its last 180 epochs, 60% too long).
+    short = [lm([(5, 10), (10, 10), (20, 20)]) for _ in range(3)]
+    prior = learnt(*short, lm([(20, 10), (40, 10)]))
+    running = lm_job_at_20()
 
     prediction = predict_population(running, prior)
 
@@ -300,15 +305,7 @@ def test_a_shorter_gns_template_that_ended_below_the_top_is_continued_up_the_lad
 def test_a_shorter_gns_template_stays_put_where_its_model_never_grew() -> None:
     # The same short jobs, but no LM job ever left 20: the model's GNS jobs may stop there.
     prior = learnt(*(lm([(5, 10), (10, 10), (20, 20)]) for _ in range(3)))
-    running = job(
-        mode=GNS,
-        model="LM",
-        ladder=LM_LADDER,
-        epochs=200,
-        observed=[(5, 10), (10, 10)],
-        batch_size=20,
-        epochs_done=25.0,
-    )
+    running = lm_job_at_20()
 
     assert regimes(predict_population(running, prior)) == [(5, 10.0), (10, 10.0), (20, 180.0)]
 
