@@ -147,6 +147,7 @@ def test_a_held_poll_is_answered_at_once_when_a_driver_in_another_process_commit
         register(client, agent)
         driver = Supervised("driver", argv, env, log, grace_s=10.0).start()
         try:
+
             def first_round() -> int | None:
                 index: int = contact(client, agent)["current_round"]
                 return None if index < 0 else index + 1  # round 0 is one
@@ -165,9 +166,7 @@ def test_a_held_poll_is_answered_at_once_when_a_driver_in_another_process_commit
 
             attempt = answer["leases"][0]["attempt_id"]
             contact(client, agent, running=[attempt])
-            waiting, answers = held(
-                client, agent, wait_s=20.0, seen_round=first, running=[attempt]
-            )
+            waiting, answers = held(client, agent, wait_s=20.0, seen_round=first, running=[attempt])
             waiting.join(timeout=25.0)
             ((answer, answered),) = answers
             assert answer["current_round"] == first + 1
