@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,7 +32,7 @@ from api.routes import (
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
-from store.lease_signal import LeaseSignal
+from store.lease_signal import LEASES, LeaseSignal, Listener
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (408, "The request body did not arrive in time"),
@@ -51,8 +53,13 @@ def create_app(
     ``request_plan`` is how a committed change asks for a new plan (the solver service's
     requester, handed in by the composition root); by default nobody is asked.
     ``lease_signal``: what the round driver of this process notifies when it issues leases
-    (long polls wake on it); by default one nobody notifies (they re-read on a timer)."""
+    (long polls wake on it); by default a new one. On Postgres, while the app runs (its
+    lifespan: uvicorn, or a ``with TestClient(app)``), a :class:`store.lease_signal.Listener`
+    also notifies it when a round driver in another process commits leases; without it (or
+    while its channel is down) held polls re-read on a timer (``poll_recheck_s``)."""
     settings = settings or Settings()
+    engine = engine or make_engine(settings.database_url, settings.database_schema)
+    signal = lease_signal or LeaseSignal()
     # Swagger UI (/docs) and ReDoc (/redoc) from assets in the fastapi-offline package, served
     # here: no page the API serves loads anything from another host.
     app = FastAPIOffline(
@@ -66,12 +73,13 @@ def create_app(
         generate_unique_id_function=openapi.operation_id,
         static_url="/static/docs",
         favicon_url="/static/dashboard/favicon.svg",
+        lifespan=_listening(engine, signal),
     )
     openapi.install(app)
     app.state.settings = settings
-    app.state.engine = engine or make_engine(settings.database_url, settings.database_schema)
+    app.state.engine = engine
     app.state.request_plan = request_plan
-    app.state.lease_signal = lease_signal or LeaseSignal()
+    app.state.lease_signal = signal
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     errors.install(app)
     # Requests in progress: no more than the pool has connections (api.admission), and twice
@@ -99,6 +107,29 @@ def create_app(
     app.include_router(tokens.router, responses=LIMITED)
     dashboard.install(app)
     return app
+
+
+def _listening(engine: Engine, signal: LeaseSignal) -> Any:
+    """The app's lifespan: on Postgres, listen for the leases other processes commit and wake
+    ``signal``'s held polls (``signal.live`` says whether the channel is up)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if not Listener.supported(engine):
+            yield
+            return
+
+        def live(up: bool) -> None:
+            signal.live = up
+
+        listener = Listener(engine, {LEASES: signal.notify}, on_live=live)
+        listener.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(listener.stop)
+
+    return lifespan
 
 
 class _TooLarge(Exception):

@@ -5,7 +5,8 @@ Usage::
 
     python -m bench.replay_parity --reference ../shared/data/reference
         [--cases ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel]
-        [--modes embedded,distributed] [--time-scale 120] [--out out/parity] [--json F]
+        [--modes embedded,distributed] [--time-scale 120] [--long-poll | --no-long-poll]
+        [--out out/parity] [--json F]
 
 Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4; ``mixed-<policy>``:
 a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1) on mixed nodes
@@ -16,7 +17,8 @@ simulation runs in this process. Per case it prints makespan, average JCT, worst
 FTF>1 share of both, the differences, the replay's plan sources, fills, late boundaries and
 events, and whether the issue's bounds hold: makespan and average JCT within 3% (5% for the
 distributed mode), worst FTF within 0.1, FTF>1 share within 2 points, every job completed,
-no event lost or duplicated.
+no event lost or duplicated. ``--long-poll``/``--no-long-poll`` is handed to each replay
+(default: the replay's own default for the mode).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def replayed(
     mode: str,
     time_scale: float,
     out: Path,
+    long_poll: bool | None = None,
 ) -> dict[str, Any]:
     argv = [
         *shockwave_argv(),
@@ -104,6 +107,8 @@ def replayed(
         "--out",
         str(out),
     ]
+    if long_poll is not None:
+        argv.append("--long-poll" if long_poll else "--no-long-poll")
     began = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("out/parity"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--long-poll", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     trace, trajectories, throughputs = reference_files(args.reference)
@@ -181,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulated(workload, cluster, policy)
         for mode in args.modes.split(","):
             out = args.out / f"{case}-{mode}"
-            rep = replayed(*files, throughputs, flags, policy, mode, args.time_scale, out)
+            rep = replayed(
+                *files, throughputs, flags, policy, mode, args.time_scale, out, args.long_poll
+            )
             row = {"case": case, "mode": mode, **compare(sim, rep, mode)}
             rows.append(row)
             console.print(_table([row]))

@@ -45,7 +45,7 @@ from solver_service.driver import DriverSettings, RoundDriver
 from solver_service.settings import SolverSettings
 from store.cluster_version import DEFAULT_CLUSTER, bump_state_version, ensure_cluster
 from store.db import make_engine
-from store.lease_signal import LeaseSignal
+from store.lease_signal import LeaseSignal, Wakeup
 from store.tables import ClusterRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -187,12 +187,6 @@ def configure_cluster(
         session.commit()
 
 
-def _nap(changed: threading.Event, seconds: float) -> None:
-    """The driver's sleep: ``seconds``, or until the API commits a change of the cluster."""
-    if changed.wait(seconds):
-        changed.clear()
-
-
 class Embedded:
     """The API, the round driver and the inline solver of one SQLite database, in threads."""
 
@@ -224,7 +218,7 @@ class Embedded:
         # the API commits (a job finished, submitted or cancelled, a node joined) wakes the
         # driver at once: the GPUs it freed are filled without waiting for the driver's tick.
         signal = LeaseSignal()
-        changed = threading.Event()
+        changed = Wakeup()
 
         def request_plan(cluster_id: str, state_version: int) -> None:
             enqueue.request_plan(cluster_id, state_version)
@@ -239,7 +233,7 @@ class Embedded:
             DriverSettings(
                 database_url=url, database_schema=None, round_seconds=self.config.round_seconds
             ),
-            sleep=lambda seconds: _nap(changed, seconds),
+            sleep=changed.sleep,
             request_plan=enqueue.request_plan,
             registry=app.state.metrics.registry,
             leases_changed=signal.notify,

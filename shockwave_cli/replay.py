@@ -112,8 +112,9 @@ class ReplayConfig:
     """The agents hold each poll open (``wait_s``: up to a poll interval) until the service has
     something new for them, and report at once in polls of their own; False: plain polls every
     poll interval, and quick re-polls at the round's end (the fleet before long polls). None:
-    on in the embedded mode, whose driver wakes the held polls; off in the others, where a held
-    poll re-reads its leases on a timer (``SHOCKWAVE_POLL_RECHECK_S``), not measured yet."""
+    on in the embedded mode (its driver wakes the held polls in-process) and the distributed
+    one (over Postgres NOTIFY: store.lease_signal; docs/replay.md measured it against plain
+    polls); off with ``api`` (a service of unknown make)."""
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -131,7 +132,7 @@ class ReplayConfig:
         """Whether the agents long-poll (``long_poll``, or its default for the mode)."""
         if self.long_poll is not None:
             return self.long_poll
-        return self.mode == "embedded" and self.api is None
+        return self.api is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +221,8 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
         # the driver wakes this often to fill GPUs freed mid-round (default 0.5 s: a minute
         # of simulated time at 120x)
         SHOCKWAVE_TICK_S=f"{min(0.5, config.round_wall_s / TICKS_PER_ROUND):.6g}",
-        # a long poll re-reads its leases this often where no driver in its process wakes it
-        # (the distributed mode); the embedded service's driver wakes it at each commit
+        # a long poll re-reads its leases this often while nothing wakes it (the distributed
+        # mode's notification channel down); the drivers wake it at each commit otherwise
         SHOCKWAVE_POLL_RECHECK_S=f"{min(1.0, config.round_wall_s / TICKS_PER_ROUND):.6g}",
     )
     round_wall = f"{config.round_wall_s:.6g}"

@@ -93,7 +93,7 @@ def replay_command(
             "--long-poll/--no-long-poll",
             help="Agents hold each poll open until the service has news for them (a bounded "
             "long poll, up to a poll interval); --no-long-poll: plain polls. Default: on in the "
-            "embedded mode, off otherwise.",
+            "embedded and distributed modes, off with --api.",
             show_default=False,
         ),
     ] = None,

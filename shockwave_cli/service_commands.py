@@ -100,6 +100,7 @@ def driver_command(
     from solver_service.driver import DriverSettings, RoundDriver
     from solver_service.enqueue import request_plan, shutdown
     from store.db import make_engine
+    from store.lease_signal import CLUSTER, Listener, Wakeup
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -121,7 +122,13 @@ def driver_command(
     if not migrated:
         typer.echo("error: the database is not migrated: run `shockwave admin migrate`", err=True)
         raise typer.Exit(1)
-    driver = RoundDriver(engine, settings, request_plan=request_plan)
+    # A change the API processes commit (a job finished or submitted, a node joined) wakes
+    # the driver at once over Postgres NOTIFY; without the channel it wakes every tick_s.
+    wakeup = Wakeup()
+    listener = Listener(engine, {CLUSTER: wakeup.set}) if Listener.supported(engine) else None
+    driver = RoundDriver(engine, settings, request_plan=request_plan, sleep=wakeup.sleep)
+    if listener is not None:
+        listener.start()
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -138,6 +145,8 @@ def driver_command(
     try:
         driver.run(stop)
     finally:
+        if listener is not None:
+            listener.stop()
         shutdown()
         engine.dispose()
 

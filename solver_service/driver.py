@@ -17,6 +17,8 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
 4. Between boundaries, whenever the cluster's state version moved (a job submitted, finished,
    failed or cancelled, a node joined): start waiting jobs on the free GPUs at once
    (:func:`solver_service.leases.fill_round`, work conservation), with leases to the round's end.
+   The change wakes the driver's sleep (store.lease_signal: in-process, or over Postgres
+   ``NOTIFY`` from the API's processes), so this happens within a step of the commit.
 5. Half-way through a round, ask for the next round's plan (``request_plan``), once a round.
 
 Time comes from the injected ``clock`` and waiting from the injected ``sleep``, so tests run
@@ -51,6 +53,7 @@ from sqlmodel import Session
 
 from solver_service import leases
 from solver_service.leases import SOURCES, LostNodes, RoundOutcome
+from store import lease_signal
 from store.cluster_version import DEFAULT_CLUSTER, PlanRequest, ensure_cluster, no_plan_requests
 from store.settings import DatabaseSettings
 from store.snapshot import WITHOUT_POLICY_STATE
@@ -224,7 +227,10 @@ class RoundDriver:
     service for a plan; ``registry`` receives the metrics (``self.metrics.registry``);
     ``leases_changed`` is called after each commit that issues or ends leases (a round, a
     fill, nodes lost): in one process with the API it wakes the agents' long polls
-    (store.lease_signal)."""
+    (store.lease_signal); on Postgres the same commits are also announced to the API processes
+    (:func:`store.lease_signal.publish`). ``sleep`` is how the loop waits: the composition
+    root hands in a :class:`store.lease_signal.Wakeup`'s, woken by the changes the API
+    commits."""
 
     def __init__(
         self,
@@ -370,7 +376,7 @@ class RoundDriver:
         with Session(self.engine) as session:
             lost = leases.mark_lost_nodes(session, self.cluster_id, now, self.settings.node_ttl_s)
         if lost is not None:
-            self._leases_changed()
+            self._announce_leases()
             self.last_lost = lost
             self.metrics.nodes_lost.inc(len(lost.nodes))
             log.warning(
@@ -384,7 +390,7 @@ class RoundDriver:
     def _start_round(self, now: float) -> RoundOutcome:
         with Session(self.engine) as session:
             outcome = leases.start_round(session, self.cluster_id, now)
-        self._leases_changed()
+        self._announce_leases()
         self.last_round = outcome
         self.metrics.observe_round(outcome)
         return outcome
@@ -396,7 +402,7 @@ class RoundDriver:
             fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
         if not fill.jobs:
             return False
-        self._leases_changed()
+        self._announce_leases()
         self.last_fill = fill
         self.metrics.fills.inc(len(fill.jobs))
         self.metrics.leases.labels("issued").inc(fill.issued)
@@ -420,6 +426,12 @@ class RoundDriver:
             assert cluster is not None
             session.expunge(cluster)
             return cluster
+
+    def _announce_leases(self) -> None:
+        """After a commit that issued or ended leases: wake the held polls of this process
+        (``leases_changed``) and, on Postgres, of the API processes (store.lease_signal)."""
+        lease_signal.publish(self.engine, lease_signal.LEASES)
+        self._leases_changed()
 
     def _ask(self, state_version: int) -> None:
         self.metrics.plan_requests.inc()

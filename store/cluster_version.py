@@ -20,6 +20,10 @@ submissions queueing on it). Taken last, it is held only for the commit itself. 
 bumps the version once, however many changes it records: the version says "the data changed
 since", not how many times. The version and the data still change atomically.
 
+The same transaction sends a :data:`~store.lease_signal.CLUSTER` notification (Postgres
+``NOTIFY``, delivered with the commit): a round driver in another process wakes and starts
+waiting jobs on the GPUs the change freed (work conservation) without waiting for its tick.
+
 The request after commit never fails the request that made it: an unreachable broker is logged
 and skipped (the data is committed; the round driver asks again every round).
 """
@@ -33,6 +37,7 @@ from sqlalchemy import event, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
+from store.lease_signal import CLUSTER, announce
 from store.tables import ClusterRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -116,8 +121,11 @@ def _hook(session: Session) -> None:
 
 def _apply_bumps(session: Session) -> None:
     """``before_commit``: bump each changed cluster once (in a fixed order, so two
-    transactions never wait on each other's cluster rows) and queue the plan requests."""
+    transactions never wait on each other's cluster rows), queue the plan requests, and tell
+    a round driver in another process (store.lease_signal: sent with the commit)."""
     bumps: dict[str, list[str]] = session.info.pop(_BUMPS, {})
+    if bumps:
+        announce(session, CLUSTER)
     for cluster_id in sorted(bumps):
         version, replan = bump_state_version(session, cluster_id)
         log.debug("cluster %s at version %s: %s", cluster_id, version, "; ".join(bumps[cluster_id]))

@@ -136,9 +136,10 @@ async def poll(
     heartbeat, leases and status endpoints answer the same questions one at a time.
 
     With ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
-    (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as the
-    round driver of this process commits a round or a fill (store.lease_signal), and at least
-    every ``poll_recheck_s``. While held the request takes no thread, no connection and no
+    (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as a
+    round driver (of this process, or of another over the database's notification channel)
+    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal,
+    at least every ``poll_recheck_s``. While held the request takes no thread, no connection and no
     admission slot."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
@@ -150,8 +151,10 @@ async def poll(
     deadline = time.monotonic() + data.wait_s
     again = data.model_copy(update={"reports": [], "heartbeat": False, "logs": {}})
     while (left := deadline - time.monotonic()) > 0:
+        # fed by the other processes' commits (signal.live): no need to re-read on a timer
+        recheck = left if signal.live else min(left, settings.poll_recheck_s)
         async with admission.released():
-            notified = await signal.wait(seen, min(left, settings.poll_recheck_s))
+            notified = await signal.wait(seen, recheck)
         if not notified and deadline - time.monotonic() <= 0:
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation

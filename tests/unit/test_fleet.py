@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from shockwave.model import Regime
+from shockwave.model import Cluster, Regime
 from shockwave_cli.fleet import Attempt, Fleet, Node, TrainingJob
+from shockwave_cli.replay import ReplayConfig
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -228,3 +231,16 @@ def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_no_reports(
     assert body is not None
     assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [])
     assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}], "still owed"
+
+
+def test_the_replay_long_polls_wherever_its_own_driver_wakes_the_held_polls(
+    tmp_path: Path,
+) -> None:
+    """Embedded and distributed: on by default (woken in-process, or over Postgres NOTIFY);
+    a service at ``--api`` (of unknown make): off; an explicit choice wins."""
+    cluster = Cluster.of_gpus(4, 2)
+    config = ReplayConfig(cluster, "shockwave", tmp_path)
+    assert config.long_polls
+    assert replace(config, mode="distributed").long_polls
+    assert not replace(config, api="http://127.0.0.1:1").long_polls
+    assert not replace(config, mode="distributed", long_poll=False).long_polls
