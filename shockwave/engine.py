@@ -27,8 +27,9 @@ Two entry points:
    ``previous_plan`` otherwise; no such plan: source ``greedy`` (first in, first out with
    backfill: arrival order, a narrower later job takes what a blocked wide one cannot). A
    fresh plan's first column is kept as the policy decided it; a later column or a previous
-   plan's column is filled up with waiting jobs in arrival order (the policy filled only its
-   first column, and a stale column names jobs that have gone).
+   plan's column is filled up with waiting jobs, those holding a lease first, then arrival
+   order (the policy filled only its first column, and a stale column names jobs that have
+   gone; a running job not named is the filler the last fresh decision chose).
 2. Jobs wider than the whole inventory cannot run: they are left out and listed in
    ``unfit`` with the reason, and never hold up anyone else.
 3. Placement (:func:`shockwave.placement.place`): a continuing job keeps its GPUs where it can,
@@ -196,7 +197,7 @@ def boundary(
         fresh = plan.state_version == state_version
         source = "plan" if fresh else "previous_plan"
         if r > plan.base_round or not fresh:
-            column = _fill_column(column, fits, cluster.total_gpus, width)
+            column = _fill_column(column, fits, cluster.total_gpus, width, leases)
     assignment: Mapping[str, tuple[int, ...]] = {}
     extra: dict[str, tuple[int, ...]] = {}
     if cluster is not None:
@@ -353,15 +354,29 @@ def _greedy(jobs: Sequence[Waiting], total_gpus: int) -> list[str]:
 
 
 def _fill_column(
-    column: list[str], jobs: Sequence[Waiting], total_gpus: int, width: Mapping[str, int]
+    column: list[str],
+    jobs: Sequence[Waiting],
+    total_gpus: int,
+    width: Mapping[str, int],
+    leases: Mapping[str, tuple[int, ...]],
 ) -> list[str]:
-    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves."""
+    """``column`` plus waiting jobs that fit in the GPUs it leaves: first the jobs that hold a
+    lease now, then the others, each in arrival order.
+
+    The running ones go first because a policy fills the GPUs its plan leaves free itself
+    (Shockwave: the jobs with the most work left), but only in the column it decides; a
+    later column or a previous plan's names the planned jobs alone. Filled in arrival order,
+    such a column preempted the policy's own fillers (the long jobs of a trace) for a round,
+    until the next fresh plan put them back: two restarts each time. A job running now is
+    the filler the last fresh decision chose; keeping it costs no restart."""
     free = total_gpus - sum(width[j] for j in column)
     filled = list(column)
     named = set(column)
-    for job in jobs:
+    running = [j for j in jobs if leases.get(j.job_id)]
+    for job in (*running, *(j for j in jobs if not leases.get(j.job_id))):
         if job.job_id not in named and job.gpus <= free:
             filled.append(job.job_id)
+            named.add(job.job_id)
             free -= job.gpus
     return filled
 

@@ -69,6 +69,40 @@ def test_boundary_sources_extend_issue_and_revoke() -> None:
     assert greedy.source == "greedy" and list(greedy.assignment) == ["a", "b", "c"]
 
 
+def test_a_stale_or_later_column_keeps_the_running_fillers_before_arrival_order() -> None:
+    """The policy filled its first column itself (Shockwave: most work left, here ``long``);
+    a later column or a previous plan's names only the planned jobs. Filled up in arrival
+    order, it preempted the running filler for ``early`` for a round (two restarts)."""
+    cluster = Cluster.uniform(2, 4)
+    jobs = [Waiting("a", 4), Waiting("early", 2), Waiting("long", 4)]
+    plan = Plan(5, (("a", "long"), ("a",)), state_version=7, usable_from=0.0)
+    leases = {"a": (0, 1, 2, 3), "long": (4, 5, 6, 7)}
+    for r, version, source in ((6, 7, "plan"), (5, 8, "previous_plan")):
+        out = boundary(
+            r=r,
+            now=1.0,
+            state_version=version,
+            jobs=jobs,
+            plans=[plan],
+            leases=leases,
+            cluster=cluster,
+        )
+        assert out.source == source
+        assert list(out.assignment) == ["a", "long"], "the running filler, not arrival order"
+        assert kinds(out) == {"extend": ["a", "long"]}
+    fresh_jobs = [*jobs[:2], Waiting("other", 2)]
+    out = boundary(
+        r=6,
+        now=1.0,
+        state_version=7,
+        jobs=fresh_jobs,
+        plans=[plan],
+        leases={"a": (0, 1, 2, 3)},
+        cluster=cluster,
+    )
+    assert list(out.assignment) == ["a", "early", "other"], "nobody running: arrival order"
+
+
 def test_conserve_gives_free_gpus_to_waiting_jobs_the_next_column_first() -> None:
     cluster = Cluster.uniform(2, 4)
     jobs = [Waiting("a", 4), Waiting("b", 2), Waiting("c", 2), Waiting("d", 2)]
