@@ -143,7 +143,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         now=now,
         state_version=cluster.state_version,
         jobs=waiting,
-        plans=[_engine_plan(plan)] if plan is not None else [],
+        plans=[_engine_plan(plan, now)] if plan is not None else [],
         leases=held,
         cluster=layout.cluster if layout is not None else None,
         unconfirmed=unconfirmed,
@@ -262,12 +262,18 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     return FillOutcome(r, tuple(changes.assignment), issued)
 
 
-def _engine_plan(plan: PlanRow) -> engine.Plan:
+def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
+    """The engine's view of a stored plan. ``now``: the boundary's time, stamped before its
+    reads. A plan the boundary read is committed, so it is on hand: its ``usable_from`` is
+    at most ``now`` (a plan stored while the boundary waited for its locks was stamped after
+    ``now``, and the engine took it for one not back yet: the round went first in, first
+    out, as if there were no plan)."""
+    created = plan.created_at.timestamp()
     return engine.Plan(
         base_round=plan.base_round,
         rounds=tuple(tuple(column) for column in plan.rounds),
         state_version=plan.state_version,
-        usable_from=plan.created_at.timestamp(),
+        usable_from=created if now is None else min(created, now),
         plan_id=plan.id,
         types=dict(plan.types or {}),
     )
