@@ -24,8 +24,10 @@ Two entry points:
 
 1. The column for ``r`` of the usable plan with the highest state version that covers ``r``
    (ties: the one that came back last): source ``plan`` when that version is the current one,
-   ``previous_plan`` otherwise; no such plan: source ``greedy`` (first in, first out with
-   backfill: arrival order, a narrower later job takes what a blocked wide one cannot). A
+   ``previous_plan`` otherwise; no plan covers ``r``: the last column of the latest usable
+   plan (:func:`latest_plan`, ``previous_plan``); no usable plan at all: source ``greedy``
+   (first in, first out with backfill: arrival order, a narrower later job takes what a
+   blocked wide one cannot). A
    fresh plan's first column is kept as the policy decided it; a later column or a previous
    plan's column is filled up with waiting jobs, those holding a lease first, then arrival
    order (the policy filled only its first column, and a stale column names jobs that have
@@ -155,6 +157,19 @@ def choose_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
     return max(usable, key=lambda p: (p.state_version, p.usable_from), default=None)
 
 
+def latest_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
+    """Where no usable plan covers round ``r``: the usable plan made at the highest state
+    version (then the latest) whose rounds all lie before ``r``, or None. Its last column
+    is the policy's latest decision; a policy that plans one round at a time (Gavel) has
+    only that one, and a boundary whose next plan is late repeats it (``previous_plan``,
+    filled up) rather than going first in, first out, which preempted most of the running
+    jobs for a round and put them back at the next."""
+    past = [
+        p for p in plans if p.rounds and p.base_round + len(p.rounds) <= r and p.usable_from <= now
+    ]
+    return max(past, key=lambda p: (p.state_version, p.usable_from), default=None)
+
+
 def next_column(plan: Plan | None, r: int) -> tuple[str, ...]:
     """The jobs ``plan`` wants in round ``r + 1`` (a fill's preferred order; filled now, they
     keep their GPUs at the boundary), or () when it has no such column."""
@@ -186,15 +201,16 @@ def boundary(
     width = {j.job_id: j.gpus for j in jobs}
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
-    plan = choose_plan(plans, r, now)
+    plan = choose_plan(plans, r, now) or latest_plan(plans, r, now)
     if cluster is None:
         source, column = "greedy", []
     elif plan is None:
         source, column = "greedy", _greedy(fits, cluster.total_gpus)
     else:
-        column = [j for j in dict.fromkeys(plan.rounds[r - plan.base_round]) if j in width]
+        index = min(r - plan.base_round, len(plan.rounds) - 1)
+        column = [j for j in dict.fromkeys(plan.rounds[index]) if j in width]
         column = [j for j in column if j not in unfit]
-        fresh = plan.state_version == state_version
+        fresh = plan.state_version == state_version and plan.covers(r)
         source = "plan" if fresh else "previous_plan"
         if r > plan.base_round or not fresh:
             column = _fill_column(column, fits, cluster.total_gpus, width, leases)
@@ -213,7 +229,7 @@ def boundary(
             ]
             extra = _conserve(cluster, rest, leases, busy, types)
             assignment = {**assignment, **extra}
-    why = _why(source, plan, r)
+    why = _why(source, plan, min(r, plan.base_round + len(plan.rounds) - 1) if plan else r)
     revokes: list[Change] = []
     kept: list[Change] = []
     for job_id, gpus in assignment.items():
