@@ -24,11 +24,14 @@ Two entry points:
 
 1. The column for ``r`` of the usable plan with the highest state version that covers ``r``
    (ties: the one that came back last): source ``plan`` when that version is the current one,
-   ``previous_plan`` otherwise; no such plan: source ``greedy`` (first in, first out with
-   backfill: arrival order, a narrower later job takes what a blocked wide one cannot). A
+   ``previous_plan`` otherwise; no plan covers ``r``: the last column of the latest usable
+   plan (:func:`latest_plan`, ``previous_plan``); no usable plan at all: source ``greedy``
+   (first in, first out with backfill: arrival order, a narrower later job takes what a
+   blocked wide one cannot). A
    fresh plan's first column is kept as the policy decided it; a later column or a previous
-   plan's column is filled up with waiting jobs in arrival order (the policy filled only its
-   first column, and a stale column names jobs that have gone).
+   plan's column is filled up with waiting jobs, those holding a lease first, then arrival
+   order (the policy filled only its first column, and a stale column names jobs that have
+   gone; a running job not named is the filler the last fresh decision chose).
 2. Jobs wider than the whole inventory cannot run: they are left out and listed in
    ``unfit`` with the reason, and never hold up anyone else.
 3. Placement (:func:`shockwave.placement.place`): a continuing job keeps its GPUs where it can,
@@ -154,6 +157,19 @@ def choose_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
     return max(usable, key=lambda p: (p.state_version, p.usable_from), default=None)
 
 
+def latest_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:
+    """Where no usable plan covers round ``r``: the usable plan made at the highest state
+    version (then the latest) whose rounds all lie before ``r``, or None. Its last column
+    is the policy's latest decision; a policy that plans one round at a time (Gavel) has
+    only that one, and a boundary whose next plan is late repeats it (``previous_plan``,
+    filled up) rather than going first in, first out, which preempted most of the running
+    jobs for a round and put them back at the next."""
+    past = [
+        p for p in plans if p.rounds and p.base_round + len(p.rounds) <= r and p.usable_from <= now
+    ]
+    return max(past, key=lambda p: (p.state_version, p.usable_from), default=None)
+
+
 def next_column(plan: Plan | None, r: int) -> tuple[str, ...]:
     """The jobs ``plan`` wants in round ``r + 1`` (a fill's preferred order; filled now, they
     keep their GPUs at the boundary), or () when it has no such column."""
@@ -185,18 +201,19 @@ def boundary(
     width = {j.job_id: j.gpus for j in jobs}
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
-    plan = choose_plan(plans, r, now)
+    plan = choose_plan(plans, r, now) or latest_plan(plans, r, now)
     if cluster is None:
         source, column = "greedy", []
     elif plan is None:
         source, column = "greedy", _greedy(fits, cluster.total_gpus)
     else:
-        column = [j for j in dict.fromkeys(plan.rounds[r - plan.base_round]) if j in width]
+        index = min(r - plan.base_round, len(plan.rounds) - 1)
+        column = [j for j in dict.fromkeys(plan.rounds[index]) if j in width]
         column = [j for j in column if j not in unfit]
-        fresh = plan.state_version == state_version
+        fresh = plan.state_version == state_version and plan.covers(r)
         source = "plan" if fresh else "previous_plan"
         if r > plan.base_round or not fresh:
-            column = _fill_column(column, fits, cluster.total_gpus, width)
+            column = _fill_column(column, fits, cluster.total_gpus, width, leases)
     assignment: Mapping[str, tuple[int, ...]] = {}
     extra: dict[str, tuple[int, ...]] = {}
     if cluster is not None:
@@ -212,7 +229,7 @@ def boundary(
             ]
             extra = _conserve(cluster, rest, leases, busy, types)
             assignment = {**assignment, **extra}
-    why = _why(source, plan, r)
+    why = _why(source, plan, min(r, plan.base_round + len(plan.rounds) - 1) if plan else r)
     revokes: list[Change] = []
     kept: list[Change] = []
     for job_id, gpus in assignment.items():
@@ -353,15 +370,29 @@ def _greedy(jobs: Sequence[Waiting], total_gpus: int) -> list[str]:
 
 
 def _fill_column(
-    column: list[str], jobs: Sequence[Waiting], total_gpus: int, width: Mapping[str, int]
+    column: list[str],
+    jobs: Sequence[Waiting],
+    total_gpus: int,
+    width: Mapping[str, int],
+    leases: Mapping[str, tuple[int, ...]],
 ) -> list[str]:
-    """``column`` plus waiting jobs, in arrival order, that fit in the GPUs it leaves."""
+    """``column`` plus waiting jobs that fit in the GPUs it leaves: first the jobs that hold a
+    lease now, then the others, each in arrival order.
+
+    The running ones go first because a policy fills the GPUs its plan leaves free itself
+    (Shockwave: the jobs with the most work left), but only in the column it decides; a
+    later column or a previous plan's names the planned jobs alone. Filled in arrival order,
+    such a column preempted the policy's own fillers (the long jobs of a trace) for a round,
+    until the next fresh plan put them back: two restarts each time. A job running now is
+    the filler the last fresh decision chose; keeping it costs no restart."""
     free = total_gpus - sum(width[j] for j in column)
     filled = list(column)
     named = set(column)
-    for job in jobs:
+    running = [j for j in jobs if leases.get(j.job_id)]
+    for job in (*running, *(j for j in jobs if not leases.get(j.job_id))):
         if job.job_id not in named and job.gpus <= free:
             filled.append(job.job_id)
+            named.add(job.job_id)
             free -= job.gpus
     return filled
 

@@ -6,12 +6,14 @@
    take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
    (PENDING, RUNNING, SUSPENDED) in arrival order, the READY nodes with their real sizes
    (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the freshest plan with a
-   column for ``r`` (:func:`store.plans.freshest_plan`), and the RUNNING jobs whose last lease
-   is older than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
+   column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest plan, whose last
+   column the engine repeats), and the RUNNING jobs whose last lease is older than round
+   ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
-   column (``plan``, or ``previous_plan`` when the cluster has moved on since), else first in,
-   first out (``greedy``); placement over nodes of any size; GPUs the column leaves free go to
-   waiting jobs that fit (work conservation); the changes with their reasons.
+   column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
+   newest plan ends before ``r``), else first in, first out (``greedy``); placement over
+   nodes of any size; GPUs the column leaves free go to waiting jobs that fit (work
+   conservation); the changes with their reasons.
 3. **Apply**: an ``extend`` moves the job's attempts to round ``r`` (new end time); an
    ``issue`` writes one new attempt per node the gang spans; a ``revoke`` revokes the live
    lease; a ``suspend`` sends the job back to the queue (see :mod:`store.leases`). The round
@@ -45,7 +47,7 @@ from shockwave.model import ValidationError
 from store import events
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
-from store.plans import freshest_plan
+from store.plans import freshest_plan, newest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
@@ -133,7 +135,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
-    plan = freshest_plan(session, cluster.id, r)
+    plan = freshest_plan(session, cluster.id, r) or newest_plan(session, cluster.id)
     waiting = _waiting(jobs.values(), plan.widths if plan is not None else {})
     unconfirmed = _unconfirmed(session, jobs, held, r)
     settling = _settling(session)
@@ -143,7 +145,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
         now=now,
         state_version=cluster.state_version,
         jobs=waiting,
-        plans=[_engine_plan(plan)] if plan is not None else [],
+        plans=[_engine_plan(plan, now)] if plan is not None else [],
         leases=held,
         cluster=layout.cluster if layout is not None else None,
         unconfirmed=unconfirmed,
@@ -262,12 +264,18 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     return FillOutcome(r, tuple(changes.assignment), issued)
 
 
-def _engine_plan(plan: PlanRow) -> engine.Plan:
+def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
+    """The engine's view of a stored plan. ``now``: the boundary's time, stamped before its
+    reads. A plan the boundary read is committed, so it is on hand: its ``usable_from`` is
+    at most ``now`` (a plan stored while the boundary waited for its locks was stamped after
+    ``now``, and the engine took it for one not back yet: the round went first in, first
+    out, as if there were no plan)."""
+    created = plan.created_at.timestamp()
     return engine.Plan(
         base_round=plan.base_round,
         rounds=tuple(tuple(column) for column in plan.rounds),
         state_version=plan.state_version,
-        usable_from=plan.created_at.timestamp(),
+        usable_from=created if now is None else min(created, now),
         plan_id=plan.id,
         types=dict(plan.types or {}),
     )

@@ -13,11 +13,15 @@ request ``(cluster, state_version)``. In order:
    and told why (``shockwave.policy.decide_isolating``; an ``excluded`` event on the job).
 4. Store the plan, holding the cluster row (``SELECT ... FOR UPDATE`` on Postgres; SQLite has
    one writer at a time): if another worker stored the same plan meanwhile, keep theirs. The
-   policy's new memory is saved on the cluster row only while the row is still at the version
-   and round the snapshot was taken at; otherwise the plan is still stored (it is the freshest
-   one for its version) and a newer request, already queued by whoever moved the row, plans
-   from the stored memory. The unique (cluster, version, base round) constraint settles races
-   the lock cannot see.
+   policy's new memory is saved on the cluster row unless a plan made at a later state (a
+   higher version, or the same version and a later base round) is stored already: also when
+   the row moved on during the solve (a job event, the boundary), because the plan is still
+   the latest decision and the one the round driver uses (as ``previous_plan``, or for its
+   next columns), and the newer request already queued by whoever moved the row plans from
+   it, as the simulator threads one decision's memory into the next. (Until the fourth
+   parity session the memory was dropped then: the next plan started from an older one, so
+   Shockwave re-solved a window the cluster was already following.) The unique (cluster,
+   version, base round) constraint settles races the lock cannot see.
 
 A plan's ``rounds[t]`` are the jobs of round ``base_round + t``: ``Decision.rounds``. ``rounds[0]``
 is exactly the policy's decision (``Decision.jobs``, work-conserving fill included); for a policy
@@ -36,8 +40,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import and_, or_
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from shockwave import state_codec
 from shockwave.policy import SolveSummary, decide_isolating, get_policy, service_params
@@ -170,12 +175,13 @@ def _store(
     existing = plan_at(session, plan.cluster_id, plan.state_version, plan.base_round)
     if existing is not None:
         return _release(session, existing)
+    newest = not _newer_plan_stored(session, plan)
     session.add(plan)
     record_exclusions(session, excluded)
     current = (
         cluster.state_version == plan.state_version and cluster.current_round + 1 == plan.base_round
     )
-    if current:
+    if newest:
         cluster.policy_state = state_codec.encode(policy_state)
         cluster.updated_at = utcnow()
         session.add(cluster)
@@ -201,9 +207,34 @@ def _store(
         plan.solve_seconds,
         timings.snapshot_s,
         stored,
-        "" if current else " (cluster moved on; policy state not saved)",
+        ""
+        if current
+        else " (cluster moved on; policy state saved)"
+        if newest
+        else " (cluster moved on; a newer plan's policy state kept)",
     )
     return _release(session, plan)
+
+
+def _newer_plan_stored(session: Session, plan: PlanRow) -> bool:
+    """Whether a plan made at a later state (a higher version, or the same version and a
+    later base round) is stored already: its policy memory, saved with it, is newer than
+    ``plan``'s (only where solves overlap: several workers)."""
+    newer = session.exec(
+        select(PlanRow.id)
+        .where(
+            PlanRow.cluster_id == plan.cluster_id,
+            or_(
+                col(PlanRow.state_version) > plan.state_version,
+                and_(
+                    col(PlanRow.state_version) == plan.state_version,
+                    col(PlanRow.base_round) > plan.base_round,
+                ),
+            ),
+        )
+        .limit(1)
+    ).first()
+    return newer is not None
 
 
 def _release(session: Session, plan: PlanRow | None) -> PlanRow | None:

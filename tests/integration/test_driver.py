@@ -216,6 +216,49 @@ def test_a_stale_plan_gives_its_column_for_the_round_filled_with_waiting_jobs(
     assert row.jobs == [b, a, late], "the plan's column first, then waiting jobs that fit"
 
 
+def test_a_plan_stored_while_the_boundary_waited_is_used_not_greedy(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The boundary's time is read before its reads; a plan committed in between is stamped
+    later than it. It is on hand all the same: the engine took it for one not back yet and
+    the round went first in, first out (21 such rounds in one loaded replay)."""
+    register(client, tokens.agent, gpus=4)
+    a, b = submit(client, tokens.admin, gpus=2), submit(client, tokens.admin, gpus=2)
+    due = now()
+    plan_id = store_plan(database, [[b]])
+
+    with driver_on(database) as (driver, _):
+        driver.step(due)
+        assert rounds_of("greedy", driver) == 0
+
+    row = round_row(database, 0)
+    assert (row.source, row.plan_id) == ("plan", plan_id)
+    assert row.jobs == [b, a], "the plan's column first (greedy: arrival order)"
+
+
+def test_a_boundary_with_no_plan_for_its_round_repeats_the_newest_plans_decision(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A one-round plan (Gavel's) and the next not back by the boundary: round 1 repeats
+    round 0's jobs (``previous_plan``), where first in, first out would swap them."""
+    register(client, tokens.agent, gpus=2)
+    first, second = submit(client, tokens.admin, gpus=2), submit(client, tokens.admin, gpus=2)
+    plan_id = store_plan(database, [[second]])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + ROUND_S)
+        assert rounds_of("greedy", driver) == 0
+
+    assert [round_row(database, r).jobs for r in range(2)] == [[second], [second]]
+    assert (round_row(database, 1).source, round_row(database, 1).plan_id) == (
+        "previous_plan",
+        plan_id,
+    )
+    assert first not in {lease.job_id for lease in leases(database)}
+
+
 def test_a_fresh_plan_beats_an_older_one_and_later_columns_are_used_in_turn(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:

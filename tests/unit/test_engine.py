@@ -64,9 +64,68 @@ def test_boundary_sources_extend_issue_and_revoke() -> None:
     assert list(stale.assignment) == ["a", "b", "c"], "a stale column is filled in arrival order"
     assert kinds(stale)["extend"] == ["a", "c"]
     greedy = boundary(
-        r=6, now=1.0, state_version=8, jobs=jobs, plans=[plan], leases={}, cluster=cluster
+        r=6, now=1.0, state_version=8, jobs=jobs, plans=[], leases={}, cluster=cluster
     )
     assert greedy.source == "greedy" and list(greedy.assignment) == ["a", "b", "c"]
+
+
+def test_a_late_plan_repeats_the_latest_decision_rather_than_going_first_in_first_out() -> None:
+    """A one-round plan (Gavel's) for round 5 and none yet for round 6: the boundary repeats
+    its column (the policy's latest decision), filled up running jobs first; first in, first
+    out would preempt ``d`` and ``b`` for ``c``, and the next plan would put them back."""
+    cluster = Cluster.uniform(2, 4)
+    jobs = [Waiting("a", 4), Waiting("c", 4), Waiting("b", 2), Waiting("d", 2)]
+    one_round = Plan(5, (("d", "b"),), state_version=7, usable_from=0.0, plan_id=12)
+    not_back = Plan(6, (("c",),), state_version=8, usable_from=9.0)
+    leases = {"d": (4, 5), "b": (6, 7), "a": (0, 1, 2, 3)}
+    out = boundary(
+        r=6,
+        now=1.0,
+        state_version=8,
+        jobs=jobs,
+        plans=[one_round, not_back],
+        leases=leases,
+        cluster=cluster,
+    )
+    assert out.source == "previous_plan" and out.plan is one_round
+    assert list(out.assignment) == ["d", "b", "a"]
+    assert kinds(out) == {"extend": ["d", "b", "a"]}
+    assert "previous plan 12, column 0" in out.changes[0].reason
+    assert out.waiting["c"].startswith("waits: not in round 6")
+
+
+def test_a_stale_or_later_column_keeps_the_running_fillers_before_arrival_order() -> None:
+    """The policy filled its first column itself (Shockwave: most work left, here ``long``);
+    a later column or a previous plan's names only the planned jobs. Filled up in arrival
+    order, it preempted the running filler for ``early`` for a round (two restarts)."""
+    cluster = Cluster.uniform(2, 4)
+    jobs = [Waiting("a", 4), Waiting("early", 2), Waiting("long", 4)]
+    plan = Plan(5, (("a", "long"), ("a",)), state_version=7, usable_from=0.0)
+    leases = {"a": (0, 1, 2, 3), "long": (4, 5, 6, 7)}
+    for r, version, source in ((6, 7, "plan"), (5, 8, "previous_plan")):
+        out = boundary(
+            r=r,
+            now=1.0,
+            state_version=version,
+            jobs=jobs,
+            plans=[plan],
+            leases=leases,
+            cluster=cluster,
+        )
+        assert out.source == source
+        assert list(out.assignment) == ["a", "long"], "the running filler, not arrival order"
+        assert kinds(out) == {"extend": ["a", "long"]}
+    fresh_jobs = [*jobs[:2], Waiting("other", 2)]
+    out = boundary(
+        r=6,
+        now=1.0,
+        state_version=7,
+        jobs=fresh_jobs,
+        plans=[plan],
+        leases={"a": (0, 1, 2, 3)},
+        cluster=cluster,
+    )
+    assert list(out.assignment) == ["a", "early", "other"], "nobody running: arrival order"
 
 
 def test_conserve_gives_free_gpus_to_waiting_jobs_the_next_column_first() -> None:
