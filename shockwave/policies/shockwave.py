@@ -113,6 +113,10 @@ class ShockwaveParams:
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
+    ``pareto_preempt``: with the deadline order, a job that is not running takes round 0 from a
+    running one only when it is both due earlier and smaller in remaining GPU-seconds (Smith's
+    rule): a preemption must help both fairness and average JCT, since it costs a restart
+    (:func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -140,6 +144,7 @@ class ShockwaveParams:
     elastic_widen_load: float = 1.0
     packing_order: str = "deadline"
     wait_for_ends: bool = True
+    pareto_preempt: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -153,6 +158,8 @@ class ShockwaveParams:
         check_regime_predictor(self.regime_predictor)
         if not isinstance(self.wait_for_ends, (bool, int)):
             raise ValueError("wait_for_ends must be a bool")
+        if not isinstance(self.pareto_preempt, (bool, int)):
+            raise ValueError("pareto_preempt must be a bool")
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
@@ -389,6 +396,7 @@ class Shockwave:
             priority,
             deadlines,
             bool(params.wait_for_ends),
+            bool(params.pareto_preempt),
         )
 
     def solve_widths(
