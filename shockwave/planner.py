@@ -435,7 +435,7 @@ def pack_rounds(
     priority: Sequence[float],
     deadlines: Sequence[float] | None = None,
     wait_for_ends: bool = False,
-    pareto_preempt: bool = False,
+    patient: Sequence[bool] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
@@ -459,10 +459,11 @@ def pack_rounds(
     rounds still runs, and moving it ahead of the full-window jobs preempts the long jobs
     that set the makespan (the 120-job trace's worst FTF went from 0.85 to 0.91 that way).
 
-    With ``pareto_preempt`` (and ``deadlines``), a job that is not running passes a running one
-    in the order only where both objectives gain by it: its deadline is earlier (the lateness
-    order) and its remaining GPU-seconds are fewer (Smith's rule, the order of least total
-    completion time); see :func:`_pareto_order`.
+    With ``patient`` (one flag per job) and ``deadlines``, a patient job that is not running
+    passes a running one in the order only where both objectives gain by it: its deadline is
+    earlier (the lateness order) and its remaining GPU-seconds are fewer (Smith's rule, the
+    order of least total completion time); see :func:`_pareto_order`. A job not patient passes
+    by deadline alone, as without ``patient``.
     """
     finishing_late = {
         i
@@ -475,7 +476,7 @@ def pack_rounds(
     displaced: set[int] = set()
     index = {job.job_id: i for i, job in enumerate(problem.jobs)} if wait_for_ends else {}
     while True:
-        members, placed = _pack(problem, counts, priority, first, deadlines, later, pareto_preempt)
+        members, placed = _pack(problem, counts, priority, first, deadlines, later, patient)
         stranded = {i for i in finishing_late - first if placed[i] == 0}
         if stranded:
             first |= stranded
@@ -507,7 +508,7 @@ def _pack(
     first: set[int],
     deadlines: Sequence[float] | None = None,
     later: set[int] | None = None,
-    pareto_preempt: bool = False,
+    patient: Sequence[bool] | None = None,
 ) -> tuple[list[list[str]], list[int]]:
     """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest and
     those in ``later`` after it; returns the rounds' members and the rounds each job got."""
@@ -527,8 +528,8 @@ def _pack(
         return (i not in first, i in later, int(counts[i]) < problem.rounds, not urgent)
 
     order = sorted(range(len(problem.jobs)), key=lambda i: (*group(i), urgency(i), i))
-    if pareto_preempt and deadlines is not None:
-        order = _pareto_order(problem, order, group, deadlines)
+    if patient is not None and deadlines is not None:
+        order = _pareto_order(problem, order, group, deadlines, patient)
     for i in order:
         n = int(counts[i])
         if n <= 0:
@@ -554,6 +555,7 @@ def _pareto_order(
     order: Sequence[int],
     group: Callable[[int], tuple[bool, bool, bool, bool]],
     deadlines: Sequence[float],
+    patient: Sequence[bool],
 ) -> list[int]:
     """``order`` with each group of running and late jobs (the same ``group`` key, in
     earliest-deadline order; not the stranded jobs packed first) merged again so that a job not
@@ -579,7 +581,7 @@ def _pareto_order(
         r = w = 0
         while r < len(running) or w < len(waiting):
             if w < len(waiting) and (
-                r == len(running) or _passes(problem, deadlines, waiting[w], running[r])
+                r == len(running) or _passes(problem, deadlines, patient, waiting[w], running[r])
             ):
                 merged.append(waiting[w])
                 w += 1
@@ -589,13 +591,23 @@ def _pareto_order(
     return merged
 
 
-def _passes(problem: Problem, deadlines: Sequence[float], waiting: int, running: int) -> bool:
+def _passes(
+    problem: Problem,
+    deadlines: Sequence[float],
+    patient: Sequence[bool],
+    waiting: int,
+    running: int,
+) -> bool:
     """Whether the job ``waiting`` (not running) goes before ``running`` for round 0: its
-    deadline and its remaining GPU-seconds are both the smaller."""
+    deadline is the earlier and, if it is ``patient``, its remaining GPU-seconds the fewer."""
+    if deadlines[waiting] >= deadlines[running]:
+        return False
+    if not patient[waiting]:
+        return True
     jobs = problem.jobs
     size_w = jobs[waiting].gpus * float(problem.rem[waiting, 0])
     size_r = jobs[running].gpus * float(problem.rem[running, 0])
-    return deadlines[waiting] < deadlines[running] and size_w < size_r
+    return size_w < size_r
 
 
 def _displaced(
@@ -675,10 +687,10 @@ def plan(
     priority: Sequence[float] | None = None,
     deadlines: Sequence[float] | None = None,
     wait_for_ends: bool = False,
-    pareto_preempt: bool = False,
+    patient: Sequence[bool] | None = None,
 ) -> Plan:
     """Solve the window for ``jobs`` and pack it into rounds (never raises on a hard instance);
-    ``priority``, ``deadlines``, ``wait_for_ends`` and ``pareto_preempt``: the packing order
+    ``priority``, ``deadlines``, ``wait_for_ends`` and ``patient``: the packing order
     (:func:`pack_rounds`)."""
     if not jobs:
         empty: tuple[tuple[str, ...], ...] = tuple(() for _ in range(params.rounds))
@@ -707,7 +719,7 @@ def plan(
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
-    rounds, lost = pack_rounds(problem, counts, weights, deadlines, wait_for_ends, pareto_preempt)
+    rounds, lost = pack_rounds(problem, counts, weights, deadlines, wait_for_ends, patient)
     return Plan(
         counts={j.job_id: int(c) for j, c in zip(jobs, counts, strict=True)},
         rounds=rounds,

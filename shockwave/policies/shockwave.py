@@ -113,10 +113,12 @@ class ShockwaveParams:
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
-    ``pareto_preempt``: with the deadline order, a job that is not running takes round 0 from a
-    running one only when it is both due earlier and smaller in remaining GPU-seconds (Smith's
-    rule): a preemption must help both fairness and average JCT, since it costs a restart
-    (:func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
+    ``patience``: with the deadline order, a job that is not running and has been in the system
+    less than ``patience`` times its predicted run time takes round 0 from a running one only
+    when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
+    preemption costs a restart, so it must help fairness and average JCT both; past that age,
+    by deadline alone, so the rule adds at most that share of its run time to a job's wait
+    (0: off; :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -144,7 +146,7 @@ class ShockwaveParams:
     elastic_widen_load: float = 1.0
     packing_order: str = "deadline"
     wait_for_ends: bool = True
-    pareto_preempt: bool = True
+    patience: float = 0.5
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -158,8 +160,8 @@ class ShockwaveParams:
         check_regime_predictor(self.regime_predictor)
         if not isinstance(self.wait_for_ends, (bool, int)):
             raise ValueError("wait_for_ends must be a bool")
-        if not isinstance(self.pareto_preempt, (bool, int)):
-            raise ValueError("pareto_preempt must be a bool")
+        if not (math.isfinite(self.patience) and self.patience >= 0):
+            raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
@@ -386,8 +388,15 @@ class Shockwave:
             jobs.append(_plan_job(job, look, params, window, length))
             priority.append(-look.laxity_s)
         deadlines = None
+        patient = None
         if params.packing_order == "deadline":
             deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
+            if params.patience > 0:
+                patient = [
+                    snapshot.now - job.spec.arrival_s
+                    < params.patience * outlooks[job.job_id].total_s
+                    for job in snapshot.jobs
+                ]
         return plan(
             jobs,
             snapshot.cluster.total_gpus,
@@ -396,7 +405,7 @@ class Shockwave:
             priority,
             deadlines,
             bool(params.wait_for_ends),
-            bool(params.pareto_preempt),
+            patient,
         )
 
     def solve_widths(
