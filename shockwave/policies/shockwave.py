@@ -113,12 +113,13 @@ class ShockwaveParams:
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
-    ``patience``: with the deadline order, a job that is not running and has been in the system
-    less than ``patience`` times its predicted run time takes round 0 from a running one only
-    when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
-    preemption costs a restart, so it must help fairness and average JCT both; past that age,
-    by deadline alone, so the rule adds at most that share of its run time to a job's wait
-    (0: off; :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
+    ``patience``: with the deadline order, while the active jobs are no more than the GPUs, a
+    job that is not running, whose observed contention is at most 1 and that has been in the system less than ``patience`` times its
+    predicted run time takes round 0 from a running one only when it is both due earlier and
+    smaller in remaining GPU-seconds (Smith's rule): a preemption costs a restart, so it must
+    help fairness and average JCT both; otherwise by deadline alone, so the rule adds at most
+    that share of its run time to a job's wait (0: off; :func:`_patient`,
+    :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -233,6 +234,16 @@ class JobOutlook:
     def laxity_s(self) -> float:
         """Seconds to spare before the job misses its fairness deadline at full speed."""
         return self.deadline_s - self.remaining_s
+
+
+def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
+    """Whether ``job`` may be held back by the packing's Pareto rule
+    (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
+    deadline is arrival + its own run time, so any wait at all makes it late and the deadline
+    order alone swaps jobs on noise) and it has been in the system less than ``patience``
+    times its predicted run time (which bounds what the rule adds to its wait)."""
+    uncontended = look.fair_share_s <= look.total_s
+    return uncontended and now - job.spec.arrival_s < patience * look.total_s
 
 
 class Shockwave:
@@ -391,10 +402,9 @@ class Shockwave:
         patient = None
         if params.packing_order == "deadline":
             deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
-            if params.patience > 0:
+            if params.patience > 0 and len(snapshot.jobs) <= snapshot.cluster.total_gpus:
                 patient = [
-                    snapshot.now - job.spec.arrival_s
-                    < params.patience * outlooks[job.job_id].total_s
+                    _patient(job, outlooks[job.job_id], snapshot.now, params.patience)
                     for job in snapshot.jobs
                 ]
         return plan(
