@@ -114,12 +114,13 @@ class ShockwaveParams:
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
     ``patience``: with the deadline order, while the active jobs are no more than the GPUs, a
-    job that is not running, whose observed contention is at most 1 and that has been in the system less than ``patience`` times its
-    predicted run time takes round 0 from a running one only when it is both due earlier and
-    smaller in remaining GPU-seconds (Smith's rule): a preemption costs a restart, so it must
-    help fairness and average JCT both; otherwise by deadline alone, so the rule adds at most
-    that share of its run time to a job's wait (0: off; :func:`_patient`,
-    :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, sixth part").
+    job that is not running, whose observed contention is at most 1 and that has been in the
+    system less than ``patience`` times its predicted run time takes round 0 from a running one
+    only when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
+    preemption costs a restart, so it must help fairness and average JCT both; otherwise by
+    deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
+    off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19,
+    sixth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
