@@ -113,6 +113,14 @@ class ShockwaveParams:
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
+    ``patience``: with the deadline order, while the active jobs are no more than the GPUs, a
+    job that is not running, whose observed contention is at most 1 and that has been in the
+    system less than ``patience`` times its predicted run time takes round 0 from a running one
+    only when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
+    preemption costs a restart, so it must help fairness and average JCT both; otherwise by
+    deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
+    off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19,
+    sixth part").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -140,6 +148,7 @@ class ShockwaveParams:
     elastic_widen_load: float = 1.0
     packing_order: str = "deadline"
     wait_for_ends: bool = True
+    patience: float = 0.5
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -153,6 +162,8 @@ class ShockwaveParams:
         check_regime_predictor(self.regime_predictor)
         if not isinstance(self.wait_for_ends, (bool, int)):
             raise ValueError("wait_for_ends must be a bool")
+        if not (math.isfinite(self.patience) and self.patience >= 0):
+            raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
             raise ValueError("replan_every_rounds must be > 0")
         if not 0 <= self.prediction_error < 1:
@@ -224,6 +235,16 @@ class JobOutlook:
     def laxity_s(self) -> float:
         """Seconds to spare before the job misses its fairness deadline at full speed."""
         return self.deadline_s - self.remaining_s
+
+
+def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
+    """Whether ``job`` may be held back by the packing's Pareto rule
+    (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
+    deadline is arrival + its own run time, so any wait at all makes it late and the deadline
+    order alone swaps jobs on noise) and it has been in the system less than ``patience``
+    times its predicted run time (which bounds what the rule adds to its wait)."""
+    uncontended = look.fair_share_s <= look.total_s
+    return uncontended and now - job.spec.arrival_s < patience * look.total_s
 
 
 class Shockwave:
@@ -379,8 +400,14 @@ class Shockwave:
             jobs.append(_plan_job(job, look, params, window, length))
             priority.append(-look.laxity_s)
         deadlines = None
+        patient = None
         if params.packing_order == "deadline":
             deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
+            if params.patience > 0 and len(snapshot.jobs) <= snapshot.cluster.total_gpus:
+                patient = [
+                    _patient(job, outlooks[job.job_id], snapshot.now, params.patience)
+                    for job in snapshot.jobs
+                ]
         return plan(
             jobs,
             snapshot.cluster.total_gpus,
@@ -389,6 +416,7 @@ class Shockwave:
             priority,
             deadlines,
             bool(params.wait_for_ends),
+            patient,
         )
 
     def solve_widths(

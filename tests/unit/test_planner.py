@@ -525,3 +525,53 @@ def test_newcomer_preempts_when_the_fill_would_not_start_it_on_the_ending_gpus()
     deadlines = [100.0, 900.0, 3000.0, 5000.0]
     rounds, _ = pack_rounds(problem, counts, priority, deadlines, True)
     assert set(rounds[0]) == {"new", "ending"}
+
+
+@pytest.mark.parametrize(
+    ("patient", "new_cap", "new_deadline", "runs_now"),
+    [
+        pytest.param(None, 10, 100.0, "new", id="off-earlier-deadline-preempts"),
+        pytest.param(True, 10, 100.0, "running", id="earlier-but-larger-does-not-preempt"),
+        pytest.param(True, 2, 100.0, "new", id="earlier-and-smaller-preempts"),
+        pytest.param(True, 2, 5000.0, "running", id="smaller-but-later-does-not-preempt"),
+        pytest.param(False, 10, 100.0, "new", id="impatient-earlier-deadline-preempts"),
+    ],
+)
+def test_a_patient_job_preempts_only_when_both_orders_agree(
+    patient: bool | None, new_cap: int, new_deadline: float, runs_now: str
+) -> None:
+    # Issue 19 (medium-default-48 seed 4): a late 8-GPU job of 1,532 s took round 0 from four
+    # running 1- and 2-GPU jobs with 1,700-3,500 s left, its deadline being the earliest: each
+    # lost rounds and a restart, +400 s of average JCT over 100 jobs against Gavel's. By
+    # Smith's rule (fewest remaining GPU-seconds first) the running jobs go first. A patient
+    # job passes a running one only when it is due earlier and smaller in remaining
+    # GPU-seconds both; one not patient (it has waited its own run time) by deadline alone.
+    t, gpus = 3, 2
+    running = plan_job("running", [0.1 * n for n in range(6)], gpus=2, running=True)  # 600 GPU-s
+    new = plan_job("new", [0.05 * n for n in range(new_cap + 1)], gpus=2)  # 240 or 1200 GPU-s
+    problem = build_problem([running, new], gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([2, 2], dtype=np.int64)
+    priority = [5.0, 10.0]  # both running or late: the deadline group
+    deadlines = [900.0, new_deadline]
+    flags = None if patient is None else [True, patient]
+    rounds, _ = pack_rounds(problem, counts, priority, deadlines, False, flags)
+    assert rounds[0] == (runs_now,)
+
+
+def test_patience_keeps_the_deadline_order_among_waiting_jobs() -> None:
+    # The rule only decides between a running job and a waiting one: of two waiting jobs the
+    # earlier deadline still goes first, however large.
+    t, gpus = 3, 2
+    wide = plan_job("wide", [0.05 * n for n in range(11)], gpus=2)
+    narrow = plan_job("narrow", [0.1 * n for n in range(3)], gpus=1)
+    problem = build_problem([wide, narrow], gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([2, 2], dtype=np.int64)
+    rounds, _ = pack_rounds(problem, counts, [10.0, 10.0], [100.0, 900.0], False, [True, True])
+    assert rounds[0] == ("wide",)
+
+
+@pytest.mark.parametrize("patience", [-0.5, math.inf, math.nan])
+def test_patience_knob_is_checked(patience: float) -> None:
+    assert ShockwaveParams().patience > 0
+    with pytest.raises(ValueError, match="patience"):
+        ShockwaveParams(patience=patience)
