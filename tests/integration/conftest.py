@@ -127,17 +127,26 @@ def postgres_schema(server: Engine, prefix: str = "it") -> Iterator[str]:
             connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
 
 
+@contextmanager
+def migrated_postgres(server: Engine, prefix: str = "it") -> Iterator[Database]:
+    """A migrated Postgres schema of the caller's own and its engine, dropped on exit."""
+    with postgres_schema(server, prefix) as schema:
+        migrate.upgrade(POSTGRES_URL, schema=schema)
+        engine = make_engine(POSTGRES_URL, schema)
+        try:
+            yield Database("postgres", POSTGRES_URL, engine, schema)
+        finally:
+            engine.dispose()
+
+
 @pytest.fixture(scope="session", params=["postgres", "sqlite"])
 def database(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Database]:
     if request.param == "postgres":
         server: Engine = request.getfixturevalue("postgres_server")
-        with postgres_schema(server) as schema:
-            migrate.upgrade(POSTGRES_URL, schema=schema)
-            engine = make_engine(POSTGRES_URL, schema)
-            yield Database("postgres", POSTGRES_URL, engine, schema)
-            engine.dispose()
+        with migrated_postgres(server) as database:
+            yield database
     else:
         url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'shockwave.db'}"
         migrate.upgrade(url)

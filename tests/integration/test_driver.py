@@ -23,11 +23,9 @@ from bench.chaos.invariants import handed_over
 from shockwave_cli.supervision import Supervised, shockwave_argv, wait_until
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
-from store import migrate
-from store.db import make_engine
 from store.tables import ClusterRow, NodeRow, RoundRow
 from tests.integration.api_calls import bearer
-from tests.integration.conftest import NODE, POSTGRES_URL, Database, Tokens, postgres_schema
+from tests.integration.conftest import NODE, Database, Tokens, migrated_postgres
 from tests.integration.driving import (
     ROUND_S,
     agent_token,
@@ -379,13 +377,8 @@ def node_state(database: Database) -> str:
 def postgres_database(postgres_server: Engine) -> Iterator[Database]:
     """A migrated Postgres schema of this module's own: only Postgres has the advisory lock
     (the embedded SQLite deployment runs one driver in one process)."""
-    with postgres_schema(postgres_server, "it_drv") as schema:
-        migrate.upgrade(POSTGRES_URL, schema=schema)
-        engine = make_engine(POSTGRES_URL, schema)
-        try:
-            yield Database("postgres", POSTGRES_URL, engine, schema)
-        finally:
-            engine.dispose()
+    with migrated_postgres(postgres_server, "it_drv") as database:
+        yield database
 
 
 @pytest.fixture

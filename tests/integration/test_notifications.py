@@ -27,7 +27,7 @@ from sqlmodel import Session
 from api.app import create_app
 from api.settings import Settings
 from shockwave_cli.supervision import Supervised
-from store import lease_signal, migrate
+from store import lease_signal
 from store.db import make_engine
 from store.lease_signal import CLUSTER, LEASES, Listener
 from store.principals import Role
@@ -37,7 +37,7 @@ from tests.integration.conftest import (
     NODE,
     POSTGRES_URL,
     Database,
-    postgres_schema,
+    migrated_postgres,
     unique_name,
 )
 from tests.integration.driving import agent_token, register, round_row, submit
@@ -66,13 +66,8 @@ def wait_for(what: str, found: Callable[[], Any], timeout: float, log: Path) -> 
 @pytest.fixture
 def schema_database(postgres_server: Engine) -> Iterator[Database]:
     """A Postgres schema of this test's own (channels are per schema: nothing else hears)."""
-    with postgres_schema(postgres_server, "notify_it") as schema:
-        migrate.upgrade(POSTGRES_URL, schema=schema)
-        engine = make_engine(POSTGRES_URL, schema)
-        try:
-            yield Database("postgres", POSTGRES_URL, engine, schema)
-        finally:
-            engine.dispose()
+    with migrated_postgres(postgres_server, "notify_it") as database:
+        yield database
 
 
 @pytest.fixture
