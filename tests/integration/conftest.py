@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import pytest
+import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import MetaData, Table, create_engine, text
@@ -36,6 +39,9 @@ from store.tokens import create_token
 POSTGRES_URL = os.environ.get(
     "SHOCKWAVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+SHOCKWAVE = Path(sys.executable).with_name("shockwave")
+"""The venv's ``shockwave`` command, for the tests that start service processes."""
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
 NODE = "node-1"
@@ -137,6 +143,22 @@ def migrated_postgres(server: Engine, prefix: str = "it") -> Iterator[Database]:
             yield Database("postgres", POSTGRES_URL, engine, schema)
         finally:
             engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def redis_broker() -> Iterator[redis.Redis]:
+    """A client of the real Redis at ``REDIS_URL``; the tests fail (never skip) without it."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        pytest.fail(
+            f"Redis is not reachable at {REDIS_URL} ({error}). Run scripts/services.sh, or "
+            "point SHOCKWAVE_TEST_REDIS_URL at a server.",
+            pytrace=False,
+        )
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session", params=["postgres", "sqlite"])

@@ -10,7 +10,6 @@ allows, so only the notifications can explain the answers' timing.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,14 +35,14 @@ from tests.integration.api_calls import bearer
 from tests.integration.conftest import (
     NODE,
     POSTGRES_URL,
+    REDIS_URL,
+    SHOCKWAVE,
     Database,
     migrated_postgres,
     unique_name,
 )
 from tests.integration.driving import agent_token, register, round_row, submit
 
-REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-SHOCKWAVE = Path(sys.executable).with_name("shockwave")
 RECHECK_S = 30.0
 """The held polls' timer: far longer than any answer below may take."""
 TICK_S = 30.0
@@ -71,21 +70,15 @@ def schema_database(postgres_server: Engine) -> Iterator[Database]:
 
 
 @pytest.fixture
-def broker() -> Iterator[str]:
+def broker(redis_broker: redis.Redis) -> Iterator[str]:
     """A solver queue of the test's own on the real Redis (the driver asks it for plans; no
     worker answers, so rounds come from the greedy fallback), deleted at the end."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as error:
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({error})", pytrace=False)
     queue = unique_name("notify_it")
     try:
         yield queue
     finally:
-        for key in client.scan_iter(match=f"*{queue}*"):
-            client.delete(key)
-        client.close()
+        for key in redis_broker.scan_iter(match=f"*{queue}*"):
+            redis_broker.delete(key)
 
 
 def contact(client: TestClient, token: str, **body: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +38,8 @@ from store.tokens import create_token
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import (
     POSTGRES_URL,
+    REDIS_URL,
+    SHOCKWAVE,
     Database,
     RecordedPlanRequests,
     Tokens,
@@ -47,8 +48,6 @@ from tests.integration.conftest import (
     unique_name,
 )
 
-REDIS_URL = os.environ.get("SHOCKWAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-SHOCKWAVE = Path(sys.executable).with_name("shockwave")
 WORKER_START_S = 30.0
 PLAN_WAIT_S = 30.0
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -120,21 +119,6 @@ class Service:
 
     def requester(self, **changes: Any) -> enqueue.PlanRequester:
         return enqueue.make_requester(self.settings.model_copy(update=changes))
-
-
-@pytest.fixture(scope="module")
-def redis_broker() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as error:
-        pytest.fail(
-            f"Redis is not reachable at {REDIS_URL} ({error}). Run scripts/services.sh, or "
-            "point SHOCKWAVE_TEST_REDIS_URL at a server.",
-            pytrace=False,
-        )
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")
