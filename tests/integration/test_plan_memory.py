@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -67,24 +68,20 @@ def bump(database: Database) -> None:
         session.commit()
 
 
-def next_round(database: Database) -> None:
+def set_cluster(database: Database, **values: Any) -> None:
     with Session(database.engine) as session:
         session.execute(
-            update(ClusterRow)
-            .where(col(ClusterRow.id) == DEFAULT_CLUSTER)
-            .values(current_round=ClusterRow.current_round + 1)
+            update(ClusterRow).where(col(ClusterRow.id) == DEFAULT_CLUSTER).values(**values)
         )
         session.commit()
+
+
+def next_round(database: Database) -> None:
+    set_cluster(database, current_round=ClusterRow.current_round + 1)
 
 
 def reset(database: Database) -> None:
-    with Session(database.engine) as session:
-        session.execute(
-            update(ClusterRow)
-            .where(col(ClusterRow.id) == DEFAULT_CLUSTER)
-            .values(policy_state=None)
-        )
-        session.commit()
+    set_cluster(database, policy_state=None)
 
 
 def test_the_memory_is_kept_when_the_cluster_moves_on_during_the_solve(
