@@ -202,12 +202,13 @@ def boundary(
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
     plan = choose_plan(plans, r, now) or latest_plan(plans, r, now)
+    # the plan's column for r, or its last one where it ends before r (latest_plan)
+    index = min(r - plan.base_round, len(plan.rounds) - 1) if plan is not None else 0
     if cluster is None:
         source, column = "greedy", []
     elif plan is None:
         source, column = "greedy", _greedy(fits, cluster.total_gpus)
     else:
-        index = min(r - plan.base_round, len(plan.rounds) - 1)
         column = [j for j in dict.fromkeys(plan.rounds[index]) if j in width]
         column = [j for j in column if j not in unfit]
         fresh = plan.state_version == state_version and plan.covers(r)
@@ -229,7 +230,7 @@ def boundary(
             ]
             extra = _conserve(cluster, rest, leases, busy, types)
             assignment = {**assignment, **extra}
-    why = _why(source, plan, min(r, plan.base_round + len(plan.rounds) - 1) if plan else r)
+    why = _why(source, plan, index)
     revokes: list[Change] = []
     kept: list[Change] = []
     for job_id, gpus in assignment.items():
@@ -397,9 +398,10 @@ def _fill_column(
     return filled
 
 
-def _why(source: str, plan: Plan | None, r: int) -> str:
+def _why(source: str, plan: Plan | None, index: int) -> str:
+    """The reason a change of the round cites: the plan and its column ``index``."""
     if source == "greedy" or plan is None:
         return "no plan covers it: first in, first out"
     label = "plan" if source == "plan" else "previous plan"
     ident = f" {plan.plan_id}" if plan.plan_id is not None else ""
-    return f"{label}{ident}, column {r - plan.base_round}"
+    return f"{label}{ident}, column {index}"
