@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from shockwave.elastic import make_elastic
-from shockwave.traces import build_workload, parse_throughputs, parse_trace, parse_trajectories
 from shockwave.workload import Workload
+from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
 WIDTHS = (1, 2, 4, 8)
 
@@ -186,13 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpus < 1 or args.slot_seconds <= 0:
         parser.error("--gpus and --slot-seconds must be positive")
     try:
-        table = parse_throughputs(json.loads(args.throughputs.read_text()), str(args.throughputs))
-        trace = parse_trace(args.trace.read_text(), str(args.trace))
-        trajectories = parse_trajectories(
-            json.loads(args.trajectories.read_text()), str(args.trajectories)
-        )
-        workload = build_workload(trace, trajectories, table, args.trace.name)
-    except (OSError, ValueError) as error:
+        table = load_throughputs(args.throughputs)
+        workload = load_workload(args.trace, args.trajectories, table)
+    except InputError as error:
         print(f"elastic_bound: {error}", file=sys.stderr)
         return 2
     workload = make_elastic(workload, table, args.elastic_max_gpus)
