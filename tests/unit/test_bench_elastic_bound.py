@@ -64,3 +64,10 @@ def test_every_bound_is_below_what_a_real_schedule_achieves() -> None:
     assert found.srpt_s <= real
     # The LP is the useful one: it sees that no job runs on more than 8 GPUs.
     assert found.lp_s > found.srpt_s
+
+
+def test_busy_time_cuts_charge_a_lone_job_its_whole_run() -> None:
+    # without the cuts the LP counts the job's mean busy time plus half its shortest run (95 s)
+    job = ElasticJob(0.0, 400.0, {1: 1.0, 8: 4.0})  # 100 s at its fastest
+    assert lp_bound([job], 8, slot_s=10.0, horizon_s=200.0) == pytest.approx(95.0)
+    assert lp_bound([job], 8, slot_s=10.0, horizon_s=200.0, busy=True) == pytest.approx(100.0)
