@@ -3,7 +3,12 @@
 Usage::
 
     python -m bench.elastic_oracle --trace F --trajectories F --throughputs F --gpus 32
-        [--gpus-per-node 4] [--elastic-max-gpus 8] [--beta 1.0 ...] [--json OUT]
+        [--gpus-per-node 4] [--elastic-max-gpus 8] [--beta 1.0 ...] [--target S]
+        [--ftf-cap C] [--makespan-cap S] [--margin S] [--urgent-order deadline|laxity]
+        [--order area|arrival] [--online [--online-ftf-cap C] [--path-theta T]] [--future]
+        [--no-shrink] [--json OUT]
+
+docs/elastic.md ("An all-knowing schedule") has the commands and figures.
 
 Why: issue 21 asks elastic Shockwave for an average JCT 1.5x better than rigid Shockwave's
 (5,219 s on the 120-job trace). ``bench/elastic_bound.py`` bounds what any schedule can reach
