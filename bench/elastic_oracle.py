@@ -5,7 +5,7 @@ Usage::
     python -m bench.elastic_oracle --trace F --trajectories F --throughputs F --gpus 32
         [--gpus-per-node 4] [--elastic-max-gpus 8] [--beta 1.0 ...] [--target S]
         [--ftf-cap C] [--makespan-cap S] [--margin S] [--urgent-order deadline|laxity]
-        [--order area|arrival] [--online [--online-ftf-cap C] [--path-theta T]] [--future]
+        [--order area|smith|arrival] [--online [--online-ftf-cap C] [--path-theta T]] [--future]
         [--no-shrink] [--json OUT]
 
 docs/elastic.md ("An all-knowing schedule") has the commands and figures.
@@ -25,7 +25,9 @@ not a production policy) decides every round from the truth (``SimSettings.revea
 - *Order*: shortest remaining area first, the area ``min_g g R_j(g)`` with ``R_j(g)`` the job's
   true remaining seconds on g GPUs (a running job's area less ``restart_s`` GPU-seconds, so
   that a job only a little shorter does not preempt it). This is SRPT on the one machine the
-  cluster would be if every job scaled perfectly (the ``srpt`` bound's order).
+  cluster would be if every job scaled perfectly (the ``srpt`` bound's order). With
+  ``--order smith``, once the widths are chosen (below) the jobs are sorted again by their
+  area at the width chosen, ``g_j R_j(g_j)`` (Smith's rule on what each job will really use).
 - *Width* (marginal efficiency): each job j takes the width g that minimizes its own finish
   plus the delay it imposes on the ``n_j`` jobs ordered after it,
   ``R_j(g) + c_j(g) + beta n_j g R_j(g) / G`` (``c_j(g)``: ``restart_s`` when g is not its
@@ -82,8 +84,9 @@ class OracleParams:
     the GPUs left runs narrower rather than waits. ``future``: arrivals the policy cannot see
     yet, as (arrival s, whole area GPU-s), counted among the jobs behind a longer job.
     ``deadlines``: job id -> the finish it must meet (:func:`deadlines`); ``margin_s``: how
-    long before it a job turns urgent. ``order``: "area" (shortest remaining area first) or
-    "arrival" (for comparison). ``online``: know only remaining epochs at the current rate.
+    long before it a job turns urgent. ``order``: "area" (shortest remaining area first),
+    "smith" (widths chosen in that order, then jobs sorted by their area at the width chosen)
+    or "arrival" (for comparison). ``online``: know only remaining epochs at the current rate.
     ``online_ftf_cap``: FTF deadlines from the declared profile, ``ftf_share`` the reference
     FTF's max(1, N / G). ``path_theta``: > 0, every job's deadline is also now + theta x the
     work left over the GPUs (an online makespan rule). ``urgent_order``: urgent jobs by
@@ -189,6 +192,8 @@ class OraclePolicy:
             behind.append(n)
         current = [len(j.progress.gpus) for j in jobs]
         widths = choose_widths(times, current, behind, total, params)
+        if params.order == "smith":  # then by the area at the width chosen (Smith's rule)
+            order = sorted(order, key=lambda i: widths[i] * times[i][widths[i]])
         urgent = []
         due = self._deadlines(snapshot, areas, params)
         for i, job in enumerate(jobs):
@@ -343,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--path-theta", type=float, default=0.0, help="online makespan rule: theta x work bound"
     )
     parser.add_argument("--urgent-order", choices=("deadline", "laxity"), default="deadline")
-    parser.add_argument("--order", choices=("area", "arrival"), default="area")
+    parser.add_argument("--order", choices=("area", "smith", "arrival"), default="area")
     parser.add_argument("--future", action="store_true", help="count unseen arrivals behind")
     parser.add_argument("--no-shrink", action="store_true")
     parser.add_argument("--ftf-cap", type=float, help="deadline: keep each job's FTF under this")

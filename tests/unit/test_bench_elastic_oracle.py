@@ -52,10 +52,20 @@ def test_deadlines_follow_the_ftf_cap_and_the_makespan_cap() -> None:
     assert deadlines(load, cluster(1), ftf_cap=None, makespan_cap=None) == {}
 
 
-def test_the_oracle_schedule_finishes_and_is_never_below_the_lp_bound() -> None:
+@pytest.mark.parametrize(
+    "params",
+    [
+        OracleParams(beta=1.0),
+        OracleParams(beta=4.0, order="smith"),
+        OracleParams(beta=4.0, online=True, online_ftf_cap=1.2, ftf_share=1.0),
+    ],
+)
+def test_the_oracle_schedule_finishes_and_is_never_below_the_lp_bound(
+    params: OracleParams,
+) -> None:
     jobs = [elastic(str(i), 20 + 15 * i, arrival=40.0 * i) for i in range(8)]
     load = workload(*jobs)
-    run = run_oracle(load, cluster(16, 4), OracleParams(beta=1.0))
+    run = run_oracle(load, cluster(16, 4), params)
     found = bounds(load, 16, slot_s=30.0, busy=True)
     assert found.lp_s is not None and found.lp_busy_s is not None
     assert found.lp_s <= found.lp_busy_s + 1e-6
