@@ -19,7 +19,11 @@ from shockwave.planner import (
     fit_floors,
     plan,
 )
-from tests.builders import plan_job
+from shockwave.policies import shockwave as policy
+from shockwave.policies.shockwave import Shockwave, ShockwaveParams
+from shockwave_cli.inputs import InputError
+from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
+from tests.builders import plan_job, snapshot
 
 ROUND = 60.0
 T = 10
@@ -162,3 +166,29 @@ def test_margin_outside_its_range_is_refused() -> None:
     for gate in (0.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match="critical_path_gate"):
             PlannerParams(critical_path_gate=gate)
+
+
+def test_the_gate_is_a_knob_and_elastic_plans_keep_theta_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    params = ShockwaveParams()
+    assert params.planner.critical_path_gate == 1.0
+    given = apply_knobs(params, ShockwaveKnobs(critical_path_gate=0.75), None)
+    assert given.planner.critical_path_gate == 0.75
+    with pytest.raises(InputError, match="--critical-path-gate"):
+        apply_knobs(params, ShockwaveKnobs(critical_path_gate=0.0), None)
+    with pytest.raises(ValueError, match="elastic_critical_gate"):
+        ShockwaveParams(elastic_critical_gate=2.0)
+
+    seen: list[PlannerParams] = []
+
+    def spy(jobs: object, gpus: int, planner: PlannerParams, *args: object) -> object:
+        seen.append(planner)
+        return None
+
+    monkeypatch.setattr(policy, "plan_elastic", spy)
+    snap = snapshot([], gpus=4)
+    Shockwave.plan_elastic_jobs(snap, params, [], [])
+    assert seen[-1].critical_path_gate is None  # None: theta_c, the gate before
+    Shockwave.plan_elastic_jobs(snap, replace(params, elastic_critical_gate=1.0), [], [])
+    assert seen[-1].critical_path_gate == 1.0
