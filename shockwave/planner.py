@@ -31,12 +31,13 @@ Where and why this departs from the paper (measured in docs/policy.md):
   estimator's own deadline. It is relative (Pbar / P_j: a minute late matters more to a short
   job) and GPU-weighted (so wide jobs compete per GPU on equal terms).
 
-- The critical-path reservation (margin theta_c, :func:`critical_path_s`): when the longest
-  job's soonest remainder (times theta_c) outlasts the work bound, the makespan is a path
-  through a few long jobs, and each job whose latest remainder would not fit after the window
-  gets a floor n_j >= ceil((R_latest - (path - T D)) / D). The market cannot do this itself:
-  those jobs' fairness deadlines are far, and the deadline term of many late short jobs
-  outbids the soft term above.
+- The critical-path reservation (margin theta_c, gate g, :func:`critical_path_s`): when the
+  longest job's soonest remainder L (times g) outlasts the work bound W, the makespan is a path
+  through a few long jobs, max(W, theta_c L), and each job whose latest remainder would not
+  fit after the window gets a floor n_j >= ceil((R_latest - (path - T D)) / D). The market
+  cannot do this itself: those jobs' fairness deadlines are far, and the deadline term of many
+  late short jobs outbids the soft term above. Floors that together ask for more GPU-rounds
+  than the window has are cut where the remainders are shortest (:func:`fit_floors`).
 
 We solve the count problem by a greedy on marginal gain per GPU-round over each phi_j's upper
 concave envelope. The fractional greedy on the envelopes solves the relaxation exactly, so it
@@ -117,7 +118,9 @@ class PlannerParams:
     theta, the share of the current makespan bound past which a job's remainder counts as late.
     ``deadline_weight``: mu, the weight of finishing past the fairness deadline.
     ``critical_path_margin``: theta_c of the critical-path reservation (:func:`critical_path_s`;
-    0 turns it off).
+    0 turns it off). ``critical_path_gate``: g, the share of the longest soonest remainder that
+    must outlast the work bound for the reservation to hold (1: whenever the longest job bounds
+    the makespan; None: theta_c, the gate before issue 15's makespan work).
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -132,6 +135,7 @@ class PlannerParams:
     horizon_margin: float = 1.0
     deadline_weight: float = 10.0
     critical_path_margin: float = 0.75
+    critical_path_gate: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -141,6 +145,9 @@ class PlannerParams:
         margin = self.critical_path_margin
         if not (math.isfinite(margin) and 0 <= margin <= 1):
             raise ValueError(f"critical_path_margin must be in [0, 1] (0: off), got {margin!r}")
+        gate = self.critical_path_gate
+        if gate is not None and not (math.isfinite(gate) and 0 < gate <= 1):
+            raise ValueError(f"critical_path_gate must be in (0, 1] or None, got {gate!r}")
         for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -210,7 +217,8 @@ def build_problem(
 ) -> Problem:
     """Tabulate phi_j and r_j for n = 0..T (n above a job's cap repeats its last value).
 
-    Shapes: ``value`` and ``rem`` are N x (T + 1) arrays, ``caps`` the per-job round limits.
+    Shapes: ``value`` and ``rem`` are N x (T + 1) arrays, ``caps`` the per-job round limits,
+    ``floors`` the critical-path floors cut to the window's capacity (:func:`fit_floors`).
     """
     t = params.rounds
     count = len(jobs)
@@ -222,6 +230,8 @@ def build_problem(
     for i, job in enumerate(jobs):
         value[i], rem[i], caps[i], floors[i] = terms.row(job)
     gpus = np.array([j.gpus for j in jobs], dtype=float)
+    latest = [j.remaining_range[1] for j in jobs]
+    floors = fit_floors(floors, gpus, latest, total_gpus * t, round_seconds)
     return Problem(tuple(jobs), total_gpus, t, terms.coupling, value, rem, caps, gpus, floors)
 
 
@@ -260,7 +270,9 @@ class ObjectiveTerms:
             scale=1.0 / (max(len(jobs), 1) * total_gpus),
             slack=params.horizon_margin * horizon - params.rounds * round_seconds,
             mean_fair=float(np.mean([j.fair_share_s for j in jobs])) if jobs else 1.0,
-            path=critical_path_s(jobs, total_gpus, params.critical_path_margin),
+            path=critical_path_s(
+                jobs, total_gpus, params.critical_path_margin, params.critical_path_gate
+            ),
         )
 
     def row(self, job: PlanJob) -> tuple[FloatArray, FloatArray, int, int]:
@@ -321,7 +333,9 @@ class ObjectiveTerms:
         return value, left, caps, floors
 
 
-def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float | None:
+def critical_path_s(
+    jobs: Sequence[PlanJob], total_gpus: int, margin: float, gate: float | None = None
+) -> float | None:
     """The finish the longest jobs must keep, or None when they do not bound the makespan.
 
     The soonest the work left can end is max(W, L): W the GPU-seconds at every job's fastest
@@ -329,14 +343,23 @@ def critical_path_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> 
     the makespan is a critical path through a few long jobs, and every round they wait
     pushes it out one for one; the market cannot see that (their fairness deadlines are far).
     ``margin`` (theta_c) scales L down for the spread of remainder estimates, so that jobs
-    whose estimates merely look shorter than the longest one are kept on the path too.
+    whose estimates merely look shorter than the longest one are kept on the path too; the
+    path never falls below W, since no plan ends before W (a path under it would reserve
+    rounds for finishes nothing can reach). ``gate`` (g; None: theta_c): the path holds while
+    g L > W. With g = theta_c (the rule before) it held only while L > W / theta_c, so where
+    the two bounds were close (the 120-job trace from 4,000 s to 16,000 s: L 1.0 to 1.07 W)
+    the longest job had only the soft term, lost rounds to the market, and its block went to
+    the end of a plan that a re-plan or a late one then followed (docs/policy.md, "Issue 15:
+    the critical path while the bounds are close").
     """
     if margin <= 0 or not jobs:
         return None
     soonest = [j.remaining_range[0] for j in jobs]
     work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
-    path = margin * max(soonest)
-    return path if path > work else None
+    longest = max(soonest)
+    if not (margin if gate is None else gate) * longest > work:
+        return None
+    return max(work, margin * longest)
 
 
 def critical_floor(
@@ -350,6 +373,39 @@ def critical_floor(
     if excess <= 0:
         return 0
     return min(cap, math.ceil(excess / round_seconds))
+
+
+def fit_floors(
+    floors: npt.NDArray[np.int64],
+    gpus: FloatArray,
+    latest_s: Sequence[float],
+    capacity: float,
+    round_seconds: float,
+) -> npt.NDArray[np.int64]:
+    """``floors`` cut to the window's ``capacity`` in GPU-rounds (unchanged where they fit).
+
+    Each floor is a job's rounds n = 0..floor-1, the n-th worth its remainder before it,
+    ``latest_s[j] - n D``; the rounds are kept from the longest such remainder down while they
+    fit (ties by job order). So the cut floors leave the least possible longest remainder
+    after the window, and the longest job keeps its rounds. Why: when the floors overflow, the
+    greedy took them by market gain per GPU and SCIP found the bounds infeasible, so the
+    longest job, worth least to the market, lost its rounds first (the 120-job trace at
+    16,440 s: floor 30, planned 28, parked for eight rounds).
+    """
+    if float((floors * gpus).sum()) <= capacity:
+        return floors
+    items = sorted(
+        (-(latest_s[j] - n * round_seconds), j, n)
+        for j in range(len(floors))
+        for n in range(int(floors[j]))
+    )
+    kept = np.zeros_like(floors)
+    used = 0.0
+    for _, j, n in items:
+        if kept[j] == n and used + gpus[j] <= capacity:
+            kept[j] += 1
+            used += gpus[j]
+    return kept
 
 
 def concave_slopes(values: FloatArray, cap: int) -> FloatArray:

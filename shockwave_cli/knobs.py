@@ -57,6 +57,14 @@ CriticalPathMargin = Annotated[
         f"(default {_PLANNER.critical_path_margin:g})."
     ),
 ]
+CriticalPathGate = Annotated[
+    float | None,
+    typer.Option(
+        help="Shockwave: critical-path gate g in (0, 1]: the reservation holds while g times "
+        "the longest remainder outlasts the work bound; 0.75 (theta_c) gives the rule before "
+        f"issue 15's makespan work (default {_PLANNER.critical_path_gate:g})."
+    ),
+]
 FairnessExponent = Annotated[
     float | None,
     typer.Option(
@@ -149,6 +157,7 @@ class ShockwaveKnobs:
     deadline_weight: float | None = None
     horizon_margin: float | None = None
     critical_path_margin: float | None = None
+    critical_path_gate: float | None = None
     fairness_exponent: float | None = None
     replan: str | None = None
     replan_every: int | None = None
@@ -207,6 +216,13 @@ _KNOBS: tuple[_Knob, ...] = (
         True,
         lambda v: 0 <= v <= 1,
         "must be in [0, 1] (0: off)",
+    ),
+    _Knob(
+        "critical_path_gate",
+        "critical_path_gate",
+        True,
+        lambda v: 0 < v <= 1,
+        "must be in (0, 1]",
     ),
     _Knob("solver_time_limit", "time_limit_s", True, _positive, "must be > 0 seconds"),
     _Knob("solver_gap", "relative_gap", True, _non_negative, "must be >= 0"),

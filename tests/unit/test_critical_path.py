@@ -16,9 +16,14 @@ from shockwave.planner import (
     build_problem,
     critical_floor,
     critical_path_s,
+    fit_floors,
     plan,
 )
-from tests.builders import plan_job
+from shockwave.policies import shockwave as policy
+from shockwave.policies.shockwave import Shockwave, ShockwaveParams
+from shockwave_cli.inputs import InputError
+from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
+from tests.builders import plan_job, snapshot
 
 ROUND = 60.0
 T = 10
@@ -50,6 +55,69 @@ def test_path_is_the_longest_soonest_remainder_scaled_by_the_margin() -> None:
     jobs = [long_job("a", 40_000.0, 50_000.0), long_job("b", 10_000.0, 12_000.0)]
     assert critical_path_s(jobs, 8, 0.75) == pytest.approx(30_000.0)
     assert critical_path_s(jobs, 8, 0.0) is None
+
+
+def close_bounds() -> list[PlanJob]:
+    """On 4 GPUs: the longest job's 40,000 s outlast the work bound W = 37,600 s, but not
+    W / 0.75 (the bounds are close, as on the 120-job trace from 4,000 s to 16,000 s)."""
+    longs = [long_job("a", 40_000.0, 40_000.0, weight=1e-6)]
+    longs += [long_job(k, 36_000.0, 36_000.0, weight=1e-6) for k in "bcd"]
+    return [*[short_job(str(i)) for i in range(40)], *longs]
+
+
+def test_path_holds_while_the_longest_job_bounds_the_makespan() -> None:
+    jobs = close_bounds()
+    # gate 1: L > W is enough, and the path is W, not 0.75 L (no plan ends before W)
+    assert critical_path_s(jobs, 4, 0.75, 1.0) == pytest.approx(37_600.0)
+    # the gate before (theta_c): 0.75 L = 30,000 s < W, no path
+    assert critical_path_s(jobs, 4, 0.75, 0.75) is None
+    assert critical_path_s(jobs, 4, 0.75) is None
+    # the longest job shorter than the work bound: no path whatever the gate
+    assert critical_path_s(jobs, 3, 0.75, 1.0) is None
+
+
+def test_longest_job_runs_every_round_while_the_bounds_are_close() -> None:
+    params = PlannerParams(rounds=T, deadline_weight=0.0, makespan_weight=0.0)
+    result = plan(close_bounds(), 4, params, ROUND)
+    assert result.counts["a"] == T
+    assert all("a" in column for column in result.rounds)
+    # only the longest is reserved: the others fit after the window whatever they get
+    assert result.counts["b"] < T
+    before = plan(close_bounds(), 4, replace(params, critical_path_gate=0.75), ROUND)
+    assert before.counts["a"] < T
+
+
+def test_floors_that_fit_are_kept() -> None:
+    floors = np.array([3, 2, 0], dtype=np.int64)
+    kept = fit_floors(floors, np.ones(3), [5000.0, 4000.0, 100.0], 5.0, ROUND)
+    assert kept.tolist() == [3, 2, 0]
+
+
+def test_floors_over_capacity_keep_the_longest_remainders() -> None:
+    floors = np.array([T, T, T], dtype=np.int64)
+    kept = fit_floors(floors, np.ones(3), [5000.0, 4800.0, 3000.0], 12.0, ROUND)
+    # rounds taken from the longest remainder before them down: 5000, 4940, 4880, 4820,
+    # 4800 (b), 4760, 4740 (b), ... 4580: a keeps 8, b 4, c (shortest) none
+    assert kept.tolist() == [8, 4, 0]
+    assert int(kept.sum()) == 12
+    # a wide job costs its GPUs per round
+    wide = fit_floors(floors, np.array([4.0, 1.0, 1.0]), [5000.0, 4800.0, 3000.0], 12.0, ROUND)
+    assert float((wide * np.array([4.0, 1.0, 1.0])).sum()) <= 12.0
+    assert wide[0] >= 1 and wide[2] == 0
+
+
+def test_longest_job_keeps_its_floor_when_the_floors_overflow() -> None:
+    """Soonest remainders far below the latest ones (GNS jobs that may speed up): the path is
+    short and every long job gets a floor; together they ask 50 GPU-rounds of 40."""
+    longest = long_job("a", 1200.0, 1200.0, weight=1e-6)
+    others = [long_job(k, 100.0, 1000.0, weight=1.0) for k in "bcde"]
+    params = PlannerParams(rounds=T, deadline_weight=0.0, makespan_weight=0.0)
+    problem = build_problem([longest, *others], 4, params, ROUND)
+    assert problem.floors is not None
+    assert problem.floors.tolist() == [T, 8, 8, 7, 7]
+    result = plan([longest, *others], 4, params, ROUND)
+    assert result.counts["a"] == T
+    assert "a" in result.rounds[0]
 
 
 @pytest.mark.parametrize(
@@ -95,3 +163,32 @@ def test_bound_stays_valid_under_floors() -> None:
 def test_margin_outside_its_range_is_refused() -> None:
     with pytest.raises(ValueError, match="critical_path_margin"):
         PlannerParams(critical_path_margin=1.5)
+    for gate in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="critical_path_gate"):
+            PlannerParams(critical_path_gate=gate)
+
+
+def test_the_gate_is_a_knob_and_elastic_plans_keep_theta_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    params = ShockwaveParams()
+    assert params.planner.critical_path_gate == 1.0
+    given = apply_knobs(params, ShockwaveKnobs(critical_path_gate=0.75), None)
+    assert given.planner.critical_path_gate == 0.75
+    with pytest.raises(InputError, match="--critical-path-gate"):
+        apply_knobs(params, ShockwaveKnobs(critical_path_gate=0.0), None)
+    with pytest.raises(ValueError, match="elastic_critical_gate"):
+        ShockwaveParams(elastic_critical_gate=2.0)
+
+    seen: list[PlannerParams] = []
+
+    def spy(jobs: object, gpus: int, planner: PlannerParams, *args: object) -> object:
+        seen.append(planner)
+        return None
+
+    monkeypatch.setattr(policy, "plan_elastic", spy)
+    snap = snapshot([], gpus=4)
+    Shockwave.plan_elastic_jobs(snap, params, [], [])
+    assert seen[-1].critical_path_gate is None  # None: theta_c, the gate before
+    Shockwave.plan_elastic_jobs(snap, replace(params, elastic_critical_gate=1.0), [], [])
+    assert seen[-1].critical_path_gate == 1.0
