@@ -61,8 +61,9 @@ CriticalPathGate = Annotated[
     float | None,
     typer.Option(
         help="Shockwave: critical-path gate g in (0, 1]: the reservation holds while g times "
-        "the longest remainder outlasts the work bound; 0.75 (theta_c) gives the rule before "
-        f"issue 15's makespan work (default {_PLANNER.critical_path_gate:g})."
+        "the longest remainder outlasts the work bound; 1 protects the longest job whenever it "
+        "bounds the makespan (shorter makespans, longer average JCT; default: the margin "
+        "theta_c)."
     ),
 ]
 FairnessExponent = Annotated[

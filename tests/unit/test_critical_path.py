@@ -77,7 +77,9 @@ def test_path_holds_while_the_longest_job_bounds_the_makespan() -> None:
 
 
 def test_longest_job_runs_every_round_while_the_bounds_are_close() -> None:
-    params = PlannerParams(rounds=T, deadline_weight=0.0, makespan_weight=0.0)
+    params = PlannerParams(
+        rounds=T, deadline_weight=0.0, makespan_weight=0.0, critical_path_gate=1.0
+    )
     result = plan(close_bounds(), 4, params, ROUND)
     assert result.counts["a"] == T
     assert all("a" in column for column in result.rounds)
@@ -172,7 +174,7 @@ def test_the_gate_is_a_knob_and_elastic_plans_keep_theta_c(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     params = ShockwaveParams()
-    assert params.planner.critical_path_gate == 1.0
+    assert params.planner.critical_path_gate is None  # opt-in: theta_c by default
     given = apply_knobs(params, ShockwaveKnobs(critical_path_gate=0.75), None)
     assert given.planner.critical_path_gate == 0.75
     with pytest.raises(InputError, match="--critical-path-gate"):
