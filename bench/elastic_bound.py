@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from shockwave.elastic import make_elastic
+from shockwave.traces import ThroughputTable
 from shockwave.workload import Workload
 from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
@@ -69,6 +70,17 @@ class Bounds:
     lp_seconds: float | None
     lp_busy_s: float | None = None
     lp_busy_seconds: float | None = None
+
+
+def load_elastic(
+    trace: Path, trajectories: Path, throughputs: Path, max_gpus: int
+) -> tuple[Workload, ThroughputTable]:
+    """The workload of ``trace`` made elastic from 1 to ``max_gpus`` GPUs (the simulator's
+    ``--elastic``), and its throughput table; raises :class:`InputError` naming the bad file.
+    One loader for this bench and ``bench/elastic_oracle.py``."""
+    table = load_throughputs(throughputs)
+    workload = load_workload(trace, trajectories, table)
+    return make_elastic(workload, table, max_gpus), table
 
 
 def elastic_jobs(workload: Workload) -> list[ElasticJob]:
@@ -220,12 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpus < 1 or args.slot_seconds <= 0:
         parser.error("--gpus and --slot-seconds must be positive")
     try:
-        table = load_throughputs(args.throughputs)
-        workload = load_workload(args.trace, args.trajectories, table)
+        workload, _ = load_elastic(
+            args.trace, args.trajectories, args.throughputs, args.elastic_max_gpus
+        )
     except InputError as error:
         print(f"elastic_bound: {error}", file=sys.stderr)
         return 2
-    workload = make_elastic(workload, table, args.elastic_max_gpus)
     result = bounds(workload, args.gpus, args.slot_seconds, lp=not args.no_lp, busy=args.busy_cuts)
     print(f"{result.jobs} jobs on {result.gpus} GPUs, elastic 1-{args.elastic_max_gpus}:")
     rows = [

@@ -65,15 +65,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.elastic_bound import load_elastic
 from shockwave import heterogeneity
-from shockwave.elastic import make_elastic
 from shockwave.metrics import summarize
 from shockwave.model import Cluster
 from shockwave.policy import Decision
 from shockwave.simulator import SimSettings, simulate
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.workload import Workload
-from shockwave_cli.inputs import InputError, load_throughputs, load_workload
+from shockwave_cli.inputs import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,12 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     try:
-        table = load_throughputs(args.throughputs)
-        workload = load_workload(args.trace, args.trajectories, table)
+        workload, _ = load_elastic(
+            args.trace, args.trajectories, args.throughputs, args.elastic_max_gpus
+        )
     except InputError as error:
         print(f"elastic_oracle: {error}", file=sys.stderr)
         return 2
-    workload = make_elastic(workload, table, args.elastic_max_gpus)
     cluster = Cluster.of_gpus(args.gpus, args.gpus_per_node)
     future = future_areas(workload, args.gpus) if args.future else ()
     due = deadlines(workload, cluster, args.ftf_cap, args.makespan_cap)
