@@ -68,7 +68,7 @@ from typing import Any, ClassVar
 from bench.elastic_bound import load_elastic
 from shockwave import heterogeneity
 from shockwave.metrics import summarize
-from shockwave.model import Cluster
+from shockwave.model import Cluster, JobSpec, Regime
 from shockwave.policy import Decision
 from shockwave.simulator import SimSettings, simulate
 from shockwave.snapshot import ActiveJob, Snapshot
@@ -106,30 +106,44 @@ class OracleParams:
     urgent_order: str = "deadline"
 
 
+def on_gpus(spec: JobSpec, gpus: int, batch_size: int, seconds: float) -> float:
+    """``seconds`` of ``spec``'s work at its requested count, run on ``gpus`` GPUs instead."""
+    if gpus == spec.gpus:
+        return seconds
+    assert spec.elastic is not None, f"job {spec.job_id} is not elastic"
+    return seconds / spec.elastic.factor(gpus, spec.gpus, batch_size)
+
+
+def trajectory_seconds(
+    spec: JobSpec,
+    trajectory: Sequence[Regime],
+    epoch_seconds: Mapping[int, float],
+    gpus: int,
+    done: float = 0.0,
+) -> float:
+    """Seconds the epochs of ``trajectory`` past the first ``done`` take on ``gpus`` GPUs
+    (``epoch_seconds``: batch size -> seconds an epoch at the requested count)."""
+    total = 0.0
+    for regime in trajectory:
+        left = regime.epochs - done
+        done = max(0.0, done - regime.epochs)
+        if left > 0:
+            seconds = epoch_seconds[regime.batch_size]
+            total += left * on_gpus(spec, gpus, regime.batch_size, seconds)
+    return total
+
+
 def remaining_seconds(job: ActiveJob, snapshot: Snapshot, gpus: int, online: bool = False) -> float:
     """True seconds ``job`` still needs on ``gpus`` GPUs (its revealed trajectory); with
     ``online``, what a scheduler knows instead: its remaining epochs at the current batch
     size's epoch time (measured, else declared), as if it kept that batch size."""
-    spec = job.spec
     if online:
         seconds = job.remaining_seconds_at_current_rate() or 0.0
-        if gpus != spec.gpus and spec.elastic is not None:
-            seconds /= spec.elastic.factor(gpus, spec.gpus, job.progress.batch_size)
-        return seconds
+        return on_gpus(job.spec, gpus, job.progress.batch_size, seconds)
     truth = snapshot.revealed[job.job_id]
-    done = job.progress.epochs_done
-    total = 0.0
-    for regime in truth.trajectory:
-        left = regime.epochs - done
-        done = max(0.0, done - regime.epochs)
-        if left <= 0:
-            continue
-        seconds = truth.epoch_seconds[regime.batch_size]
-        if gpus != spec.gpus:
-            assert spec.elastic is not None
-            seconds /= spec.elastic.factor(gpus, spec.gpus, regime.batch_size)
-        total += left * seconds
-    return total
+    return trajectory_seconds(
+        job.spec, truth.trajectory, truth.epoch_seconds, gpus, job.progress.epochs_done
+    )
 
 
 def _widths(job: ActiveJob, gpus: int) -> tuple[int, ...]:
@@ -216,21 +230,22 @@ class OraclePolicy:
                 first = sorted(urgent, key=lambda i: due[jobs[i].job_id] - times[i][widths[i]])
             else:  # earliest deadline first, the longest first among equal deadlines
                 first = sorted(urgent, key=lambda i: (due[jobs[i].job_id], -min(times[i].values())))
-            order = first + [i for i in order if i not in set(urgent)]
+            pending = set(urgent)
+            order = first + [i for i in order if i not in pending]
         free = total
         chosen: list[str] = []
-        width: dict[str, int] = {}
+        named: dict[str, int] = {}  # the widths off the requested counts
         for i in order:
             job = jobs[i]
             fits = [g for g in times[i] if g <= min(free, widths[i])]
             if not fits or (not params.shrink and widths[i] > free):
-                width[job.job_id] = widths[i]
-                continue
-            g = max(fits)
-            chosen.append(job.job_id)
-            width[job.job_id] = g
-            free -= g
-        named = {j: g for j, g in width.items() if g != snapshot_gpus(jobs, j)}
+                g = widths[i]
+            else:
+                g = max(fits)
+                chosen.append(job.job_id)
+                free -= g
+            if g != job.spec.gpus:
+                named[job.job_id] = g
         # the next column: every job in priority order, so mid-round fills follow it too
         ranked = tuple(jobs[i].job_id for i in order)
         return Decision(jobs=tuple(chosen), widths=named, planned=(ranked,))
@@ -256,10 +271,6 @@ class OraclePolicy:
                 d = min(d, snapshot.now + params.path_theta * work)
             out[job.job_id] = d
         return out
-
-
-def snapshot_gpus(jobs: Sequence[ActiveJob], job_id: str) -> int:
-    return next(j.spec.gpus for j in jobs if j.job_id == job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,16 +326,12 @@ def future_areas(workload: Workload, gpus: int) -> tuple[tuple[float, float], ..
     out = []
     for job in workload.jobs:
         spec = job.spec
-        best = math.inf
         widths = spec.elastic.widths if spec.elastic is not None else (spec.gpus,)
-        for g in (w for w in widths if w <= gpus):
-            seconds = 0.0
-            for regime in job.trajectory:
-                s = job.epoch_seconds[regime.batch_size]
-                if g != spec.gpus and spec.elastic is not None:
-                    s /= spec.elastic.factor(g, spec.gpus, regime.batch_size)
-                seconds += regime.epochs * s
-            best = min(best, g * seconds)
+        best = min(
+            g * trajectory_seconds(spec, job.trajectory, job.epoch_seconds, g)
+            for g in widths
+            if g <= gpus
+        )
         out.append((spec.arrival_s, best))
     return tuple(out)
 
