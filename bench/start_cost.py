@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,10 @@ from rich.table import Table
 from bench.replay_parity import reference_files
 from shockwave.metrics import summarize
 from shockwave.model import Cluster
-from shockwave.policy import Decision, Policy, get_policy, make_params
+from shockwave.policy import Decision, Policy, get_policy, make_params, policy_names
 from shockwave.simulator import SimSettings, simulate
 from shockwave.snapshot import ActiveJob, Snapshot
-from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
 
 def lagged(snapshot: Snapshot, lag_s: float) -> Snapshot:
@@ -72,22 +74,39 @@ class Lagging:
         return decision
 
 
+def seconds_list(text: str) -> list[float]:
+    """``--overheads`` / ``--lags``: comma-separated seconds, each finite and >= 0."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of seconds"
+        ) from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be a finite number >= 0")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
-    parser.add_argument("--policy", default="gavel")
-    parser.add_argument("--overheads", default="20,30,40,70")
-    parser.add_argument("--lags", default="0,60")
+    parser.add_argument("--policy", default="gavel", choices=policy_names())
+    parser.add_argument("--overheads", type=seconds_list, default=[20.0, 30.0, 40.0, 70.0])
+    parser.add_argument("--lags", type=seconds_list, default=[0.0, 60.0])
     parser.add_argument("--watch", default="66")
     args = parser.parse_args(argv)
     trace, trajectories, throughputs = reference_files(args.reference)
-    workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+    try:
+        workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+    except InputError as error:
+        print(f"start_cost: {error}", file=sys.stderr)
+        return 2
     table = Table(title=f"{args.policy}: start cost and progress lag (simulate)")
     for column in ("overhead s", "lag s", "makespan s", "avg JCT s", "worst FTF", "starts"):
         table.add_column(column, justify="right")
     table.add_column(f"job {args.watch} chosen at (s)")
-    for overhead in (float(x) for x in args.overheads.split(",")):
-        for lag in (float(x) for x in args.lags.split(",")):
+    for overhead in args.overheads:
+        for lag in args.lags:
             policy = get_policy(args.policy)
             wrapped = Lagging(policy, lag, args.watch)
             result = simulate(
