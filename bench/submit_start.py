@@ -129,7 +129,9 @@ def embedded_cluster(work: Path, round_seconds: float) -> Iterator[Cluster]:
             str(round_seconds),
         )
         wait_until(
-            lambda: "Shockwave is up" in up.log_tail(), 60, f"shockwave up:\n{up.log_tail()}"
+            lambda: "Shockwave is up" in up.log_tail(),
+            60,
+            lambda: f"shockwave up:\n{up.log_tail()}",
         )
         agent_dir = work / "agent"
         agent_dir.mkdir(exist_ok=True)
@@ -157,7 +159,7 @@ def embedded_cluster(work: Path, round_seconds: float) -> Iterator[Cluster]:
             nodes = cluster.http.get("/v1/cluster").json()
             return int(nodes.get("ready_gpus", 0)) == 2
 
-        wait_until(ready, 60, f"the agent's node to be READY:\n{processes.logs()}")
+        wait_until(ready, 60, lambda: f"the agent's node to be READY:\n{processes.logs()}")
         time.sleep(1.0)  # the registration's fill found nothing to start: the cluster is idle
         try:
             yield cluster

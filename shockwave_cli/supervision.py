@@ -54,14 +54,20 @@ class NotReady(RuntimeError):
 
 
 def wait_until(
-    condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str | Callable[[], str],
+    poll_s: float = 0.1,
 ) -> None:
     """Poll ``condition`` until it holds; :class:`NotReady` naming ``what`` after
-    ``timeout_s`` (``condition`` may raise to give up early)."""
+    ``timeout_s`` (``condition`` may raise to give up early). ``what`` may be a callable, called
+    only on timeout: a message that carries log tails then shows them as they were when the wait
+    gave up, not as they were when it began."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise NotReady(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            said = what() if callable(what) else what
+            raise NotReady(f"timed out after {timeout_s:.0f}s waiting for {said}")
         time.sleep(poll_s)
 
 

@@ -206,7 +206,7 @@ def test_worker_survives_losing_redis_mid_solve(tmp_path: Path) -> None:
             wait_until(
                 lambda: any(p.created_at > back for p in plans(stack.engine).values()),
                 90,
-                f"a plan after Redis came back\n{worker.log_tail()}",
+                lambda: f"a plan after Redis came back\n{worker.log_tail()}",
             )
             assert worker.alive, worker.log_tail()
         finally:

@@ -14,7 +14,9 @@ and one node of two slots, in order:
 4. A third job's container is killed from outside (``docker kill``): the job ends FAILED with
    the container's exit code, 137.
 5. The first two jobs SUCCEED, having changed their batch size (GNS, Accordion) from their real
-   gradients: each change is a scaling event and a regime of the job's prediction.
+   gradients: each change is a scaling event and a regime of the job's prediction. Every
+   attempt that trained is in the job's loss log; one stopped before its program began (the
+   policy may preempt it within a second for the third job) ended on the signal.
 
 Fencing is checked as in the process-runtime tests (no job trains in two places), and at the end
 no container of the test is left, running or not.
@@ -114,7 +116,7 @@ def scenario(run: Training) -> None:
     wait_until(
         lambda: all(training_in_container(run, j) for j in (first, second)),
         90,
-        f"both jobs to train in containers\n{run.logs()}\n{run.attempt_logs()}",
+        lambda: f"both jobs to train in containers\n{run.logs()}\n{run.attempt_logs()}",
     )
     attempts = {training_in_container(run, j) or "": j for j in (first, second)}
     ids = {attempt: container_id(attempt) for attempt in attempts}
@@ -131,8 +133,10 @@ def scenario(run: Training) -> None:
     wait_until(
         lambda: all(f"re-attached to attempt {a}" in agent_log(run) for a in ids),
         run.liveness.node_ttl_s,
-        f"the new agent to re-attach to {sorted(ids)} (node {node_state(run.stack, NODE)})\n"
-        f"{run.logs()}",
+        lambda: (
+            f"the new agent to re-attach to {sorted(ids)} (node {node_state(run.stack, NODE)})\n"
+            f"{run.logs()}"
+        ),
     )
     # Two of its heartbeat polls, each of which answers the node's leases and has the agent
     # start those it does not run: a second start of a re-attached attempt would come there.
@@ -140,7 +144,7 @@ def scenario(run: Training) -> None:
         wait_until(
             functools.partial(heartbeat_after, run, datetime.now(UTC)),
             30,
-            f"a heartbeat of the new agent\n{run.logs()}",
+            lambda: f"a heartbeat of the new agent\n{run.logs()}",
         )
     assert node_state(run.stack, NODE) == "READY"
     since_restart = agent_log(run).rsplit("=== start", 1)[-1]
@@ -158,14 +162,14 @@ def scenario(run: Training) -> None:
     wait_until(
         lambda: training_in_container(run, victim) is not None,
         90,
-        f"the third job to train in a container\n{run.logs()}",
+        lambda: f"the third job to train in a container\n{run.logs()}",
     )
     victim_attempt = training_in_container(run, victim) or ""
     docker("kill", container_of(victim_attempt))
     wait_until(
         lambda: job_states(run.stack.engine)[victim] == "FAILED",
         30,
-        f"the killed job to fail\n{run.logs()}",
+        lambda: f"the killed job to fail\n{run.logs()}",
     )
     lease = next(x for x in leases_of(run.stack)[victim] if x.id == victim_attempt)
     assert (lease.state, lease.exit_code) == ("EXITED", KILLED_EXIT_CODE), lease
@@ -175,7 +179,7 @@ def scenario(run: Training) -> None:
     wait_until(
         lambda: {job_states(run.stack.engine)[j] for j in (first, second)} == {"SUCCEEDED"},
         150,
-        f"both jobs to succeed\n{run.logs()}\n{run.attempt_logs()}",
+        lambda: f"both jobs to succeed\n{run.logs()}\n{run.attempt_logs()}",
     )
     kept = {first: run.jobs[first], second: run.jobs[second]}
     leases = check_fencing(run.stack, kept)
@@ -183,7 +187,16 @@ def scenario(run: Training) -> None:
         logged = attempts_in_log(run.loss_log(job_id))
         ran = [x for x in leases[job_id] if x.state in ("CHECKPOINTED", "EXITED")]
         assert len(logged) >= 2, f"{name} was never preempted: {leases[job_id]}"
-        assert {a.attempt_id for a in logged} == {x.id for x in ran}, (name, ran)
+        trained = {a.attempt_id for a in logged}
+        assert trained <= {x.id for x in ran}, (name, trained, ran)
+        # An attempt the policy stops within a second of its start (a 3 s round) may get the
+        # SIGTERM before its program has installed its handler: it ends on the signal (a stop,
+        # not a failure: the job goes back to the queue) having written nothing.
+        unlogged = [x for x in ran if x.id not in trained]
+        assert all(x.state == "EXITED" and x.exit_code not in (0, None) for x in unlogged), (
+            name,
+            unlogged,
+        )
         assert sum(x.state == "CHECKPOINTED" for x in ran) == len(logged) - 1, name
         assert ran[-1].exit_code == 0, (name, ran[-1])
         check_loss_curve(name, logged, crashed=set())

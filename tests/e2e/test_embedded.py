@@ -63,7 +63,7 @@ def test_up_serves_plans_and_leases_from_one_process(tmp_path: Path) -> None:
         wait_until(
             lambda: "Shockwave is up" in service.log_tail(),
             30,
-            f"shockwave up to start:\n{service.log_tail()}",
+            lambda: f"shockwave up to start:\n{service.log_tail()}",
         )
         banner = service.log_tail()
         assert f"API {base}" in banner and f"{base}/docs" in banner, banner
@@ -91,7 +91,7 @@ def test_up_serves_plans_and_leases_from_one_process(tmp_path: Path) -> None:
         wait_until(
             lambda: any(source == "plan" for _, source in plan_rounds(database, job_id)),
             20,
-            f"a round from the in-process solver's plan:\n{service.log_tail()}",
+            lambda: f"a round from the in-process solver's plan:\n{service.log_tail()}",
         )
         leases = httpx.get(f"{base}/v1/agent/leases", params={"node": "n1"}, timeout=5)
         assert leases.status_code == 200, leases.text

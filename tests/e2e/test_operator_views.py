@@ -71,7 +71,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     ).start()
     agent = None
     try:
-        wait_until(lambda: "Shockwave is up" in up.log_tail(), 30, f"up:\n{up.log_tail()}")
+        wait_until(lambda: "Shockwave is up" in up.log_tail(), 30, lambda: f"up:\n{up.log_tail()}")
         agent = Supervised(
             cwd=ROOT,
             name="agent",
@@ -84,7 +84,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             env=NOWHERE_ENV,
             log_path=folder / "agent.log",
         ).start()
-        wait_until(lambda: _nodes(url) == ["READY"], 30, f"the agent's node:\n{agent.log_tail()}")
+        wait_until(
+            lambda: _nodes(url) == ["READY"], 30, lambda: f"the agent's node:\n{agent.log_tail()}"
+        )
         yield Service(url, folder / "sw.db", up, agent)
     finally:
         if agent is not None:

@@ -130,6 +130,11 @@ class Training:
     def logs(self) -> str:
         return self.stack.services.logs()
 
+    def waiting_for(self, what: str) -> Callable[[], str]:
+        """A :func:`wait_until` message: ``what``, then the services' logs as they are when the
+        wait gives up."""
+        return lambda: f"{what}\n{self.logs()}"
+
     def wait_all_succeeded(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -197,7 +202,7 @@ def training(
             wait_until(
                 lambda: ready_nodes(stack) == set(nodes),
                 30,
-                f"both agents to register\n{stack.services.logs()}",
+                lambda: f"both agents to register\n{stack.services.logs()}",
             )
             stack.services.shockwave(
                 "driver",
@@ -531,7 +536,7 @@ def test_six_real_jobs_are_preempted_resumed_and_rescaled(tmp_path: Path) -> Non
         wait_until(
             lambda: len(started_jobs(run)) == len(JOBS),
             90,
-            f"every job to start once\n{run.logs()}\n{schedule(run)}",
+            lambda: f"every job to start once\n{run.logs()}\n{schedule(run)}",
         )
         drained = drain_unpreempted(run)
         run.wait_all_succeeded(timeout_s=120)
@@ -615,7 +620,7 @@ def drain_unpreempted(run: Training) -> set[str]:
         wait_until(
             functools.partial(settled, run, node),
             3 * ROUND_SECONDS,
-            f"{node}'s jobs to be up and training\n{run.logs()}",
+            run.waiting_for(f"{node}'s jobs to be up and training"),
         )
         leases = leases_of(run.stack)
         preempted = {j for j, xs in leases.items() if any(x.state == "CHECKPOINTED" for x in xs)}
@@ -631,7 +636,7 @@ def drain_unpreempted(run: Training) -> set[str]:
         wait_until(
             functools.partial(stopped, run, set(running)),
             15,
-            f"{node}'s drained attempts to be reported\n{run.logs()}",
+            run.waiting_for(f"{node}'s drained attempts to be reported"),
         )
         drained |= set(running)
         run.agents[node] = start_agent(
@@ -700,7 +705,9 @@ def node_dies(
                 epochs_logged(run, lease.job_id, lease.id) >= 2 for lease in live
             )
 
-        wait_until(n1_trains_two_checkpointed_jobs, 60, f"n1 to train two jobs\n{run.logs()}")
+        wait_until(
+            n1_trains_two_checkpointed_jobs, 60, lambda: f"n1 to train two jobs\n{run.logs()}"
+        )
         wait_until(lambda: mid_round(run.stack), ROUND_SECONDS * 2, "the middle of a round")
         victims = {
             lease.id: lease.job_id
@@ -715,7 +722,7 @@ def node_dies(
         wait_until(
             lambda: node_state(run.stack, "n1") == "LOST",
             ttl_s + 10,
-            f"n1 to be LOST\n{run.logs()}",
+            lambda: f"n1 to be LOST\n{run.logs()}",
         )
         lost_after = time.monotonic() - killed_at
         fenced_at = {job_id: len(run.loss_log(job_id)) for job_id in victims.values()}

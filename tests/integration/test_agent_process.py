@@ -226,7 +226,7 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
     )
     try:
         up.start()
-        wait_until(lambda: "Shockwave is up" in up.log_tail(), 30, f"up:\n{up.log_tail()}")
+        wait_until(lambda: "Shockwave is up" in up.log_tail(), 30, lambda: f"up:\n{up.log_tail()}")
         yield current
     finally:
         for name in ("agent", "agent-again", "agent-third"):
@@ -255,12 +255,14 @@ def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Pat
                     == [(NODE, 2, "READY")]
                 ),
                 15,
-                f"node {NODE} to register:\n{agent.log_tail()}",
+                lambda: f"node {NODE} to register:\n{agent.log_tail()}",
             )
 
             # 2. A job's process starts with the lease's GPUs and the SHOCKWAVE_* environment.
             first = s.submit("first")
-            wait_until(lambda: s.starts(first) != [], 20, f"the job to start:\n{agent.log_tail()}")
+            wait_until(
+                lambda: s.starts(first) != [], 20, lambda: f"the job to start:\n{agent.log_tail()}"
+            )
             wait_until(lambda: s.state(first) == "RUNNING", 10, "the job to be RUNNING")
             (start,) = s.starts(first)
             env, pid = start["env"], start["pid"]
@@ -289,7 +291,7 @@ def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Pat
             wait_until(
                 lambda: f"re-attached to attempt {attempt}" in agent.log_tail(),
                 15,
-                f"the agent to re-attach:\n{agent.log_tail()}",
+                lambda: f"the agent to re-attach:\n{agent.log_tail()}",
             )
             ends_at = s.leases()[first]["ends_at"]
             wait_until(lambda: s.leases()[first]["ends_at"] != ends_at, 2 * ROUND_S, "an extension")
@@ -311,7 +313,7 @@ def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Pat
             wait_until(
                 lambda: "answers again" in agent.log_tail(),
                 10,
-                f"the agent to notice the outage and the recovery:\n{agent.log_tail()}",
+                lambda: f"the agent to notice the outage and the recovery:\n{agent.log_tail()}",
             )
             assert "cannot reach the server" in agent.log_tail()
             assert alive(pid) and [r["event"] for r in s.records(first)] == ["start"]
@@ -328,7 +330,7 @@ def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Pat
             wait_until(
                 lambda: s.lease_state(other["env"]["SHOCKWAVE_ATTEMPT_ID"]) == "CHECKPOINTED",
                 10,
-                f"the cancelled job's checkpoint to be reported:\n{agent.log_tail()}",
+                lambda: f"the cancelled job's checkpoint to be reported:\n{agent.log_tail()}",
             )
             assert [r["event"] for r in s.records(second)] == ["start", "sigterm"]
             assert not alive(other["pid"]) and alive(pid)
@@ -346,7 +348,7 @@ def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Pat
             wait_until(
                 lambda: len(s.starts(first)) == 2,
                 4 * ROUND_S,
-                f"the first job to resume:\n{agent.log_tail()}",
+                lambda: f"the first job to resume:\n{agent.log_tail()}",
             )
             resumed = s.starts(first)[1]
             assert resumed["resumed_from"] == stopped["step"] > 0
