@@ -9,11 +9,14 @@ job's future trajectory. The simulator and the service build the same snapshot t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shockwave.model import Cluster, JobSpec, Regime
 from shockwave.population import EMPTY_PRIOR, PopulationPrior
+
+PART_OF_NEXT_EPOCH = 0.99
+"""The most of its next epoch :meth:`ActiveJob.trained_for` credits a running job with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,33 @@ class ActiveJob:
     def steps_per_epoch(self, batch_size: int | None = None) -> int:
         bs = self.progress.batch_size if batch_size is None else batch_size
         return -(-self.spec.samples_per_epoch // bs)
+
+    def trained_for(self, seconds: float) -> ActiveJob:
+        """The job as it stands ``seconds`` of training after its last report: its reported
+        epochs plus the part of the next one those seconds cover at its epoch time on the GPUs
+        it holds (measured, else declared; an elastic job off its requested count at its
+        range's speed-up).
+
+        A program reports each epoch as it ends, so a shell that knows only the reports sees a
+        running job up to one epoch behind (an epoch of the reference jobs takes 1 to 590 s),
+        where the simulator sees its fractional progress: the policy's remaining work, and so
+        its finish-time and makespan estimates, then differ between the two. The part stays
+        under one epoch (:data:`PART_OF_NEXT_EPOCH`): only the job's own report moves it past
+        the next epoch, and never to its end. Unchanged for a job that holds no GPU or whose
+        epoch time is unknown."""
+        width = len(self.progress.gpus)
+        per_epoch = self.epoch_seconds()
+        if seconds <= 0 or width == 0 or per_epoch is None or per_epoch <= 0:
+            return self
+        elastic = self.spec.elastic
+        if elastic is not None and width != self.spec.gpus:
+            per_epoch /= elastic.factor(width, self.spec.gpus, self.progress.batch_size)
+        whole = float(int(self.progress.epochs_done))
+        part = min(seconds / per_epoch, PART_OF_NEXT_EPOCH)
+        done = min(whole + part, self.spec.epochs - (1 - PART_OF_NEXT_EPOCH))
+        if done <= self.progress.epochs_done:
+            return self
+        return ActiveJob(self.spec, replace(self.progress, epochs_done=done))
 
     def remaining_seconds_at_current_rate(self) -> float | None:
         """Remaining time if the job kept its current batch size (what reactive policies assume)."""

@@ -8,6 +8,10 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   Unix epoch, so ages and deadlines are real wall-clock spans. The progress is the state every
   recorded event was folded into on the job's row (:mod:`shockwave.observed`); no event is
   read, so the snapshot grows with the cluster's size, not with its history.
+- ``progress.epochs_done``: for a RUNNING job that holds GPUs, its reported epochs plus the
+  part of the next one it has trained since its row last changed (its last event, or its
+  start), at its epoch time (:meth:`shockwave.snapshot.ActiveJob.trained_for`): the simulator's
+  policy sees fractional progress, and whole epochs alone hide up to an epoch of a running job.
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes in id order, each with its real GPU count (the core's
@@ -119,7 +123,7 @@ def load_snapshot(
         raise NoCapacity(cluster_id)
     rows = active_job_rows(session)
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs, excluded = active_jobs(rows, held)
+    jobs, excluded = active_jobs(rows, held, now)
     snapshot = Snapshot(
         now=now.timestamp(),
         round_index=round_index,
@@ -134,16 +138,23 @@ def load_snapshot(
 
 
 def active_jobs(
-    rows: Sequence[JobRow], held: Mapping[str, tuple[int, ...]]
+    rows: Sequence[JobRow], held: Mapping[str, tuple[int, ...]], now: datetime | None = None
 ) -> tuple[tuple[ActiveJob, ...], dict[str, str]]:
     """The core's jobs of ``rows`` (holding the ``held`` GPUs), and the rows that are no job of
     the model any more, with why: a row stored before a bound of the model existed (such as the
-    physical bounds of issue 16) must not stop the planning of everyone else."""
+    physical bounds of issue 16) must not stop the planning of everyone else.
+
+    ``now``: a running job is seen as it stands then (:meth:`ActiveJob.trained_for` the time
+    since its row last changed: its last folded event, or its start), not only up to the last
+    epoch it reported; None: as reported."""
     jobs: list[ActiveJob] = []
     excluded: dict[str, str] = {}
     for row in rows:
         try:
-            jobs.append(_active_job(row, held.get(row.id, ())))
+            job = _active_job(row, held.get(row.id, ()))
+            if now is not None and _running(row):
+                job = job.trained_for((now - row.updated_at).total_seconds())
+            jobs.append(job)
         except ValidationError as error:
             excluded[row.id] = f"its stored spec is refused by the model: {error}"
     return tuple(jobs), excluded

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +400,45 @@ def test_plan_starts_with_what_the_core_decides(
         assert plan.status and plan.objective is not None
     else:
         assert len(plan.rounds) == 1
+
+
+def test_a_running_job_is_planned_as_it_stands_not_as_last_reported(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    """The snapshot credits a running job with the part of its next epoch it has trained since
+    its row last changed (its last event or its start), as the simulator's policy sees it;
+    a queued job, and the prediction the API shows, stay at the reported epochs."""
+    add_nodes(database.engine, ("n1", 4))
+    # 1000 samples an epoch at 10 samples/s: 100 s an epoch at batch size 32
+    running, queued = (
+        submit(client, tokens.admin, epochs=10, throughput={"32": 10.0}) for _ in range(2)
+    )
+    with Session(database.engine) as session:
+        ensure_cluster(session)
+        cluster = session.get(ClusterRow, DEFAULT_CLUSTER)
+        assert cluster is not None
+        cluster.current_round = 3
+        rows = {j: session.get(JobRow, j) for j in (running, queued)}
+        for job_id, row in rows.items():
+            assert row is not None
+            row.epochs_done = 4.0
+            row.updated_at = NOW - timedelta(seconds=30)
+            row.state = "RUNNING" if job_id == running else "PENDING"
+            session.add(row)
+        session.add_all(
+            [cluster, LeaseRow(id="l1", job_id=running, node_id="n1", round_index=3, gpus=[0])]
+        )
+        session.commit()
+
+        snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 4, NOW)
+        late, _ = load_snapshot(session, DEFAULT_CLUSTER, 4, NOW + timedelta(seconds=500))
+        session.rollback()
+
+    assert snapshot.job(running).progress.epochs_done == pytest.approx(4.3)
+    assert snapshot.job(queued).progress.epochs_done == 4.0
+    assert 4.9 < late.job(running).progress.epochs_done < 5.0, "never past its next epoch"
+    shown = client.get(f"/v1/jobs/{running}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 4, shown
 
 
 def test_no_ready_node_means_no_plan(

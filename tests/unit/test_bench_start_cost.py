@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.start_cost import lagged, main, seconds_list
+from bench.start_cost import lagged, main, seconds_list, views_list
 from shockwave.snapshot import ActiveJob
 from tests.builders import active_job, snapshot
 
@@ -24,6 +24,17 @@ def test_running_jobs_are_seen_lag_seconds_of_training_behind() -> None:
     assert lagged(snapshot([running]), 0.0).jobs == (running,)
 
 
+def test_the_whole_epochs_view_floors_every_job() -> None:
+    waiting = active_job("w", epochs_done=3.7)
+    job = active_job("r", epochs_done=3.0)
+    running = ActiveJob(job.spec, dataclasses.replace(job.progress, gpus=(0,)))
+    seen = lagged(snapshot([waiting, running]), 50.0, whole=True)
+    assert seen.job("w").progress.epochs_done == 3.0
+    assert seen.job("r").progress.epochs_done == 2.0  # 2.5 after the lag, then floored
+    exact = active_job("e", epochs_done=4.0)
+    assert lagged(snapshot([exact]), 0.0, whole=True).job("e") == exact
+
+
 def test_bad_input_is_named_and_nothing_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -31,6 +42,9 @@ def test_bad_input_is_named_and_nothing_runs(
     for text, why in (("20,x", "not a comma-separated list"), ("0,-5", ">= 0"), ("nan", ">= 0")):
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             seconds_list(text)
+    assert views_list("exact,whole") == ["exact", "whole"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'fractional': each must be one of"):
+        views_list("exact,fractional")
     with pytest.raises(SystemExit) as exited:
         main(["--overheads", "20,x"])
     assert exited.value.code == 2
