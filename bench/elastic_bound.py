@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from shockwave.elastic import make_elastic
-from shockwave.traces import ThroughputTable
 from shockwave.workload import Workload
 from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
@@ -72,15 +71,27 @@ class Bounds:
     lp_busy_seconds: float | None = None
 
 
-def load_elastic(
-    trace: Path, trajectories: Path, throughputs: Path, max_gpus: int
-) -> tuple[Workload, ThroughputTable]:
-    """The workload of ``trace`` made elastic from 1 to ``max_gpus`` GPUs (the simulator's
-    ``--elastic``), and its throughput table; raises :class:`InputError` naming the bad file.
-    One loader for this bench and ``bench/elastic_oracle.py``."""
-    table = load_throughputs(throughputs)
-    workload = load_workload(trace, trajectories, table)
-    return make_elastic(workload, table, max_gpus), table
+def add_elastic_inputs(parser: argparse.ArgumentParser) -> None:
+    """The inputs of this bench and ``bench/elastic_oracle.py``: the trace, its trajectories
+    and throughput table, the cluster's GPUs, and how wide every job may run."""
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--trajectories", type=Path, required=True)
+    parser.add_argument("--throughputs", type=Path, required=True)
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--elastic-max-gpus", type=int, default=8, choices=WIDTHS)
+
+
+def load_elastic(args: argparse.Namespace, bench: str) -> Workload | None:
+    """The workload of :func:`add_elastic_inputs`' files made elastic from 1 to
+    ``--elastic-max-gpus`` GPUs (the simulator's ``--elastic``); None after naming the bad
+    file on stderr as ``bench: ...``. One loader for this bench and ``bench/elastic_oracle.py``."""
+    try:
+        table = load_throughputs(args.throughputs)
+        workload = load_workload(args.trace, args.trajectories, table)
+    except InputError as error:
+        print(f"{bench}: {error}", file=sys.stderr)
+        return None
+    return make_elastic(workload, table, args.elastic_max_gpus)
 
 
 def elastic_jobs(workload: Workload) -> list[ElasticJob]:
@@ -218,11 +229,7 @@ def bounds(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, required=True)
-    parser.add_argument("--trajectories", type=Path, required=True)
-    parser.add_argument("--throughputs", type=Path, required=True)
-    parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--elastic-max-gpus", type=int, default=8, choices=WIDTHS)
+    add_elastic_inputs(parser)
     parser.add_argument("--slot-seconds", type=float, default=120.0)
     parser.add_argument("--no-lp", action="store_true", help="only the two closed-form bounds")
     parser.add_argument("--busy-cuts", action="store_true", help="also the LP with busy-time cuts")
@@ -231,12 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.slot_seconds <= 0:
         parser.error("--gpus and --slot-seconds must be positive")
-    try:
-        workload, _ = load_elastic(
-            args.trace, args.trajectories, args.throughputs, args.elastic_max_gpus
-        )
-    except InputError as error:
-        print(f"elastic_bound: {error}", file=sys.stderr)
+    workload = load_elastic(args, "elastic_bound")
+    if workload is None:
         return 2
     result = bounds(workload, args.gpus, args.slot_seconds, lp=not args.no_lp, busy=args.busy_cuts)
     print(f"{result.jobs} jobs on {result.gpus} GPUs, elastic 1-{args.elastic_max_gpus}:")

@@ -59,13 +59,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.elastic_bound import load_elastic
+from bench.elastic_bound import add_elastic_inputs, load_elastic
 from shockwave import heterogeneity
 from shockwave.metrics import summarize
 from shockwave.model import Cluster, JobSpec, Regime
@@ -73,7 +72,6 @@ from shockwave.policy import Decision
 from shockwave.simulator import SimSettings, simulate
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.workload import Workload
-from shockwave_cli.inputs import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,12 +336,8 @@ def future_areas(workload: Workload, gpus: int) -> tuple[tuple[float, float], ..
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, required=True)
-    parser.add_argument("--trajectories", type=Path, required=True)
-    parser.add_argument("--throughputs", type=Path, required=True)
-    parser.add_argument("--gpus", type=int, required=True)
+    add_elastic_inputs(parser)
     parser.add_argument("--gpus-per-node", type=int, default=4)
-    parser.add_argument("--elastic-max-gpus", type=int, default=8)
     parser.add_argument("--beta", type=float, nargs="+", default=[1.0])
     parser.add_argument(
         "--online", action="store_true", help="know only remaining epochs at the current rate"
@@ -364,12 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", type=float, help="average JCT to reach (s)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    try:
-        workload, _ = load_elastic(
-            args.trace, args.trajectories, args.throughputs, args.elastic_max_gpus
-        )
-    except InputError as error:
-        print(f"elastic_oracle: {error}", file=sys.stderr)
+    workload = load_elastic(args, "elastic_oracle")
+    if workload is None:
         return 2
     cluster = Cluster.of_gpus(args.gpus, args.gpus_per_node)
     future = future_areas(workload, args.gpus) if args.future else ()

@@ -116,9 +116,8 @@ class ActiveJob:
         per_epoch = self.epoch_seconds()
         if seconds <= 0 or width == 0 or per_epoch is None or per_epoch <= 0:
             return self
-        elastic = self.spec.elastic
-        if elastic is not None and width != self.spec.gpus:
-            per_epoch /= elastic.factor(width, self.spec.gpus, self.progress.batch_size)
+        if self.spec.elastic is not None:  # 1.0 on the requested count
+            per_epoch /= self.spec.elastic.factor(width, self.spec.gpus, self.progress.batch_size)
         whole = float(int(self.progress.epochs_done))
         part = min(seconds / per_epoch, PART_OF_NEXT_EPOCH)
         done = min(whole + part, self.spec.epochs - (1 - PART_OF_NEXT_EPOCH))

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from shockwave.model import AdaptationMode, Cluster, JobSpec, Regime, ThroughputProfile
+from shockwave.model import (
+    AdaptationMode,
+    Cluster,
+    ElasticRange,
+    JobSpec,
+    Regime,
+    ThroughputProfile,
+)
 from shockwave.planner import PlanJob
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.workload import SimJob, Workload
@@ -39,6 +47,19 @@ def sim_job(
         trajectory=tuple(Regime(bs, e) for bs, e, _ in regimes),
         epoch_seconds=epoch_seconds,
     )
+
+
+def elastic_sim_job(
+    job_id: str,
+    epochs: int,
+    speedup: Mapping[int, Mapping[int, float]],
+    arrival: float = 0.0,
+) -> SimJob:
+    """A one-GPU job of ``epochs`` 10 s epochs at batch size 32, elastic from 1 to 8 GPUs at
+    ``speedup`` (count -> batch size -> throughput over one GPU's)."""
+    job = sim_job(job_id, [(32, epochs, 10.0)], arrival=arrival)
+    spec = dataclasses.replace(job.spec, elastic=ElasticRange(1, 8, speedup))
+    return dataclasses.replace(job, spec=spec)
 
 
 def workload(*jobs: SimJob) -> Workload:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from bench.elastic_bound import (
@@ -14,20 +12,17 @@ from bench.elastic_bound import (
     lp_bound,
     srpt_bound,
 )
-from shockwave.model import ElasticRange
 from shockwave.policy import get_policy, make_params
 from shockwave.simulator import SimSettings, simulate
 from shockwave.workload import SimJob
-from tests.builders import cluster, sim_job, workload
+from tests.builders import cluster, workload
+from tests.builders import elastic_sim_job as elastic_job
 
 SPEEDUP = {2: {32: 1.8}, 4: {32: 3.2}, 8: {32: 5.6}}
 
 
 def elastic_sim_job(job_id: str, epochs: int, arrival: float = 0.0) -> SimJob:
-    job = sim_job(job_id, [(32, epochs, 10.0)], arrival=arrival)
-    return dataclasses.replace(
-        job, spec=dataclasses.replace(job.spec, elastic=ElasticRange(1, 8, SPEEDUP))
-    )
+    return elastic_job(job_id, epochs, SPEEDUP, arrival)
 
 
 def test_a_jobs_work_and_rates_come_from_its_most_efficient_count() -> None:

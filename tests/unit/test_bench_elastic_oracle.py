@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from bench.elastic_bound import bounds
 from bench.elastic_oracle import OracleParams, choose_widths, deadlines, run_oracle
-from shockwave.model import ElasticRange
 from shockwave.workload import SimJob
-from tests.builders import cluster, sim_job, workload
+from tests.builders import cluster, elastic_sim_job, workload
 
 # 8 GPUs at 7x (efficient), 2 GPUs at 1.9x
 SPEEDUP = {2: {32: 1.9}, 4: {32: 3.6}, 8: {32: 7.0}}
 
 
 def elastic(job_id: str, epochs: int, arrival: float = 0.0) -> SimJob:
-    job = sim_job(job_id, [(32, epochs, 10.0)], arrival=arrival)
-    return dataclasses.replace(
-        job, spec=dataclasses.replace(job.spec, elastic=ElasticRange(1, 8, SPEEDUP))
-    )
+    return elastic_sim_job(job_id, epochs, SPEEDUP, arrival)
 
 
 def test_a_job_with_nobody_behind_it_runs_at_its_fastest_count() -> None:
