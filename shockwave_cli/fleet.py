@@ -20,9 +20,16 @@ agent): every ``epoch_seconds[batch size]`` of leased wall time it posts a progr
 the job token of its attempt (as the SDK would), a scaling event when the trajectory enters a
 new regime, and, once the job's epochs are done, leaves ``exited 0`` for the agent to report.
 A started attempt first spends ``restart_s`` restoring its checkpoint (nothing is trained), and
-no attempt trains past its lease's ``ends_at``: what a real program loses on a restart and what
-it may use of a lease. When a job's last epoch ends (``TrainingJob.finished_at``, wall time) is
-computed from the leased time, not from when the coroutine noticed.
+no attempt trains more than ``lease_slack_s`` past its lease's ``ends_at`` while no word has
+come: what a real program loses on a restart and what it may use of a lease. The slack is the
+real agent's (``AgentConfig.lease_slack_s``, scaled): a program does not stop at ``ends_at``;
+its agent stops it when the revoke reaches the node, or when the slack has passed with no
+word. So an attempt revoked at a boundary trains until the revoke reaches its node (at most
+the slack), as a real one does. An extension that comes late continues the same attempt and
+is credited the time since its old end (the real agent would have stopped an attempt whose
+extension came after the slack: the replay is the more lenient there). When a job's last epoch ends
+(``TrainingJob.finished_at``, wall time) is computed from the leased time, not from when the
+coroutine noticed.
 
 The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes
 cost one thread of the process. :class:`FleetLog` keeps what the agents saw: when each round first
@@ -189,6 +196,7 @@ class Fleet:
         admin_token: str | None = None,
         report_s: float = 0.0,
         wait_s: float | None = None,
+        lease_slack_s: float = 0.0,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -205,6 +213,9 @@ class Fleet:
         """Long polls: each poll asks the server to hold its answer up to this long while
         nothing is new for the node (``wait_s``, ``seen_round``); reports go in polls of their
         own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
+        self.lease_slack_s = lease_slack_s
+        """Wall seconds an attempt trains past its lease's end while no word of an extension
+        has come (the real agent's ``lease_slack_s``, scaled by the caller)."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -388,7 +399,7 @@ class Fleet:
                 continue
             since = max(job.trained_until, attempt.started_t, now)
             done = since + job.seconds_left()
-            if done <= attempt.ends_t:
+            if done <= attempt.ends_t + self.lease_slack_s:
                 wait = min(wait, max(0.0, done - now) + 1e-4)
         return wait
 
@@ -495,7 +506,7 @@ class Fleet:
             job = self.jobs[attempt.job_id]
             if job.finished:
                 continue
-            now = min(time.time(), attempt.ends_t)
+            now = min(time.time(), attempt.ends_t + self.lease_slack_s)
             since = max(job.trained_until, attempt.started_t)
             if now > since:
                 job.partial_s += now - since

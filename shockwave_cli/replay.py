@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ from typing import Any, Literal
 from sqlalchemy import create_engine, text
 from sqlmodel import Session
 
+from agent.config import AgentConfig
 from api.settings import Settings
 from shockwave.engine import SOURCES
 from shockwave.metrics import RunMetrics, summarize
@@ -74,10 +76,23 @@ it stops or finishes): at 120x the reference trace's 124,938 epochs would be abo
 events a wall second, more than the service on two cores takes, while the planner reads
 progress once a round. Batch-size changes are all posted."""
 TICKS_PER_ROUND = 40
-AGENT_POLL_S = 1.0
+
+
+def _agent_default(name: str) -> float:
+    """The real agent's default for one of its durations (:class:`agent.config.AgentConfig`)."""
+    default = next(f.default for f in dataclasses.fields(AgentConfig) if f.name == name)
+    assert isinstance(default, float), name
+    return default
+
+
+AGENT_POLL_S = _agent_default("poll_interval_s")
 """The real agent's poll interval (``agent.config.AgentConfig.poll_interval_s``): around a
 boundary, the simulated agents poll this often in simulated time (scaled to wall time) until
 the new round is out."""
+LEASE_SLACK_S = _agent_default("lease_slack_s")
+"""The real agent's lease slack (``AgentConfig.lease_slack_s``): a simulated attempt trains
+this long in simulated time (scaled to wall time) past its lease's end while no word of an
+extension has come, as a real program does."""
 MIN_RETRY_S = 0.005
 LATE_SHARE = 0.05
 """A boundary is late when it began more than this share of a round after it was due."""
@@ -401,6 +416,7 @@ async def _drive(
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
         wait_s=config.agent_poll_s if config.long_polls else None,
+        lease_slack_s=LEASE_SLACK_S / scale,
     )
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))

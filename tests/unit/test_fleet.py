@@ -133,6 +133,42 @@ def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease()
     assert jobs["j1"].restarts == 1
 
 
+def test_with_no_word_a_program_trains_on_past_its_lease_for_the_slack_only() -> None:
+    jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    fleet.lease_slack_s = 2.0
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    attempt = node.attempts["a1"]
+    attempt.started_t -= 100.0  # the lease ended 97 s ago, no word since: 2 s past it count
+    attempt.ends_t = attempt.started_t + 3.0
+    asyncio.run(fleet._train(node))
+    assert jobs["j1"].partial_s == 5.0
+    # the extension comes (late): the same attempt goes on, credited from where it paused
+    fleet._settle(node, answer([lease("a1", "j1", ends_at=T2)]))
+    assert node.attempts["a1"] is attempt and attempt.ends_t > time.time()
+    assert jobs["j1"].trained_until == attempt.started_t + 5.0
+
+
+def test_an_attempt_revoked_within_the_slack_trains_until_the_revoke_reaches_it() -> None:
+    jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
+    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
+    fleet.lease_slack_s = 2.0
+    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
+    attempt = node.attempts["a1"]
+    now = time.time()
+    attempt.started_t, attempt.ends_t = now - 4.0, now - 1.0  # ended 1 s ago: within the slack
+    asyncio.run(fleet._changeover(node, answer([])))  # the revoke: a1 is no longer leased
+    assert "a1" not in node.attempts
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert 4.0 <= jobs["j1"].partial_s <= 4.0 + (time.time() - now)  # to the revoke, not to 3 s
+    fleet.lease_slack_s = 0.0  # without the slack: no further than the lease's end
+    jobs["j2"] = job("j2", epochs=100, epoch_s=10.0)
+    fleet._reconcile(node, answer([lease("a2", "j2")], a2="tok-2"))
+    node.attempts["a2"].started_t, node.attempts["a2"].ends_t = now - 4.0, now - 1.0
+    asyncio.run(fleet._changeover(node, answer([])))
+    assert jobs["j2"].partial_s == 3.0
+
+
 def test_with_report_s_only_the_latest_epoch_is_posted_and_every_batch_size_change() -> None:
     trained = TrainingJob("j1", 100, (Regime(32, 3), Regime(64, 3)), {32: 1.0, 64: 1.0})
     fleet, node = RecordingFleet({"j1": trained}, answer={}), Node("agent-token")
