@@ -133,12 +133,19 @@ def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease()
     assert jobs["j1"].restarts == 1
 
 
-def test_with_no_word_a_program_trains_on_past_its_lease_for_the_slack_only() -> None:
+def started_with_slack(
+    slack_s: float,
+) -> tuple[dict[str, TrainingJob], RecordingFleet, Node, Attempt]:
+    """A fleet whose attempts train ``slack_s`` past their lease, with one attempt started."""
     jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
     fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
-    fleet.lease_slack_s = 2.0
+    fleet.lease_slack_s = slack_s
     fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
-    attempt = node.attempts["a1"]
+    return jobs, fleet, node, node.attempts["a1"]
+
+
+def test_with_no_word_a_program_trains_on_past_its_lease_for_the_slack_only() -> None:
+    jobs, fleet, node, attempt = started_with_slack(2.0)
     attempt.started_t -= 100.0  # the lease ended 97 s ago, no word since: 2 s past it count
     attempt.ends_t = attempt.started_t + 3.0
     asyncio.run(fleet._train(node))
@@ -150,11 +157,7 @@ def test_with_no_word_a_program_trains_on_past_its_lease_for_the_slack_only() ->
 
 
 def test_an_attempt_revoked_within_the_slack_trains_until_the_revoke_reaches_it() -> None:
-    jobs = {"j1": job("j1", epochs=100, epoch_s=10.0)}
-    fleet, node = RecordingFleet(jobs, answer={}), Node("agent-token")
-    fleet.lease_slack_s = 2.0
-    fleet._reconcile(node, answer([lease("a1", "j1")], a1="tok-1"))
-    attempt = node.attempts["a1"]
+    jobs, fleet, node, attempt = started_with_slack(2.0)
     now = time.time()
     attempt.started_t, attempt.ends_t = now - 4.0, now - 1.0  # ended 1 s ago: within the slack
     asyncio.run(fleet._changeover(node, answer([])))  # the revoke: a1 is no longer leased
