@@ -10,6 +10,7 @@ name), and to learn how it ended (the wrapper's status file, the container's exi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,12 @@ from agent import wrap
 from agent.config import RuntimeKind, safe_name
 
 DOCKER_TIMEOUT_S = 30.0
+NO_SUCH_CONTAINER = ("no such object", "no such container")
+"""What ``docker inspect`` says (lower-cased) of a container that does not exist; any other
+failure (the engine busy, restarting or unreachable, the command timing out) says nothing of
+the container."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,19 +312,27 @@ class DockerRuntime:
     def poll(self, handle: Handle) -> Ended | None:
         """None while the container lives; once it has ended: its exit code, recorded in the
         status file, its output appended to the log, and the container removed. A container
-        that is gone yields what the status file recorded (code None: nothing)."""
+        that is gone (the engine says there is no such container) yields what the status file
+        recorded (code None: nothing). When ``docker inspect`` fails otherwise (the engine
+        busy or away, the command timing out), nothing is known: None, asked again at the
+        next poll. Taking that for an end reported a job that was still training as ended,
+        with no status, and left its container running unsupervised."""
         name = handle.container or ""
         inspected = self._docker(
             "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False
         )
         if inspected.returncode != 0:
+            said = (inspected.stderr or inspected.stdout).strip()
+            if not any(words in said.lower() for words in NO_SUCH_CONTAINER):
+                log.warning("docker inspect %s failed (%s): asked again later", name, said)
+                return None
             return Ended(read_status(handle.status_file))
         status, _, code = inspected.stdout.strip().partition(" ")
         if status in LIVE_STATES:
             return None
         logs = self._docker("logs", name, check=False)
-        with Path(handle.log_file).open("a") as log:
-            log.write(logs.stdout + logs.stderr)
+        with Path(handle.log_file).open("a") as output:
+            output.write(logs.stdout + logs.stderr)
         wrap.write_status(Path(handle.status_file), int(code))
         self._docker("rm", "--force", name, check=False)
         return Ended(int(code))

@@ -82,15 +82,19 @@ class Supervised:
     cwd: Path | None = None
     grace_s: float = STOP_GRACE_S
     process: subprocess.Popen[bytes] | None = None
+    continues_log: bool = False
+    """Whether its first start goes on with an existing log (a process of the same name that
+    ran before it) instead of beginning a new one."""
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Supervised:
         """Start it in a session of its own; again, after it stopped (its log then goes on:
-        a first start begins a new log)."""
+        a first start begins a new log, unless ``continues_log``)."""
         if self.alive:
             raise RuntimeError(f"{self.name} is already running")
         self._close_log()
-        self._log = self.log_path.open("ab" if self.process is not None else "wb")
+        going_on = self.process is not None or self.continues_log
+        self._log = self.log_path.open("ab" if going_on else "wb")
         self._log.write(f"\n=== start {' '.join(self.argv)}\n".encode())
         self._log.flush()
         self.process = subprocess.Popen(
@@ -216,7 +220,8 @@ class Supervisor:
         *,
         grace_s: float = STOP_GRACE_S,
     ) -> Supervised:
-        """Start ``argv`` as the process ``name``."""
+        """Start ``argv`` as the process ``name``; a name started before (an agent started
+        again after a kill) goes on in the same log, so the log keeps every run of it."""
         process = Supervised(
             name=name,
             argv=list(argv),
@@ -224,6 +229,7 @@ class Supervisor:
             log_path=self.log_dir / f"{name}.log",
             cwd=self.cwd,
             grace_s=grace_s,
+            continues_log=any(p.name == name for p in self.started),
         )
         self.started.append(process)
         return process.start()

@@ -492,6 +492,33 @@ def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
     assert read_status(handle.status_file) == 3
 
 
+def test_a_docker_inspect_that_fails_says_nothing_of_the_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an engine that says there is no such container ends the attempt; a busy or absent
+    engine leaves it running (polled again), where it was taken for an end with no status."""
+    said = tmp_path / "inspect-says.txt"
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "if sys.argv[1] == 'inspect':\n"
+        f"    sys.stderr.write(open({str(said)!r}).read())\n"
+        "    sys.exit(1)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    runtime = DockerRuntime(nvidia=False)
+    handle = runtime.start(replace(launch_of(tmp_path, ("python", "train.py")), image="t:1"))
+    said.write_text("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n")
+    assert runtime.poll(handle) is None
+    said.write_text("Error: No such object: " + (handle.container or "") + "\n")
+    assert runtime.poll(handle) == Ended(None)  # gone, and no status was recorded
+    wrap.write_status(Path(handle.status_file), 0)
+    assert runtime.poll(handle) == Ended(0)
+
+
 def test_an_attempt_asked_to_stop_that_dies_by_sigterm_is_a_stop_not_a_failure(
     tmp_path: Path, world: Any
 ) -> None:
