@@ -452,25 +452,31 @@ def test_a_lease_without_a_command_is_reported_not_run(tmp_path: Path, world: An
     assert runtime.started == [] and server.reports == [("a1", "exited", NOT_RUN)]
 
 
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """A stand-in ``docker`` on the PATH (no engine here): ``script``, run by this Python."""
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\n{script}")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+
+
 def test_the_docker_runtime_runs_a_container_on_the_lease_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Against a stand-in ``docker`` (no engine here): the command lines it is given."""
     calls = tmp_path / "calls.jsonl"
-    fake = tmp_path / "bin" / "docker"
-    fake.parent.mkdir()
-    fake.write_text(
-        f"#!{sys.executable}\n"
+    fake_docker(
+        tmp_path,
+        monkeypatch,
         "import json, sys\n"
         "args = sys.argv[1:]\n"
         "if '--env-file' in args:\n"
         "    args.append(open(args[args.index('--env-file') + 1]).read())\n"
         f"open({str(calls)!r}, 'a').write(json.dumps(args) + '\\n')\n"
         "if args[0] == 'inspect':\n"
-        "    print('exited 3')\n"
+        "    print('exited 3')\n",
     )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     runtime = DockerRuntime(nvidia=True)
     launch = replace(launch_of(tmp_path, ("python", "train.py")), image="trainer:1", gpus=(2, 3))
     handle = runtime.start(launch)
@@ -498,17 +504,14 @@ def test_a_docker_inspect_that_fails_says_nothing_of_the_container(
     """Only an engine that says there is no such container ends the attempt; a busy or absent
     engine leaves it running (polled again), where it was taken for an end with no status."""
     said = tmp_path / "inspect-says.txt"
-    fake = tmp_path / "bin" / "docker"
-    fake.parent.mkdir()
-    fake.write_text(
-        f"#!{sys.executable}\n"
+    fake_docker(
+        tmp_path,
+        monkeypatch,
         "import sys\n"
         "if sys.argv[1] == 'inspect':\n"
         f"    sys.stderr.write(open({str(said)!r}).read())\n"
-        "    sys.exit(1)\n"
+        "    sys.exit(1)\n",
     )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     runtime = DockerRuntime(nvidia=False)
     handle = runtime.start(replace(launch_of(tmp_path, ("python", "train.py")), image="t:1"))
     said.write_text("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n")
