@@ -11,7 +11,7 @@
 # pyproject's [project] dependencies, read from this checkout's venv, at the versions installed
 # there, so the device runs what the suite tested), for CPython 3.12 on manylinux x86_64, minus
 # the ones the device image already holds and this project does not pin closely (numpy and
-# matplotlib with theirs: the large ones; SKIP_WHEELS overrides the list). About 34 MB, within
+# matplotlib with theirs: the large ones; SKIP_WHEELS overrides the list). About 42 MB, within
 # the 64 MiB a device call carries.
 #
 # Needs: the venv (`make venv`) and PyPI. Exit 0 with the wheels in DIR (emptied first); 2 when
