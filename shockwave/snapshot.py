@@ -99,28 +99,38 @@ class ActiveJob:
         bs = self.progress.batch_size if batch_size is None else batch_size
         return -(-self.spec.samples_per_epoch // bs)
 
-    def trained_for(self, seconds: float) -> ActiveJob:
-        """The job as it stands ``seconds`` of training after its last report: its reported
-        epochs plus the part of the next one those seconds cover at its epoch time on the GPUs
-        it holds (measured, else declared; an elastic job off its requested count at its
-        range's speed-up).
+    def trained_for(self, seconds: float, carried_s: float = 0.0) -> ActiveJob:
+        """The job as it stands ``seconds`` of training on the GPUs it holds after its last
+        report, with ``carried_s`` seconds trained since that report by its earlier attempts:
+        its reported epochs plus the part of the next one those seconds cover at its epoch time
+        (measured, else declared; the held GPUs' part of an elastic job off its requested count
+        at its range's speed-up, the carried part at its requested count).
 
         A program reports each epoch as it ends, so a shell that knows only the reports sees a
         running job up to one epoch behind (an epoch of the reference jobs takes 1 to 590 s),
         where the simulator sees its fractional progress: the policy's remaining work, and so
-        its finish-time and makespan estimates, then differ between the two. The part stays
-        under one epoch (:data:`PART_OF_NEXT_EPOCH`): only the job's own report moves it past
-        the next epoch, and never to its end. Unchanged for a job that holds no GPU or whose
-        epoch time is unknown."""
-        width = len(self.progress.gpus)
+        its finish-time and makespan estimates, then differ between the two. A program stopped
+        mid-epoch checkpoints where it is and resumes from there (the SDK's examples checkpoint
+        at the next step), so what its earlier attempts trained of the epoch counts too, queued
+        or running. The part stays under one epoch (:data:`PART_OF_NEXT_EPOCH`): only the job's
+        own report moves it past the next epoch, and never to its end. Unchanged for a job
+        with no such time or whose epoch time is unknown."""
         per_epoch = self.epoch_seconds()
-        if seconds <= 0 or width == 0 or per_epoch is None or per_epoch <= 0:
+        if per_epoch is None or per_epoch <= 0:
             return self
-        if self.spec.elastic is not None:  # 1.0 on the requested count
-            per_epoch /= self.spec.elastic.factor(width, self.spec.gpus, self.progress.batch_size)
+        part = max(0.0, carried_s) / per_epoch
+        width = len(self.progress.gpus)
+        if seconds > 0 and width > 0:
+            held = per_epoch
+            if self.spec.elastic is not None:  # 1.0 on the requested count
+                held /= self.spec.elastic.factor(width, self.spec.gpus, self.progress.batch_size)
+            part += seconds / held
+        if part <= 0:
+            return self
         whole = float(int(self.progress.epochs_done))
-        part = min(seconds / per_epoch, PART_OF_NEXT_EPOCH)
-        done = min(whole + part, self.spec.epochs - (1 - PART_OF_NEXT_EPOCH))
+        done = min(
+            whole + min(part, PART_OF_NEXT_EPOCH), self.spec.epochs - (1 - PART_OF_NEXT_EPOCH)
+        )
         if done <= self.progress.epochs_done:
             return self
         return ActiveJob(self.spec, replace(self.progress, epochs_done=done))

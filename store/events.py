@@ -179,7 +179,15 @@ def _check_epoch(row: JobRow, event: ClientEvent) -> None:
 
 
 def _apply(row: JobRow, state: Observed) -> None:
-    """Store ``state`` on the job's row (its derived means too, which the API shows)."""
+    """Store ``state`` on the job's row (its derived means too, which the API shows). A
+    reported epoch clears the training carried since the last one; any other event banks the
+    running job's time since its row last changed (:func:`store.jobs.bank_training`), as the
+    row's new ``updated_at`` restarts that count."""
+    now = utcnow()
+    if state.epochs_done > row.epochs_done:
+        row.carried_s = 0.0
+    else:
+        jobs.bank_training(row, now)
     row.epochs_done = float(state.epochs_done)
     row.batch_size = state.batch_size
     row.attained_s = state.attained_s
@@ -187,7 +195,7 @@ def _apply(row: JobRow, state: Observed) -> None:
     row.scalings = [list(scaling) for scaling in state.scalings]
     row.measured_epoch_seconds = {str(bs): s for bs, s in state.measured_epoch_seconds.items()}
     row.last_seq = state.last_seq
-    row.updated_at = utcnow()
+    row.updated_at = now
 
 
 def visible_event(

@@ -119,12 +119,29 @@ def elastic_json(spec: JobSpec) -> dict[str, Any] | None:
     }
 
 
+def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
+    """Before ``row`` changes at ``now``: bank the seconds a RUNNING job has trained since its
+    row last changed (its last event, or its start) into ``carried_s``, the training since its
+    last reported epoch that the planner's snapshot credits it with
+    (:meth:`shockwave.snapshot.ActiveJob.trained_for`). ``kept=False``: what it trained since
+    that report is lost (it goes back to the queue with no checkpoint and starts over), so
+    nothing is carried. A reported epoch clears the carry (``store.events``)."""
+    if not kept:
+        row.carried_s = 0.0
+    elif row.state == JobState.RUNNING.value:
+        row.carried_s += max(0.0, (now - row.updated_at).total_seconds())
+
+
 def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
-    """Move ``row`` through the state machine and record the change as an event."""
+    """Move ``row`` through the state machine and record the change as an event. A job that
+    stops running banks what it trained since its last report (:func:`bank_training`): kept
+    when it is SUSPENDED (an attempt checkpointed), lost when it goes back PENDING."""
     current = JobState(row.state)
     transition(current, target)
+    now = utcnow()
+    bank_training(row, now, kept=target is not JobState.PENDING)
     row.state = target.value
-    row.updated_at = utcnow()
+    row.updated_at = now
     session.add(row)
     session.add(
         JobEventRow(

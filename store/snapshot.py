@@ -8,10 +8,12 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   Unix epoch, so ages and deadlines are real wall-clock spans. The progress is the state every
   recorded event was folded into on the job's row (:mod:`shockwave.observed`); no event is
   read, so the snapshot grows with the cluster's size, not with its history.
-- ``progress.epochs_done``: for a RUNNING job that holds GPUs, its reported epochs plus the
-  part of the next one it has trained since its row last changed (its last event, or its
-  start), at its epoch time (:meth:`shockwave.snapshot.ActiveJob.trained_for`): the simulator's
-  policy sees fractional progress, and whole epochs alone hide up to an epoch of a running job.
+- ``progress.epochs_done``: its reported epochs plus the part of the next one it has trained
+  since: what its earlier attempts trained after that report (``carried_s``, banked when an
+  attempt stopped: a program stopped mid-epoch resumes from its checkpoint) and, for a RUNNING
+  job that holds GPUs, the time since its row last changed (its last event, or its start), at
+  its epoch time (:meth:`shockwave.snapshot.ActiveJob.trained_for`): the simulator's policy
+  sees fractional progress, and whole epochs alone hide up to an epoch of a job.
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes in id order, each with its real GPU count (the core's
@@ -144,16 +146,17 @@ def active_jobs(
     the model any more, with why: a row stored before a bound of the model existed (such as the
     physical bounds of issue 16) must not stop the planning of everyone else.
 
-    ``now``: a running job is seen as it stands then (:meth:`ActiveJob.trained_for` the time
-    since its row last changed: its last folded event, or its start), not only up to the last
-    epoch it reported; None: as reported."""
+    ``now``: a job is seen as it stands then (:meth:`ActiveJob.trained_for` its carried
+    training and, running, the time since its row last changed: its last folded event, or its
+    start), not only up to the last epoch it reported; None: as reported."""
     jobs: list[ActiveJob] = []
     excluded: dict[str, str] = {}
     for row in rows:
         try:
             job = _active_job(row, held.get(row.id, ()))
-            if now is not None and _running(row):
-                job = job.trained_for((now - row.updated_at).total_seconds())
+            if now is not None:
+                running = (now - row.updated_at).total_seconds() if _running(row) else 0.0
+                job = job.trained_for(running, carried_s=row.carried_s)
             jobs.append(job)
         except ValidationError as error:
             excluded[row.id] = f"its stored spec is refused by the model: {error}"

@@ -4,7 +4,9 @@
   state its client events are folded into, :mod:`shockwave.observed`: ``epochs_done``,
   ``batch_size``, ``attained_s``, ``last_seq``, ``epoch_seconds`` (per batch size: total
   seconds, count), ``scalings`` (sorted ``[epoch, seq, batch size]``), and the means derived
-  from them, ``measured_epoch_seconds``).
+  from them, ``measured_epoch_seconds``), and ``carried_s``: the seconds its earlier attempts
+  trained since its last reported epoch (a program stopped mid-epoch resumes from there;
+  :func:`store.jobs.bank_training`).
 - ``job_events``: everything that happened to a job, in order: client events (epoch progress,
   batch-size scaling) carry the client's per-job sequence number, unique per job, so a
   duplicate or reordered post is harmless; state changes are server events with a reason.
@@ -88,6 +90,7 @@ class JobRow(SQLModel, table=True):
     epochs_done: float = 0.0
     batch_size: int
     attained_s: float = 0.0
+    carried_s: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
     measured_epoch_seconds: dict[str, float] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )

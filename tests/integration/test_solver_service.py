@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from shockwave.lifecycle import JobState
 from shockwave.policy import get_policy, service_params
 from shockwave_cli.supervision import Supervised
 from solver_service import enqueue
@@ -31,9 +32,10 @@ from solver_service.settings import SolverSettings
 from store import migrate
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
 from store.db import make_engine
+from store.jobs import record_state
 from store.principals import Role
 from store.snapshot import NoCapacity, load_snapshot
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, utcnow
 from store.tokens import create_token
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import (
@@ -439,6 +441,50 @@ def test_a_running_job_is_planned_as_it_stands_not_as_last_reported(
     assert 4.9 < late.job(running).progress.epochs_done < 5.0, "never past its next epoch"
     shown = client.get(f"/v1/jobs/{running}", headers=bearer(tokens.admin)).json()
     assert shown["epochs_done"] == 4, shown
+
+
+def test_a_job_stopped_mid_epoch_is_planned_with_what_it_trained_of_that_epoch(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    """An attempt that stopped 40 s into the job's next epoch (100 s an epoch) checkpointed
+    there: queued, the job is planned at 4.4 epochs, not at the 4 it reported; one that went
+    back PENDING (no checkpoint) carries nothing; the job's next reported epoch clears the
+    carry, and the API's view stays at the reported epochs throughout."""
+    add_nodes(database.engine, ("n1", 4))
+    kept, lost = (
+        submit(client, tokens.admin, epochs=10, throughput={"32": 10.0}) for _ in range(2)
+    )
+    with Session(database.engine) as session:
+        ensure_cluster(session)
+        rows = {j: session.get(JobRow, j) for j in (kept, lost)}
+        for row in rows.values():
+            assert row is not None
+            row.epochs_done = 4.0
+            row.state = "RUNNING"
+            row.updated_at = utcnow() - timedelta(seconds=40)
+            session.add(row)
+        session.commit()
+        for job_id, target in ((kept, JobState.SUSPENDED), (lost, JobState.PENDING)):
+            row = rows[job_id]
+            assert row is not None
+            record_state(session, row, target, "the attempt stopped")
+        session.commit()
+        snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 4, utcnow())
+        session.rollback()
+    assert snapshot.job(kept).progress.epochs_done == pytest.approx(4.4, abs=0.02)
+    assert snapshot.job(lost).progress.epochs_done == 4.0
+    shown = client.get(f"/v1/jobs/{kept}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 4, shown
+
+    epoch = {"seq": 1, "kind": "progress", "epoch": 5, "samples": 1000, "seconds": 100.0}
+    posted = client.post(
+        f"/v1/jobs/{kept}/events", json={**epoch, "batch_size": 32}, headers=bearer(tokens.admin)
+    )
+    assert posted.status_code == 201, posted.text
+    with Session(database.engine) as session:
+        after, _ = load_snapshot(session, DEFAULT_CLUSTER, 4, utcnow())
+        session.rollback()
+    assert after.job(kept).progress.epochs_done == 5.0, "the report replaces the carry"
 
 
 def test_no_ready_node_means_no_plan(

@@ -81,3 +81,24 @@ def test_an_elastic_job_off_its_requested_count_runs_at_its_speed_up() -> None:
     assert wide.progress.epochs_done == pytest.approx(3.6), "twice as fast on 4 GPUs"
     narrow = job(gpus=(0,), elastic=elastic).trained_for(30.0)
     assert 3.0 < narrow.progress.epochs_done < 3.3, "slower on one GPU than on two"
+
+
+def test_a_queued_job_keeps_what_its_stopped_attempt_trained_of_the_epoch() -> None:
+    """Stopped mid-epoch, a program resumes from its checkpoint: the 40 s it trained after
+    its last report are part of its next epoch, queued (no GPU) as much as running."""
+    queued = job(gpus=()).trained_for(0.0, carried_s=40.0)
+    assert queued.progress.epochs_done == pytest.approx(3.4)
+
+
+def test_carried_and_running_time_add_up_under_one_epoch() -> None:
+    assert job().trained_for(30.0, carried_s=40.0).progress.epochs_done == pytest.approx(3.7)
+    capped = job().trained_for(60.0, carried_s=90.0).progress.epochs_done
+    assert capped == pytest.approx(3 + PART_OF_NEXT_EPOCH)
+
+
+def test_carried_time_counts_at_the_requested_count_for_an_elastic_job() -> None:
+    """The carry is banked in seconds without the widths of the attempts that trained it: it
+    counts at the requested count; the held GPUs' time at their speed-up."""
+    elastic = ElasticRange(1, 8, {4: {32: 2.0}})
+    wide = job(gpus=(0, 1, 2, 3), elastic=elastic).trained_for(10.0, carried_s=30.0)
+    assert wide.progress.epochs_done == pytest.approx(3.5), "0.3 carried + 0.2 on 4 GPUs"
