@@ -30,6 +30,7 @@ that began late, and the events: posted, accepted, and those the service lost or
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import itertools
@@ -590,15 +591,28 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
         worst = max(worst, lateness)
         if lateness > LATE_SHARE * config.round_seconds:
             late += 1
-    fills = len(
-        {
-            (lease.round_index, _stamp(lease.issued_at))
-            for lease in leases
-            if lease.round_index in started
-            and _stamp(lease.issued_at) > started[lease.round_index] + 1e-3
-        }
-    )
+    fills = fill_jobs([(lease.job_id, _stamp(lease.issued_at)) for lease in leases], started)
     return Tables(sources, fills, late, round(worst, 3), _lags(leases, started, config, run))
+
+
+def fill_jobs(issued: Sequence[tuple[str, float]], rounds: Mapping[int, float]) -> int:
+    """Jobs started mid-round: of the leases ``issued`` as (job, wall issue time), those
+    issued after the first round began and at no round's start (``rounds``: index -> wall
+    start), one per job and issue time (a job spanning nodes has a lease per node). A lease
+    keeps its issue time when later rounds extend it, so its round index says nothing. The
+    simulator's ``fills`` count the same: jobs, not fill events."""
+    starts = sorted(rounds.values())
+    if not starts:
+        return 0
+    return len(
+        {(job, at) for job, at in issued if at > starts[0] + 1e-3 and not _at_any(at, starts)}
+    )
+
+
+def _at_any(stamp: float, starts: Sequence[float]) -> bool:
+    """Whether ``stamp`` is one of the sorted ``starts`` (to the millisecond)."""
+    i = bisect.bisect_left(starts, stamp - 1e-3)
+    return i < len(starts) and starts[i] <= stamp + 1e-3
 
 
 def _lags(
@@ -621,7 +635,7 @@ def _lags(
     at_boundary: list[tuple[float, int]] = []
     at_fill: list[tuple[float, int]] = []
     exit_: list[tuple[float, int]] = []
-    starts = set(rounds.values())  # a lease keeps its issue time when a later round extends it
+    starts = sorted(rounds.values())  # a lease keeps its issue time when a later round extends it
     for lease in leases:
         width = len(lease.gpus if isinstance(lease.gpus, list) else json.loads(lease.gpus))
         began = run.started.get(lease.id)
@@ -629,7 +643,7 @@ def _lags(
             issued = _stamp(lease.issued_at)
             lag = ((began - issued) * scale, width)
             start.append(lag)
-            boundary = any(abs(issued - at) <= 1e-3 for at in starts)
+            boundary = _at_any(issued, starts)
             (at_boundary if boundary else at_fill).append(lag)
         done = finished.get(lease.job_id)
         if lease.state == "EXITED" and done is not None:

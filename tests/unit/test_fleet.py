@@ -13,7 +13,7 @@ from typing import Any
 
 from shockwave.model import Cluster, Regime
 from shockwave_cli.fleet import Attempt, Fleet, Node, TrainingJob
-from shockwave_cli.replay import ReplayConfig
+from shockwave_cli.replay import ReplayConfig, fill_jobs
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -283,3 +283,20 @@ def test_the_replay_long_polls_wherever_its_own_driver_wakes_the_held_polls(
     assert replace(config, mode="distributed").long_polls
     assert not replace(config, api="http://127.0.0.1:1").long_polls
     assert not replace(config, mode="distributed", long_poll=False).long_polls
+
+
+def test_fills_count_the_jobs_started_mid_round_extended_or_not() -> None:
+    """A fill's lease keeps its issue time when later rounds extend it: it is still a fill.
+    A gang's leases (one per node) count once; a lease issued at a round's start is no fill,
+    nor one issued before the first round."""
+    rounds = {0: 100.0, 1: 101.0, 2: 102.0}
+    issued = [
+        ("a", 100.0),  # at round 0's start
+        ("b", 100.4),  # mid-round 0 (later extended: the same issue time)
+        ("c", 101.5),  # mid-round 1, on two nodes
+        ("c", 101.5),
+        ("d", 102.0004),  # at round 2's start, within the stamp's resolution
+        ("e", 99.0),  # before the first round
+    ]
+    assert fill_jobs(issued, rounds) == 2
+    assert fill_jobs(issued, {}) == 0
