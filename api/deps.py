@@ -16,6 +16,7 @@ from fastapi import Depends, HTTPException, Request
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import close_session
 from api.auth import bearer_digest, cached_principal, stored_principal
 from api.ratelimit import RateLimiter
 from api.settings import Settings
@@ -31,15 +32,13 @@ async def get_settings(request: Request) -> Settings:
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """A session for the request, asking for plans through the app's port. Opening one does
     no I/O (it connects on first use); closing one that holds a connection rolls back and
-    returns it to the pool, in the thread pool."""
+    returns it to the pool, in a thread of its own (:func:`api.admission.close_session`: never
+    behind the requests that may be waiting on its locks)."""
     session = attach(Session(request.app.state.engine), request.app.state.request_plan)
     try:
         yield session
     finally:
-        if session.in_transaction():
-            await run_in_threadpool(session.close)
-        else:
-            session.close()
+        await close_session(session)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import close_session
 from api.auth import ANY, DENIED, OWN, access
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import openapi_problems
@@ -82,8 +83,7 @@ async def stream_events(
     ] = None,
 ) -> StreamingResponse:
     """Server-sent events of job state changes and preemptions (module docstring)."""
-    if session.in_transaction():  # the token lookup's connection goes back to the pool now
-        await run_in_threadpool(session.close)
+    await close_session(session)  # the token lookup's connection goes back to the pool now
     engine: Engine = request.app.state.engine
     require(principal, Role.ADMIN, Role.USER, Role.JOB)
     after = await run_in_threadpool(_start, engine, principal, job_id, since, last_event_id)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlmodel import Session
 
-from api.admission import InFlightLimit
+from api.admission import InFlightLimit, close_session
 from api.app import create_app
 from api.settings import Settings
 
@@ -52,3 +54,30 @@ def test_no_more_requests_than_the_limit_run_at_once() -> None:
 
     assert asyncio.run(main()) == 1
     assert most == 2
+
+
+def test_a_session_holding_locks_closes_while_every_request_thread_is_taken(
+    tmp_path: Path,
+) -> None:
+    """A route that fails inside its transaction (a 409 under a job's row lock) leaves its
+    locks to the session's close; the requests waiting on those locks may hold every request
+    thread. The close must not wait for one of them (the distributed replay hung so)."""
+    engine = create_engine(f"sqlite:///{tmp_path}/a.db")
+    limiter = anyio.to_thread.current_default_thread_limiter
+
+    async def main() -> bool:
+        limiter().total_tokens = 1
+        holder = object()
+        await limiter().acquire_on_behalf_of(holder)  # the only request thread, blocked
+        session = Session(engine)
+        session.execute(text("SELECT 1"))
+        assert session.in_transaction()
+        try:
+            with anyio.fail_after(5):
+                await close_session(session)
+        finally:
+            limiter().release_on_behalf_of(holder)
+        return session.in_transaction()
+
+    assert asyncio.run(main()) is False
+    engine.dispose()
