@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from bench.start_cost import lagged, main, seconds_list, views_list
+from bench.start_cost import (
+    JITTER_S,
+    jittered,
+    lagged,
+    main,
+    positive,
+    seconds_list,
+    this_attempt,
+    views_list,
+)
 from shockwave.snapshot import ActiveJob
-from tests.builders import active_job, snapshot
+from shockwave.workload import Workload
+from tests.builders import active_job, sim_job, snapshot
 
 
 def test_running_jobs_are_seen_lag_seconds_of_training_behind() -> None:
@@ -35,6 +45,43 @@ def test_the_whole_epochs_view_floors_every_job() -> None:
     assert lagged(snapshot([exact]), 0.0, whole=True).job("e") == exact
 
 
+def running(job_id: str, epochs_done: float) -> ActiveJob:
+    job = active_job(job_id, epochs_done=epochs_done)
+    return ActiveJob(job.spec, dataclasses.replace(job.progress, gpus=(0,)))
+
+
+def test_the_attempt_view_sees_only_this_attempts_part_of_the_epoch() -> None:
+    """100 s an epoch. A job at 3.7 epochs that started its attempt 40 s ago is seen at 3.4
+    (what it trained before it was stopped is not seen); queued, at 3; one running for longer
+    than its part, at its true part; once it stops, its attempt is forgotten."""
+    started = {"r": 60.0, "long": 0.0}
+    seen = this_attempt(
+        snapshot(
+            [running("r", 3.7), active_job("q", epochs_done=3.7), running("long", 2.5)], now=100.0
+        ),
+        started,
+    )
+    assert seen.job("r").progress.epochs_done == pytest.approx(3.4)
+    assert seen.job("q").progress.epochs_done == 3.0
+    assert seen.job("long").progress.epochs_done == pytest.approx(2.5)
+    this_attempt(snapshot([active_job("r", epochs_done=3.7)], now=200.0), started)
+    assert "r" not in started
+
+
+def test_jittered_arrivals_move_later_by_at_most_the_jitter_and_stay_in_order() -> None:
+    workload = Workload(
+        tuple(sim_job(str(i), [(32, 5, 10.0)], arrival=10.0 * i) for i in range(20))
+    )
+    assert jittered(workload, 0) is workload
+    moved = jittered(workload, 3)
+    assert moved == jittered(workload, 3), "the seed decides"
+    by_id = {j.spec.job_id: j.spec.arrival_s for j in moved.jobs}
+    assert all(0 <= by_id[str(i)] - 10.0 * i <= JITTER_S for i in range(20))
+    assert any(by_id[str(i)] != 10.0 * i for i in range(20))
+    arrivals = [j.spec.arrival_s for j in moved.jobs]
+    assert arrivals == sorted(arrivals)
+
+
 def test_bad_input_is_named_and_nothing_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -42,7 +89,11 @@ def test_bad_input_is_named_and_nothing_runs(
     for text, why in (("20,x", "not a comma-separated list"), ("0,-5", ">= 0"), ("nan", ">= 0")):
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             seconds_list(text)
-    assert views_list("exact,whole") == ["exact", "whole"]
+    assert views_list("exact,whole,attempt") == ["exact", "whole", "attempt"]
+    assert positive("8") == 8
+    for text in ("0", "x", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive(text)
     with pytest.raises(argparse.ArgumentTypeError, match="'fractional': each must be one of"):
         views_list("exact,fractional")
     with pytest.raises(SystemExit) as exited:
