@@ -126,6 +126,15 @@ class FleetLog:
     refused_last: bool = False
     started: dict[str, float] = field(default_factory=dict)
     """Attempt id -> wall time (s since the epoch) at which its node started it."""
+    round_ends: float | None = None
+    """The current round's end (wall time) as the latest poll answer named it."""
+
+    def saw(self, node: str, poll: Mapping[str, Any]) -> None:
+        """Note a poll answer: when ``node`` first saw its round, and the round's end."""
+        self.round_seen[poll["current_round"]].setdefault(node, time.time())
+        ends = poll.get("round_ends_at")
+        if ends:
+            self.round_ends = wall_seconds(ends)
 
     def nodes_at(self, round_index: int) -> dict[str, float]:
         """Node -> when it first saw round ``round_index`` or a later one as current."""
@@ -256,7 +265,7 @@ class Fleet:
             if poll is not None:
                 if beat:
                     next_beat = started + self.heartbeat_s
-                self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+                self.log.saw(node, poll)
                 await self._before_stop(here, poll)
                 if self._reconcile(here, poll) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
@@ -306,7 +315,7 @@ class Fleet:
             if beat:
                 next_beat = started + self.heartbeat_s
             here.seen_round = poll["current_round"]
-            self.log.round_seen[poll["current_round"]].setdefault(node, time.time())
+            self.log.saw(node, poll)
             acted = await self._changeover(here, poll)
             if acted or here.outbox:
                 async with here.sending:

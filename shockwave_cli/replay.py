@@ -58,7 +58,7 @@ from shockwave.simulator import JobOutcome, RoundRecord, SimResult, SimSettings
 from shockwave.workload import SimJob, Workload
 from shockwave_cli import wire
 from shockwave_cli.databases import POSTGRES_URL, REDIS_URL, throwaway_database
-from shockwave_cli.fleet import Fleet, TrainingJob, job_body, training_job
+from shockwave_cli.fleet import Fleet, FleetLog, TrainingJob, job_body, training_job
 from shockwave_cli.supervision import LOOPBACK, Supervisor, free_port, wait_http
 from store import migrate
 from store.principals import Role
@@ -95,6 +95,9 @@ LEASE_SLACK_S = _agent_default("lease_slack_s")
 this long in simulated time (scaled to wall time) past its lease's end while no word of an
 extension has come, as a real program does."""
 MIN_RETRY_S = 0.005
+BOUNDARY_AFTER_S = 0.01
+"""Wall seconds after a round boundary the first job is submitted (:func:`first_arrival_at`):
+after the boundary's leases, not racing them."""
 LATE_SHARE = 0.05
 """A boundary is late when it began more than this share of a round after it was due."""
 
@@ -434,7 +437,7 @@ async def _drive(
             await asyncio.sleep(0.05)
         order = sorted(workload.jobs, key=lambda j: j.spec.arrival_s)
         first = order[0].spec.arrival_s if order else 0.0
-        t0 = time.time() - first / scale
+        t0 = await first_arrival_at(fleet.log, config.round_wall_s) - first / scale
         headers = {"Authorization": f"Bearer {service.admin_token}"} if service.admin_token else {}
         last_report = 0.0
         pending = list(order)
@@ -593,6 +596,26 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
             late += 1
     fills = fill_jobs([(lease.job_id, _stamp(lease.issued_at)) for lease in leases], started)
     return Tables(sources, fills, late, round(worst, 3), _lags(leases, started, config, run))
+
+
+async def first_arrival_at(log: FleetLog, round_wall_s: float) -> float:
+    """When to submit the trace's first job: just after a round boundary, as the simulator
+    starts its first round at the first arrival, so the trace's arrivals fall in the service's
+    rounds where they fall in the simulator's (a job that arrives to a full cluster waits for
+    the next boundary: up to a round of its JCT, and of a short job's FTF, hung on where the
+    service's round clock happened to start). The boundary is the first round end the agents'
+    polls name (:attr:`FleetLog.round_ends`) a tenth of a round or more from now, stepped by
+    rounds; now, if no poll has named one within two rounds."""
+    deadline = time.time() + 2 * round_wall_s
+    while log.round_ends is None and time.time() < deadline:
+        await asyncio.sleep(round_wall_s / 20)
+    now = time.time()
+    if log.round_ends is None:
+        return now
+    start = log.round_ends
+    if start < now + round_wall_s / 10:
+        start += math.ceil((now + round_wall_s / 10 - start) / round_wall_s) * round_wall_s
+    return start + min(BOUNDARY_AFTER_S, round_wall_s / 100)
 
 
 def fill_jobs(issued: Sequence[tuple[str, float]], rounds: Mapping[int, float]) -> int:

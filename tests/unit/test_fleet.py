@@ -11,9 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shockwave.model import Cluster, Regime
-from shockwave_cli.fleet import Attempt, Fleet, Node, TrainingJob
-from shockwave_cli.replay import ReplayConfig, fill_jobs
+from shockwave_cli.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
+from shockwave_cli.replay import ReplayConfig, fill_jobs, first_arrival_at
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -300,3 +302,18 @@ def test_fills_count_the_jobs_started_mid_round_extended_or_not() -> None:
     ]
     assert fill_jobs(issued, rounds) == 2
     assert fill_jobs(issued, {}) == 0
+
+
+def test_the_first_job_goes_in_just_after_a_round_boundary_the_agents_saw() -> None:
+    """As the simulator starts its first round at the first arrival: the replay submits the
+    first job just after a boundary the polls named (a later one when that one is too near or
+    past, stepped by whole rounds), or at once when no poll named one within two rounds."""
+    log = FleetLog()
+    now = time.time()
+    log.round_ends = now + 0.5
+    assert asyncio.run(first_arrival_at(log, 1.0)) == pytest.approx(now + 0.5 + 0.01)
+    log.round_ends = now - 2.95  # past: the next boundary at least a tenth of a round away
+    start = asyncio.run(first_arrival_at(log, 1.0))
+    assert start == pytest.approx(now + 1.05 + 0.01, abs=0.02)
+    before = time.time()
+    assert asyncio.run(first_arrival_at(FleetLog(), 0.05)) >= before + 0.1
