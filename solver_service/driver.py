@@ -12,8 +12,10 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    the queue and a plan is requested at the cluster's new version.
 3. At the round boundary (the current round's end, or at once before the first round and
    after a takeover that missed one) materialize round ``current_round + 1``
-   (:func:`solver_service.leases.start_round`). Rounds are never skipped: a late boundary
-   starts the next round now, with a full round's length.
+   (:func:`solver_service.leases.start_round`). Rounds are never skipped: a boundary begun
+   less than half a round late keeps the cadence (the round ends a round after the last one was
+   due to), one begun later starts the next round now, with a full round's length
+   (:func:`solver_service.leases.round_end`).
 4. Between boundaries, whenever the cluster's state version moved (a job submitted, finished,
    failed or cancelled, a node joined): start waiting jobs on the free GPUs at once
    (:func:`solver_service.leases.fill_round`, work conservation), with leases to the round's end.

@@ -292,6 +292,23 @@ def test_the_driver_asks_for_the_next_plan_once_half_way_through_a_round(
         assert len(requests.calls) == 1
 
 
+def test_a_boundary_a_little_late_keeps_the_cadence(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Begun 30% of a round after it was due, round 1 still ends a round after round 0 did: a
+    little lateness each round does not add up."""
+    register(client, tokens.agent)
+    submit(client, tokens.admin)
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + 1.3 * ROUND_S)
+    row = round_row(database, 1)
+    assert abs(row.started_at.timestamp() - (t0 + 1.3 * ROUND_S)) < 1e-3
+    assert abs(row.ends_at.timestamp() - (t0 + 2 * ROUND_S)) < 1e-3
+    assert all(abs(le.ends_at.timestamp() - (t0 + 2 * ROUND_S)) < 1e-3 for le in leases(database))
+
+
 def test_a_late_boundary_starts_the_next_round_now_and_never_skips_one(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
