@@ -22,8 +22,9 @@
 
 :func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
-that fit, each with a lease of the current round (to its end); the round's record gains the
-jobs and the leases issued. The driver calls it whenever
+that fit (first those the freshest plan stored by the round's start wants in the next round,
+as in the simulator, then in arrival order), each with a lease of the current round (to its
+end); the round's record gains the jobs and the leases issued. The driver calls it whenever
 the cluster's state version moved (a job submitted, finished, failed or cancelled, a node
 joined).
 """
@@ -264,7 +265,11 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     if layout is None or all(j in held for j in jobs):
         session.rollback()
         return FillOutcome(r, (), 0)
-    plan = freshest_plan(session, cluster.id, r + 1)
+    # the plans the round's boundary had, as the simulator's fills know only the plans made
+    # by the boundary: a plan made since (for round r + 1, at a change mid-round) would have
+    # the fills follow a decision the simulator's never see (Gavel, which plans one round at
+    # a time, fills in arrival order there and in its next round's order here)
+    plan = freshest_plan(session, cluster.id, r + 1, made_by=cluster.round_started_at)
     upcoming = _engine_plan(plan) if plan is not None else None
     prefer = engine.next_column(upcoming, r)
     changes = engine.fill(

@@ -8,6 +8,8 @@ prediction endpoint read them through these queries.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -30,23 +32,25 @@ def plan_at(
     ).first()
 
 
-def freshest_plan(session: Session, cluster_id: str, r: int) -> PlanRow | None:
+def freshest_plan(
+    session: Session, cluster_id: str, r: int, made_by: datetime | None = None
+) -> PlanRow | None:
     """The plan with a column for round ``r`` made at the highest state version (the latest
-    base round among equals), or None.
+    base round among equals), or None; ``made_by``: among the plans stored by then only.
 
     Only that one plan is loaded: the candidates are ranked by their ids, base rounds and
     column counts (``json_array_length``, on Postgres and SQLite alike), because a busy
     cluster stores a plan per change and each carries a whole window of job ids."""
+    query = select(PlanRow.id).where(
+        PlanRow.cluster_id == cluster_id,
+        col(PlanRow.base_round) <= r,
+        col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
+        func.json_array_length(col(PlanRow.rounds)) > r - col(PlanRow.base_round),
+    )
+    if made_by is not None:
+        query = query.where(col(PlanRow.created_at) <= made_by)
     ranked = session.exec(
-        select(PlanRow.id)
-        .where(
-            PlanRow.cluster_id == cluster_id,
-            col(PlanRow.base_round) <= r,
-            col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
-            func.json_array_length(col(PlanRow.rounds)) > r - col(PlanRow.base_round),
-        )
-        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc())
-        .limit(1)
+        query.order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc()).limit(1)
     ).first()
     return None if ranked is None else session.get(PlanRow, ranked)
 

@@ -627,3 +627,24 @@ def test_an_elastic_job_is_leased_the_plans_count_and_a_new_count_is_a_new_attem
     assert second[job].id != first[job].id, "another count is another attempt"
     assert second[rigid].id == first[rigid].id
     assert_no_gpu_twice(database)
+
+
+def test_a_fill_follows_the_plan_the_round_began_with_not_one_made_since(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """As in the simulator, whose fills know only the plans made by the round's boundary: the
+    GPUs an exit frees mid-round go to the job that plan wants next round (``late``), not to
+    the one a plan stored since wants (``early``, first in arrival order too)."""
+    register(client, tokens.agent, gpus=4)
+    first = submit(client, tokens.admin, gpus=4)
+    early, late = submit(client, tokens.admin, gpus=4), submit(client, tokens.admin, gpus=4)
+    store_plan(database, [[first], [late]])
+    with driver_on(database, round_s=3600.0) as (driver, _):
+        driver.step(now())
+        (lease,) = leases(database)
+        assert lease.job_id == first
+        store_plan(database, [[early]], base_round=1)  # a decision made since the boundary
+        report(client, tokens.agent, lease.id, "running")
+        report(client, tokens.agent, lease.id, "exited", 0)
+        assert driver.step(now())
+        assert driver.last_fill is not None and driver.last_fill.jobs == (late,)
