@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from shockwave.heterogeneity import order_types, speeds
-from shockwave.policies.time_fraction import TimeFractionParams, allocation_due
+from shockwave.policies.time_fraction import TimeFractionParams
 from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob, Snapshot
 
@@ -115,8 +115,10 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
     }
     recomputed_at, after_start = state.recomputed_at, state.recomputed_after_start
     job_set = state.job_set
-    gate_open = allocation_due(
-        recomputed_at, after_start, now, knobs.min_seconds_between_allocations
+    gate_open = (
+        recomputed_at is None
+        or (not after_start and now > 0)
+        or now - recomputed_at >= knobs.min_seconds_between_allocations
     )
     if active != state.job_set and gate_open:
         since = 0.0 if recomputed_at is None else now - recomputed_at
@@ -131,8 +133,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
             {j.job_id: j.spec.budget for j in snapshot.jobs},
             {t: cluster.gpus_of_type(t) for t in kinds},
         )
-        after_start = after_start or recomputed_at is not None
-        recomputed_at, job_set = now, active
+        recomputed_at, after_start, job_set = now, after_start or now > 0, active
     workers = {t: cluster.gpus_of_type(t) for t in kinds}
     chosen, types, reasons = _walk(
         snapshot.jobs, workers, speed, allocation, received, deficit, knobs

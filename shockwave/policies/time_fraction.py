@@ -13,9 +13,9 @@ those fractions into a concrete job set per round, the way the reference simulat
    a round or has no per-round figure (the service plans on every change, from client events).
 2. Recompute the allocation only when the set of active jobs changed since the last recompute
    *and* at least ``min_seconds_between_allocations`` have passed (or no recompute has yet
-   happened after the first: :func:`allocation_due`). At a recompute, fold the service each
-   job got against its share into a deficit, ``deficit_j += x_j (t - t_last) - (T_j -
-   credit)``, and reset ``T_j`` to the initial credit (half a round).
+   happened after time 0). At a recompute, fold the service each job got against its share into
+   a deficit, ``deficit_j += x_j (t - t_last) - (T_j - credit)``, and reset ``T_j`` to the
+   initial credit (half a round).
 3. Rank jobs by priority ``x_j / T_j`` (0 for a job with no share), then deficit, then ``x_j``,
    ties in arrival order, and walk the list greedily: a gang that does not fit the GPUs left is
    skipped so that smaller jobs behind it can backfill.
@@ -148,8 +148,10 @@ class TimeFractionPolicy:
         after_start = state.recomputed_after_start
 
         changed = active_ids != state.job_set
-        gate_open = allocation_due(
-            recomputed_at, after_start, now, knobs.min_seconds_between_allocations
+        gate_open = (
+            recomputed_at is None
+            or (not after_start and now > 0)
+            or now - recomputed_at >= knobs.min_seconds_between_allocations
         )
         job_set = state.job_set
         if changed and gate_open:
@@ -163,8 +165,8 @@ class TimeFractionPolicy:
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, allocation, memory, params
             )
-            after_start = after_start or recomputed_at is not None
             recomputed_at = now
+            after_start = after_start or now > 0
             job_set = active_ids
 
         chosen, reasons = _greedy_round(
@@ -181,23 +183,6 @@ class TimeFractionPolicy:
             work_base=MappingProxyType(base),
         )
         return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
-
-
-def allocation_due(
-    recomputed_at: float | None, after_start: bool, now: float, min_seconds: float
-) -> bool:
-    """Whether a new set of jobs may have its allocation recomputed at ``now``: the first
-    time; again at the first decision after that one (the reference's "not yet recomputed
-    after time 0": its simulator starts at time 0, where the first recompute happens, so
-    this is its second; counted from the first decision, the rule is the same at any clock
-    origin, such as the service's Unix time or a trace whose first job arrives at 1 s, where
-    ``now > 0`` held at once and skipped that recompute); then once ``min_seconds`` have
-    passed since the last. ``after_start``: a recompute after the first has happened."""
-    return (
-        recomputed_at is None
-        or (not after_start and now > recomputed_at)
-        or now - recomputed_at >= min_seconds
-    )
 
 
 def work_done_s(job: ActiveJob) -> float:
