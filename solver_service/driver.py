@@ -54,7 +54,7 @@ from sqlalchemy.pool import NullPool
 from sqlmodel import Session
 
 from solver_service import leases
-from solver_service.leases import SOURCES, LostNodes, RoundOutcome
+from solver_service.leases import SLACK_S, SOURCES, LostNodes, RoundOutcome
 from store import lease_signal
 from store.cluster_version import DEFAULT_CLUSTER, PlanRequest, ensure_cluster, no_plan_requests
 from store.settings import DatabaseSettings
@@ -62,9 +62,6 @@ from store.snapshot import WITHOUT_POLICY_STATE
 from store.tables import ClusterRow
 
 log = logging.getLogger(__name__)
-
-SLACK_S = 1e-3
-"""Times are stored to the microsecond: a step this close to a due time counts as on time."""
 
 
 class DriverSettings(DatabaseSettings):

@@ -124,8 +124,9 @@ def at(now: float) -> datetime:
     return datetime.fromtimestamp(now, UTC)
 
 
-CADENCE_SLACK_S = 1e-3
-"""A boundary begun this much before its due time (the driver's step tolerance) is on time."""
+SLACK_S = 1e-3
+"""Times are stored to the microsecond: a step this close to a due time counts as on time (the
+round driver's boundary and half-way checks, and a round's cadence)."""
 
 
 def round_end(now: float, due: float | None, length: float) -> float:
@@ -135,7 +136,7 @@ def round_end(now: float, due: float | None, length: float) -> float:
     seconds a round in a replay at 120x, half a round over a 190-round trace); the first round,
     and one begun later (a takeover, an outage), run a full ``length`` from ``now``, so no round
     is shorter than half a round. Rounds are never skipped."""
-    if due is not None and -CADENCE_SLACK_S <= now - due < length / 2:
+    if due is not None and -SLACK_S <= now - due < length / 2:
         return due + length
     return now + length
 

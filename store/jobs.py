@@ -119,6 +119,14 @@ def elastic_json(spec: JobSpec) -> dict[str, Any] | None:
     }
 
 
+def trained_since_change(row: JobRow, now: datetime) -> float:
+    """Seconds a RUNNING job has trained since its row last changed (its last event, or its
+    start); 0 for a job in any other state."""
+    if row.state != JobState.RUNNING.value:
+        return 0.0
+    return max(0.0, (now - row.updated_at).total_seconds())
+
+
 def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
     """Before ``row`` changes at ``now``: bank the seconds a RUNNING job has trained since its
     row last changed (its last event, or its start) into ``carried_s``, the training since its
@@ -126,10 +134,10 @@ def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
     (:meth:`shockwave.snapshot.ActiveJob.trained_for`). ``kept=False``: what it trained since
     that report is lost (it goes back to the queue with no checkpoint and starts over), so
     nothing is carried. A reported epoch clears the carry (``store.events``)."""
-    if not kept:
+    if kept:
+        row.carried_s += trained_since_change(row, now)
+    else:
         row.carried_s = 0.0
-    elif row.state == JobState.RUNNING.value:
-        row.carried_s += max(0.0, (now - row.updated_at).total_seconds())
 
 
 def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:

@@ -47,6 +47,7 @@ from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
 from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
 from store import events, population
+from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,7 @@ def active_jobs(
         try:
             job = _active_job(row, held.get(row.id, ()))
             if now is not None:
-                running = (now - row.updated_at).total_seconds() if _running(row) else 0.0
-                job = job.trained_for(running, carried_s=row.carried_s)
+                job = job.trained_for(trained_since_change(row, now), carried_s=row.carried_s)
             jobs.append(job)
         except ValidationError as error:
             excluded[row.id] = f"its stored spec is refused by the model: {error}"
