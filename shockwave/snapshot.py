@@ -165,6 +165,9 @@ class Snapshot:
     measured rates, never a job's future. ``excluded``: active jobs the shell could not turn
     into a job of the model (a stored spec that the model's bounds now refuse), with why; they
     are not in ``jobs`` and a decision reports them (:func:`shockwave.policy.decide_isolating`).
+    ``round_start_s``: when round ``round_index`` starts, on ``now``'s clock, where the shell
+    decides ahead of it (the service plans the next round during the current one, at every
+    change); None where it decides at the round's start (the simulator): then it is ``now``.
     """
 
     now: float
@@ -176,6 +179,12 @@ class Snapshot:
     revealed: Mapping[str, RevealedTrajectory] = field(default_factory=dict)
     population: PopulationPrior = EMPTY_PRIOR
     excluded: Mapping[str, str] = field(default_factory=dict)
+    round_start_s: float | None = None
+
+    @property
+    def round_start(self) -> float:
+        """When the round this snapshot is for starts: ``round_start_s``, else ``now``."""
+        return self.now if self.round_start_s is None else self.round_start_s
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

@@ -21,7 +21,8 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   after node, so node ``n``'s local GPU ``i`` is global GPU ``cluster.first_gpu(n) + i``
   (:class:`GpuLayout` converts both ways).
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
-  the cluster's row.
+  the cluster's row; ``round_start_s``, when the planned round starts, is the row's
+  ``round_ends_at`` (the end of the round out) for the next round.
 - ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
   the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
 
@@ -136,8 +137,17 @@ def load_snapshot(
         policy_state=decode_policy_state(cluster),
         population=population.load_prior(session, cluster_id),
         excluded=excluded,
+        round_start_s=_round_start(cluster, round_index),
     )
     return snapshot, version
+
+
+def _round_start(cluster: ClusterRow, round_index: int) -> float | None:
+    """When round ``round_index`` starts: the end of the round out, where it is the next one
+    (plans are made ahead of their round); None otherwise (the policy then takes ``now``)."""
+    if round_index != cluster.current_round + 1 or cluster.round_ends_at is None:
+        return None
+    return cluster.round_ends_at.timestamp()
 
 
 def active_jobs(

@@ -26,11 +26,16 @@ and the credit are :mod:`shockwave.policies.time_fraction`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shockwave.heterogeneity import order_types, speeds
-from shockwave.policies.time_fraction import TimeFractionParams
+from shockwave.policies.time_fraction import (
+    TimeFractionParams,
+    allocation_due,
+    first_arrival,
+    round_start_state,
+)
 from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob, Snapshot
 
@@ -48,6 +53,10 @@ class TypedPriorityState:
     job_set: frozenset[str] = frozenset()
     received: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     deficit: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    origin_s: float | None = None
+    decided_round: int | None = None
+    before: TypedPriorityState | None = None
+    """The last three as :class:`~shockwave.policies.time_fraction.PriorityState`'s."""
 
 
 def max_min_fairness_perf(
@@ -93,10 +102,13 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
     """One round of heterogeneity-aware Gavel on a typed cluster (module docstring)."""
     cluster = snapshot.cluster
     kinds = cluster.gpu_types
-    state = snapshot.policy_state
-    if not isinstance(state, TypedPriorityState):
-        state = TypedPriorityState()
-    now = snapshot.now
+    handed = snapshot.policy_state
+    start = round_start_state(
+        handed if isinstance(handed, TypedPriorityState) else TypedPriorityState(),
+        snapshot.round_index,
+    )
+    state = start
+    now = snapshot.round_start
     active = frozenset(j.job_id for j in snapshot.jobs)
     speed = {j.job_id: speeds(j, cluster) for j in snapshot.jobs}
     received: dict[str, dict[str, float]] = {}
@@ -114,11 +126,10 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         k: v for k, v in state.allocation.items() if k in active
     }
     recomputed_at, after_start = state.recomputed_at, state.recomputed_after_start
+    origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
     job_set = state.job_set
-    gate_open = (
-        recomputed_at is None
-        or (not after_start and now > 0)
-        or now - recomputed_at >= knobs.min_seconds_between_allocations
+    gate_open = allocation_due(
+        recomputed_at, after_start, now, origin, knobs.min_seconds_between_allocations
     )
     if active != state.job_set and gate_open:
         since = 0.0 if recomputed_at is None else now - recomputed_at
@@ -133,7 +144,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
             {j.job_id: j.spec.budget for j in snapshot.jobs},
             {t: cluster.gpus_of_type(t) for t in kinds},
         )
-        recomputed_at, after_start, job_set = now, after_start or now > 0, active
+        recomputed_at, after_start, job_set = now, after_start or now > origin, active
     workers = {t: cluster.gpus_of_type(t) for t in kinds}
     chosen, types, reasons = _walk(
         snapshot.jobs, workers, speed, allocation, received, deficit, knobs
@@ -145,6 +156,9 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         job_set=job_set,
         received=MappingProxyType(received),
         deficit=MappingProxyType(deficit),
+        origin_s=origin if recomputed_at is not None else None,
+        decided_round=snapshot.round_index,
+        before=replace(start, before=None),
     )
     return Decision(
         jobs=tuple(chosen),

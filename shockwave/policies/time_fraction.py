@@ -13,9 +13,10 @@ those fractions into a concrete job set per round, the way the reference simulat
    a round or has no per-round figure (the service plans on every change, from client events).
 2. Recompute the allocation only when the set of active jobs changed since the last recompute
    *and* at least ``min_seconds_between_allocations`` have passed (or no recompute has yet
-   happened after time 0). At a recompute, fold the service each job got against its share into
-   a deficit, ``deficit_j += x_j (t - t_last) - (T_j - credit)``, and reset ``T_j`` to the
-   initial credit (half a round).
+   happened after time 0: :func:`allocation_due`). At a recompute, fold the service each job got
+   against its share into a deficit, ``deficit_j += x_j (t - t_last) - (T_j - credit)``, and
+   reset ``T_j`` to the initial credit (half a round). ``t`` is the start of the round decided
+   (``Snapshot.round_start``), the reference's clock: it decides once, at the round's start.
 3. Rank jobs by priority ``x_j / T_j`` (0 for a job with no share), then deficit, then ``x_j``,
    ties in arrival order, and walk the list greedily: a gang that does not fit the GPUs left is
    skipped so that smaller jobs behind it can backfill.
@@ -27,18 +28,36 @@ keeps that too, though on the reference traces it changes nothing: such jobs ran
 behind them could have used those GPUs (docs/simulator.md).
 
 All state is carried in :class:`PriorityState`, returned in the decision and handed back in the
-next snapshot, so ``decide`` stays a pure function.
+next snapshot, so ``decide`` stays a pure function. A shell may decide the same round several
+times (the service plans the next round at every change during the current one): each such
+decision starts from the state the round started with (:func:`round_start_state`), so the
+last one is the decision the reference would make once, and a recompute made for a round is
+made again, with the jobs known then, rather than closing the gate for the next 1000 s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob, Snapshot
+
+
+class RoundMemory(Protocol):
+    """A mechanism state that knows the round it was decided for and the state it started
+    from (:func:`round_start_state`)."""
+
+    @property
+    def decided_round(self) -> int | None: ...
+
+    @property
+    def before(self) -> Self | None: ...
+
+
+S = TypeVar("S", bound=RoundMemory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +122,12 @@ class PriorityState:
     work_base: Mapping[str, float] = field(default_factory=dict)
     """Per job, :func:`work_done_s` at the last recompute (0 before its first): ``received``
     is the initial credit plus the work done since."""
+    origin_s: float | None = None
+    """Time 0 of the reference's clock: the first job's arrival, set at the first recompute."""
+    decided_round: int | None = None
+    """The round the decision that returned this state was for."""
+    before: PriorityState | None = None
+    """The state that decision started from (:func:`round_start_state`)."""
 
 
 class TimeFractionPolicy:
@@ -128,10 +153,12 @@ class TimeFractionPolicy:
 
     def decide(self, snapshot: Snapshot, params: Any) -> Decision:
         knobs = self.mechanism(params)
-        state = snapshot.policy_state
-        if not isinstance(state, PriorityState):
-            state = PriorityState()
-        now = snapshot.now
+        handed = snapshot.policy_state
+        start = round_start_state(
+            handed if isinstance(handed, PriorityState) else PriorityState(), snapshot.round_index
+        )
+        state = start
+        now = snapshot.round_start
         active_ids = frozenset(j.job_id for j in snapshot.jobs)
 
         work = {job.job_id: work_done_s(job) for job in snapshot.jobs}
@@ -146,12 +173,11 @@ class TimeFractionPolicy:
         memory = state.memory
         recomputed_at = state.recomputed_at
         after_start = state.recomputed_after_start
+        origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
 
         changed = active_ids != state.job_set
-        gate_open = (
-            recomputed_at is None
-            or (not after_start and now > 0)
-            or now - recomputed_at >= knobs.min_seconds_between_allocations
+        gate_open = allocation_due(
+            recomputed_at, after_start, now, origin, knobs.min_seconds_between_allocations
         )
         job_set = state.job_set
         if changed and gate_open:
@@ -166,7 +192,7 @@ class TimeFractionPolicy:
                 inputs, snapshot.cluster.total_gpus, allocation, memory, params
             )
             recomputed_at = now
-            after_start = after_start or now > 0
+            after_start = after_start or now > origin
             job_set = active_ids
 
         chosen, reasons = _greedy_round(
@@ -181,8 +207,48 @@ class TimeFractionPolicy:
             deficit=MappingProxyType(deficit),
             memory=memory,
             work_base=MappingProxyType(base),
+            origin_s=origin if recomputed_at is not None else None,
+            decided_round=snapshot.round_index,
+            before=replace(start, before=None),
         )
         return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+
+
+def round_start_state(state: S, round_index: int) -> S:
+    """The state a decision for ``round_index`` starts from: the one handed over, unless an
+    earlier decision for the same round returned it (its ``decided_round``): then the state
+    that one started from, so that deciding a round again replaces the earlier decision (the
+    reference decides each round once; the service at every change before the round)."""
+    if state.decided_round == round_index and state.before is not None:
+        return state.before
+    return state
+
+
+def allocation_due(
+    recomputed_at: float | None,
+    after_start: bool,
+    now: float,
+    origin: float,
+    min_seconds: float,
+) -> bool:
+    """Whether a changed set of jobs may have its allocation recomputed at ``now``: the first
+    time; once more at the first change after time 0 (``origin``, the first job's arrival:
+    the reference's simulator starts at 0 with its first job, and recomputes again when
+    ``now > 0``; counted from the first arrival, the rule is the same at any clock origin, such
+    as the service's Unix time or a trace whose first job arrives at 1 s); then once
+    ``min_seconds`` have passed since the last. ``after_start``: a recompute happened after
+    time 0."""
+    return (
+        recomputed_at is None
+        or (not after_start and now > origin)
+        or now - recomputed_at >= min_seconds
+    )
+
+
+def first_arrival(snapshot: Snapshot) -> float:
+    """The earliest arrival among the snapshot's jobs (time 0 of the reference's clock, read
+    at the first recompute); the round's start where there are none."""
+    return min((j.spec.arrival_s for j in snapshot.jobs), default=snapshot.round_start)
 
 
 def work_done_s(job: ActiveJob) -> float:

@@ -371,6 +371,7 @@ def test_plan_starts_with_what_the_core_decides(
         assert cluster is not None
         cluster.policy = policy
         cluster.current_round = 3
+        cluster.round_ends_at = NOW + timedelta(seconds=40)
         running = session.get(JobRow, jobs[1])
         assert running is not None
         running.state = "RUNNING"
@@ -389,6 +390,7 @@ def test_plan_starts_with_what_the_core_decides(
         plan = plan_cluster(session, DEFAULT_CLUSTER, version, now=NOW)
 
     assert [j.job_id for j in snapshot.jobs] == jobs
+    assert snapshot.round_start == NOW.timestamp() + 40, "round 4 starts when round 3 ends"
     assert snapshot.job(jobs[1]).progress.gpus == (6, 7), "n2's local GPUs 2, 3 are global 6, 7"
     assert all(not snapshot.job(j).running for j in jobs if j != jobs[1])
     assert snapshot.cluster.total_gpus == 8

@@ -9,7 +9,7 @@ import pytest
 from shockwave import heterogeneity as het
 from shockwave.model import Cluster, ThroughputProfile, ValidationError
 from shockwave.placement import place, place_into
-from shockwave.policies.gavel_typed import max_min_fairness_perf
+from shockwave.policies.gavel_typed import TypedPriorityState, max_min_fairness_perf
 from shockwave.policies.shockwave_typed import assign_types
 from shockwave.policy import get_policy, make_params
 from shockwave.simulator import SimSettings, simulate
@@ -205,3 +205,34 @@ def test_a_gang_no_type_holds_is_left_out_and_the_others_are_planned() -> None:
     decision = policy.decide(Snapshot(0.0, 0, 120.0, small, (wide, narrow)), make_params(policy))
     assert decision.jobs == ("narrow",) and decision.types["narrow"] == "fast"
     assert "wide" not in decision.types
+
+
+def test_typed_gavel_decides_a_round_again_as_if_once() -> None:
+    """Typed Gavel keeps the untyped mechanism's round rule (time_fraction): a second plan of
+    the same round, with a job that arrived in between, is the one decision made at the
+    round's start with both jobs; its received time is not counted twice."""
+    gavel = get_policy("gavel")
+    params = make_params(gavel)
+    a, b = _two_type_job("a", 2.0, 0.5), _two_type_job("b", 1.5, 1.0)
+
+    def at(jobs: tuple[ActiveJob, ...], index: int, state: object | None) -> Snapshot:
+        return Snapshot(
+            now=120.0 * index, round_index=index, round_seconds=120.0, cluster=TYPED,
+            jobs=jobs, policy_state=state,
+        )  # fmt: skip
+
+    first = gavel.decide(at((a,), 0, None), params)
+    ran = dataclasses.replace(a, progress=dataclasses.replace(a.progress, gpus=(0,)))
+    ran = dataclasses.replace(
+        ran, progress=dataclasses.replace(ran.progress, executed_last_round_s=120.0)
+    )
+    early = gavel.decide(at((ran,), 1, first.state), params)
+    again = gavel.decide(at((ran, b), 1, early.state), params)
+    once = gavel.decide(at((ran, b), 1, first.state), params)
+    assert again.jobs == once.jobs and again.types == once.types
+    got, want, start = again.state, once.state, first.state
+    assert isinstance(got, TypedPriorityState) and isinstance(want, TypedPriorityState)
+    assert isinstance(start, TypedPriorityState)
+    assert got == dataclasses.replace(want, before=got.before)
+    assert got.before == dataclasses.replace(start, before=None)
+    assert got.received["a"] == want.received["a"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -145,6 +146,83 @@ def test_recompute_only_on_change_and_past_the_gate(
             assert state.job_set == {j.job_id for j in jobs}
             assert set(decision.allocation) == {j.job_id for j in jobs}
     assert got == expected_recomputed_at
+
+
+def test_the_once_more_recompute_counts_from_the_first_arrival_on_any_clock() -> None:
+    """The reference recomputes once more at the first change after time 0, its first job's
+    arrival. With every arrival and decision 1 s or 1e9 s later (a trace that starts at 1 s,
+    the service's Unix clock), the recomputes fall at the same times, shifted."""
+    policy, params = MaxMinFairness(), gavel_params()
+    for shift in (0.0, 1.0, 1e9):
+        state: object | None = None
+        got = []
+        for now, spec in [(0.0, "a"), (120.0, "a b"), (240.0, "a b c"), (1200.0, "a b c")]:
+            jobs = [
+                dataclasses.replace(
+                    j, spec=dataclasses.replace(j.spec, arrival_s=j.spec.arrival_s + shift)
+                )
+                for j in jobs_of(spec)
+            ]
+            decision = policy.decide(snapshot(jobs, now=now + shift, state=state), params)
+            state = priority_state(decision)
+            got.append(state.recomputed_at)
+        assert got == [shift, shift + 120, shift + 120, shift + 1200], shift
+
+
+def test_deciding_a_round_again_replaces_the_earlier_decision() -> None:
+    """The service plans the next round at every change: a job that arrives between two plans
+    of the same round is in the round's recompute, as in the reference's one decision at the
+    round's start, and the deficits are folded once."""
+    policy, params = MaxMinFairness(), gavel_params()
+    first = policy.decide(snapshot(jobs_of("a"), gpus=1, now=0), params)
+    done = {"a": 120.0}
+    early = policy.decide(
+        snapshot(jobs_of("a b", done=done), gpus=1, now=120, state=first.state), params
+    )
+    assert priority_state(early).recomputed_at == 120  # b's arrival: the once-more recompute
+    assert "c" not in early.allocation
+    again = policy.decide(
+        snapshot(jobs_of("a b c", done=done), gpus=1, now=120, state=early.state), params
+    )
+    once = policy.decide(
+        snapshot(jobs_of("a b c", done=done), gpus=1, now=120, state=first.state), params
+    )
+    state, reference = priority_state(again), priority_state(once)
+    assert state.recomputed_at == 120 and "c" in again.allocation
+    assert dict(state.deficit) == pytest.approx(dict(reference.deficit))
+    assert dict(state.allocation) == pytest.approx(dict(reference.allocation))
+    assert again.jobs == once.jobs
+    # twice more for the same round: the same decision, the deficit not folded again
+    thrice = policy.decide(
+        snapshot(jobs_of("a b c", done=done), gpus=1, now=120, state=again.state), params
+    )
+    assert dict(priority_state(thrice).deficit) == pytest.approx(dict(reference.deficit))
+    # the next round starts from the round's last decision
+    later = priority_state(
+        policy.decide(
+            snapshot(jobs_of("a b c d", done=done), gpus=1, now=240, state=thrice.state),
+            params,
+        )
+    )
+    assert later.recomputed_at == 120 and later.before is not None
+    assert later.before.recomputed_at == 120 and later.before.before is None
+
+
+def test_the_clock_is_the_start_of_the_round_decided() -> None:
+    """A plan made ahead of its round (the service's) decides as of the round's start: the
+    1000 s gate and the deficits count to it, not to when the plan was made."""
+    policy, params = MaxMinFairness(), gavel_params()
+    state: object | None = None
+    for now, spec in [(0, "a"), (120, "a b")]:
+        state = policy.decide(snapshot(jobs_of(spec), now=now, state=state), params).state
+    ahead = dataclasses.replace(
+        snapshot(jobs_of("a b c"), now=1100, state=state), round_index=10, round_start_s=1200
+    )
+    assert ahead.round_start == 1200
+    decided = priority_state(policy.decide(ahead, params))
+    assert decided.recomputed_at == 1200 and decided.decided_round == 10
+    too_early = dataclasses.replace(ahead, now=1100, round_index=9, round_start_s=1100)
+    assert priority_state(policy.decide(too_early, params)).recomputed_at == 120
 
 
 def test_job_arriving_behind_the_gate_waits_without_a_share() -> None:
