@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -191,6 +192,21 @@ def run_one(
     )
 
 
+@functools.cache
+def reference_workload(reference: Path, seed: int) -> Workload:
+    """The reference trace's workload jittered by ``seed``, read once per process: a worker of
+    ``--workers`` reads its own (a workload holds read-only mappings, which do not pickle)."""
+    trace, trajectories, throughputs = reference_files(reference)
+    return jittered(load_workload(trace, trajectories, load_throughputs(throughputs)), seed)
+
+
+def run_seeded(
+    reference: Path, seed: int, policy_name: str, overhead: float, lag: float, view: str, watch: str
+) -> Run:
+    """:func:`run_one` on :func:`reference_workload` (what a ``--workers`` process runs)."""
+    return run_one(reference_workload(reference, seed), policy_name, overhead, lag, view, watch)
+
+
 def seconds_list(text: str) -> list[float]:
     """``--overheads`` / ``--lags``: comma-separated seconds, each finite and >= 0."""
     try:
@@ -237,21 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=positive, default=1)
     parser.add_argument("--workers", type=positive, default=2)
     args = parser.parse_args(argv)
-    trace, trajectories, throughputs = reference_files(args.reference)
     try:
-        workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+        reference_workload(args.reference, 0)  # a bad reference fails here, on one line
     except InputError as error:
         print(f"start_cost: {error}", file=sys.stderr)
         return 2
     rows = [(o, lag, view) for o in args.overheads for lag in args.lags for view in args.progress]
-    seeds = range(args.seeds)
-    workloads = [jittered(workload, seed) for seed in seeds]
-    tasks = [(w, args.policy, *row, args.watch) for row in rows for w in workloads]
+    tasks = [
+        (args.reference, seed, args.policy, *row, args.watch)
+        for row in rows
+        for seed in range(args.seeds)
+    ]
     if args.workers > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(min(args.workers, len(tasks))) as pool:
-            runs = list(pool.map(run_one, *zip(*tasks, strict=True)))
+            runs = list(pool.map(run_seeded, *zip(*tasks, strict=True)))
     else:
-        runs = [run_one(*task) for task in tasks]
+        runs = [run_seeded(*task) for task in tasks]
     title = f"{args.policy}: start cost and progress lag (simulate"
     title += f", {args.seeds} seeds: mean and sd)" if args.seeds > 1 else ")"
     table = Table(title=title)

@@ -102,3 +102,15 @@ def test_bad_input_is_named_and_nothing_runs(
     assert "--overheads" in capsys.readouterr().err
     assert main(["--reference", str(tmp_path), "--overheads", "20", "--lags", "0"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_seeds_run_in_worker_processes(
+    reference_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--workers 2``: each process reads and jitters the reference workload itself (a
+    workload holds read-only mappings, which do not pickle), and the table has one row."""
+    argv = ["--reference", str(reference_dir), "--policy", "fifo", "--overheads", "20"]
+    assert main([*argv, "--lags", "0", "--seeds", "2", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "fifo: start cost and progress lag (simulate, 2 seeds" in out
+    assert " ± " in out
