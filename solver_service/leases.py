@@ -129,20 +129,23 @@ SLACK_S = 1e-3
 round driver's boundary and half-way checks, and a round's cadence)."""
 
 
-def round_end(now: float, due: float | None, length: float) -> float:
+def round_end(now: float, due: float | None, length: float, lead: float = 0.0) -> float:
     """When a round that begins at ``now`` ends, the last one having been due to end at
     ``due``: a boundary that begins less than half a round late keeps the cadence (``due +
     length``: a few milliseconds of lateness each round would otherwise add up, 0.3 simulated
-    seconds a round in a replay at 120x, half a round over a 190-round trace); the first round,
-    and one begun later (a takeover, an outage), run a full ``length`` from ``now``, so no round
-    is shorter than half a round. Rounds are never skipped."""
-    if due is not None and -SLACK_S <= now - due < length / 2:
+    seconds a round in a replay at 120x, half a round over a 190-round trace), and so does one
+    begun up to ``lead`` early (the driver's boundary lead, :class:`DriverSettings`); the first
+    round, and one begun later (a takeover, an outage), run a full ``length`` from ``now``, so
+    no round is shorter than half a round. Rounds are never skipped."""
+    if due is not None and -(SLACK_S + lead) <= now - due < length / 2:
         return due + length
     return now + length
 
 
-def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
-    """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring)."""
+def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0) -> RoundOutcome:
+    """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring).
+    ``lead``: how early before the current round's end ``now`` may be (the round keeps its
+    cadence)."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -157,7 +160,7 @@ def start_round(session: Session, cluster_id: str, now: float) -> RoundOutcome:
     assert cluster is not None
     r = cluster.current_round + 1
     due = cluster.round_ends_at.timestamp() if cluster.round_ends_at is not None else None
-    started, ends = at(now), at(round_end(now, due, cluster.round_seconds))
+    started, ends = at(now), at(round_end(now, due, cluster.round_seconds, lead))
     jobs = {row.id: row for row in _lock_active_jobs(session)}
     layout = gpu_layout(session)
     live = _lock_live_leases(session)

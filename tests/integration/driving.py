@@ -35,7 +35,7 @@ class PlanRequests:
 
 @contextmanager
 def driver_on(
-    database: Database, *, round_s: float = ROUND_S, ttl_s: float = 30.0
+    database: Database, *, round_s: float = ROUND_S, ttl_s: float = 30.0, lead_s: float = 0.0
 ) -> Iterator[tuple[RoundDriver, PlanRequests]]:
     """A driver on ``database`` with a recorded ``request_plan``, closed (lock released) at
     the end."""
@@ -45,6 +45,7 @@ def driver_on(
         database_schema=database.schema,
         round_seconds=round_s,
         node_ttl_s=ttl_s,
+        boundary_lead_s=lead_s,
     )
     driver = RoundDriver(database.engine, settings, request_plan=requests)
     try:

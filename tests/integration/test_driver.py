@@ -309,6 +309,33 @@ def test_a_boundary_a_little_late_keeps_the_cadence(
     assert all(abs(le.ends_at.timestamp() - (t0 + 2 * ROUND_S)) < 1e-3 for le in leases(database))
 
 
+def test_a_boundary_lead_begins_the_next_round_early_and_keeps_the_cadence(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """With a lead of 20% of a round, round 1 is not begun 30% of a round before round 0
+    ends, is begun 10% before, and still ends a round after round 0 did: its leases are out
+    before the boundary, and the next boundary is due a lead before its end again."""
+    register(client, tokens.agent)
+    submit(client, tokens.admin)
+    lead = 0.2 * ROUND_S
+    with driver_on(database, lead_s=lead) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + 0.7 * ROUND_S)
+        assert count_rounds(database) == 1
+        driver.step(t0 + 0.9 * ROUND_S)
+        row = round_row(database, 1)
+        assert abs(row.started_at.timestamp() - (t0 + 0.9 * ROUND_S)) < 1e-3
+        assert abs(row.ends_at.timestamp() - (t0 + 2 * ROUND_S)) < 1e-3
+        assert all(
+            abs(le.ends_at.timestamp() - (t0 + 2 * ROUND_S)) < 1e-3 for le in leases(database)
+        )
+        driver.step(t0 + 1.5 * ROUND_S)  # half-way: the plan is asked for
+        assert abs(driver._pause(t0 + 1.5 * ROUND_S) - 0.3 * ROUND_S) < 1e-3
+        driver.step(t0 + 1.85 * ROUND_S)
+    assert abs(round_row(database, 2).ends_at.timestamp() - (t0 + 3 * ROUND_S)) < 1e-3
+
+
 def test_a_late_boundary_starts_the_next_round_now_and_never_skips_one(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:

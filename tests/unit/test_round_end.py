@@ -24,3 +24,15 @@ def test_the_round_keeps_its_cadence_unless_half_a_round_or_more_late(
     now: float, due: float | None, ends: float
 ) -> None:
     assert round_end(now, due, 120.0) == pytest.approx(ends)
+
+
+@pytest.mark.parametrize(
+    ("now", "ends"),
+    [
+        (99.97, 220.0),  # within the lead before its due time: the cadence holds
+        (100.2, 220.0),  # late, as without a lead
+        (99.9, 219.9),  # earlier than the lead: a full round from now
+    ],
+)
+def test_a_boundary_begun_within_the_lead_keeps_the_cadence(now: float, ends: float) -> None:
+    assert round_end(now, 100.0, 120.0, lead=0.05) == pytest.approx(ends)
