@@ -161,7 +161,10 @@ class TimeFractionPolicy:
         now = snapshot.round_start
         active_ids = frozenset(j.job_id for j in snapshot.jobs)
 
-        work = {job.job_id: work_done_s(job) for job in snapshot.jobs}
+        work = {
+            job.job_id: work_done_s(job) + served_until_start(job, snapshot)
+            for job in snapshot.jobs
+        }
         base = {job.job_id: state.work_base.get(job.job_id, 0.0) for job in snapshot.jobs}
         # to the microsecond: equal service ranks equal (ties go to arrival order), as it does
         # when the seconds are added up round by round
@@ -263,6 +266,17 @@ def work_done_s(job: ActiveJob) -> float:
         seen += regime.epochs
     current = max(0.0, job.progress.epochs_done - seen)
     return total + current * (job.epoch_seconds() or 0.0)
+
+
+def served_until_start(job: ActiveJob, snapshot: Snapshot) -> float:
+    """Seconds a running job trains between the snapshot's time and the start of the round
+    decided: its lease runs to that boundary. The reference decides at the round's start, when
+    the round before is over and a job that ran in it has been served for all of it; a shell
+    that plans during the round before (the service) sees that job served only up to the
+    plan's time, so it would look less served than it is and keep its GPUs for a second round
+    where the reference rotates it out. 0 where the decision is made at the round's start (the
+    simulator) and for a job not running."""
+    return max(0.0, snapshot.round_start - snapshot.now) if job.running else 0.0
 
 
 def allocation_job(job: ActiveJob, now: float) -> AllocationJob:

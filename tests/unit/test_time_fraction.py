@@ -225,6 +225,32 @@ def test_the_clock_is_the_start_of_the_round_decided() -> None:
     assert priority_state(policy.decide(too_early, params)).recomputed_at == 120
 
 
+def test_a_plan_made_during_the_round_before_counts_a_running_job_served_to_its_end() -> None:
+    """Planned 60 s before its round starts, a job running until then has 60 s of training
+    still to come under its lease: the plan ranks it as served for them, as the reference's
+    decision at the round's start does, so it does not keep its GPU for a second round where
+    the reference rotates it out. A job not running gets nothing; deciding at the round's
+    start (the simulator) adds nothing."""
+    policy, params = MaxMinFairness(), gavel_params()
+    first = policy.decide(snapshot(jobs_of("a b"), gpus=1, now=0), params)
+    assert first.jobs == ("a",)
+
+    def ran(done_a: float) -> list[ActiveJob]:
+        a, b = jobs_of("a b", done={"a": done_a})
+        return [dataclasses.replace(a, progress=dataclasses.replace(a.progress, gpus=(0,))), b]
+
+    at_start = policy.decide(snapshot(ran(120.0), gpus=1, now=120, state=first.state), params)
+    ahead = dataclasses.replace(
+        snapshot(ran(60.0), gpus=1, now=60, state=first.state), round_index=1, round_start_s=120
+    )
+    planned = policy.decide(ahead, params)
+    assert dict(priority_state(planned).received) == pytest.approx(
+        dict(priority_state(at_start).received)
+    )
+    assert dict(priority_state(planned).received) == pytest.approx({"a": 180.0, "b": 60.0})
+    assert planned.jobs == at_start.jobs == ("b",)
+
+
 def test_job_arriving_behind_the_gate_waits_without_a_share() -> None:
     policy, params = MaxMinFairness(), gavel_params()
     state: object | None = None
