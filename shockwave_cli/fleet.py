@@ -19,7 +19,8 @@ trajectory, in a coroutine of the node's own (a training process does not wait f
 agent): every ``epoch_seconds[batch size]`` of leased wall time it posts a progress event with
 the job token of its attempt (as the SDK would), a scaling event when the trajectory enters a
 new regime, and, once the job's epochs are done, leaves ``exited 0`` for the agent to report.
-A started attempt first spends ``restart_s`` restoring its checkpoint (nothing is trained), and
+A started attempt first spends ``restart_s`` restoring its checkpoint (nothing is trained; with
+``restore_guard_s``, the simulator's rule, not for a short final stretch), and
 no attempt trains more than ``lease_slack_s`` past its lease's ``ends_at`` while no word has
 come: what a real program loses on a restart and what it may use of a lease. The slack is the
 real agent's (``AgentConfig.lease_slack_s``, scaled): a program does not stop at ``ends_at``;
@@ -206,6 +207,7 @@ class Fleet:
         report_s: float = 0.0,
         wait_s: float | None = None,
         lease_slack_s: float = 0.0,
+        restore_guard_s: float | None = None,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -225,6 +227,12 @@ class Fleet:
         self.lease_slack_s = lease_slack_s
         """Wall seconds an attempt trains past its lease's end while no word of an extension
         has come (the real agent's ``lease_slack_s``, scaled by the caller)."""
+        self.restore_guard_s = restore_guard_s
+        """None: every started attempt restores for ``restart_s``. A number (wall seconds):
+        the simulator's rule (docs/simulator.md, step 6; the reference's): an attempt whose job
+        needs at most its lease's time left less this many seconds to finish starts without
+        the restore (a short final stretch is not charged), so the replay and the simulator
+        charge the same workload model and differ only in the scheduling."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -480,15 +488,25 @@ class Fleet:
             self.log.started[attempt_id] = now
             job.fenced = False
             job.restarts += 1
+            ends_t = wall_seconds(lease["ends_at"])
             here.attempts[attempt_id] = Attempt(
                 attempt_id,
                 job.id,
                 lease["ends_at"],
-                now + self.restart_s,
-                wall_seconds(lease["ends_at"]),
+                now + self.restore_s(job, ends_t - now),
+                ends_t,
             )
             started = True
         return started
+
+    def restore_s(self, job: TrainingJob, lease_left_s: float) -> float:
+        """Wall seconds a new attempt of ``job`` spends restoring, with ``lease_left_s`` of its
+        lease to go: ``restart_s``, or none for a short final stretch under the simulator's
+        rule (:attr:`restore_guard_s`)."""
+        guard = self.restore_guard_s
+        if guard is not None and job.seconds_left() <= lease_left_s - guard:
+            return 0.0
+        return self.restart_s
 
     async def _train(self, here: Node) -> None:
         """Advance every attempt's job by the leased wall time since the last call (none

@@ -77,6 +77,14 @@ it stops or finishes): at 120x the reference trace's 124,938 epochs would be abo
 events a wall second, more than the service on two cores takes, while the planner reads
 progress once a round. Batch-size changes are all posted."""
 TICKS_PER_ROUND = 40
+BOUNDARY_LEAD_S = 0.075
+"""Wall seconds before each round's end the replay's driver begins the next round
+(``SHOCKWAVE_BOUNDARY_LEAD_S``, :class:`solver_service.driver.DriverSettings`): about what
+materializing a round and the polls that fetch its leases take on a small machine (a round's
+begin to its leases' start: 56 ms mean on 2 cores at 120x, 72 ms with the lead), so the new
+leases start about at the boundary, as the simulator's do, instead of 7 simulated seconds
+after it at 120x (the leases a round revokes stop about then too). At most a tenth of a
+round."""
 
 
 def _agent_default(name: str) -> float:
@@ -134,6 +142,12 @@ class ReplayConfig:
     on in the embedded mode (its driver wakes the held polls in-process) and the distributed
     one (over Postgres NOTIFY: store.lease_signal; docs/replay.md measured it against plain
     polls); off with ``api`` (a service of unknown make)."""
+    restore_rule: Literal["simulator", "always"] = "simulator"
+    """What a start costs the agents: ``simulator``, the simulator's rule (a restore of
+    ``restart_overhead_s`` on every start but a short final stretch: one whose job needs at
+    most its lease less the simulator's 5 s guard; docs/simulator.md, step 6), so that a
+    replay and ``shockwave simulate`` charge the same workload model and differ only in the
+    scheduling; ``always``: every start restores, as a real job's does."""
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -240,6 +254,8 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
         # the driver wakes this often to fill GPUs freed mid-round (default 0.5 s: a minute
         # of simulated time at 120x)
         SHOCKWAVE_TICK_S=f"{min(0.5, config.round_wall_s / TICKS_PER_ROUND):.6g}",
+        # the next round's leases out by the boundary, not the service's latency after it
+        SHOCKWAVE_BOUNDARY_LEAD_S=f"{min(BOUNDARY_LEAD_S, config.round_wall_s / 10):.6g}",
         # a long poll re-reads its leases this often while nothing wakes it (the distributed
         # mode's notification channel down); the drivers wake it at each commit otherwise
         SHOCKWAVE_POLL_RECHECK_S=f"{min(1.0, config.round_wall_s / TICKS_PER_ROUND):.6g}",
@@ -373,6 +389,7 @@ def replay(
             "agent_poll_s": config.agent_poll_s,
             "long_poll": config.long_polls,
             "restart_overhead_s": config.restart_overhead_s,
+            "restore_rule": config.restore_rule,
             "request_errors": {f"{k} {v}": n for (k, v), n in run.errors.items()},
             "request_ms": _latencies(run.latency),
         },
@@ -421,6 +438,9 @@ async def _drive(
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
         wait_s=config.agent_poll_s if config.long_polls else None,
         lease_slack_s=LEASE_SLACK_S / scale,
+        restore_guard_s=(
+            SimSettings().overhead_guard_s / scale if config.restore_rule == "simulator" else None
+        ),
     )
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))
@@ -588,6 +608,9 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
     sources = dict.fromkeys(SOURCES, 0)
     sources.update(Counter(row.source for row in rows))
     started = {int(row._mapping["index"]): _stamp(row.started_at) for row in rows}
+    due = {
+        _stamp(row.started_at): _stamp(before.ends_at) for before, row in itertools.pairwise(rows)
+    }
     late, worst = 0, 0.0
     for previous, row in itertools.pairwise(rows):
         lateness = (_stamp(row.started_at) - _stamp(previous.ends_at)) * config.time_scale
@@ -595,7 +618,7 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
         if lateness > LATE_SHARE * config.round_seconds:
             late += 1
     fills = fill_jobs([(lease.job_id, _stamp(lease.issued_at)) for lease in leases], started)
-    return Tables(sources, fills, late, round(worst, 3), _lags(leases, started, config, run))
+    return Tables(sources, fills, late, round(worst, 3), _lags(leases, started, due, config, run))
 
 
 async def first_arrival_at(log: FleetLog, round_wall_s: float) -> float:
@@ -641,13 +664,17 @@ def _at_any(stamp: float, starts: Sequence[float]) -> bool:
 def _lags(
     leases: Sequence[Any],
     rounds: Mapping[int, float],
+    due: Mapping[float, float],
     config: ReplayConfig,
     run: DriveOutcome,
 ) -> dict[str, Any]:
     """Where leased GPU time went untrained, in simulated seconds: ``start`` from a lease's
     issue to its node starting the attempt (the boundary's commit, the poll that brings it;
     the restore comes after), split into ``start_boundary`` (leases issued at a round's
-    start) and ``start_fill`` (issued mid-round, on GPUs that freed up); ``exit`` from a job's
+    start) and ``start_fill`` (issued mid-round, on GPUs that freed up); ``start_after_due``
+    from the boundary a round-start lease is for (``due``: a round's wall start -> the end of
+    the round before) to its start, which the driver's boundary lead makes smaller than
+    ``start_boundary`` (negative: started before the boundary); ``exit`` from a job's
     last epoch to its lease's ``exited`` report (the program's last event, the agent's
     report); ``round_seen`` from a round's start (``rounds``: index -> wall start) to each
     node's first poll answer naming it (the materialization and the poll that brings it).
@@ -657,6 +684,7 @@ def _lags(
     start: list[tuple[float, int]] = []
     at_boundary: list[tuple[float, int]] = []
     at_fill: list[tuple[float, int]] = []
+    after_due: list[tuple[float, int]] = []
     exit_: list[tuple[float, int]] = []
     starts = sorted(rounds.values())  # a lease keeps its issue time when a later round extends it
     for lease in leases:
@@ -668,6 +696,9 @@ def _lags(
             start.append(lag)
             boundary = _at_any(issued, starts)
             (at_boundary if boundary else at_fill).append(lag)
+            was_due = boundary_due_at(issued, due) if boundary else None
+            if was_due is not None:
+                after_due.append(((began - was_due) * scale, width))
         done = finished.get(lease.job_id)
         if lease.state == "EXITED" and done is not None:
             exit_.append(((_stamp(lease.updated_at) - done) * scale, width))
@@ -681,9 +712,16 @@ def _lags(
         "start": _lag_stats(start),
         "start_boundary": _lag_stats(at_boundary),
         "start_fill": _lag_stats(at_fill),
+        "start_after_due": _lag_stats(after_due),
         "round_seen": _lag_stats(seen),
         "exit": _lag_stats(exit_),
     }
+
+
+def boundary_due_at(stamp: float, due: Mapping[float, float]) -> float | None:
+    """The boundary a round begun at ``stamp`` (to the millisecond) was due at, if known."""
+    begun = min(due, key=lambda start: abs(start - stamp), default=None)
+    return due[begun] if begun is not None and abs(begun - stamp) <= 1e-3 else None
 
 
 def _lag_stats(lags: list[tuple[float, int]]) -> dict[str, float]:

@@ -59,6 +59,14 @@ def replay_command(
         float,
         typer.Option(help="Simulated seconds an agent spends restoring a started job.", min=0),
     ] = 20.0,
+    restore_rule: Annotated[
+        Literal["simulator", "always"],
+        typer.Option(
+            help="simulator: a start restores but for a short final stretch (one the job "
+            "finishes within its lease less 5 s), as `shockwave simulate` charges it; always: "
+            "every start restores, as a real job's does."
+        ),
+    ] = "simulator",
     mode: Annotated[
         Literal["embedded", "distributed"],
         typer.Option(
@@ -134,6 +142,7 @@ def replay_command(
         round_seconds=round_seconds,
         time_scale=time_scale,
         restart_overhead_s=restart_overhead,
+        restore_rule=restore_rule,
         mode=mode,
         api=api,
         token=token,

@@ -15,7 +15,7 @@ import pytest
 
 from shockwave.model import Cluster, Regime
 from shockwave_cli.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
-from shockwave_cli.replay import ReplayConfig, fill_jobs, first_arrival_at
+from shockwave_cli.replay import ReplayConfig, boundary_due_at, fill_jobs, first_arrival_at
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -304,6 +304,17 @@ def test_fills_count_the_jobs_started_mid_round_extended_or_not() -> None:
     assert fill_jobs(issued, {}) == 0
 
 
+def test_a_round_begun_early_is_matched_to_the_boundary_it_was_due_at() -> None:
+    """A lease issued at a round's start counts its start lag from the boundary the round was
+    due at (the end of the round before), matched to the millisecond: the driver's boundary
+    lead begins rounds before that."""
+    due = {99.95: 100.0, 219.95: 220.0}
+    assert boundary_due_at(219.9504, due) == 220.0
+    assert boundary_due_at(99.95, due) == 100.0
+    assert boundary_due_at(150.0, due) is None
+    assert boundary_due_at(99.95, {}) is None
+
+
 def test_the_first_job_goes_in_just_after_a_round_boundary_the_agents_saw() -> None:
     """As the simulator starts its first round at the first arrival: the replay submits the
     first job just after a boundary the polls named (a later one when that one is too near or
@@ -317,3 +328,17 @@ def test_the_first_job_goes_in_just_after_a_round_boundary_the_agents_saw() -> N
     assert start == pytest.approx(now + 1.05 + 0.01, abs=0.02)
     before = time.time()
     assert asyncio.run(first_arrival_at(FleetLog(), 0.05)) >= before + 0.1
+
+
+def test_a_short_final_stretch_starts_without_the_restore_under_the_simulators_rule() -> None:
+    """The simulator charges a start its restart overhead unless the job finishes within its
+    lease less the 5 s guard; the replay's agents do the same with a guard, and restore on
+    every start without one."""
+    fleet = RecordingFleet({})
+    fleet.restart_s = 20.0
+    short = job("j1", epochs=2, epoch_s=50.0)  # 100 s left
+    assert fleet.restore_s(short, 120.0) == 20.0  # no guard: every start restores
+    fleet.restore_guard_s = 5.0
+    assert fleet.restore_s(short, 120.0) == 0.0  # 100 <= 120 - 5
+    assert fleet.restore_s(short, 104.0) == 20.0  # 100 > 104 - 5
+    assert fleet.restore_s(job("j2", epochs=3, epoch_s=50.0), 120.0) == 20.0  # 150 s left
