@@ -608,12 +608,13 @@ def _tables(url: str | None, config: ReplayConfig, run: DriveOutcome) -> Tables:
     sources = dict.fromkeys(SOURCES, 0)
     sources.update(Counter(row.source for row in rows))
     started = {int(row._mapping["index"]): _stamp(row.started_at) for row in rows}
+    # a round's wall start -> the end of the round before (when it was due)
     due = {
         _stamp(row.started_at): _stamp(before.ends_at) for before, row in itertools.pairwise(rows)
     }
     late, worst = 0, 0.0
-    for previous, row in itertools.pairwise(rows):
-        lateness = (_stamp(row.started_at) - _stamp(previous.ends_at)) * config.time_scale
+    for begun, was_due in due.items():
+        lateness = (begun - was_due) * config.time_scale
         worst = max(worst, lateness)
         if lateness > LATE_SHARE * config.round_seconds:
             late += 1
@@ -657,8 +658,13 @@ def fill_jobs(issued: Sequence[tuple[str, float]], rounds: Mapping[int, float]) 
 
 def _at_any(stamp: float, starts: Sequence[float]) -> bool:
     """Whether ``stamp`` is one of the sorted ``starts`` (to the millisecond)."""
+    return round_start_at(stamp, starts) is not None
+
+
+def round_start_at(stamp: float, starts: Sequence[float]) -> float | None:
+    """The one of the sorted ``starts`` that ``stamp`` is (to the millisecond), if any."""
     i = bisect.bisect_left(starts, stamp - 1e-3)
-    return i < len(starts) and starts[i] <= stamp + 1e-3
+    return starts[i] if i < len(starts) and starts[i] <= stamp + 1e-3 else None
 
 
 def _lags(
@@ -694,9 +700,9 @@ def _lags(
             issued = _stamp(lease.issued_at)
             lag = ((began - issued) * scale, width)
             start.append(lag)
-            boundary = _at_any(issued, starts)
-            (at_boundary if boundary else at_fill).append(lag)
-            was_due = boundary_due_at(issued, due) if boundary else None
+            begun = round_start_at(issued, starts)
+            (at_fill if begun is None else at_boundary).append(lag)
+            was_due = None if begun is None else due.get(begun)
             if was_due is not None:
                 after_due.append(((began - was_due) * scale, width))
         done = finished.get(lease.job_id)
@@ -716,12 +722,6 @@ def _lags(
         "round_seen": _lag_stats(seen),
         "exit": _lag_stats(exit_),
     }
-
-
-def boundary_due_at(stamp: float, due: Mapping[float, float]) -> float | None:
-    """The boundary a round begun at ``stamp`` (to the millisecond) was due at, if known."""
-    begun = min(due, key=lambda start: abs(start - stamp), default=None)
-    return due[begun] if begun is not None and abs(begun - stamp) <= 1e-3 else None
 
 
 def _lag_stats(lags: list[tuple[float, int]]) -> dict[str, float]:

@@ -81,6 +81,12 @@ def test_a_replay_through_the_embedded_service_matches_the_simulator(tmp_path: P
     assert replayed["events"]["lost"] == 0 and replayed["events"]["duplicated"] == 0
     assert replayed["events"]["accepted"] > 0
     assert replayed["plan_sources"]["plan"] > 0
+    # round-start leases (none here: four jobs on an idle cluster start mid-round) are also
+    # timed from the boundary they were for; every start is one or the other
+    lags = replayed["lease_lags_s"]
+    assert lags["start_after_due"]["n"] <= lags["start_boundary"]["n"]
+    assert lags["start_boundary"]["n"] + lags["start_fill"]["n"] == lags["start"]["n"] > 0
+    assert replayed["restore_rule"] == "simulator"
     for name in ("jobs-shockwave.csv", "shockwave-gantt.png", "ftf-cdf.png", "utilization.png"):
         assert (out / name).is_file(), name
 

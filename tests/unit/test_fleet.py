@@ -15,7 +15,7 @@ import pytest
 
 from shockwave.model import Cluster, Regime
 from shockwave_cli.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
-from shockwave_cli.replay import ReplayConfig, boundary_due_at, fill_jobs, first_arrival_at
+from shockwave_cli.replay import ReplayConfig, fill_jobs, first_arrival_at, round_start_at
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -309,6 +309,11 @@ def test_a_round_begun_early_is_matched_to_the_boundary_it_was_due_at() -> None:
     due at (the end of the round before), matched to the millisecond: the driver's boundary
     lead begins rounds before that."""
     due = {99.95: 100.0, 219.95: 220.0}
+
+    def boundary_due_at(stamp: float, due: dict[float, float]) -> float | None:
+        begun = round_start_at(stamp, sorted(due))
+        return None if begun is None else due[begun]
+
     assert boundary_due_at(219.9504, due) == 220.0
     assert boundary_due_at(99.95, due) == 100.0
     assert boundary_due_at(150.0, due) is None
