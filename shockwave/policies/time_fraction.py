@@ -27,6 +27,15 @@ greedy pass, where it takes GPUs that then stay idle; ``absent_jobs_hold_gpus`` 
 keeps that too, though on the reference traces it changes nothing: such jobs rank last, so no job
 behind them could have used those GPUs (docs/simulator.md).
 
+A job the shell learnt of only after it had decided a recompute's round, though it arrived
+before that round's start, is one the reference counted in that recompute: the service plans a
+round ahead and begins it a little early, so a job submitted in the last seconds before the
+boundary is not in the round's snapshot, and its share (and everyone's, for the next 1000 s)
+would differ from the reference's. The next decision makes that recompute again with it
+(:func:`late_arrivals`): from the inputs it was made from, at the same time, without folding
+deficits twice or moving the gate. The simulator decides each round at its start with every
+job that has arrived, so it never has a late job.
+
 All state is carried in :class:`PriorityState`, returned in the decision and handed back in the
 next snapshot, so ``decide`` stays a pure function. A shell may decide the same round several
 times (the service plans the next round at every change during the current one): each such
@@ -126,6 +135,12 @@ class PriorityState:
     """Time 0 of the reference's clock: the first job's arrival, set at the first recompute."""
     decided_round: int | None = None
     """The round the decision that returned this state was for."""
+    recompute_inputs: tuple[AllocationJob, ...] = ()
+    """What the last recompute allocated from: each job's inputs at ``recomputed_at``, and the
+    shares and allocator memory it started from (``recompute_previous``, ``recompute_memory``):
+    what making it again with a late arrival needs (:func:`late_arrivals`)."""
+    recompute_previous: Mapping[str, float] = field(default_factory=dict)
+    recompute_memory: Mapping[str, Any] = field(default_factory=dict)
     before: PriorityState | None = None
     """The state that decision started from (:func:`round_start_state`)."""
 
@@ -178,7 +193,8 @@ class TimeFractionPolicy:
         after_start = state.recomputed_after_start
         origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
 
-        changed = active_ids != state.job_set
+        late = late_arrivals(snapshot.jobs, state)
+        changed = active_ids != state.job_set | {job.job_id for job in late}
         gate_open = allocation_due(
             recomputed_at, after_start, now, origin, knobs.min_seconds_between_allocations
         )
@@ -190,13 +206,33 @@ class TimeFractionPolicy:
                 deficit[job_id] += share * since - (received[job_id] - knobs.initial_credit_s)
                 received[job_id] = knobs.initial_credit_s
                 base[job_id] = work[job_id]
-            inputs = [allocation_job(job, now) for job in snapshot.jobs]
+            inputs = tuple(allocation_job(job, now) for job in snapshot.jobs)
+            previous, memory_before = allocation, memory
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, allocation, memory, params
             )
             recomputed_at = now
             after_start = after_start or now > origin
             job_set = active_ids
+        elif late:
+            # the last recompute again, as the reference made it: with the late jobs (deficit
+            # and work base 0, as at their first recompute), at the same time
+            inputs = (
+                *state.recompute_inputs,
+                *(allocation_job(job, state.recomputed_at or now) for job in late),
+            )
+            previous, memory_before = state.recompute_previous, state.recompute_memory
+            allocation, memory = self.allocate(
+                inputs, snapshot.cluster.total_gpus, previous, memory_before, params
+            )
+            allocation = {k: v for k, v in allocation.items() if k in active_ids}
+            job_set = job_set | {job.job_id for job in late}
+        else:
+            inputs, previous, memory_before = (
+                state.recompute_inputs,
+                state.recompute_previous,
+                state.recompute_memory,
+            )
 
         chosen, reasons = _greedy_round(
             snapshot.jobs, allocation, received, deficit, snapshot, knobs
@@ -212,6 +248,9 @@ class TimeFractionPolicy:
             work_base=MappingProxyType(base),
             origin_s=origin if recomputed_at is not None else None,
             decided_round=snapshot.round_index,
+            recompute_inputs=inputs,
+            recompute_previous=MappingProxyType(dict(previous)),
+            recompute_memory=memory_before,
             before=replace(start, before=None),
         )
         return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
@@ -225,6 +264,18 @@ def round_start_state(state: S, round_index: int) -> S:
     if state.decided_round == round_index and state.before is not None:
         return state.before
     return state
+
+
+def late_arrivals(jobs: Sequence[ActiveJob], state: PriorityState) -> list[ActiveJob]:
+    """The jobs that arrived by the last recompute's time but were not in it: the shell did not
+    know them when it decided that round (see the module docstring); none before the first."""
+    if state.recomputed_at is None:
+        return []
+    return [
+        job
+        for job in jobs
+        if job.job_id not in state.job_set and job.spec.arrival_s <= state.recomputed_at
+    ]
 
 
 def allocation_due(

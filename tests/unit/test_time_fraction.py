@@ -48,10 +48,17 @@ class FixedShares(TimeFractionPolicy):
         return {j.job_id: params.shares[j.job_id] for j in jobs}, memory
 
 
-def jobs_of(spec: str, *, done: Mapping[str, float] | None = None) -> list[ActiveJob]:
+def jobs_of(
+    spec: str,
+    *,
+    done: Mapping[str, float] | None = None,
+    arrivals: Mapping[str, float] | None = None,
+) -> list[ActiveJob]:
     """``"a b:4 c"`` -> 1-GPU a, 4-GPU b, 1-GPU c, in that arrival order; ``done``: seconds of
-    training each job has done so far (its finished epochs: an epoch takes 100 s here)."""
+    training each job has done so far (its finished epochs: an epoch takes 100 s here);
+    ``arrivals``: a job's arrival time (default: its index in ``spec``, in seconds)."""
     work = done or {}
+    arrived = arrivals or {}
     out = []
     for index, item in enumerate(spec.split()):
         job_id, _, width = item.partition(":")
@@ -59,7 +66,7 @@ def jobs_of(spec: str, *, done: Mapping[str, float] | None = None) -> list[Activ
             active_job(
                 job_id,
                 gpus=int(width or 1),
-                arrival=float(index),
+                arrival=arrived.get(job_id, float(index)),
                 epochs_done=work.get(job_id, 0.0) / EPOCH_S,
             )
         )
@@ -137,8 +144,13 @@ def test_recompute_only_on_change_and_past_the_gate(
     policy, params = MaxMinFairness(), gavel_params()
     state: object | None = None
     got: list[float | None] = []
+    arrivals: dict[str, float] = {}
+    last = None
     for now, spec in steps:
-        jobs = jobs_of(spec)
+        for job_id in spec.split():  # arrives after the decision before the first step it is in
+            arrivals.setdefault(job_id, 0.0 if last is None else last + 1)
+        last = now
+        jobs = jobs_of(spec, arrivals=arrivals)
         decision = policy.decide(snapshot(jobs, gpus=4, now=now, state=state), params)
         state = priority_state(decision)
         got.append(state.recomputed_at)
@@ -161,7 +173,7 @@ def test_the_once_more_recompute_counts_from_the_first_arrival_on_any_clock() ->
                 dataclasses.replace(
                     j, spec=dataclasses.replace(j.spec, arrival_s=j.spec.arrival_s + shift)
                 )
-                for j in jobs_of(spec)
+                for j in jobs_of(spec, arrivals={"c": 200.0})
             ]
             decision = policy.decide(snapshot(jobs, now=now + shift, state=state), params)
             state = priority_state(decision)
@@ -216,7 +228,9 @@ def test_the_clock_is_the_start_of_the_round_decided() -> None:
     for now, spec in [(0, "a"), (120, "a b")]:
         state = policy.decide(snapshot(jobs_of(spec), now=now, state=state), params).state
     ahead = dataclasses.replace(
-        snapshot(jobs_of("a b c"), now=1100, state=state), round_index=10, round_start_s=1200
+        snapshot(jobs_of("a b c", arrivals={"c": 1000.0}), now=1100, state=state),
+        round_index=10,
+        round_start_s=1200,
     )
     assert ahead.round_start == 1200
     decided = priority_state(policy.decide(ahead, params))
@@ -251,12 +265,50 @@ def test_a_plan_made_during_the_round_before_counts_a_running_job_served_to_its_
     assert planned.jobs == at_start.jobs == ("b",)
 
 
+def test_a_job_the_shell_learnt_of_late_joins_the_recompute_it_arrived_before() -> None:
+    """c arrives at 119 s, before the recompute at 120 s, but the shell decided round 120
+    without it (the service plans a round ahead): the next decision makes that recompute again
+    with c, at 120 s, as if c had been in it, without folding deficits twice or moving the
+    gate, and later decisions see no change of jobs."""
+    policy, params = MaxMinFairness(), gavel_params()
+    arrivals = {"a": 0.0, "b": 60.0, "c": 119.0}
+    state: object | None = None
+    for now, spec in [(0, "a"), (120, "a b")]:
+        state = policy.decide(
+            snapshot(jobs_of(spec, arrivals=arrivals), now=now, state=state), params
+        ).state
+    known = priority_state(
+        policy.decide(
+            snapshot(
+                jobs_of("a b c", arrivals=arrivals),
+                now=120,
+                state=policy.decide(snapshot(jobs_of("a", arrivals=arrivals), now=0), params).state,
+            ),
+            params,
+        )
+    )
+    late = policy.decide(
+        snapshot(jobs_of("a b c", arrivals=arrivals), now=240, state=state), params
+    )
+    again = priority_state(late)
+    assert again.recomputed_at == 120
+    assert dict(late.allocation) == pytest.approx(dict(known.allocation))
+    assert dict(again.deficit) == pytest.approx(dict(known.deficit))
+    assert again.job_set == {"a", "b", "c"}
+    assert "c" in late.jobs
+    later = policy.decide(
+        snapshot(jobs_of("a b c", arrivals=arrivals), now=1200, state=again), params
+    )
+    assert priority_state(later).recomputed_at == 120  # no change of jobs: the gate stays shut
+
+
 def test_job_arriving_behind_the_gate_waits_without_a_share() -> None:
     policy, params = MaxMinFairness(), gavel_params()
     state: object | None = None
     for now, spec in [(0, "a"), (120, "a b")]:
         state = policy.decide(snapshot(jobs_of(spec), now=now, state=state), params).state
-    decision = policy.decide(snapshot(jobs_of("a b c"), now=240, state=state), params)
+    late = jobs_of("a b c", arrivals={"c": 200.0})
+    decision = policy.decide(snapshot(late, now=240, state=state), params)
     assert "c" not in decision.allocation
     assert decision.jobs == ("a", "b")
     assert "arrived after the last allocation" in decision.reasons["c"]
@@ -412,7 +464,7 @@ def test_absent_job_is_never_chosen(hold: bool, expected: tuple[str, ...]) -> No
     # b has no share and ran more than owed (negative deficit), so c, new since the last
     # recompute at 120 and behind the gate, ranks above it.
     state = state_at({"a": 1.0, "b": 0.0}, recomputed_at=120, after_start=True, deficit={"b": -60})
-    snap = snapshot(jobs_of("a b c"), gpus=2, now=240, state=state)
+    snap = snapshot(jobs_of("a b c", arrivals={"c": 200.0}), gpus=2, now=240, state=state)
     params = FixedSharesParams(
         shares={"a": 1.0, "b": 0.0, "c": 1.0},
         mechanism=TimeFractionParams(absent_jobs_hold_gpus=hold),
