@@ -143,11 +143,13 @@ class ReplayConfig:
     one (over Postgres NOTIFY: store.lease_signal; docs/replay.md measured it against plain
     polls); off with ``api`` (a service of unknown make)."""
     restore_rule: Literal["simulator", "always"] = "simulator"
-    """What a start costs the agents: ``simulator``, the simulator's rule (a restore of
-    ``restart_overhead_s`` on every start but a short final stretch: one whose job needs at
-    most its lease less the simulator's 5 s guard; docs/simulator.md, step 6), so that a
-    replay and ``shockwave simulate`` charge the same workload model and differ only in the
-    scheduling; ``always``: every start restores, as a real job's does."""
+    """What a lease gives the agents: ``simulator``, the simulator's workload model (a restore
+    of ``restart_overhead_s`` on every start but a short final stretch: one whose job needs at
+    most its lease less the simulator's 5 s guard; docs/simulator.md, step 6; and no training
+    past the lease's end), so that a replay and ``shockwave simulate`` charge the same workload
+    model and differ only in the scheduling; ``always``: every start restores, and a revoked
+    program trains on until the revoke reaches its node (up to the real agent's lease slack),
+    as a real job does."""
     solver: Literal["inline", "process"] = "process"
     """The embedded service's solver (``shockwave up --solver``): at 120x a 0.2 s solve in a
     thread of the service's process stalls its API and round driver by 24 simulated seconds."""
@@ -159,6 +161,21 @@ class ReplayConfig:
     @property
     def agent_poll_s(self) -> float:
         return self.poll_s if self.poll_s is not None else max(0.02, self.round_wall_s / 10)
+
+    @property
+    def lease_slack_wall_s(self) -> float:
+        """Wall seconds an attempt trains past its lease's end with no word: the real agent's
+        slack, scaled; none under the simulator's rule, whose rounds end at their boundary
+        (a revoked job trained about 4 simulated seconds more per stint than there)."""
+        return 0.0 if self.restore_rule == "simulator" else LEASE_SLACK_S / self.time_scale
+
+    @property
+    def restore_guard_wall_s(self) -> float | None:
+        """The simulator's guard against charging a short final stretch (wall seconds) under
+        its rule; None (every start restores) otherwise."""
+        if self.restore_rule != "simulator":
+            return None
+        return SimSettings().overhead_guard_s / self.time_scale
 
     @property
     def long_polls(self) -> bool:
@@ -437,10 +454,8 @@ async def _drive(
         admin_token=service.admin_token or "",
         report_s=config.round_wall_s / REPORTS_PER_ROUND,
         wait_s=config.agent_poll_s if config.long_polls else None,
-        lease_slack_s=LEASE_SLACK_S / scale,
-        restore_guard_s=(
-            SimSettings().overhead_guard_s / scale if config.restore_rule == "simulator" else None
-        ),
+        lease_slack_s=config.lease_slack_wall_s,
+        restore_guard_s=config.restore_guard_wall_s,
     )
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))

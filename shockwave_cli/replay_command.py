@@ -63,8 +63,9 @@ def replay_command(
         Literal["simulator", "always"],
         typer.Option(
             help="simulator: a start restores but for a short final stretch (one the job "
-            "finishes within its lease less 5 s), as `shockwave simulate` charges it; always: "
-            "every start restores, as a real job's does."
+            "finishes within its lease less 5 s) and a job trains no further than its lease, "
+            "as `shockwave simulate` charges it; always: every start restores and a revoked "
+            "job trains on until the revoke reaches it, as a real job does."
         ),
     ] = "simulator",
     mode: Annotated[

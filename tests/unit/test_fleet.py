@@ -15,7 +15,13 @@ import pytest
 
 from shockwave.model import Cluster, Regime
 from shockwave_cli.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
-from shockwave_cli.replay import ReplayConfig, fill_jobs, first_arrival_at, round_start_at
+from shockwave_cli.replay import (
+    LEASE_SLACK_S,
+    ReplayConfig,
+    fill_jobs,
+    first_arrival_at,
+    round_start_at,
+)
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -285,6 +291,21 @@ def test_the_replay_long_polls_wherever_its_own_driver_wakes_the_held_polls(
     assert replace(config, mode="distributed").long_polls
     assert not replace(config, api="http://127.0.0.1:1").long_polls
     assert not replace(config, mode="distributed", long_poll=False).long_polls
+
+
+def test_the_simulators_rule_gives_a_lease_no_slack_and_a_guard_the_real_one_the_slack(
+    tmp_path: Path,
+) -> None:
+    """Under the simulator's rule a revoked job trains no further than its lease's end (the
+    simulator's rounds end at their boundary) and a short final stretch is not charged; under
+    ``always`` it trains on for the real agent's slack and every start restores."""
+    config = ReplayConfig(Cluster.of_gpus(4, 2), "gavel", tmp_path, time_scale=120.0)
+    assert config.lease_slack_wall_s == 0.0
+    assert config.restore_guard_wall_s == pytest.approx(5.0 / 120.0)
+    real = replace(config, restore_rule="always")
+    assert LEASE_SLACK_S > 0
+    assert real.lease_slack_wall_s == pytest.approx(LEASE_SLACK_S / 120.0)
+    assert real.restore_guard_wall_s is None
 
 
 def test_fills_count_the_jobs_started_mid_round_extended_or_not() -> None:
