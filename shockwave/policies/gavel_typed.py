@@ -20,7 +20,9 @@ and ``_update_priorities``): each type keeps its own received time and deficit p
 priority of j on T is x[j, T] / received[j, T]; types are walked fastest first (the published
 code's fixed v100, p100, k80 order), each type's jobs by (priority, deficit, share), a job
 taken at most once, on the first type in the walk with room for its gang. The recompute gate
-and the credit are :mod:`shockwave.policies.time_fraction`'s.
+and the credit are :mod:`shockwave.policies.time_fraction`'s, and so is the rule for a job the
+shell learnt of after the recompute it arrived before (:func:`late_arrivals`): the next
+decision solves that recompute's program again with it, from the inputs it was made from.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from shockwave.policies.time_fraction import (
     TimeFractionParams,
     allocation_due,
     first_arrival,
+    late_arrivals,
     round_start_state,
 )
 from shockwave.policy import Decision
@@ -55,8 +58,14 @@ class TypedPriorityState:
     deficit: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     origin_s: float | None = None
     decided_round: int | None = None
+    recompute_speed: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """The last recompute's program inputs per job (speed per type, gang width, weight): what
+    solving it again with a late arrival needs."""
+    recompute_widths: Mapping[str, int] = field(default_factory=dict)
+    recompute_weights: Mapping[str, float] = field(default_factory=dict)
     before: TypedPriorityState | None = None
-    """The last three as :class:`~shockwave.policies.time_fraction.PriorityState`'s."""
+    """``origin_s``, ``decided_round`` and ``before`` as
+    :class:`~shockwave.policies.time_fraction.PriorityState`'s."""
 
 
 def max_min_fairness_perf(
@@ -131,21 +140,33 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
     gate_open = allocation_due(
         recomputed_at, after_start, now, origin, knobs.min_seconds_between_allocations
     )
-    if active != state.job_set and gate_open:
+    workers = {t: cluster.gpus_of_type(t) for t in kinds}
+    late = {job.job_id for job in late_arrivals(snapshot.jobs, state)}
+    inputs = (state.recompute_speed, state.recompute_widths, state.recompute_weights)
+    if active != state.job_set | late and gate_open:
         since = 0.0 if recomputed_at is None else now - recomputed_at
         for j in active:
             for t in kinds:
                 share = allocation.get(j, {}).get(t, 0.0)
                 deficit[j][t] += share * since - (received[j][t] - knobs.initial_credit_s)
                 received[j][t] = knobs.initial_credit_s
-        allocation = max_min_fairness_perf(
+        inputs = (
             speed,
             {j.job_id: j.spec.gpus for j in snapshot.jobs},
             {j.job_id: j.spec.budget for j in snapshot.jobs},
-            {t: cluster.gpus_of_type(t) for t in kinds},
         )
+        allocation = max_min_fairness_perf(*inputs, workers)
         recomputed_at, after_start, job_set = now, after_start or now > origin, active
-    workers = {t: cluster.gpus_of_type(t) for t in kinds}
+    elif late:  # that recompute again, with the late jobs (time_fraction.late_arrivals)
+        jobs = {j.job_id: j for j in snapshot.jobs if j.job_id in late}
+        inputs = (
+            {**inputs[0], **{k: speed[k] for k in late}},
+            {**inputs[1], **{k: j.spec.gpus for k, j in jobs.items()}},
+            {**inputs[2], **{k: j.spec.budget for k, j in jobs.items()}},
+        )
+        solved = max_min_fairness_perf(*inputs, workers)
+        allocation = {k: v for k, v in solved.items() if k in active}
+        job_set = job_set | late
     chosen, types, reasons = _walk(
         snapshot.jobs, workers, speed, allocation, received, deficit, knobs
     )
@@ -158,6 +179,11 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         deficit=MappingProxyType(deficit),
         origin_s=origin if recomputed_at is not None else None,
         decided_round=snapshot.round_index,
+        recompute_speed=MappingProxyType(
+            {j: MappingProxyType(dict(v)) for j, v in inputs[0].items()}
+        ),
+        recompute_widths=MappingProxyType(dict(inputs[1])),
+        recompute_weights=MappingProxyType(dict(inputs[2])),
         before=replace(start, before=None),
     )
     return Decision(

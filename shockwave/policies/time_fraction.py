@@ -69,6 +69,16 @@ class RoundMemory(Protocol):
 S = TypeVar("S", bound=RoundMemory)
 
 
+class RecomputeMemory(Protocol):
+    """A mechanism state that knows its last recompute: when, and the jobs it counted."""
+
+    @property
+    def recomputed_at(self) -> float | None: ...
+
+    @property
+    def job_set(self) -> frozenset[str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class AllocationJob:
     """The inputs Gavel gives every allocator, for one active job.
@@ -266,7 +276,7 @@ def round_start_state(state: S, round_index: int) -> S:
     return state
 
 
-def late_arrivals(jobs: Sequence[ActiveJob], state: PriorityState) -> list[ActiveJob]:
+def late_arrivals(jobs: Sequence[ActiveJob], state: RecomputeMemory) -> list[ActiveJob]:
     """The jobs that arrived by the last recompute's time but were not in it: the shell did not
     know them when it decided that round (see the module docstring); none before the first."""
     if state.recomputed_at is None:

@@ -236,3 +236,36 @@ def test_typed_gavel_decides_a_round_again_as_if_once() -> None:
     assert got == dataclasses.replace(want, before=got.before)
     assert got.before == dataclasses.replace(start, before=None)
     assert got.received["a"] == want.received["a"]
+
+
+def test_typed_gavel_counts_a_late_arrival_in_the_recompute_it_arrived_before() -> None:
+    """The untyped mechanism's late-arrival rule (time_fraction.late_arrivals): b arrived at
+    110 s, before the recompute at 120 s, but the shell decided round 1 without it; the next
+    decision solves that recompute again with b, at 120 s, as if b had been in it."""
+    gavel = get_policy("gavel")
+    params = make_params(gavel)
+
+    def arrived(job: ActiveJob, at: float) -> ActiveJob:
+        return dataclasses.replace(job, spec=dataclasses.replace(job.spec, arrival_s=at))
+
+    a = arrived(_two_type_job("a", 2.0, 0.5), 0.0)
+    c = arrived(_two_type_job("c", 1.5, 1.0, gpus=2), 60.0)
+    b = arrived(_two_type_job("b", 1.0, 1.0, gpus=4), 110.0)
+
+    def at(jobs: tuple[ActiveJob, ...], index: int, state: object | None) -> Snapshot:
+        return Snapshot(
+            now=120.0 * index, round_index=index, round_seconds=120.0, cluster=TYPED,
+            jobs=jobs, policy_state=state,
+        )  # fmt: skip
+
+    first = gavel.decide(at((a,), 0, None), params)
+    without_b = gavel.decide(at((a, c), 1, first.state), params)
+    with_b = gavel.decide(at((a, c, b), 1, first.state), params)
+    late = gavel.decide(at((a, c, b), 2, without_b.state), params)
+    got, want = late.state, with_b.state
+    assert isinstance(got, TypedPriorityState) and isinstance(want, TypedPriorityState)
+    assert got.recomputed_at == want.recomputed_at == 120.0
+    assert got.job_set == {"a", "b", "c"}
+    assert "b" not in without_b.allocation
+    assert late.allocation == pytest.approx(dict(with_b.allocation))
+    assert got.deficit == want.deficit
