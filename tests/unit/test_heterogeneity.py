@@ -207,6 +207,14 @@ def test_a_gang_no_type_holds_is_left_out_and_the_others_are_planned() -> None:
     assert "wide" not in decision.types
 
 
+def _typed_round(jobs: tuple[ActiveJob, ...], index: int, state: object | None) -> Snapshot:
+    """The snapshot of round ``index`` (120 s rounds) of ``jobs`` on :data:`TYPED`."""
+    return Snapshot(
+        now=120.0 * index, round_index=index, round_seconds=120.0, cluster=TYPED,
+        jobs=jobs, policy_state=state,
+    )  # fmt: skip
+
+
 def test_typed_gavel_decides_a_round_again_as_if_once() -> None:
     """Typed Gavel keeps the untyped mechanism's round rule (time_fraction): a second plan of
     the same round, with a job that arrived in between, is the one decision made at the
@@ -215,20 +223,14 @@ def test_typed_gavel_decides_a_round_again_as_if_once() -> None:
     params = make_params(gavel)
     a, b = _two_type_job("a", 2.0, 0.5), _two_type_job("b", 1.5, 1.0)
 
-    def at(jobs: tuple[ActiveJob, ...], index: int, state: object | None) -> Snapshot:
-        return Snapshot(
-            now=120.0 * index, round_index=index, round_seconds=120.0, cluster=TYPED,
-            jobs=jobs, policy_state=state,
-        )  # fmt: skip
-
-    first = gavel.decide(at((a,), 0, None), params)
+    first = gavel.decide(_typed_round((a,), 0, None), params)
     ran = dataclasses.replace(a, progress=dataclasses.replace(a.progress, gpus=(0,)))
     ran = dataclasses.replace(
         ran, progress=dataclasses.replace(ran.progress, executed_last_round_s=120.0)
     )
-    early = gavel.decide(at((ran,), 1, first.state), params)
-    again = gavel.decide(at((ran, b), 1, early.state), params)
-    once = gavel.decide(at((ran, b), 1, first.state), params)
+    early = gavel.decide(_typed_round((ran,), 1, first.state), params)
+    again = gavel.decide(_typed_round((ran, b), 1, early.state), params)
+    once = gavel.decide(_typed_round((ran, b), 1, first.state), params)
     assert again.jobs == once.jobs and again.types == once.types
     got, want, start = again.state, once.state, first.state
     assert isinstance(got, TypedPriorityState) and isinstance(want, TypedPriorityState)
@@ -252,16 +254,10 @@ def test_typed_gavel_counts_a_late_arrival_in_the_recompute_it_arrived_before() 
     c = arrived(_two_type_job("c", 1.5, 1.0, gpus=2), 60.0)
     b = arrived(_two_type_job("b", 1.0, 1.0, gpus=4), 110.0)
 
-    def at(jobs: tuple[ActiveJob, ...], index: int, state: object | None) -> Snapshot:
-        return Snapshot(
-            now=120.0 * index, round_index=index, round_seconds=120.0, cluster=TYPED,
-            jobs=jobs, policy_state=state,
-        )  # fmt: skip
-
-    first = gavel.decide(at((a,), 0, None), params)
-    without_b = gavel.decide(at((a, c), 1, first.state), params)
-    with_b = gavel.decide(at((a, c, b), 1, first.state), params)
-    late = gavel.decide(at((a, c, b), 2, without_b.state), params)
+    first = gavel.decide(_typed_round((a,), 0, None), params)
+    without_b = gavel.decide(_typed_round((a, c), 1, first.state), params)
+    with_b = gavel.decide(_typed_round((a, c, b), 1, first.state), params)
+    late = gavel.decide(_typed_round((a, c, b), 2, without_b.state), params)
     got, want = late.state, with_b.state
     assert isinstance(got, TypedPriorityState) and isinstance(want, TypedPriorityState)
     assert got.recomputed_at == want.recomputed_at == 120.0
