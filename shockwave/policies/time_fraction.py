@@ -204,11 +204,17 @@ class TimeFractionPolicy:
         origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
 
         late = late_arrivals(snapshot.jobs, state)
-        changed = active_ids != state.job_set | {job.job_id for job in late}
+        late_ids = {job.job_id for job in late}
+        changed = active_ids != state.job_set | late_ids
         gate_open = allocation_due(
             recomputed_at, after_start, now, origin, knobs.min_seconds_between_allocations
         )
         job_set = state.job_set
+        inputs, previous, memory_before = (
+            state.recompute_inputs,
+            state.recompute_previous,
+            state.recompute_memory,
+        )
         if changed and gate_open:
             since = 0.0 if recomputed_at is None else now - recomputed_at
             for job_id in active_ids:
@@ -224,25 +230,15 @@ class TimeFractionPolicy:
             recomputed_at = now
             after_start = after_start or now > origin
             job_set = active_ids
-        elif late:
+        elif late and recomputed_at is not None:
             # the last recompute again, as the reference made it: with the late jobs (deficit
             # and work base 0, as at their first recompute), at the same time
-            inputs = (
-                *state.recompute_inputs,
-                *(allocation_job(job, state.recomputed_at or now) for job in late),
-            )
-            previous, memory_before = state.recompute_previous, state.recompute_memory
+            inputs = (*inputs, *(allocation_job(job, recomputed_at) for job in late))
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, previous, memory_before, params
             )
             allocation = {k: v for k, v in allocation.items() if k in active_ids}
-            job_set = job_set | {job.job_id for job in late}
-        else:
-            inputs, previous, memory_before = (
-                state.recompute_inputs,
-                state.recompute_previous,
-                state.recompute_memory,
-            )
+            job_set = job_set | late_ids
 
         chosen, reasons = _greedy_round(
             snapshot.jobs, allocation, received, deficit, snapshot, knobs
