@@ -32,8 +32,8 @@ EXAMPLES = ROOT / "examples"
 TORCH_AVAILABLE = importlib.util.find_spec("torch") is not None
 WAIT_S = 60.0
 INTO_NEXT_EPOCH_S = 0.3
-"""How long after its first epoch a job is stopped: well inside its second epoch (at least
-0.5 s with the pace the tests set), so it resumes from the middle of an epoch."""
+"""How long after its first epoch's checkpoint a job is stopped: well inside its second epoch
+(at least 0.5 s with the pace the tests set), so it resumes from the middle of an epoch."""
 
 
 @pytest.fixture
@@ -53,6 +53,19 @@ def wait_for(log: Path, kind: str, process: subprocess.Popen[bytes]) -> None:
     while not any(r["record"] == kind for r in records(log)):
         assert process.poll() is None, f"the example exited ({process.returncode}) first"
         assert time.monotonic() < deadline, f"no {kind!r} record in {log} after {WAIT_S} s"
+        time.sleep(0.02)
+
+
+def wait_for_checkpoint(directory: Path, script: str, process: subprocess.Popen[bytes]) -> None:
+    """Wait until ``script`` has saved its checkpoint (each example names it after itself):
+    the last step of its end-of-epoch work (report over HTTP, batch-size request, save), which
+    on a loaded machine can outlast ``INTO_NEXT_EPOCH_S`` after the ``epoch`` record; a stop
+    before it would land at offset 0 of the next epoch."""
+    prefix = f"{Path(script).stem}."
+    deadline = time.monotonic() + WAIT_S
+    while not any(p.name.startswith(prefix) for p in directory.iterdir()):
+        assert process.poll() is None, f"the example exited ({process.returncode}) first"
+        assert time.monotonic() < deadline, f"no checkpoint in {directory} after {WAIT_S} s"
         time.sleep(0.02)
 
 
@@ -88,6 +101,7 @@ def preempt_and_resume(
     env = agent_environment(api, url, job, checkpoint_dir)
     first = start(script, {**env, "SHOCKWAVE_ATTEMPT_ID": "attempt-1"}, tmp_path, *args)
     wait_for(log, "epoch", first)
+    wait_for_checkpoint(checkpoint_dir, script, first)
     time.sleep(INTO_NEXT_EPOCH_S)
     first.send_signal(signal.SIGTERM)
     code, output = finish(first)
