@@ -49,6 +49,7 @@ from shockwave.model import Cluster, Regime
 from shockwave.policy import Decision, Policy, SolveSummary
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
+from shockwave.stints import useful_seconds
 from shockwave.workload import SimJob, Workload
 
 _EPS = 1e-9
@@ -504,8 +505,9 @@ class _Run:
         useful = elapsed
         if restarted:
             r.restarts += 1
-            if elapsed > lease - self.settings.overhead_guard_s:
-                useful = max(0.0, elapsed - self.settings.restart_overhead_s)
+            useful = useful_seconds(
+                elapsed, lease, self.settings.restart_overhead_s, self.settings.overhead_guard_s
+            )
         r.advance(useful, now + elapsed - useful, len(gpus))
         r.attained += useful
         r.executed_last = useful
