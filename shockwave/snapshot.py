@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from shockwave.model import Cluster, JobSpec, Regime
 from shockwave.population import EMPTY_PRIOR, PopulationPrior
+from shockwave.stints import Stint
 
 PART_OF_NEXT_EPOCH = 0.99
 """The most of its next epoch :meth:`ActiveJob.trained_for` credits a running job with."""
@@ -31,6 +32,12 @@ class JobProgress:
     ``gpus`` the global GPU indices it held in that round (empty when it did not run).
     ``measured_by_type``: epoch seconds measured on GPU types other than the reference one,
     type -> batch size -> seconds (``measured_epoch_seconds`` holds the reference type's).
+    ``stints``: the job's stints on GPUs as the shell's lease history has them, a live one to
+    its lease's end (the start of the round decided); ``None`` where the shell keeps no such
+    history (the simulator, whose decisions come at the boundary with exact progress). A policy
+    that ranks jobs by the service they received counts it from these when given
+    (:func:`shockwave.stints.received_seconds`): a job's reports lag and round its training,
+    its leases do not.
     """
 
     batch_size: int
@@ -41,6 +48,7 @@ class JobProgress:
     executed_last_round_s: float = 0.0
     gpus: tuple[int, ...] = ()
     measured_by_type: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    stints: tuple[Stint, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(

@@ -183,8 +183,10 @@ def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0
         settling=settling,
     )
     lap("engine")
+    # a lease issued just ahead of its boundary counts from the boundary (the round's start)
+    began = at(max(now, ends.timestamp() - cluster.round_seconds))
     issued, extended, revoked, suspended = _apply(
-        session, changes, jobs, live, layout, r, started, ends
+        session, changes, jobs, live, layout, r, started, ends, began
     )
     used = plan if changes.plan is not None else None
     age = max(0.0, now - used.created_at.timestamp()) if used else None
@@ -288,7 +290,7 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     if not changes.changes:
         session.rollback()
         return FillOutcome(r, (), 0)
-    issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends)
+    issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends, at(now))
     row = session.get(RoundRow, (cluster_id, r), with_for_update=True)
     if row is not None:  # the round's record lists every job leased in it
         row.jobs = [*row.jobs, *(j for j in changes.assignment if j not in row.jobs)]
@@ -324,10 +326,11 @@ def _apply(
     r: int,
     started: datetime,
     ends: datetime,
+    began: datetime,
 ) -> tuple[int, int, int, tuple[str, ...]]:
     """Write the engine's changes: the lease rows issued, extended and revoked, and the jobs
     actually suspended. At a boundary, a live lease the engine could not see (held off the
-    READY nodes) is revoked too."""
+    READY nodes) is revoked too. ``began``: when the issued leases' time counts from."""
     leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
@@ -355,6 +358,8 @@ def _apply(
                         issued_at=started,
                         ends_at=ends,
                         updated_at=started,
+                        began_at=began,
+                        first_ends_at=ends,
                     )
                 )
                 issued += 1

@@ -14,6 +14,8 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   job that holds GPUs, the time since its row last changed (its last event, or its start), at
   its epoch time (:meth:`shockwave.snapshot.ActiveJob.trained_for`): the simulator's policy
   sees fractional progress, and whole epochs alone hide up to an epoch of a job.
+- ``progress.stints``: its stints on GPUs from its leases (:func:`stints_of`), the service it
+  held, which Gavel-style policies rank by (reports lag; leases do not).
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes in id order, each with its real GPU count (the core's
@@ -39,14 +41,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from sqlalchemy import select as sa_select
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from shockwave import state_codec
 from shockwave.engine import unfit_reason
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, NodeState
+from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
 from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.stints import Stint
 from store import events, population
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
@@ -128,6 +132,13 @@ def load_snapshot(
     rows = active_job_rows(session)
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
     jobs, excluded = active_jobs(rows, held, now)
+    stints = stints_of(session, [job.job_id for job in jobs], now)
+    jobs = tuple(
+        dataclasses.replace(
+            job, progress=dataclasses.replace(job.progress, stints=stints.get(job.job_id, ()))
+        )
+        for job in jobs
+    )
     snapshot = Snapshot(
         now=now.timestamp(),
         round_index=round_index,
@@ -140,6 +151,51 @@ def load_snapshot(
         round_start_s=_round_start(cluster, round_index),
     )
     return snapshot, version
+
+
+def stints_of(
+    session: Session, job_ids: Sequence[str], now: datetime
+) -> dict[str, tuple[Stint, ...]]:
+    """Each job's stints on GPUs from its leases (one per attempt: a gang's rows on several
+    nodes are one stint), in the order they began. A stint counts from the lease's
+    ``began_at`` (its round's boundary, or its issue for a fill) and ends: for a live lease, at
+    its ``ends_at``, the start of the round being planned (it holds its GPUs to then, as the
+    simulator's stint runs to the boundary); for one revoked and still checkpointing, at its
+    ``ends_at`` or ``now``, whichever is first; for one confirmed stopped or lost, at its
+    ``ends_at`` or its last change, whichever is first (a program revoked at a boundary trains
+    to it and confirms after it). Rows from before migration 0014 count from ``issued_at``
+    with ``ends_at`` as their first lease's end."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        sa_select(
+            col(LeaseRow.job_id),
+            col(LeaseRow.issued_at),
+            col(LeaseRow.began_at),
+            col(LeaseRow.first_ends_at),
+            col(LeaseRow.ends_at),
+            col(LeaseRow.updated_at),
+            col(LeaseRow.state),
+        ).where(col(LeaseRow.job_id).in_(list(job_ids)))
+    ).all()
+    live = {state.value for state in LIVE_LEASES}
+    spans: dict[str, dict[datetime, Stint]] = {}
+    for job_id, issued, began, first_end, ends, updated, state in rows:
+        if state in live:
+            end = ends
+        elif state == LeaseState.REVOKED.value:
+            end = min(ends, now)
+        else:
+            end = min(ends, updated)
+        start = (began or issued).timestamp()
+        stint = Stint(start, (first_end or ends).timestamp(), max(start, end.timestamp()))
+        known = spans.setdefault(job_id, {}).get(issued)
+        if known is None or stint.end_s > known.end_s:
+            spans[job_id][issued] = stint
+    return {
+        job_id: tuple(sorted(by_issue.values(), key=lambda s: s.began_s))
+        for job_id, by_issue in spans.items()
+    }
 
 
 def _round_start(cluster: ClusterRow, round_index: int) -> float | None:

@@ -257,6 +257,10 @@ class LeaseRow(SQLModel, table=True):
 
     ``state``: ISSUED -> STARTED -> RUNNING -> CHECKPOINTED | EXITED, or REVOKED (the driver
     took it back) / LOST (the node stopped heartbeating). ``gpus`` are local GPU indices.
+    ``began_at``: when the attempt's time counts from (the round's boundary for a lease issued
+    just ahead of it, else ``issued_at``); ``first_ends_at``: the end of its first lease
+    (``ends_at`` moves when it is extended). Both null on rows from before migration 0014. They
+    give the job's stints (:func:`store.snapshot.stints_of`).
     """
 
     __tablename__ = "leases"
@@ -274,6 +278,8 @@ class LeaseRow(SQLModel, table=True):
     issued_at: datetime = _ts()
     ends_at: datetime = _ts()
     updated_at: datetime = _ts()
+    began_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    first_ends_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class PopulationRow(SQLModel, table=True):

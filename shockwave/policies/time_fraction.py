@@ -11,6 +11,10 @@ those fractions into a concrete job set per round, the way the reference simulat
    to ``T_j`` once per decision; counting from the job's progress gives the same ``T_j`` in
    the simulator (one decision per round) and stays right where a shell decides several times
    a round or has no per-round figure (the service plans on every change, from client events).
+   Where the shell gives a job's stints from its lease history (the service), the work is
+   counted from those instead (:func:`service_s`): the reports lag and round each job's
+   training by seconds to tens of seconds, which breaks the simulator's exact ties among jobs
+   that held the same rounds; the leases say what each job held.
 2. Recompute the allocation only when the set of active jobs changed since the last recompute
    *and* at least ``min_seconds_between_allocations`` have passed (or no recompute has yet
    happened after time 0: :func:`allocation_due`). At a recompute, fold the service each job got
@@ -52,7 +56,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from shockwave.policy import Decision
-from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.stints import received_seconds
 
 
 class RoundMemory(Protocol):
@@ -120,11 +125,16 @@ class TimeFractionParams:
     ``min_seconds_between_allocations``: Gavel's gate between allocation recomputes (1000 s).
     ``initial_credit_s``: the credit T_j starts from (half a 120 s round).
     ``absent_jobs_hold_gpus``: see the module docstring.
+    ``restart_overhead_s``, ``overhead_guard_s``: the restore a start costs and the short
+    stretch spared it, as the simulator charges them (:class:`~shockwave.simulator.SimSettings`):
+    what :func:`service_s` takes off a job's stints where the shell gives them.
     """
 
     min_seconds_between_allocations: float = 1000.0
     initial_credit_s: float = 60.0
     absent_jobs_hold_gpus: bool = True
+    restart_overhead_s: float = 20.0
+    overhead_guard_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,10 +196,7 @@ class TimeFractionPolicy:
         now = snapshot.round_start
         active_ids = frozenset(j.job_id for j in snapshot.jobs)
 
-        work = {
-            job.job_id: work_done_s(job) + served_until_start(job, snapshot)
-            for job in snapshot.jobs
-        }
+        work = {job.job_id: service_s(job, snapshot, knobs) for job in snapshot.jobs}
         base = {job.job_id: state.work_base.get(job.job_id, 0.0) for job in snapshot.jobs}
         # to the microsecond: equal service ranks equal (ties go to arrival order), as it does
         # when the seconds are added up round by round
@@ -198,10 +205,13 @@ class TimeFractionPolicy:
         allocation: Mapping[str, float] = {
             k: v for k, v in state.allocation.items() if k in active_ids
         }
+        origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
+        if state.recomputed_at is None and now > origin and any(v > 0 for v in work.values()):
+            state = self._founding_recompute(state, snapshot, origin, params)
+            allocation = state.allocation
         memory = state.memory
         recomputed_at = state.recomputed_at
         after_start = state.recomputed_after_start
-        origin = first_arrival(snapshot) if state.origin_s is None else state.origin_s
 
         late = late_arrivals(snapshot.jobs, state)
         late_ids = {job.job_id for job in late}
@@ -260,6 +270,37 @@ class TimeFractionPolicy:
             before=replace(start, before=None),
         )
         return Decision(jobs=tuple(chosen), state=new_state, allocation=allocation, reasons=reasons)
+
+    def _founding_recompute(
+        self, state: PriorityState, snapshot: Snapshot, origin: float, params: Any
+    ) -> PriorityState:
+        """The recompute the reference made at time 0 (``origin``, the first arrival), where
+        the shell ran its jobs before this policy's first decision (its first round went
+        first in, first out: no plan was back yet): the jobs that had arrived by then, as they
+        were (no progress), allocated at ``origin``. Without it the first recompute here would
+        fold no deficit for that first round, and every job in it would carry a deficit one
+        round off the reference's, which decides its ties with the others from then on."""
+        founders = [job for job in snapshot.jobs if job.spec.arrival_s <= origin]
+        inputs = tuple(
+            allocation_job(
+                ActiveJob(job.spec, JobProgress(batch_size=job.spec.initial_batch_size)), origin
+            )
+            for job in founders
+        )
+        allocation, memory = self.allocate(
+            inputs, snapshot.cluster.total_gpus, {}, state.memory, params
+        )
+        return replace(
+            state,
+            allocation=MappingProxyType(dict(allocation)),
+            recomputed_at=origin,
+            job_set=frozenset(job.job_id for job in founders),
+            memory=memory,
+            origin_s=origin,
+            recompute_inputs=inputs,
+            recompute_previous=MappingProxyType({}),
+            recompute_memory=state.memory,
+        )
 
 
 def round_start_state(state: S, round_index: int) -> S:
@@ -323,6 +364,20 @@ def work_done_s(job: ActiveJob) -> float:
         seen += regime.epochs
     current = max(0.0, job.progress.epochs_done - seen)
     return total + current * (job.epoch_seconds() or 0.0)
+
+
+def service_s(job: ActiveJob, snapshot: Snapshot, knobs: TimeFractionParams) -> float:
+    """The useful seconds ``job`` has received by the start of the round decided: from its
+    stints where the shell keeps a lease history (:func:`shockwave.stints.received_seconds`,
+    the simulator's restore rule with ``knobs``), else from its progress
+    (:func:`work_done_s` plus :func:`served_until_start`). The simulator's progress is exact,
+    so jobs that held the same rounds tie exactly and the deficit decides; a service's reports
+    lag and round a job's training by seconds to tens of seconds, enough to break those ties
+    at random, where its leases say what each job held."""
+    stints = job.progress.stints
+    if stints is not None:
+        return received_seconds(stints, knobs.restart_overhead_s, knobs.overhead_guard_s)
+    return work_done_s(job) + served_until_start(job, snapshot)
 
 
 def served_until_start(job: ActiveJob, snapshot: Snapshot) -> float:

@@ -20,9 +20,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.invariants import handed_over
+from shockwave.stints import received_seconds
 from shockwave_cli.supervision import Supervised, shockwave_argv, wait_until
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
+from store.snapshot import stints_of
 from store.tables import ClusterRow, NodeRow, RoundRow
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import NODE, Database, Tokens, migrated_postgres
@@ -173,6 +175,38 @@ def test_continuing_jobs_keep_attempts_and_gpus_and_dropped_jobs_are_revoked(
     assert (row.leases_issued, row.leases_extended, row.leases_revoked) == (1, 1, 1)
     assert sample(driver, "shockwave_driver_leases_total", action="extended") == 1
     assert_no_gpu_twice(database)
+
+
+def test_leases_give_each_jobs_stints_from_the_boundary_and_the_restore_rule_counts_them(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Round 1 is begun early (a lead of 10%): the lease it issues counts from the boundary,
+    not from its issue; the continuing job's stint runs on from round 0 with its first lease's
+    end kept; the revoked one's ends at its lease's end. Gavel's received service is those
+    stints less the restore per start (the simulator's rule)."""
+    two_nodes(client, tokens, database)
+    a, b, c = (submit(client, tokens.admin, gpus=4, name=n) for n in "abc")
+    store_plan(database, [[a, b], [a, c]])
+    with driver_on(database, lead_s=0.2 * ROUND_S) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + 0.9 * ROUND_S)
+    with Session(database.engine) as session:
+        stints = stints_of(session, [a, b, c], at(t0 + 1.5 * ROUND_S))
+    boundary, end = t0 + ROUND_S, t0 + 2 * ROUND_S
+    expected = {
+        a: [(t0, boundary, end)],  # extended: one stint, first lease to the boundary
+        b: [(t0, boundary, boundary)],  # revoked at round 1's start: trains to its lease's end
+        c: [(boundary, end, end)],  # issued 10% early, counts from the boundary
+    }
+    got = {j: [(s.began_s, s.first_end_s, s.end_s) for s in stints[j]] for j in expected}
+    for job, spans in expected.items():
+        assert len(got[job]) == len(spans), job
+        for have, want in zip(got[job], spans, strict=True):
+            assert have == pytest.approx(want, abs=1e-3), job
+    restore, guard = 0.1 * ROUND_S, 0.05 * ROUND_S
+    assert received_seconds(stints[a], restore, guard) == pytest.approx(1.9 * ROUND_S, abs=1e-3)
+    assert received_seconds(stints[c], restore, guard) == pytest.approx(0.9 * ROUND_S, abs=1e-3)
 
 
 def test_without_a_plan_a_greedy_round_fills_the_gpus_and_counts_as_a_fallback(

@@ -19,6 +19,7 @@ from shockwave.policies.time_fraction import (
 )
 from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob
+from shockwave.stints import Stint
 from tests.builders import active_job, snapshot
 
 EPOCH_S = 100.0
@@ -392,6 +393,50 @@ def test_jobs_rank_by_share_over_time_received(
     decision = FixedShares().decide(snap, FixedSharesParams(shares=shares))
     assert priority_state(decision).recomputed_at == 0, "the test meant no recompute"
     assert decision.jobs == expected_order
+
+
+def with_stints(job: ActiveJob, *stints: Stint) -> ActiveJob:
+    return dataclasses.replace(job, progress=dataclasses.replace(job.progress, stints=stints))
+
+
+@pytest.mark.parametrize("given_stints", [False, True], ids=["from-progress", "from-stints"])
+def test_received_service_counts_from_stints_where_the_shell_gives_them(
+    given_stints: bool,
+) -> None:
+    """``a``'s reports say 150 s of training, ``b``'s none; the leases say ``b`` held the
+    round just out (a start: 120 s less the 20 s restore) and ``a`` nothing. From progress
+    ``b`` runs; from the stints ``a`` does, and the restore is taken off ``b``'s."""
+    shares = {"a": 0.5, "b": 0.5}
+    a, b = jobs_of("a b", done={"a": 150.0})
+    if given_stints:
+        a, b = with_stints(a), with_stints(b, Stint(0.0, 120.0, 120.0))
+    snap = snapshot([a, b], gpus=1, now=120, state=state_at(shares))
+    decision = FixedShares().decide(snap, FixedSharesParams(shares=shares))
+    assert decision.jobs == (("a",) if given_stints else ("b",))
+    received = priority_state(decision).received
+    credit = TimeFractionParams().initial_credit_s
+    expected = {"a": 0.0, "b": 100.0} if given_stints else {"a": 150.0, "b": 0.0}
+    assert dict(received) == pytest.approx({j: credit + v for j, v in expected.items()})
+
+
+@pytest.mark.parametrize("ran_first_round", [True, False], ids=["ran-first", "fresh"])
+def test_a_first_decision_after_a_first_in_first_out_round_makes_the_reference_recompute_at_0(
+    ran_first_round: bool,
+) -> None:
+    """The service's first round went first in, first out (no plan back yet): ``a`` held it
+    (a start: 100 useful seconds), ``b`` arrived at 12 s. The reference recomputed at 0 with
+    ``a`` alone (share 1) and again at 120 s, folding ``a``'s first round into its deficit:
+    1 x 120 - 100 = 20. Where nobody ran yet, the first decision is the first recompute."""
+    shares = {"a": 1.0, "b": 1.0}
+    a, b = jobs_of("a b", arrivals={"a": 0.0, "b": 12.0})
+    a = with_stints(a, *([Stint(0.0, 120.0, 120.0)] if ran_first_round else []))
+    snap = snapshot([a, with_stints(b)], gpus=1, now=120)
+    state = priority_state(FixedShares().decide(snap, FixedSharesParams(shares=shares)))
+    assert state.recomputed_at == 120.0
+    assert dict(state.deficit) == (
+        {"a": 20.0, "b": 0.0} if ran_first_round else {"a": 0.0, "b": 0.0}
+    )
+    assert state.origin_s == 0.0
 
 
 @pytest.mark.parametrize(
