@@ -51,6 +51,8 @@ from store.tables import ClusterRow, utcnow
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+SOLVER_WARM_TIMEOUT_S = 60.0
+"""How long ``start`` waits for a solver child to import the planner before it serves anyway."""
 STOP_TIMEOUT_S = 30.0
 
 
@@ -204,10 +206,21 @@ class Embedded:
         once the API accepts connections. Raises RuntimeError if it does not come up."""
         url = self.config.database_url
         configure_cluster(self.engine, self.config.policy, self.config.round_seconds)
-        enqueue.configure(
+        requester = enqueue.configure(
             SolverSettings(database_url=url, database_schema=None, solver_mode=self.config.solver),
             engine=self.engine,
         )
+        # Up means ready to plan: a solver child still importing the planner (seconds on a
+        # loaded machine) would leave the first jobs' rounds first in, first out (at a replay's
+        # 120x, each second of it is a round the simulator plans).
+        if isinstance(requester, enqueue.ProcessRequester) and not requester.warm(
+            SOLVER_WARM_TIMEOUT_S
+        ):
+            log.warning(
+                "the solver process is not ready after %.0f s; rounds go first in, first out "
+                "until its first plan",
+                SOLVER_WARM_TIMEOUT_S,
+            )
         settings = Settings(
             database_url=url,
             open_mode=self.config.open_mode,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shockwave_cli import embedded
 from solver_service import enqueue
 from solver_service.settings import SolverSettings
+from store import migrate
 
 
 def test_the_process_solver_is_warm_before_any_request(tmp_path: Path) -> None:
@@ -23,3 +25,23 @@ def test_the_process_solver_is_warm_before_any_request(tmp_path: Path) -> None:
         assert requester.warm(120.0), "the solver child did not start"
     finally:
         requester.close()
+
+
+def test_shockwave_up_with_a_solver_process_serves_once_the_solver_is_warm(
+    tmp_path: Path,
+) -> None:
+    """``shockwave up --solver process`` comes up ready to plan: its first jobs are not run
+    first in, first out while the child imports the planner."""
+    config = embedded.EmbeddedConfig(database=tmp_path / "db.sqlite", port=0, solver="process")
+    migrate.upgrade(config.database_url)
+    service = embedded.Embedded(config)
+    with embedded.claim(config) as listener:
+        try:
+            service.start(listener)
+            requester = enqueue.install(None)
+            enqueue.install(requester)
+            assert isinstance(requester, enqueue.ProcessRequester)
+            assert requester.warm(0.0), "start returned before the solver child was ready"
+        finally:
+            service.stop.set()
+            service.close()
