@@ -59,7 +59,15 @@ from shockwave.workload import SimJob, Workload
 from shockwave_cli import wire
 from shockwave_cli.databases import POSTGRES_URL, REDIS_URL, throwaway_database
 from shockwave_cli.fleet import Fleet, FleetLog, TrainingJob, job_body, training_job
-from shockwave_cli.supervision import LOOPBACK, Supervisor, free_port, wait_http
+from shockwave_cli.supervision import (
+    LOOPBACK,
+    NotReady,
+    Supervised,
+    Supervisor,
+    free_port,
+    wait_http,
+    wait_until,
+)
 from store import migrate
 from store.principals import Role
 from store.tokens import create_token
@@ -320,11 +328,28 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
             service = processes.shockwave(
                 "api", "api", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"
             )
-            processes.shockwave("worker", "worker", "--concurrency", "1", "--log-level", "info")
+            worker = processes.shockwave(
+                "worker", "worker", "--concurrency", "1", "--log-level", "info"
+            )
+            # the first jobs are submitted once the worker can plan: until then every round
+            # goes first in, first out, and at 120x a second of its start is a round
+            wait_until(
+                lambda: _worker_ready(worker),
+                START_TIMEOUT_S,
+                lambda: f"the Celery worker\n{processes.logs()}",
+            )
             processes.shockwave("driver", "driver", "--round-seconds", round_wall)
         base = f"http://{LOOPBACK}:{port}"
         wait_http(f"{base}/readyz", service, START_TIMEOUT_S, processes.logs)
         yield Service(base, admin, dict(agents), url, processes.logs)
+
+
+def _worker_ready(worker: Supervised) -> bool:
+    """Whether the Celery worker has said it is ready (it imports the planner first); raises
+    :class:`NotReady` if it exited."""
+    if not worker.alive:
+        raise NotReady(f"the Celery worker exited\n{worker.log_tail()}")
+    return " ready." in worker.log_tail()
 
 
 def _tokens(url: str, nodes: Sequence[str]) -> tuple[str, dict[str, str]]:
