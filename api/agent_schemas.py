@@ -80,7 +80,9 @@ class LeasePublic(BaseModel):
     work directory, the same for every attempt of the job, so a resumed attempt finds the last
     checkpoint (on several nodes it must be shared storage). ``command`` (argv) and ``image``
     are the job's: what to run, and the container image to run it in where the agent runs
-    Docker."""
+    Docker. ``began_at``: when the lease's time counts from, its round's boundary for a lease
+    issued just ahead of it (the driver's boundary lead), else its issue; the service counts
+    the job's received service from it (a program starts when its agent has the lease)."""
 
     attempt_id: str
     job_id: str
@@ -88,6 +90,7 @@ class LeasePublic(BaseModel):
     round_index: int
     gpus: list[int]
     ends_at: datetime
+    began_at: datetime | None = None
     state: LeaseState
     batch_size: int
     checkpoint_dir: str

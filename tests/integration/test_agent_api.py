@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -118,6 +119,8 @@ def test_a_poll_returns_the_lease_with_what_the_job_needs_to_start(
     assert (lease["attempt_id"], lease["job_id"], lease["round_index"]) == (attempt, job, 0)
     assert lease["gpus"] == [0] and lease["state"] == "ISSUED"
     assert lease["ends_at"] == body["round_ends_at"]
+    (row,) = leases(database)  # the first round begins when it is made: its issue
+    assert datetime.fromisoformat(lease["began_at"]) == row.began_at == row.issued_at
     assert lease["batch_size"] == job_body()["initial_batch_size"]
     assert lease["env"] == {
         "CUDA_VISIBLE_DEVICES": "0",

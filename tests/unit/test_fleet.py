@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +369,34 @@ def test_a_short_final_stretch_starts_without_the_restore_under_the_simulators_r
     assert fleet.restore_s(short, 120.0) == 0.0  # 100 <= 120 - 5
     assert fleet.restore_s(short, 104.0) == 20.0  # 100 > 104 - 5
     assert fleet.restore_s(job("j2", epochs=3, epoch_s=50.0), 120.0) == 20.0  # 150 s left
+
+
+@pytest.mark.parametrize(
+    ("received_after_s", "trains_from_s"),
+    [
+        pytest.param(-9.0, 20.0, id="early-delivery-waits-for-the-boundary"),
+        pytest.param(6.0, 20.0, id="late-delivery-overlaps-the-restore"),
+        pytest.param(25.0, 25.0, id="later-than-the-restore-trains-at-once"),
+    ],
+)
+def test_under_the_simulators_rule_the_restore_counts_from_the_leases_began_at(
+    received_after_s: float, trains_from_s: float
+) -> None:
+    """The simulator's restore starts at the round's boundary; the replay's poll brings a lease
+    a few compressed seconds before or after it. Under the simulator's rule the restore counts
+    from the lease's ``began_at``; with the real rule, from the delivery."""
+    fleet = RecordingFleet({})
+    fleet.restart_s = 20.0
+    long_job = job("j1", epochs=100, epoch_s=10.0)
+    began = 4_000_000_000.0
+    granted = {**lease("a1", "j1", "2096-10-02T07:08:40+00:00"), "began_at": datetime_of(began)}
+    received = began + received_after_s
+    assert fleet.training_from(long_job, granted, received) == received + 20.0  # the real rule
+    fleet.restore_guard_s = 5.0
+    assert fleet.training_from(long_job, granted, received) == pytest.approx(began + trains_from_s)
+    unstamped = lease("a1", "j1", granted["ends_at"])  # a service that sends no began_at
+    assert fleet.training_from(long_job, unstamped, received) == received + 20.0
+
+
+def datetime_of(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
