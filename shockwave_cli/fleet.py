@@ -496,19 +496,21 @@ class Fleet:
         return started
 
     def training_from(self, job: TrainingJob, lease: Mapping[str, Any], now: float) -> float:
-        """When a lease received at ``now`` may start training: after its restore. Under the
-        simulator's rule (:attr:`restore_guard_s`) the restore counts from the lease's
-        ``began_at`` (its round's boundary, or its fill's issue), as the simulator's does,
-        and the delivery overlaps it: the poll that brings a lease takes milliseconds, which
-        the compressed clock makes seconds (a p95 of 7.6 simulated seconds after the boundary
-        at 120x), about 2 s a stint that the simulator never loses; a delivery later than
-        the restore starts training at once. Otherwise from ``now``, as a real agent's."""
+        """When a lease received at ``now`` starts training: after its restore. Under the
+        simulator's rule (:attr:`restore_guard_s`) the attempt is the simulator's: delivered
+        at the lease's ``began_at`` (its round's boundary, or its fill's issue), its restore
+        counted from then, and the time since credited at once when the poll brings it later.
+        The poll takes milliseconds, which the compressed clock makes seconds (up to 14
+        simulated seconds after the boundary at 120x, p95 7.6 s), and the simulator has none:
+        a job rotated often lost 2 s a stint, and a short final stretch (no restore) could
+        miss its end by that and take another round. Otherwise from ``now``, as a real
+        agent's."""
         ends_t = wall_seconds(lease["ends_at"])
         began = lease.get("began_at")
         if self.restore_guard_s is None or began is None:
             return now + self.restore_s(job, ends_t - now)
         start = wall_seconds(began)
-        return max(now, start + self.restore_s(job, ends_t - start))
+        return start + self.restore_s(job, ends_t - start)
 
     def restore_s(self, job: TrainingJob, lease_left_s: float) -> float:
         """Wall seconds a new attempt of ``job`` spends restoring, with ``lease_left_s`` of its

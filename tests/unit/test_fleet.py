@@ -376,15 +376,15 @@ def test_a_short_final_stretch_starts_without_the_restore_under_the_simulators_r
     [
         pytest.param(-9.0, 20.0, id="early-delivery-waits-for-the-boundary"),
         pytest.param(6.0, 20.0, id="late-delivery-overlaps-the-restore"),
-        pytest.param(25.0, 25.0, id="later-than-the-restore-trains-at-once"),
+        pytest.param(25.0, 20.0, id="later-than-the-restore-is-credited-from-it"),
     ],
 )
 def test_under_the_simulators_rule_the_restore_counts_from_the_leases_began_at(
     received_after_s: float, trains_from_s: float
 ) -> None:
     """The simulator's restore starts at the round's boundary; the replay's poll brings a lease
-    a few compressed seconds before or after it. Under the simulator's rule the restore counts
-    from the lease's ``began_at``; with the real rule, from the delivery."""
+    a few compressed seconds before or after it. Under the simulator's rule the attempt is
+    delivered at the lease's ``began_at``; with the real rule, when the poll brings it."""
     fleet = RecordingFleet({})
     fleet.restart_s = 20.0
     long_job = job("j1", epochs=100, epoch_s=10.0)
@@ -400,3 +400,16 @@ def test_under_the_simulators_rule_the_restore_counts_from_the_leases_began_at(
 
 def datetime_of(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+def test_a_short_final_stretch_delivered_late_trains_from_its_boundary_as_in_the_simulator() -> (
+    None
+):
+    """No restore for a job that finishes within its lease less the guard: the simulator trains
+    it from the boundary, so a delivery 6 s late must not cost it its end of the lease."""
+    fleet = RecordingFleet({})
+    fleet.restart_s, fleet.restore_guard_s = 20.0, 5.0
+    began = 4_000_000_000.0
+    granted = {**lease("a1", "j1", datetime_of(began + 120.0)), "began_at": datetime_of(began)}
+    short = job("j1", epochs=2, epoch_s=55.0)  # 110 s left: within 120 - 5
+    assert fleet.training_from(short, granted, began + 6.0) == pytest.approx(began)
