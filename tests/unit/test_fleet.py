@@ -413,3 +413,29 @@ def test_a_short_final_stretch_delivered_late_trains_from_its_boundary_as_in_the
     granted = {**lease("a1", "j1", datetime_of(began + 120.0)), "began_at": datetime_of(began)}
     short = job("j1", epochs=2, epoch_s=55.0)  # 110 s left: within 120 - 5
     assert fleet.training_from(short, granted, began + 6.0) == pytest.approx(began)
+
+
+def test_under_the_simulators_rule_a_revoke_before_the_leases_end_trains_to_its_end() -> None:
+    """The driver begins a round early (its boundary lead), so a boundary's revoke reaches a
+    node before the lease it ends is over; the simulator's round runs to the boundary. Under
+    the simulator's rule the attempt trains on to its lease's end and owes ``checkpointed``
+    then; with the real rule it stops at once."""
+    jobs, fleet, node, attempt = started_with_slack(0.0)
+    fleet.restore_guard_s = 5.0
+    now = time.time()
+    attempt.started_t, attempt.ends_t = now - 4.0, now + 0.3
+    asyncio.run(fleet._changeover(node, answer([])))  # the revoke, 0.3 s early
+    assert node.attempts["a1"].revoked and node.outbox == []
+    assert fleet.next_training_step(node) <= 0.31
+    time.sleep(0.35)
+    asyncio.run(fleet._train(node))
+    assert "a1" not in node.attempts
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert jobs["j1"].partial_s == pytest.approx(4.3)  # to the lease's end, not past it
+    fleet.restore_guard_s = None  # the real rule: the revoke stops it where it is
+    jobs["j2"] = job("j2", epochs=100, epoch_s=10.0)
+    fleet._reconcile(node, answer([lease("a2", "j2")], a2="tok-2"))
+    node.attempts["a2"].started_t, node.attempts["a2"].ends_t = now - 4.0, now + 60.0
+    asyncio.run(fleet._changeover(node, answer([])))
+    assert "a2" not in node.attempts
+    assert jobs["j2"].partial_s < 4.0 + (time.time() - now) < 60.0
