@@ -26,11 +26,14 @@ come: what a real program loses on a restart and what it may use of a lease. The
 real agent's (``AgentConfig.lease_slack_s``, scaled): a program does not stop at ``ends_at``;
 its agent stops it when the revoke reaches the node, or when the slack has passed with no
 word. So an attempt revoked at a boundary trains until the revoke reaches its node (at most
-the slack), as a real one does. An extension that comes late continues the same attempt and
-is credited the time since its old end (the real agent would have stopped an attempt whose
-extension came after the slack: the replay is the more lenient there). When a job's last epoch ends
-(``TrainingJob.finished_at``, wall time) is computed from the leased time, not from when the
-coroutine noticed.
+the slack), as a real one does. With ``restore_guard_s`` (the simulator's rule) the slack is 0
+and an attempt is the simulator's: delivered at its lease's ``began_at`` however late the poll
+brings it, and trained to its lease's end however early a boundary's revoke reaches it
+(:meth:`Fleet.training_from`, :meth:`Fleet._settle`). An extension that comes late
+continues the same attempt and is credited the time since its old end (the real agent would
+have stopped an attempt whose extension came after the slack: the replay is the more lenient
+there). When a job's last epoch ends (``TrainingJob.finished_at``, wall time) is computed from
+the leased time, not from when the coroutine noticed.
 
 The whole fleet shares one pool of keep-alive connections (shockwave_cli/wire.py), so 64 nodes
 cost one thread of the process. :class:`FleetLog` keeps what the agents saw: when each round first
