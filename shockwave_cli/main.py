@@ -48,6 +48,7 @@ from shockwave.prediction_report import leave_one_model_out as leave_one_model_o
 from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
+from shockwave.variation import apply_variation
 from shockwave.workload import Workload
 from shockwave_cli import (
     knobs,
@@ -210,6 +211,7 @@ def simulate_command(
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    variation: knobs.VariationOption = "none",
     elastic: Annotated[
         bool,
         typer.Option(
@@ -253,6 +255,7 @@ def simulate_command(
     )
     try:
         knowledge = knobs.parse_knowledge(throughput_knowledge)
+        varied = knobs.parse_variation(variation)
         policies = resolve_policies(policy)
         cluster = parse_cluster(gpus, gpus_per_node, nodes)
         settings = _settings(round_seconds, restart_overhead, plan_latency, mid_round_fills)
@@ -264,6 +267,9 @@ def simulate_command(
         )
         workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
         workload = load_typed_workload(workload, throughputs, cluster)
+        workload = apply_variation(workload, varied, 0 if seed is None else seed)
+        if elastic and not varied.none:
+            raise InputError("--variation with --elastic is not modelled: give one or the other")
         if elastic:
             if cluster.is_typed:
                 raise InputError(
@@ -279,7 +285,8 @@ def simulate_command(
     errors.print(
         f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
         f"({cluster.describe()}), "
-        f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}",
+        f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}"
+        + ("" if varied.none else f", variation {varied}"),
         soft_wrap=True,
     )
     results = _run_all(workload, cluster, setups)
