@@ -113,7 +113,7 @@ class ShockwaveParams:
     off): a crowded cluster runs most work per GPU on narrow counts.
     ``packing_order``: the order in which the plan's running and late jobs take round 0
     (:data:`PACKING_ORDERS`): ``deadline`` (earliest fairness deadline first, the default) or
-    ``laxity`` (least laxity first; docs/policy.md, "Packing order").
+    ``laxity`` (least laxity first; docs/policy.md, "Packing into rounds").
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
     :func:`shockwave.planner.pack_rounds`): a restart costs more than the part of a round
