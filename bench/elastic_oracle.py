@@ -8,7 +8,7 @@ Usage::
         [--order area|smith|arrival] [--online [--online-ftf-cap C] [--path-theta T]] [--future]
         [--no-shrink] [--json OUT]
 
-docs/elastic.md ("An all-knowing schedule") has the commands and figures.
+docs/benchmarks.md lists it beside the elastic bounds.
 
 Why: elastic Shockwave is asked for an average JCT 1.5x better than rigid Shockwave's
 (5,219 s on the 120-job trace). ``bench/elastic_bound.py`` bounds what any schedule can reach
