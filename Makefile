@@ -8,14 +8,14 @@ REFERENCE := ../shared/data/reference
 TRACE_NAME := 120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic
 RUN_OUT := out/120jobs
 
-.PHONY: venv run test test-slow e2e lint chaos images compose-check
+.PHONY: venv run test test-slow e2e lint docs chaos images compose-check
 
 # `make test` runs the suite on two pytest-xdist workers where the machine has two cores or more
 # (TEST_WORKERS=0: one process, as a plain `pytest`; TEST_WORKERS=N: N workers): all of tests/e2e
 # is one unit of work (tests/conftest.py), run one test after another on one worker while the
 # other runs the rest. The end-to-end tests in which no node dies run with a 60 s node TTL, so
 # that an agent restarted beside the other worker on a loaded machine still finds its node READY
-# (tests/e2e/test_training_e2e.py, NO_NODE_DEATHS); timings in docs/benchmarks.md, "Test suite".
+# (tests/e2e/test_training_e2e.py, NO_NODE_DEATHS); timings in docs/benchmarks.md.
 TEST_WORKERS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 0)
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
@@ -72,6 +72,11 @@ images:
 # docker-compose.yml for real: build, up, two example jobs through the agent container, down.
 compose-check: venv
 	scripts/compose_check.sh
+
+# The documentation site (mkdocs.yml) into site/, with --strict: a broken link, a page missing
+# from the navigation, or a command, setting or API operation without a description fails it.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # ruff, mypy, and the import rules of docs/architecture.md (import-linter, pyproject.toml).
 lint: venv

@@ -1,7 +1,7 @@
 """The node agent: the shell that runs Shockwave's leases on one GPU machine.
 
 It registers the machine, heartbeats, polls its leases, starts, extends and stops the jobs'
-processes (or containers) and reports what happened to each attempt (SPEC section 6).
+processes (or containers) and reports what happened to each attempt.
 
 - :mod:`agent.config`: the agent's settings and what it finds out about the machine (GPUs,
   Docker).

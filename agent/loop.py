@@ -426,7 +426,7 @@ class Agent:
         return root / "checkpoints" / safe_name(lease.job_id)
 
     def job_env(self, lease: Lease, token: str, checkpoint: Path) -> dict[str, str]:
-        """What the job's environment adds (SPEC section 6): the lease's ``env`` and what only
+        """What the job's environment adds: the lease's ``env`` and what only
         the agent knows (the API's URL, the job's token, the absolute checkpoint directory)."""
         env = {"PYTHONUNBUFFERED": "1", **lease.env}
         env.update(

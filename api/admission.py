@@ -82,8 +82,8 @@ async def close_session(session: Session) -> None:
     thread that does not count against the request threads' bound (``threads``): a route that
     failed inside its transaction (a 409 under a job's row lock) leaves its locks to this close,
     and the requests waiting on those locks may be holding every request thread. Waiting for
-    one of them to close would wait forever (the distributed replay's hangs of the sixth and
-    eighth sessions: docs/replay.md). A session with no transaction closes here, on the loop."""
+    one of them to close would wait forever (the distributed replay hung so). A session with no
+    transaction closes here, on the loop."""
     if not session.in_transaction():
         session.close()
         return

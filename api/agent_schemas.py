@@ -73,8 +73,8 @@ class NodeStatus(BaseModel):
 class LeasePublic(BaseModel):
     """One attempt to run a job on this node until ``ends_at`` (the round's end).
 
-    ``gpus`` are local GPU indices. ``env`` is what the job's process needs to start (SPEC
-    section 6): CUDA_VISIBLE_DEVICES, SHOCKWAVE_JOB_ID, SHOCKWAVE_ATTEMPT_ID,
+    ``gpus`` are local GPU indices. ``env`` is what the job's process needs to start:
+    CUDA_VISIBLE_DEVICES, SHOCKWAVE_JOB_ID, SHOCKWAVE_ATTEMPT_ID,
     SHOCKWAVE_BATCH_SIZE and SHOCKWAVE_CHECKPOINT_DIR; the agent adds SHOCKWAVE_API_URL and the
     job-scoped token (POST .../token). ``checkpoint_dir`` is a suggestion relative to the agent's
     work directory, the same for every attempt of the job, so a resumed attempt finds the last

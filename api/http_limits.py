@@ -3,7 +3,7 @@
 Why here and not in a middleware: the HTTP parser (httptools, under uvicorn) holds a request's
 whole head in memory before the app sees a byte of it, and nothing else bounds it; one 50 MB
 header on ``/healthz`` was answered 200, and eight such connections took the API from 191 to
-591 MB and ``/healthz`` to 9.5 s (issue 16). Rate limits and authentication run later still.
+591 MB and ``/healthz`` to 9.5 s. Rate limits and authentication run later still.
 
 :class:`LimitedHttpToolsProtocol` is uvicorn's httptools protocol with two limits: the bytes of
 a request's head (request line and headers) and the number of headers. A request over either

@@ -113,7 +113,7 @@ class ElasticCreate(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """A job submission (SPEC section 3.1). ``throughput``: samples per second of the whole
+    """A job submission. ``throughput``: samples per second of the whole
     gang at each batch size, if known. ``tenant``: only an admin may set it; a user's jobs
     belong to the user's tenant. ``command`` (argv) is what a node agent runs for the job, in
     the container ``image`` where the agent runs Docker; a job without one is planned but no

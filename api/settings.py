@@ -10,7 +10,8 @@ from store.settings import DatabaseSettings
 class Settings(DatabaseSettings):
     """The database (:class:`~store.settings.DatabaseSettings`) and the API's own settings.
     ``open_mode``: accept requests without a token as an admin; only honoured when the API
-    listens on localhost. ``max_body_bytes``: larger request bodies get 413.
+    listens on localhost. ``host`` / ``port``: the address and port the API listens on.
+    ``max_body_bytes``: larger request bodies get 413.
     ``max_header_bytes`` / ``max_headers``: a request head (request line and headers) over
     that many bytes, or with more header fields, gets 431 from the HTTP server, before the app
     (api.http_limits).

@@ -5,7 +5,7 @@ Usage::
     python -m bench.elastic_bound --trace F --trajectories F --throughputs F --gpus 32
         [--elastic-max-gpus 8] [--slot-seconds 120] [--json OUT]
 
-Why: issue 21 asks elastic Shockwave for an average JCT 1.5x better than rigid Shockwave's. These
+Why: elastic Shockwave is asked for an average JCT 1.5x better than rigid Shockwave's. These
 bounds say how far any policy could go on a workload, fairness aside, so that a miss can be told
 apart from an impossibility. Each is a relaxation: every real schedule is feasible in it, so its
 optimum is at most the true optimum. Restart overheads, placement, whole-GPU counts and the order

@@ -1,4 +1,4 @@
-"""An all-knowing elastic schedule, run through the real simulator (issue 21, fifth session).
+"""An all-knowing elastic schedule, run through the real simulator.
 
 Usage::
 
@@ -8,9 +8,9 @@ Usage::
         [--order area|smith|arrival] [--online [--online-ftf-cap C] [--path-theta T]] [--future]
         [--no-shrink] [--json OUT]
 
-docs/elastic.md ("An all-knowing schedule") has the commands and figures.
+docs/benchmarks.md lists it beside the elastic bounds.
 
-Why: issue 21 asks elastic Shockwave for an average JCT 1.5x better than rigid Shockwave's
+Why: elastic Shockwave is asked for an average JCT 1.5x better than rigid Shockwave's
 (5,219 s on the 120-job trace). ``bench/elastic_bound.py`` bounds what any schedule can reach
 by relaxations (no restarts, fractional GPUs, a job's best rate in every regime); this script
 builds a real schedule that knows everything a policy cannot (every job's true trajectory and

@@ -1,4 +1,4 @@
-"""Load test of the REST API (issue 7): simulated node agents polling, job submissions and event
+"""Load test of the REST API: simulated node agents polling, job submissions and event
 posts against several API processes on one Postgres database.
 
 Usage (from the project root)::

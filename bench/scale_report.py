@@ -14,8 +14,8 @@ every 20 ms (so it includes the driver's wake-up delay and the whole materializa
 A round made from a ``previous_plan`` whose version is at least the one asked for half-way is
 on time: the cluster changed again in the last half of the round (a batch-size change, a job
 that finished) and the reactive re-plan for that change was not stored before the boundary, so
-the boundary used that plan's next column, as designed (SPEC section 2). The table counts
-these, and ``missed`` says how many changes the plan used had not seen.
+the boundary used that plan's next column, as designed (a late plan never holds up a round).
+The table counts these, and ``missed`` says how many changes the plan used had not seen.
 """
 
 from __future__ import annotations

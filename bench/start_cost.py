@@ -18,7 +18,7 @@ its last report, :meth:`shockwave.snapshot.ActiveJob.trained_for`; ``attempt``: 
 epochs plus, while a job runs, what it trained of its next epoch in its current attempt only:
 the service until it carried what a stopped attempt had trained, ``jobs.carried_s``). Prints
 makespan, average JCT, worst FTF, the jobs' starts, and the times the ``--watch`` job was
-started (issue 15: Gavel's job 66).
+started (Gavel's job 66).
 
 ``--seeds N``: the makespan of one run moves by a percent or two under any small change (a
 plan a round late, a start a few seconds later), so one run says little about a change of that

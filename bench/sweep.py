@@ -10,7 +10,7 @@ between arrivals), a job-length mix (the generator's default, the reference trac
 a long-tailed mix with a few very long jobs), a cluster size (nodes of 4 GPUs), an adaptation-mode
 mix and a number of jobs. For every seed of every cell it runs Shockwave and every baseline
 (:data:`shockwave.policies.BASELINES`) in worker processes, and checks Shockwave's run against
-the targets of issue 19:
+the targets Shockwave is held to:
 
 - makespan at most max(1.05 x the workload's lower bound, the best baseline's makespan);
 - worst finish-time fairness at most 1.2, at most 5% of jobs above FTF 1;

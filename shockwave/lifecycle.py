@@ -1,4 +1,4 @@
-"""The state machines of jobs, leases and nodes, in one place (SPEC sections 5 and 6).
+"""The state machines of jobs, leases and nodes, in one place.
 
 Every state name and every set of states a rule depends on is defined here once; the shells
 store the values and move jobs and leases only through :func:`transition` and

@@ -1,6 +1,6 @@
 """Run metrics, defined once here and used by the simulator CLI, benchmarks and tests.
 
-Definitions (SPEC section 4):
+Definitions:
 
 - makespan: the time the last job finishes, from time 0 (the first arrival).
 - average JCT: mean of finish - arrival over completed jobs.

@@ -24,7 +24,7 @@ MAX_RATE = 1e9
 """Declared throughputs (samples per second of the gang) a real job can have: from one sample
 in over 16 minutes to a billion a second. Outside them the numbers the planner derives (epoch
 times, utilities) leave the range a float or a round count can hold: a rate of 1e-300 made
-every plan fail with an overflow (issue 16)."""
+every plan fail with an overflow."""
 
 MAX_TOTAL_SAMPLES = 10**12
 """Epochs x samples per epoch: a thousand times ImageNet-1k trained for a thousand epochs."""

@@ -1,4 +1,4 @@
-"""What a job's client events say about it, folded one event at a time (SPEC sections 3.2, 5).
+"""What a job's client events say about it, folded one event at a time.
 
 Training programs report epoch progress and batch-size changes as client events, each with the
 client's per-job sequence number ``seq`` (the service stores each seq once). :func:`fold` adds

@@ -121,8 +121,7 @@ class PlannerParams:
     0 turns it off). ``critical_path_gate``: g, the share of the longest soonest remainder that
     must outlast the work bound for the reservation to hold (1: whenever the longest job bounds
     the makespan: 2.4% shorter makespans, 1.8-2.8% longer average JCT on the reference traces;
-    None, the default: theta_c; docs/policy.md, "Issue 15: the critical path while the bounds
-    are close").
+    None, the default: theta_c; docs/policy.md, "Critical-path reservation").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -351,8 +350,8 @@ def critical_path_s(
     g L > W. With g = theta_c (the rule before) it held only while L > W / theta_c, so where
     the two bounds were close (the 120-job trace from 4,000 s to 16,000 s: L 1.0 to 1.07 W)
     the longest job had only the soft term, lost rounds to the market, and its block went to
-    the end of a plan that a re-plan or a late one then followed (docs/policy.md, "Issue 15:
-    the critical path while the bounds are close").
+    the end of a plan that a re-plan or a late one then followed (docs/policy.md,
+    "Critical-path reservation").
     """
     if margin <= 0 or not jobs:
         return None
@@ -508,7 +507,7 @@ def pack_rounds(
     ones that are not yet late avoids needless preemption. Returns the rounds and the number of
     job-rounds that found no room.
 
-    One exception (issue 19): a job past its deadline that its count finishes inside the window
+    One exception: a job past its deadline that its count finishes inside the window
     but that the packing left out of every round goes first, and the window is packed again.
     The deadline term valued it as finishing after its first n rounds; behind the full-window
     jobs, a gang wider than the GPUs they leave in each round was dropped from every plan,

@@ -1,4 +1,4 @@
-"""Regime prediction from the population prior: empirical Bayes over finished jobs (issue 22).
+"""Regime prediction from the population prior: empirical Bayes over finished jobs.
 
 The paper's restatement rule (:func:`shockwave.predictor.predict`) gives every job the same
 uninformed prior: K regimes splitting the epochs evenly. Many jobs that declare Accordion or GNS
@@ -16,7 +16,7 @@ prior, and the job's own observations update it the restatement way:
    ``prior_weight``) and the static guess, no further change (weight ``static_weight``); equal,
    so a job is as likely to adapt as not until finished jobs say otherwise. Custom jobs consult
    only their own (mode, model, initial size) group: their declared list is their own.
-   A GNS job reads its model's templates the way GNS behaves (issue 19): where a finished job
+   A GNS job reads its model's templates the way GNS behaves: where a finished job
    of its model has grown from a batch size, a shorter template that ended there was censored
    (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
    dropped (weight ``grown_static_weight``) while the job is at such a size.

@@ -1,4 +1,4 @@
-"""What the users of a simulated workload declare about throughput (issue 22).
+"""What the users of a simulated workload declare about throughput.
 
 Reference traces hand every job its exact throughput at every batch size: the declared profile
 is the truth. A real user knows at best an estimate, often nothing. ``--throughput-knowledge``

@@ -1,4 +1,4 @@
-"""Seconds per epoch where a job has not run yet: measured, not given (issue 22).
+"""Seconds per epoch where a job has not run yet: measured, not given.
 
 A user rarely knows how fast a batch size runs before the job has run at it, and never how fast
 it runs on a GPU count it has not used. The scheduler does know what it has measured: the epoch

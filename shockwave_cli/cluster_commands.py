@@ -6,6 +6,7 @@ Same connection options and output formats as ``shockwave jobs``
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -24,6 +25,20 @@ nodes_app = typer.Typer(
 )
 
 NODE_STYLES = {"READY": "bold green", "LOST": "bold red"}
+
+SUMMARY_WIDTH = 100
+"""Columns ``shockwave cluster`` fills where its output is no terminal and ``COLUMNS`` is unset.
+The list commands widen such output to keep every row on one line for scripts; the cluster's
+summary is read by people, in a terminal-sized window even when captured."""
+
+
+def summary_width() -> int:
+    """The terminal's width; where the output is no terminal, ``COLUMNS`` or
+    :data:`SUMMARY_WIDTH`."""
+    if console.is_terminal:
+        return console.size.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else SUMMARY_WIDTH
 
 
 @nodes_app.command("ls")
@@ -83,7 +98,8 @@ def cluster_command(
         facts.add_row("nodes", _counts(summary["nodes"]))
     facts.add_row("jobs", _counts(summary["jobs"]) + _tenant(summary))
     facts.add_row("round", _round(schedule))
-    console.print(facts)
+    width = summary_width()
+    console.print(facts, width=width)
     if queue:
         table = Table(title="Queue", title_justify="left")
         for column in ("id", "name", "state", "gpus", "ftf", "why"):
@@ -97,7 +113,7 @@ def cluster_command(
                 "-" if entry["ftf_estimate"] is None else f"{float(entry['ftf_estimate']):.2f}",
                 str(entry["reason"]),
             )
-        console.print(table)
+        console.print(table, width=width)
 
 
 def _counts(counts: dict[str, Any]) -> str:

@@ -161,7 +161,8 @@ def banner(config: EmbeddedConfig) -> list[str]:
     )
     return [
         f"Shockwave is up: API {base}  (docs: {base}/docs, OpenAPI: {base}/openapi.json)",
-        f"Database: {config.database.resolve()} (SQLite); solver and round driver in-process",
+        f"Database: {config.database.resolve()} (SQLite, its lock file beside it); solver and "
+        "round driver in-process",
         f"Policy: {config.policy}; rounds of {config.round_seconds:g} s; auth: {auth}",
         "Stop with Ctrl-C.",
     ]

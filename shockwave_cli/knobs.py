@@ -84,7 +84,7 @@ PackingOrder = Annotated[
     str | None,
     typer.Option(
         help="Shockwave: order in which the plan's running and late jobs take the next round, "
-        f"laxity or deadline (default {_POLICY.packing_order}; docs/policy.md, issue 19).",
+        f"laxity or deadline (default {_POLICY.packing_order}; docs/policy.md).",
     ),
 ]
 ReplanEvery = Annotated[

@@ -148,8 +148,8 @@ class ReplayConfig:
     something new for them, and report at once in polls of their own; False: plain polls every
     poll interval, and quick re-polls at the round's end (the fleet before long polls). None:
     on in the embedded mode (its driver wakes the held polls in-process) and the distributed
-    one (over Postgres NOTIFY: store.lease_signal; docs/replay.md measured it against plain
-    polls); off with ``api`` (a service of unknown make)."""
+    one (over Postgres NOTIFY: store.lease_signal): a lease starts a request's time after its
+    commit rather than up to a poll interval later; off with ``api`` (a service of unknown make)."""
     restore_rule: Literal["simulator", "always"] = "simulator"
     """What a lease gives the agents: ``simulator``, the simulator's workload model (a restore
     of ``restart_overhead_s`` on every start but a short final stretch: one whose job needs at

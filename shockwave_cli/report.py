@@ -42,7 +42,7 @@ JOB_COLUMNS: tuple[str, ...] = (
 
 
 def comparison_table(runs: Sequence[RunMetrics]) -> Table:
-    """One row per policy with the figures the paper compares (SPEC section 4)."""
+    """One row per policy with the figures the paper compares (defined in shockwave.metrics)."""
     table = Table(title="Policy comparison", title_justify="left")
     table.add_column("policy", style="bold", no_wrap=True)
     for header in (

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from shockwave_cli.demo import Demo
     from shockwave_cli.embedded import Embedded
 
+DATA_DIR = Path(".shockwave")
+"""Where ``shockwave up`` keeps its database and the database's lock file by default: a folder of
+the current directory (git-ignored in the project), so that neither lands among the sources."""
+
 # --- shockwave worker ------------------------------------------------------------------------
 
 
@@ -158,8 +162,13 @@ def up_command(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port the API listens on.", min=1, max=65535)] = 8000,
     db: Annotated[
-        Path, typer.Option(help="SQLite file (created and migrated if new).", dir_okay=False)
-    ] = Path("shockwave.db"),
+        Path,
+        typer.Option(
+            help="SQLite file (created and migrated if new); its lock file goes beside it. The "
+            "default's folder, .shockwave in the current directory, is created when missing.",
+            dir_okay=False,
+        ),
+    ] = DATA_DIR / "shockwave.db",
     round_seconds: Annotated[
         float, typer.Option(help="Round length in seconds.", min=0.1, max=86400)
     ] = 120.0,
@@ -236,6 +245,8 @@ def up_command(
             round_seconds = 4.0
         if _defaulted(ctx, "log_level"):
             log_level = "warning"
+    if _defaulted(ctx, "db"):
+        db = data_directory_database(db)
     if not db.parent.is_dir():
         _fail(f"--db: the directory {str(db.parent)!r} does not exist", 2)
     if solver not in ("inline", "process"):
@@ -288,6 +299,12 @@ def up_command(
         if service is not None:
             service.close()
     typer.echo("Stopped.", err=True)
+
+
+def data_directory_database(db: Path) -> Path:
+    """``db`` (the default database path, in :data:`DATA_DIR`) with its folder created."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return db
 
 
 def _defaulted(ctx: typer.Context, name: str) -> bool:

@@ -1,4 +1,4 @@
-"""The Shockwave SDK for training programs (SPEC section 6, docs/sdk.md).
+"""The Shockwave SDK for training programs (docs/sdk.md).
 
 A program started by a node agent reads :class:`JobEnvironment` once, reports each finished
 epoch and each batch-size change through :class:`ShockwaveClient`, saves and resumes from a

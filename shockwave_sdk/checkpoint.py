@@ -1,7 +1,7 @@
 """Checkpoints a preempted job resumes from, and the SIGTERM flag that tells it to write one.
 
-The agent stops an attempt with SIGTERM, waits a grace period, then sends SIGKILL (SPEC section
-6). A training loop installs :class:`GracefulStop`, checks :attr:`GracefulStop.requested` at
+The agent stops an attempt with SIGTERM, waits a grace period, then sends SIGKILL.
+A training loop installs :class:`GracefulStop`, checks :attr:`GracefulStop.requested` at
 every step, and when it is set saves a checkpoint and exits 0. Every write here is atomic: the
 new content goes to a temporary file in the same directory, is flushed to disk, and replaces the
 old file with one ``rename``, so a SIGKILL in the middle of a save leaves the previous

@@ -1,4 +1,4 @@
-"""The environment a node agent gives a training process (SPEC section 6, docs/service.md).
+"""The environment a node agent gives a training process (docs/sdk.md).
 
 Read once, at the training program's entry point, into a frozen value that the rest of the SDK
 takes as a parameter.

@@ -18,9 +18,9 @@ request ``(cluster, state_version)``. In order:
    the row moved on during the solve (a job event, the boundary), because the plan is still
    the latest decision and the one the round driver uses (as ``previous_plan``, or for its
    next columns), and the newer request already queued by whoever moved the row plans from
-   it, as the simulator threads one decision's memory into the next. (Until the fourth
-   parity session the memory was dropped then: the next plan started from an older one, so
-   Shockwave re-solved a window the cluster was already following.) The unique (cluster,
+   it, as the simulator threads one decision's memory into the next. (Dropping the memory
+   then would start the next plan from an older one, so Shockwave would re-solve a window the
+   cluster is already following.) The unique (cluster,
    version, base round) constraint settles races the lock cannot see.
 
 A plan's ``rounds[t]`` are the jobs of round ``base_round + t``: ``Decision.rounds``. ``rounds[0]``

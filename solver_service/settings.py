@@ -16,13 +16,14 @@ class SolverSettings(DatabaseSettings):
     """The database plans are read from and written to (the API's variables:
     :class:`~store.settings.DatabaseSettings`) and the solver service's own settings.
     ``broker_url``: the Celery broker (Redis); it carries only plan requests, never data.
-    ``solver_mode``: ``celery`` sends each plan request to the
-    ``solver_queue``; ``inline`` runs it in a background thread of the requesting process (the
-    embedded ``shockwave up``); ``process`` in a child process of it (``shockwave up --solver
-    process``: a solve's Python work then never holds the interpreter the API and the round
-    driver run in). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
-    policies that solve a program). The task's soft time limit is that plus
-    ``task_time_margin_s``, its hard limit that plus the margin again.
+    ``solver_mode``: ``celery`` sends each plan request to the Celery queue the workers
+    consume; ``inline`` runs it in a background thread of the requesting process (the embedded
+    ``shockwave up``); ``process`` in a child process of it (``shockwave up --solver process``:
+    a solve's Python work then never holds the interpreter the API and the round driver run
+    in). ``solver_queue``: that queue's name (a test or a benchmark sharing a Redis names its
+    own). ``solver_time_limit_s``: the planner's own limit (SCIP's, for
+    policies that solve a program). ``task_time_margin_s``: the task's soft time limit is the
+    planner's plus this, its hard limit that plus the margin again.
     ``broker_timeout_s``: how long a request may wait on the broker before it gives up (the API
     answers meanwhile, so this bounds what an unreachable Redis adds to a request).
     ``time_scale``: the workload runs this many times faster than real time (``shockwave

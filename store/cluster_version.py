@@ -1,4 +1,4 @@
-"""The cluster version, and a plan request when something a plan depends on changes (SPEC 3.4).
+"""The cluster version, and a plan request when something a plan depends on changes.
 
 Routes call :func:`bump_and_request` inside the transaction that records the change (a job
 arrives, finishes or is cancelled, a scaling event, a node joins or is lost). The cluster's

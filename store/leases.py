@@ -7,7 +7,7 @@ An attempt that must no longer act for its job is fenced (:func:`fenced_reason`)
 reports on it are answered with ``stop`` and its process's events are refused
 (:mod:`store.events`), so a process that outlived its attempt cannot move its job's progress.
 
-Job states follow from the leases (SPEC section 5): a job becomes RUNNING when an attempt
+Job states follow from the leases: a job becomes RUNNING when an attempt
 reports that it started; a preempted job stays RUNNING until its attempt reports that it
 checkpointed (then SUSPENDED), or until a whole round has passed without that report (the
 driver then suspends it); a job whose node is lost goes back to the queue: SUSPENDED when it

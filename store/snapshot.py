@@ -211,7 +211,7 @@ def active_jobs(
 ) -> tuple[tuple[ActiveJob, ...], dict[str, str]]:
     """The core's jobs of ``rows`` (holding the ``held`` GPUs), and the rows that are no job of
     the model any more, with why: a row stored before a bound of the model existed (such as the
-    physical bounds of issue 16) must not stop the planning of everyone else.
+    physical bounds on throughputs and sizes) must not stop the planning of everyone else.
 
     ``now``: a job is seen as it stands then (:meth:`ActiveJob.trained_for` its carried
     training and, running, the time since its row last changed: its last folded event, or its

@@ -1,7 +1,7 @@
 // Shockwave dashboard: plain JavaScript on the /v1 API, no library, nothing from another host.
 // Views: "#/" (cluster, queue, Gantt of recent and planned rounds) and "#/jobs/<id>" (one job).
-// The token typed in is kept in localStorage and sent as a bearer token; in open mode none is
-// needed. Job state changes arrive on the event stream (/v1/events) and trigger a refresh; a
+// The token typed in is kept in localStorage and sent as a bearer token. In open mode (the API
+// answers a request without a token) none is needed: the page says so and offers no log-in. Job state changes arrive on the event stream (/v1/events) and trigger a refresh; a
 // timer refreshes every 5 s as well.
 "use strict";
 
@@ -20,9 +20,23 @@ function esc(text) {
 
 function token() { return localStorage.getItem(TOKEN_KEY) || ""; }
 
+let openMode = false;
+
 function headers() {
-  const t = token();
+  const t = openMode ? "" : token();
   return t ? { Authorization: "Bearer " + t } : {};
+}
+
+async function detectOpenMode() {
+  // Open mode is what the API does, not a setting the page can read: a request without a token
+  // that is answered means every request is served as an admin.
+  try {
+    openMode = (await fetch("/v1/cluster")).ok;
+  } catch (error) {
+    openMode = false;
+  }
+  $("#open-mode").hidden = !openMode;
+  $("#login").hidden = openMode;
 }
 
 class ApiError extends Error {
@@ -79,7 +93,8 @@ async function showOverview() {
   $("#who").textContent = cluster.tenant ? "tenant " + cluster.tenant : "all tenants";
   const jobs = Object.entries(cluster.jobs).filter(([, n]) => n).map(([s, n]) => n + " " + s);
   $("#cluster-summary").textContent =
-    `${cluster.ready_gpus} of ${cluster.total_gpus} GPUs READY; round ${rounds.current}` +
+    `${cluster.ready_gpus} of ${cluster.total_gpus} GPUs READY; ` +
+    (rounds.current >= 0 ? `round ${rounds.current}` : "no round yet") +
     ` (${rounds.round_seconds} s rounds); jobs: ${jobs.join(", ") || "none"}`;
   renderNodes(nodes.items, rounds);
   renderQueue(queue);
@@ -145,7 +160,10 @@ function renderGantt(rounds) {
   }
   const gantt = $("#gantt");
   if (!cells.length) {
-    gantt.innerHTML = '<p id="gantt-empty">No round issued yet.</p>';
+    const text = rounds.current >= 0
+      ? `No job has held GPUs in the rounds up to round ${rounds.current}, and none is planned.`
+      : "No round yet: the first starts when the round driver runs.";
+    gantt.innerHTML = `<p id="gantt-empty">${esc(text)}</p>`;
     return;
   }
   const jobs = Object.keys(names);
@@ -220,8 +238,9 @@ async function showJob(id) {
 }
 
 function renderTimeline(prediction, events) {
-  // Batch size against epochs: the regimes as observed (solid) and predicted (dashed), and a
-  // dot at each scaling event.
+  // Batch size against epochs: what was observed (solid, up to the epochs done) and what is
+  // predicted (dashed: the rest of the current regime and every future one), and a dot at each
+  // scaling event.
   const regimes = prediction.regimes;
   if (!regimes.length) { $("#job-timeline").textContent = "(no regime)"; return; }
   const epochs = Math.max(prediction.epochs, 1);
@@ -232,18 +251,28 @@ function renderTimeline(prediction, events) {
   const y = (bs) => (maxBs === minBs) ? h / 2 :
     10 + (1 - (Math.log2(bs) - Math.log2(minBs)) / (Math.log2(maxBs) - Math.log2(minBs))) * (h - bottom - 20);
   const parts = [`<svg id="timeline-svg" xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}" role="img" aria-label="Batch size over epochs">`];
+  const done = prediction.epochs_done;
+  const segment = (from, to, bs, phase, kind) => {
+    if (to <= from) return;
+    const dash = kind === "predicted" ? ' stroke-dasharray="5,4" stroke-opacity="0.7"' : "";
+    parts.push(`<line class="regime ${phase} ${kind}" x1="${x(from)}" x2="${x(to)}" y1="${y(bs)}" y2="${y(bs)}" stroke="#1f4e79" stroke-width="3"${dash}/>`);
+  };
   let start = 0;
   for (const r of regimes) {
     const end = start + r.epochs;
-    const dash = r.phase === "future" ? ' stroke-dasharray="5,4"' : "";
-    parts.push(`<line class="regime ${r.phase}" x1="${x(start)}" x2="${x(end)}" y1="${y(r.batch_size)}" y2="${y(r.batch_size)}" stroke="#1f4e79" stroke-width="3"${dash}/>`);
+    if (r.phase === "past") segment(start, end, r.batch_size, r.phase, "observed");
+    else if (r.phase === "future") segment(start, end, r.batch_size, r.phase, "predicted");
+    else {
+      const split = Math.min(Math.max(done, start), end);
+      segment(start, split, r.batch_size, r.phase, "observed");
+      segment(split, end, r.batch_size, r.phase, "predicted");
+    }
     parts.push(`<text x="${x(start) + 2}" y="${y(r.batch_size) - 4}" class="axis">bs ${r.batch_size}</text>`);
     start = end;
   }
   for (const e of events.filter((ev) => ev.kind === "scaling")) {
     parts.push(`<circle class="scaling" cx="${x(e.payload.epoch)}" cy="${y(e.payload.batch_size)}" r="4" fill="#d62728"/>`);
   }
-  const done = prediction.epochs_done;
   parts.push(`<line x1="${x(done)}" x2="${x(done)}" y1="5" y2="${h - bottom}" stroke="#888" stroke-dasharray="2,2"/>`);
   parts.push(`<text x="${left}" y="${h - 5}" class="axis">epoch 0</text><text x="${w - 70}" y="${h - 5}" class="axis">epoch ${epochs}</text>`);
   parts.push("</svg>");
@@ -261,7 +290,7 @@ async function refresh() {
     else await showOverview();
     say("Updated " + new Date().toLocaleTimeString());
   } catch (error) {
-    if (error.status === 401) say("Log in with your API token (shockwave admin create-token).", true);
+    if (error.status === 401 && !openMode) say("Log in with your API token (shockwave admin create-token).", true);
     else say("Error: " + error.message, true);
   }
 }
@@ -321,5 +350,4 @@ $("#logout").addEventListener("click", () => {
 });
 window.addEventListener("hashchange", refresh);
 setInterval(refresh, REFRESH_MS);
-refresh();
-follow();
+detectOpenMode().then(() => { refresh(); follow(); });

@@ -59,7 +59,7 @@ from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 PACKING_ORDERS = ("deadline", "laxity")
 """How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
 earliest fairness deadline first. ``laxity``: least laxity first (deadline minus predicted
-remainder), the order before issue 19. Earliest deadline cannot thrash: a running job's
+remainder). Earliest deadline cannot thrash: a running job's
 deadline does not move, where a waiting job's laxity falls by a round each round until it
 overtakes the running one's, and they swap back and forth."""
 
@@ -113,18 +113,18 @@ class ShockwaveParams:
     off): a crowded cluster runs most work per GPU on narrow counts.
     ``packing_order``: the order in which the plan's running and late jobs take round 0
     (:data:`PACKING_ORDERS`): ``deadline`` (earliest fairness deadline first, the default) or
-    ``laxity`` (least laxity first; docs/policy.md, "Packing order").
+    ``laxity`` (least laxity first; docs/policy.md, "Packing into rounds").
     ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
     job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
-    :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19, fifth part").
+    :func:`shockwave.planner.pack_rounds`): a restart costs more than the part of a round
+    the job would wait.
     ``patience``: with the deadline order, while the active jobs are no more than the GPUs, a
     job that is not running, whose observed contention is at most 1 and that has been in the
     system less than ``patience`` times its predicted run time takes round 0 from a running one
     only when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
     preemption costs a restart, so it must help fairness and average JCT both; otherwise by
     deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
-    off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19,
-    sixth part").
+    off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)

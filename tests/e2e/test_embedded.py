@@ -113,6 +113,33 @@ def test_up_serves_plans_and_leases_from_one_process(tmp_path: Path) -> None:
         service.stop()
 
 
+def test_up_keeps_its_database_and_lock_in_a_data_directory(tmp_path: Path) -> None:
+    """Without --db, `shockwave up` puts shockwave.db and its lock file in .shockwave/ of the
+    directory it runs in (created), says where, and leaves nothing else there."""
+    port = free_port()
+    (tmp_path / "logs").mkdir()
+    service = Supervised(
+        cwd=tmp_path,
+        name="up-default",
+        argv=[*shockwave_argv(), "up", "--port", str(port), "--round-seconds", "1"],
+        env=NOWHERE_ENV,
+        log_path=tmp_path / "logs" / "up-default.log",
+    ).start()
+    try:
+        wait_until(
+            lambda: "Shockwave is up" in service.log_tail(),
+            30,
+            lambda: f"shockwave up to start:\n{service.log_tail()}",
+        )
+        data = (tmp_path / ".shockwave").resolve()
+        assert f"Database: {data / 'shockwave.db'} (SQLite" in service.log_tail()
+        assert (data / "shockwave.db").is_file() and (data / "shockwave.db.lock").is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".shockwave", "logs"]
+        assert stop(service, signal.SIGINT) == 0
+    finally:
+        service.stop()
+
+
 def test_up_refuses_open_mode_off_loopback(tmp_path: Path) -> None:
     result = subprocess.run(
         [*shockwave_argv(), "up", "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")],

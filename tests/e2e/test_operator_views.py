@@ -252,6 +252,12 @@ def test_the_dashboard_renders_in_headless_chromium(
         assert "RUNNING" in browser.find_element(By.CSS_SELECTOR, row).text
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "tr.node-row")))
         assert "long-runner" in browser.find_element(By.CSS_SELECTOR, "#nodes").text
+        # `shockwave up` is in open mode: the page says so and offers no log-in or log-out.
+        assert browser.find_element(By.ID, "open-mode").is_displayed()
+        assert "Open mode" in browser.find_element(By.ID, "open-mode").text
+        assert not browser.find_element(By.ID, "login").is_displayed()
+        summary = browser.find_element(By.ID, "cluster-summary").text
+        assert re.search(r"; round \d+ \(", summary), summary
         cell = f'#gantt-svg rect.cell[data-job="{running}"]'
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, cell)))
         browser.save_screenshot(str(shots / "dashboard-overview.png"))
@@ -259,6 +265,12 @@ def test_the_dashboard_renders_in_headless_chromium(
         browser.find_element(By.CSS_SELECTOR, f'{row} a[href="#/jobs/{running}"]').click()
         wait.until(ready.text_to_be_present_in_element((By.ID, "job-title"), running))
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#timeline-svg")))
+        # What the job has not trained yet is a prediction: dashed, apart from what was observed.
+        predicted = browser.find_elements(By.CSS_SELECTOR, "#timeline-svg line.regime.predicted")
+        assert predicted, browser.find_element(By.ID, "job-timeline").get_attribute("innerHTML")
+        assert all(line.get_attribute("stroke-dasharray") for line in predicted)
+        observed = browser.find_elements(By.CSS_SELECTOR, "#timeline-svg line.regime.observed")
+        assert not any(line.get_attribute("stroke-dasharray") for line in observed)
         wait.until(ready.text_to_be_present_in_element((By.ID, "job-log"), "started"))
         events = browser.find_element(By.ID, "job-events").text
         assert "PENDING → RUNNING" in events, events

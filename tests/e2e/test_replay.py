@@ -3,7 +3,7 @@ embedded service (``shockwave up`` in its own process) on mixed node sizes, trai
 simulated agents at 480x, and the replay's figures match the simulator's on the same workload.
 
 The full parity check (120 jobs, both modes) is ``bench/replay_parity.py`` (minutes), with its
-results in docs/replay.md.
+results in docs/results.md.
 """
 
 from __future__ import annotations

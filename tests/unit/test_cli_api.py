@@ -247,6 +247,28 @@ def test_watch_refreshes_count_times(server: Server, alice: str) -> None:
     assert all(len(s["items"]) == 1 for s in snapshots)
 
 
+def test_cluster_fits_the_width_it_is_given(server: Server, alice: str) -> None:
+    """The summary wraps its queue to the terminal's width: COLUMNS where the output is captured,
+    100 columns without it (the list commands keep rows whole for scripts instead)."""
+    for n in range(2):
+        submit(server, alice, f"a-rather-long-job-name-that-needs-folding-{n}")
+    cases: list[tuple[dict[str, str | None], int]] = [
+        ({"COLUMNS": "100"}, 100),
+        ({"COLUMNS": "72"}, 72),
+        ({}, 100),
+    ]
+    for env, width in cases:
+        result = runner.invoke(
+            app,
+            ["cluster", "--api-url", server.url, "--token", alice],
+            env={"COLUMNS": None, **env},
+        )
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert any("a-rather-long" in line for line in lines), result.stdout
+        assert max(len(line) for line in lines) <= width, result.stdout
+
+
 def test_admin_sees_every_tenant(server: Server, alice: str) -> None:
     submit(server, alice, "for-admin")
     result = jobs(server, server.admin_token, "ls", "--tenant", "alice", "--all", "-o", "json")

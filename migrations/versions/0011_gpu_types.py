@@ -1,4 +1,4 @@
-"""jobs.type_throughput and plans.types: GPU types in the service (issue 20)
+"""jobs.type_throughput and plans.types: GPU types in the service
 
 ``jobs.type_throughput``: the job's declared throughput on other GPU types, type -> batch
 size -> samples/s of its gang (its ``throughput`` is on its reference type).

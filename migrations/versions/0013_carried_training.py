@@ -1,4 +1,4 @@
-"""jobs.carried_s: training since the last reported epoch, kept across attempts (issue 15)
+"""jobs.carried_s: training since the last reported epoch, kept across attempts
 
 A program stopped mid-epoch checkpoints where it is and resumes from there; the seconds its
 attempts trained since its last reported epoch are banked on the job when an attempt stops

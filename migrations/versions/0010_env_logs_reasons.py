@@ -1,4 +1,4 @@
-"""jobs.env, leases.log_tail and leases.reason: what an operator reads about a job (issue 18)
+"""jobs.env, leases.log_tail and leases.reason: what an operator reads about a job
 
 ``jobs.env``: environment variables the job's process gets (besides the SHOCKWAVE_* ones).
 ``leases.log_tail``: the last few KiB of an attempt's output, shipped by its agent with its

@@ -1,4 +1,4 @@
-"""jobs.elastic and plans.widths: elastic workers (issue 21)
+"""jobs.elastic and plans.widths: elastic workers
 
 ``jobs.elastic``: an elastic job's range of GPU counts and its declared speed-ups
 (``{"min_gpus": 1, "max_gpus": 8, "speedup": {"2": {"32": 1.8}}}``), NULL for a job that runs on

@@ -1,4 +1,4 @@
-"""leases.began_at, leases.first_ends_at: each attempt's stint as the simulator counts it (issue 15)
+"""leases.began_at, leases.first_ends_at: each attempt's stint as the simulator counts it
 
 Gavel ranks jobs by the service they received since its last recompute. Counted from progress
 reports it is off by seconds to tens of seconds (reports lag, partial epochs are estimated),
