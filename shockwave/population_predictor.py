@@ -10,11 +10,12 @@ prior, and the job's own observations update it the restatement way:
 1. **Candidates.** The templates of the job's mode and model, replayed on the job's own ladder
    by their symbols (a template of another initial size replays as that size's rungs would on
    this job's). While they hold fewer than ``backoff_jobs`` jobs of a similar length, templates
-   of other models of the mode join at weight ``mode_weight``. Two pseudo-templates stand for the
-   prior before data: the paper's posterior mean (weight ``prior_weight``) and the static guess,
-   no further change (weight ``static_weight``); equal, so a job is as likely to adapt as not
-   until finished jobs say otherwise. Custom jobs consult only their own (mode, model, initial
-   size) group: their declared list is their own.
+   of other models of the mode join at weight ``mode_weight``, each model's together at most
+   ``model_weight`` (models within the mode, jobs within a model: a hierarchical pool). Two
+   pseudo-templates stand for the prior before data: the paper's posterior mean (weight
+   ``prior_weight``) and the static guess, no further change (weight ``static_weight``); equal,
+   so a job is as likely to adapt as not until finished jobs say otherwise. Custom jobs consult
+   only their own (mode, model, initial size) group: their declared list is their own.
    A GNS job reads its model's templates the way GNS behaves: where a finished job
    of its model has grown from a batch size, a shorter template that ended there was censored
    (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
@@ -86,8 +87,10 @@ class PopulationParams:
     the static guess (the job never changes batch size again) as that many pseudo-jobs; equal,
     so before any data a job is as likely to adapt as not, and together worth less than one
     finished job. ``mode_weight``: the weight of a template from another model of the same mode
-    (models differ: one adapts where another never does). ``backoff_jobs``: below this weight
-    of similar-length jobs of its own model, a job consults the other models.
+    (models differ: one adapts where another never does); ``model_weight``: the most the
+    templates of one other model weigh together (a model is one unit of the mode's pool: a
+    mode of many jobs of few models says little of a model never seen). ``backoff_jobs``: below
+    this weight of similar-length jobs of its own model, a job consults the other models.
     ``grown_static_weight``: the static guess's weight for a GNS job at a batch size a finished
     job of its model grew from (the static guess stands for a model that may never adapt; step
     4's loss would let it outvote finished jobs that all climbed).
@@ -97,6 +100,7 @@ class PopulationParams:
     prior_weight: float = 0.3
     static_weight: float = 0.3
     mode_weight: float = 0.05
+    model_weight: float = 0.1
     backoff_jobs: float = 3.0
     grown_static_weight: float = 0.0
 
@@ -108,6 +112,7 @@ class PopulationParams:
             "static_weight",
             "grown_static_weight",
             "mode_weight",
+            "model_weight",
             "backoff_jobs",
         ):
             value = getattr(self, name)
@@ -172,7 +177,7 @@ def predict_population(
         population,
         params.accordion_regimes,
         len(groups[0]),
-        tuple(id(group) for level in groups for group in level),
+        _group_ids(groups),
     )
     candidates = _CANDIDATES.get(key, groups)
     if candidates is None:
@@ -213,21 +218,32 @@ def predict_population(
     )
 
 
-_Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[Template, ...], ...]]
+_Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ...], ...], ...]]
+"""(the job's own model's template groups, the other models' of its mode: one tuple of groups
+per model, by model name)."""
 
 
 def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
     """The template groups that speak for ``job``: (its own model's, other models' of its
-    mode); a custom job only its own group, its declared list being its own."""
+    mode, by model); a custom job only its own group, its declared list being its own."""
     spec = job.spec
     if spec.mode is AdaptationMode.CUSTOM:
         return (prior.group((spec.mode, spec.model, spec.initial_batch_size)),), ()
     same_model: list[tuple[Template, ...]] = []
-    other_models: list[tuple[Template, ...]] = []
+    other_models: dict[str, list[tuple[Template, ...]]] = {}
     for key, group in prior.templates.items():
         if key[0] is spec.mode:
-            (same_model if key[1] == spec.model else other_models).append(group)
-    return tuple(same_model), tuple(other_models)
+            if key[1] == spec.model:
+                same_model.append(group)
+            else:
+                other_models.setdefault(key[1], []).append(group)
+    return tuple(same_model), tuple(tuple(other_models[m]) for m in sorted(other_models))
+
+
+def _group_ids(groups: _Groups) -> tuple[int, ...]:
+    """The identities of every template group in ``groups`` (a memo key)."""
+    own, others = groups
+    return (*(id(g) for g in own), -1, *(id(g) for model in others for g in model))
 
 
 def _consulted(
@@ -258,29 +274,46 @@ def _from_templates(
     censoring: _Censoring | None,
 ) -> Iterator[_Candidates]:
     """Candidates from the job's own model, backing off to other models while it is thin;
-    ``censoring`` as in :func:`_consulted`."""
+    ``censoring`` as in :func:`_consulted`.
+
+    The back-off is hierarchical: jobs within a model, models within the mode. Another
+    model's templates weigh ``mode_weight`` each but at most ``model_weight`` together, so
+    the mode speaks as a handful of models, not as their many jobs: for a model never seen,
+    the paper's rule and the static guess keep a say against a pattern that the other models
+    share only because they are other models."""
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
     own, others = groups
-    levels = [(1.0, own), (population.mode_weight, others)]
-    support = 0.0
     k = len(prefix) - 1
-    for level_weight, level in levels:
-        if support >= population.backoff_jobs or level_weight <= 0:
-            break
-        for group in level:
-            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring):
-                weights = level_weight * _kernel(
-                    spec.epochs, block.epochs, population.length_bandwidth
-                )
-                support += float(weights.sum())
-                if len(block.sizes) <= k or block.sizes[: k + 1] != tuple(prefix):
-                    continue
-                rest = block.lengths[:, k:]
-                yield _Candidates(
-                    block.sizes[k + 1 :], weights, rest / rest.sum(axis=1, keepdims=True)
-                )
+
+    def candidates(
+        blocks: Sequence[_Block], weights: Sequence[FloatArray]
+    ) -> Iterator[_Candidates]:
+        for block, weight in zip(blocks, weights, strict=True):
+            if len(block.sizes) <= k or block.sizes[: k + 1] != tuple(prefix):
+                continue
+            rest = block.lengths[:, k:]
+            yield _Candidates(block.sizes[k + 1 :], weight, rest / rest.sum(axis=1, keepdims=True))
+
+    support = 0.0
+    for group in own:
+        blocks = _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+        kernels = [_kernel(spec.epochs, b.epochs, population.length_bandwidth) for b in blocks]
+        support += sum(float(w.sum()) for w in kernels)
+        yield from candidates(blocks, kernels)
+    if support >= population.backoff_jobs or population.mode_weight <= 0:
+        return
+    for model in others:
+        blocks = tuple(
+            b for g in model for b in _blocks(g, spec.initial_batch_size, ladder, replay, censoring)
+        )
+        kernels = [_kernel(spec.epochs, b.epochs, population.length_bandwidth) for b in blocks]
+        total = sum(float(w.sum()) for w in kernels)
+        if total <= 0:
+            continue
+        scale = min(population.mode_weight, population.model_weight / total)
+        yield from candidates(blocks, [scale * w for w in kernels])
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,18 +288,26 @@ def prediction_report(
     *,
     slowdown: float = 1.0,
     throughput_knowledge: str = "declared",
+    held_out_model: str | None = None,
 ) -> PredictionReport:
     """Score every dynamic job of ``workload`` at each of ``percents`` (see the module doc),
     each prediction knowing only the jobs finished by then on the ``slowdown`` timeline.
     ``throughput_knowledge`` labels what the workload's specs declare (the caller applied it:
-    :func:`shockwave.throughput_knowledge.apply_knowledge`)."""
+    :func:`shockwave.throughput_knowledge.apply_knowledge`). With ``held_out_model``, only the
+    jobs of that model are scored and the population prior never learns from a job of it: the
+    model is one the scheduler has never seen finish."""
     if not slowdown >= 1:
         raise ValueError(f"slowdown must be >= 1, got {slowdown}")
-    jobs = [job for job in workload.jobs if job.spec.mode in DYNAMIC_MODES]
+    jobs = [
+        job
+        for job in workload.jobs
+        if job.spec.mode in DYNAMIC_MODES
+        and (held_out_model is None or job.spec.model == held_out_model)
+    ]
     scores: dict[tuple[int, int], dict[Predictor, Accuracy]] = {}
     rate_errors: dict[tuple[int, int], float] = {}
     index = {id(job): i for i, job in enumerate(jobs)}
-    for known, job, percent in _timeline(workload, jobs, percents, slowdown):
+    for known, job, percent in _timeline(workload, jobs, percents, slowdown, held_out_model):
         key = (index[id(job)], percent)
         scores[key] = score_job(job, percent, params, known)
         error = throughput_error(job, percent, known.rates)
@@ -337,6 +345,59 @@ def prediction_report(
     )
 
 
+def leave_one_model_out(
+    workload: Workload,
+    params: PredictorParams | None = None,
+    percents: Sequence[int] = PROGRESS_PERCENTS,
+    *,
+    slowdown: float = 1.0,
+    throughput_knowledge: str = "declared",
+) -> dict[str, PredictionReport]:
+    """One report per model of the workload's dynamic jobs, each scoring that model's jobs with
+    a prior built from the other models only (:func:`prediction_report`, ``held_out_model``):
+    how the predictors do on a model never seen before. Keyed by model name, sorted."""
+    models = sorted(
+        {
+            job.spec.model
+            for job in workload.jobs
+            if job.spec.mode in DYNAMIC_MODES and job.spec.model
+        }
+    )
+    return {
+        model: prediction_report(
+            workload,
+            params,
+            percents,
+            slowdown=slowdown,
+            throughput_knowledge=throughput_knowledge,
+            held_out_model=model,
+        )
+        for model in models
+    }
+
+
+def held_out_means(reports: Mapping[str, PredictionReport]) -> Mapping[Predictor, Accuracy]:
+    """Each predictor's accuracy averaged over the held-out models of
+    :func:`leave_one_model_out` (every model weighs the same, whatever its job count)."""
+    return _means([report.overall for report in reports.values() if report.overall])
+
+
+def held_out_as_dict(reports: Mapping[str, PredictionReport]) -> dict[str, object]:
+    """JSON-ready: ``{models: {<model>: {jobs, adapting_jobs, overall: {<predictor>:
+    {regime_error, runtime_accuracy}}}}, mean: {<predictor>: {...}}}``."""
+    return {
+        "models": {
+            model: {
+                "jobs": report.jobs,
+                "adapting_jobs": report.adapting_jobs,
+                "overall": {str(p): a.as_dict() for p, a in report.overall.items()},
+            }
+            for model, report in reports.items()
+        },
+        "mean": {str(p): a.as_dict() for p, a in held_out_means(reports).items()},
+    }
+
+
 def finished_job(job: SimJob) -> FinishedJob:
     """What a scheduler knows of ``job`` once it has finished: its whole observed trajectory
     and the epoch times it measured."""
@@ -344,12 +405,16 @@ def finished_job(job: SimJob) -> FinishedJob:
 
 
 def _timeline(
-    workload: Workload, jobs: Sequence[SimJob], percents: Sequence[int], slowdown: float
+    workload: Workload,
+    jobs: Sequence[SimJob],
+    percents: Sequence[int],
+    slowdown: float,
+    held_out_model: str | None = None,
 ) -> list[tuple[Knowledge, SimJob, int]]:
     """Each (job, percent) to score with what is known at its time: the jobs finished at or
-    before it (learnt in the order they finished), the epoch times measured by then (a job
-    measures a batch size once it has run its first epoch at it) and how far the declared
-    rates were from them."""
+    before it (learnt in the order they finished; none of ``held_out_model``), the epoch times
+    measured by then (a job measures a batch size once it has run its first epoch at it) and how
+    far the declared rates were from them."""
     events: list[tuple[float, int, int, int]] = []
     for i, job in enumerate(workload.jobs):
         start = 0
@@ -379,8 +444,9 @@ def _timeline(
             declarations = declarations.add(declaration_pairs(spec, {value: seconds}))
             stale = True
         elif kind == 1:
-            prior = prior.learn(finished_job(workload.jobs[i]))
-            stale = True
+            if held_out_model is None or workload.jobs[i].spec.model != held_out_model:
+                prior = prior.learn(finished_job(workload.jobs[i]))
+                stale = True
         else:
             if stale:
                 rates = {key: float(np.mean(values)) for key, values in sums.items()}

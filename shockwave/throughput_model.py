@@ -63,15 +63,21 @@ class ThroughputModelParams:
     samples/s ~ GPUs ** beta. ``declaration_variance`` and ``law_variance``: the prior error
     variances (squared log ratio) of a declared rate, and of the law per squared unit of log
     size ratio, each worth one observation (0.04: off by about 20%; 0.09: alpha uncertain by
-    about 0.3).
+    about 0.3). ``unseen_caution``: z of the cautious run time of a job that has measured
+    nothing yet: its estimate times e^(z sigma), sigma the spread of speeds measured among jobs
+    of one model, batch size and width (:attr:`ThroughputModel.speed_variance`); 1.645: as slow
+    as one job in twenty. 0 when jobs of a shape all run alike, as in the reference traces.
     """
 
     batch_exponent: float = 0.3
     gpu_exponent: float = 0.8
     declaration_variance: float = 0.04
     law_variance: float = 0.09
+    unseen_caution: float = 1.645
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.unseen_caution) and self.unseen_caution >= 0):
+            raise ValueError(f"unseen_caution must be >= 0, got {self.unseen_caution!r}")
         for name in ("batch_exponent", "gpu_exponent"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= 1):
@@ -102,6 +108,7 @@ class ThroughputModel:
         rates: Mapping[RateKey, float],
         params: ThroughputModelParams | None = None,
         declarations: DeclarationErrors | None = None,
+        speed_variance: float = 0.0,
     ) -> None:
         self.params = params or ThroughputModelParams()
         self.rates = dict(rates)
@@ -115,6 +122,16 @@ class ThroughputModel:
             1 + seen.count
         )
         self.law_variance = self._law_variance()
+        self.speed_variance = speed_variance
+
+    def unseen_factor(self, job: ActiveJob) -> float:
+        """How much longer than estimated a cautious planner should take ``job`` to run:
+        1 once it has measured an epoch time, else e^(z sigma) (``unseen_caution``, the
+        measured speed spread): an estimate from other jobs is their typical speed, and a job
+        that turns out slow and waits unrun would never show it."""
+        if job.progress.measured_epoch_seconds or self.speed_variance <= 0:
+            return 1.0
+        return math.exp(self.params.unseen_caution * math.sqrt(self.speed_variance))
 
     @classmethod
     def build(
@@ -130,6 +147,7 @@ class ThroughputModel:
         }
         counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
         declarations = prior.declarations
+        jobs = tuple(jobs)
         for job in jobs:
             declarations = declarations.add(
                 declaration_pairs(job.spec, job.progress.measured_epoch_seconds)
@@ -141,7 +159,12 @@ class ThroughputModel:
                     key = (job.spec.model, job.spec.gpus, batch_size)
                     sums[key] = sums.get(key, 0.0) + job.spec.samples_per_epoch / seconds
                     counts[key] = counts.get(key, 0) + 1
-        return cls({k: sums[k] / counts[k] for k in sums if counts[k]}, params, declarations)
+        return cls(
+            {k: sums[k] / counts[k] for k in sums if counts[k]},
+            params,
+            declarations,
+            _speed_variance(jobs),
+        )
 
     def alpha(self, model: str) -> float:
         return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
@@ -286,3 +309,24 @@ def _fit_exponents(
     }
     fitted.setdefault("", prior)
     return fitted
+
+
+def _speed_variance(jobs: Iterable[ActiveJob]) -> float:
+    """The spread of speeds among jobs of one shape: the pooled variance of log(rate / mean
+    rate) over the (model, GPUs, batch size) that two or more active jobs measured (0 when
+    none did, or when they all measured the same)."""
+    logs: dict[RateKey, list[float]] = defaultdict(list)
+    for job in jobs:
+        if not job.spec.model:
+            continue
+        for batch_size, seconds in job.progress.measured_epoch_seconds.items():
+            if seconds > 0 and math.isfinite(seconds):
+                key = (job.spec.model, job.spec.gpus, batch_size)
+                logs[key].append(math.log(job.spec.samples_per_epoch / seconds))
+    sum_sq, dof = 0.0, 0
+    for values in logs.values():
+        if len(values) > 1:
+            mean = sum(values) / len(values)
+            sum_sq += sum((v - mean) ** 2 for v in values)
+            dof += len(values) - 1
+    return sum_sq / dof if dof else 0.0

@@ -25,6 +25,7 @@ from shockwave.planner import PlannerParams
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.regime_predictors import REGIME_PREDICTORS
 from shockwave.throughput_knowledge import ThroughputKnowledge
+from shockwave.variation import Variation
 from shockwave_cli.inputs import InputError
 
 _PLANNER = PlannerParams()
@@ -139,6 +140,24 @@ ThroughputKnowledgeOption = Annotated[
         "(each rate off by up to +/-P, drawn from --seed) or none (only measured epoch times).",
     ),
 ]
+
+
+VariationOption = Annotated[
+    str,
+    typer.Option(
+        help="Jobs that differ from their declared figures: throughput:S gives each job its own "
+        "speed (log-normal, spread S, around the table's), trajectory:S its own regime lengths; "
+        "comma-separated, drawn from --seed (default: none).",
+    ),
+]
+
+
+def parse_variation(text: str) -> Variation:
+    """``--variation``, or an :class:`InputError` naming the expected shape."""
+    try:
+        return Variation.parse(text)
+    except ValueError as error:
+        raise InputError(f"--variation: {error}") from None
 
 
 def parse_knowledge(text: str) -> ThroughputKnowledge:

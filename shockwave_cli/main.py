@@ -43,10 +43,12 @@ from shockwave.model import AdaptationMode, Cluster, ValidationError
 from shockwave.policies import BASELINES
 from shockwave.policies.shockwave import ShockwaveParams
 from shockwave.policy import Policy, get_policy, policy_names
-from shockwave.prediction_report import prediction_report
+from shockwave.prediction_report import held_out_as_dict, prediction_report
+from shockwave.prediction_report import leave_one_model_out as leave_one_model_out_reports
 from shockwave.simulator import SimResult, SimSettings, simulate
 from shockwave.throughput_knowledge import apply_knowledge
 from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
+from shockwave.variation import apply_variation
 from shockwave.workload import Workload
 from shockwave_cli import (
     knobs,
@@ -77,6 +79,7 @@ from shockwave_cli.plots import (
 from shockwave_cli.replay_command import replay_command
 from shockwave_cli.report import (
     comparison_table,
+    held_out_table,
     prediction_table,
     run_record,
     write_jobs_csv,
@@ -208,6 +211,7 @@ def simulate_command(
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
+    variation: knobs.VariationOption = "none",
     elastic: Annotated[
         bool,
         typer.Option(
@@ -251,6 +255,7 @@ def simulate_command(
     )
     try:
         knowledge = knobs.parse_knowledge(throughput_knowledge)
+        varied = knobs.parse_variation(variation)
         policies = resolve_policies(policy)
         cluster = parse_cluster(gpus, gpus_per_node, nodes)
         settings = _settings(round_seconds, restart_overhead, plan_latency, mid_round_fills)
@@ -262,6 +267,9 @@ def simulate_command(
         )
         workload = apply_knowledge(workload, knowledge, 0 if seed is None else seed)
         workload = load_typed_workload(workload, throughputs, cluster)
+        workload = apply_variation(workload, varied, 0 if seed is None else seed)
+        if elastic and not varied.none:
+            raise InputError("--variation with --elastic is not modelled: give one or the other")
         if elastic:
             if cluster.is_typed:
                 raise InputError(
@@ -277,7 +285,8 @@ def simulate_command(
     errors.print(
         f"Workload {workload.name}: {len(workload.jobs)} jobs on {cluster.total_gpus} GPUs "
         f"({cluster.describe()}), "
-        f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}",
+        f"rounds of {settings.round_seconds:g} s, throughputs {knowledge}"
+        + ("" if varied.none else f", variation {varied}"),
         soft_wrap=True,
     )
     results = _run_all(workload, cluster, setups)
@@ -343,6 +352,14 @@ def predict_report_command(
             min=1.0,
         ),
     ] = 1.0,
+    leave_one_model_out: Annotated[
+        bool,
+        typer.Option(
+            "--leave-one-model-out",
+            help="Also score each model's jobs with a prior built without that model: how the "
+            "predictors do on a model never seen (a table per model; in prediction.json).",
+        ),
+    ] = False,
 ) -> None:
     """How well regimes and run times are predicted at 0%, 10%, ..., 90% of each dynamic job.
 
@@ -373,8 +390,20 @@ def predict_report_command(
         f"run-time accuracy {oracle.runtime_accuracy:.1%}. "
         "Paper: about 6% regime error, 84% run-time accuracy on average."
     )
+    held_out = (
+        leave_one_model_out_reports(
+            workload, slowdown=slowdown, throughput_knowledge=str(knowledge)
+        )
+        if leave_one_model_out
+        else None
+    )
+    if held_out is not None:
+        console.print(held_out_table(held_out))
     if out is not None:
-        write_json(report.as_dict(), out / "prediction.json")
+        document = report.as_dict()
+        if held_out is not None:
+            document["leave_one_model_out"] = held_out_as_dict(held_out)
+        write_json(document, out / "prediction.json")
         plot_prediction(report, out / "prediction.png")
         console.print(f"Reports written to {out}/ (prediction.json, prediction.png)")
 

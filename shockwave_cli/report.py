@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from rich.table import Table
 
 from shockwave.metrics import RunMetrics
 from shockwave.policy import SolveSummary
-from shockwave.prediction_report import PredictionReport, Predictor
+from shockwave.prediction_report import PredictionReport, Predictor, held_out_means
 from shockwave.simulator import SimResult
 
 JOB_COLUMNS: tuple[str, ...] = (
@@ -148,6 +148,36 @@ def prediction_table(report: PredictionReport) -> Table:
         if estimated:
             cells.append("" if rate_error is None else f"{rate_error:.1%}")
         table.add_row(label, *cells, end_section=index == len(rows) - 1)
+    return table
+
+
+def held_out_table(reports: Mapping[str, PredictionReport]) -> Table:
+    """Per model, each predictor's regime-length error and run-time accuracy on that model's
+    jobs when the prior was built without it (leave-one-model-out), then the mean over models
+    (every model weighs the same)."""
+    table = Table(
+        title="Prediction accuracy on a model never seen (prior built from the other models)",
+        title_justify="left",
+    )
+    shown = (Predictor.RESTATEMENT, Predictor.POPULATION, Predictor.GREEDY)
+    first = next(iter(reports.values()), None)
+    policy = first.policy_predictor if first is not None else None
+    names = [f"{p}*" if p is policy else str(p) for p in shown]
+    table.add_column("held-out model", no_wrap=True)
+    table.add_column("jobs", justify="right", no_wrap=True)
+    for measure in ("regime error", "run-time acc."):
+        for name in names:
+            table.add_column(f"{measure}\n{name}", justify="right", no_wrap=True)
+    scored = {model: r for model, r in reports.items() if r.overall}
+    for index, (model, report) in enumerate(scored.items()):
+        cells = [f"{report.overall[p].regime_error:.1%}" for p in shown]
+        cells += [f"{report.overall[p].runtime_accuracy:.1%}" for p in shown]
+        table.add_row(model, str(report.jobs), *cells, end_section=index == len(scored) - 1)
+    if scored:
+        means = held_out_means(scored)
+        cells = [f"{means[p].regime_error:.1%}" for p in shown]
+        cells += [f"{means[p].runtime_accuracy:.1%}" for p in shown]
+        table.add_row("mean over models", str(sum(r.jobs for r in scored.values())), *cells)
     return table
 
 

@@ -381,7 +381,11 @@ class Shockwave:
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
-        cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
+        cautious = (
+            predict_greedy(job, params.predictor, rates).remaining_seconds
+            * factor
+            * rates.unseen_factor(job)
+        )
         soonest = _soonest_remaining(prediction) * factor
         return JobOutlook(
             prediction,

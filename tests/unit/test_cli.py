@@ -402,12 +402,25 @@ def test_throughput_knowledge_applies_to_every_policy(throughputs: Path, tmp_pat
     assert [(r["jobs_completed"], r["throughput_knowledge"]) for r in records] == [(6, "none")] * 2
 
 
+def test_variation_changes_the_truth_not_the_declaration(throughputs: Path, tmp_path: Path) -> None:
+    runs = {}
+    for name, extra in (("given", ()), ("varied", ("--variation", "throughput:0.5"))):
+        out = tmp_path / name
+        result = invoke(*generated_simulate_args(throughputs, out, "--policy", "fifo", *extra))
+        assert result.exit_code == 0, result.output
+        runs[name] = metrics_of(out, "fifo")
+    assert "variation throughput:0.5" in result.output
+    assert runs["varied"]["jobs_completed"] == 6
+    assert runs["varied"]["makespan_s"] != runs["given"]["makespan_s"]
+
+
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [
         pytest.param(
             ("--throughput-knowledge", "noisy:2"), ("--throughput-knowledge", "noisy:P"), id="tk"
         ),
+        pytest.param(("--variation", "speed:0.3"), ("--variation", "throughput:S"), id="var"),
         pytest.param(("--predictor", "psychic"), ("--predictor", "'psychic'"), id="predictor"),
         pytest.param(("--replan", "eager"), ("--replan", "'eager'"), id="replan"),
         pytest.param(("--packing-order", "fifo"), ("--packing-order", "'fifo'"), id="packing"),

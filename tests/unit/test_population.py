@@ -258,11 +258,30 @@ def test_templates_of_another_initial_size_replay_on_the_jobs_ladder() -> None:
 
 
 def test_other_models_speak_only_when_the_jobs_own_model_is_unknown() -> None:
-    others = [finished([(32, 30), (256, 70)], model="LM") for _ in range(30)]
+    others = [
+        finished([(32, 30), (256, 70)], model=model)
+        for model in ("LM", "Transformer", "ResNet-50")
+        for _ in range(10)
+    ]
     own = [finished([(32, 100)]) for _ in range(3)]
 
-    assert regimes(predict_population(job(), learnt(*others))) == [(32, 30.0), (256, 70.0)]
+    # Three models that agree pull an unseen model from the paper's even split towards their
+    # switch at 30%; its own model's jobs, once there are enough, decide alone.
+    (_, first), (_, second) = regimes(predict_population(job(), learnt(*others)))
+    assert 30.0 <= first < 50.0 and first + second == 100.0
     assert regimes(predict_population(job(), learnt(*others, *own))) == [(32, 100.0)]
+
+
+def test_an_unseen_model_hears_other_models_as_models_not_as_their_jobs() -> None:
+    # Thirty finished jobs of one other model say no more than two of it: a model never seen
+    # keeps the paper's rule against one other model's pattern, however many jobs it ran.
+    def lm_jobs(count: int) -> list[FinishedJob]:
+        return [finished([(32, 30), (256, 70)], model="LM") for _ in range(count)]
+
+    many = regimes(predict_population(job(), learnt(*lm_jobs(30))))
+    two = regimes(predict_population(job(), learnt(*lm_jobs(2))))
+
+    assert many == two == regimes(predict(job()))
 
 
 # --- GNS: a job that ended is not a job that stopped climbing (issue 19) ----------------------

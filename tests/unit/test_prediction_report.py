@@ -17,6 +17,8 @@ from shockwave.prediction_report import (
     PROGRESS_PERCENTS,
     Knowledge,
     Predictor,
+    held_out_as_dict,
+    leave_one_model_out,
     observed_job,
     prediction_report,
     regime_length_error,
@@ -315,3 +317,26 @@ def test_without_declared_throughputs_the_report_gives_the_throughput_error() ->
     assert as_dict["throughput_knowledge"] == "none"
     assert as_dict["throughput_error"] == report.throughput_error
     assert as_dict["policy_predictor"] == str(POLICY_PREDICTOR) == "population"
+
+
+def test_leave_one_model_out_scores_each_model_with_a_prior_that_never_saw_it() -> None:
+    # Three ResNet-18 jobs, each arriving after the last finished, and one LM job: with the
+    # ResNet-18 jobs held out, none of them is learnt, so each gets the paper's rule (0.2 at
+    # 0%) where the whole report learns the 30/70 split from the first two.
+    jobs = [accordion(str(i), 30, arrival=1000.0 * i) for i in range(3)]
+    lm = replace(
+        accordion("lm", 30, arrival=0.0), spec=replace(jobs[0].spec, job_id="lm", model="LM")
+    )
+    reports = leave_one_model_out(workload(*jobs, lm), percents=(0,))
+
+    assert sorted(reports) == ["LM", "ResNet-18"]
+    held_out = reports["ResNet-18"]
+    assert held_out.jobs == 3
+    assert held_out.overall[POPULATION].regime_error == pytest.approx(0.2)
+    assert prediction_report(workload(*jobs), percents=(0,)).overall[
+        POPULATION
+    ].regime_error == pytest.approx(0.2 / 3)
+    as_dict = held_out_as_dict(reports)
+    models = as_dict["models"]
+    assert isinstance(models, dict) and set(models) == {"LM", "ResNet-18"}
+    json.dumps(as_dict)

@@ -202,3 +202,31 @@ def test_applying_knowledge_changes_only_what_is_declared() -> None:
     again = apply_knowledge(jobs, ThroughputKnowledge("noisy", 0.3), seed=7)
     other = apply_knowledge(jobs, ThroughputKnowledge("noisy", 0.3), seed=8)
     assert again == noisy and other != noisy
+
+
+def _measuring(job_id: str, seconds: float, model: str = "ResNet-18") -> ActiveJob:
+    return adaptive_job(job_id, model=model, measured={32: seconds})
+
+
+def test_jobs_of_one_shape_that_run_alike_leave_no_caution() -> None:
+    rates = ThroughputModel.build(jobs=[_measuring("a", 2.0), _measuring("b", 2.0)])
+    unseen = adaptive_job("new", model="ResNet-18")
+
+    assert rates.speed_variance == 0.0
+    assert rates.unseen_factor(unseen) == 1.0
+
+
+def test_a_job_that_measured_nothing_is_judged_as_slow_as_the_spread_says() -> None:
+    # Two jobs of one shape at 1 s and 4 s per epoch: log spread ln 4 / sqrt 2 per job.
+    jobs = [_measuring("a", 1.0), _measuring("b", 4.0), _measuring("other", 9.0, model="LM")]
+    rates = ThroughputModel.build(jobs=jobs)
+    sigma = math.log(4.0) / math.sqrt(2.0)
+
+    assert rates.speed_variance == pytest.approx(sigma**2)
+    unseen = adaptive_job("new", model="Transformer")
+    assert rates.unseen_factor(unseen) == pytest.approx(math.exp(1.645 * sigma))
+    assert rates.unseen_factor(_measuring("a", 1.0)) == 1.0, "a measured job is what it measured"
+    cautious = ThroughputModel.build(jobs=jobs, params=ThroughputModelParams(unseen_caution=0))
+    assert cautious.unseen_factor(unseen) == 1.0
+    with pytest.raises(ValueError, match="unseen_caution"):
+        ThroughputModelParams(unseen_caution=-1.0)
