@@ -71,3 +71,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not item.nodeid.startswith(E2E_TESTS):
         os.nice(REST_NICENESS)
         _reniced.append(True)
+
+
+@pytest.fixture(autouse=True)
+def _tmp_path_passable(request: pytest.FixtureRequest) -> None:
+    """A test's ``tmp_path`` (and the folders above it) passable by other users, as an agent's
+    work directory must be: an agent running as root (as the tests do) runs each job as a uid
+    of its own, which must reach its directories below (pytest makes these folders 0700)."""
+    if "tmp_path" not in request.fixturenames or os.geteuid() != 0:
+        return
+    path: Path = request.getfixturevalue("tmp_path")
+    for folder in (path, *path.parents):
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            folder.chmod((mode & 0o7777) | 0o001)

@@ -31,6 +31,7 @@ import httpx
 
 from bench.deployment import ROOT
 from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
+from tests.job_python import job_python
 
 FAKE_JOB = Path(__file__).with_name("agent_fake_job.py")
 ROUND_S = 5.0
@@ -88,7 +89,7 @@ class Scene:
             "epochs": 1000,
             "samples_per_epoch": 1000,
             "initial_batch_size": 32,
-            "command": [sys.executable, str(FAKE_JOB), str(self.out_dir)],
+            "command": [job_python(), str(FAKE_JOB), str(self.out_dir)],
         }
         response = httpx.post(
             f"{self.base}/v1/jobs",
@@ -221,6 +222,7 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
     )
     out_dir = tmp_path / "out"
     out_dir.mkdir()
+    out_dir.chmod(0o1777)  # the jobs, each a uid of its own, write their records here
     current = Scene(
         tmp_path, f"http://127.0.0.1:{port}", admin, agent_token, up, tmp_path / "work", out_dir
     )
