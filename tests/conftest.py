@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +76,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _reniced.append(True)
 
 
-@pytest.fixture(autouse=True)
-def _tmp_path_passable(request: pytest.FixtureRequest) -> None:
-    """A test's ``tmp_path`` (and the folders above it) passable by other users, as an agent's
-    work directory must be: an agent running as root (as the tests do) runs each job as a uid
-    of its own, which must reach its directories below (pytest makes these folders 0700)."""
-    if "tmp_path" not in request.fixturenames or os.geteuid() != 0:
-        return
-    path: Path = request.getfixturevalue("tmp_path")
-    for folder in (path, *path.parents):
-        mode = folder.stat().st_mode
-        if not mode & 0o001:
-            folder.chmod((mode & 0o7777) | 0o001)
+@pytest.fixture
+def passable_tmp_path() -> Iterator[Path]:
+    """A fresh folder that every user may pass through (mode 0711, in the system's temporary
+    folder), removed afterwards: an agent running as root (as the tests do) runs each job as a
+    uid of its own, which must reach its directories below the agent's work directory, and
+    pytest keeps its ``tmp_path`` folders closed to other users (0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="shockwave-passable-"))
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
