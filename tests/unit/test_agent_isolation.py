@@ -297,7 +297,8 @@ def pool_agent(tmp_path: Path, server: FakeServer, runtime: Any, clock: Clock) -
 
 
 @needs_root
-def test_each_attempt_gets_a_uid_and_directories_of_its_own(tmp_path: Path) -> None:
+def test_each_attempt_gets_a_uid_and_directories_of_its_own(passable_tmp_path: Path) -> None:
+    tmp_path = passable_tmp_path
     server, runtime, clock = FakeServer(), FakeRuntime(), Clock()
     server.leased = {
         "a1": lease("a1", "j1", (0,), clock.now + 60),
@@ -334,7 +335,9 @@ def test_each_attempt_gets_a_uid_and_directories_of_its_own(tmp_path: Path) -> N
 
 
 @needs_root
-def test_a_process_an_attempt_left_behind_is_killed_when_it_ends(tmp_path: Path) -> None:
+def test_a_process_an_attempt_left_behind_is_killed_when_it_ends(
+    passable_tmp_path: Path,
+) -> None:
     """A job that daemonizes (leaves its process group) does not outlive its attempt: when the
     attempt ends, every process of its uid is killed before the uid is handed out again."""
     server, clock = FakeServer(), Clock()
@@ -343,7 +346,7 @@ def test_a_process_an_attempt_left_behind_is_killed_when_it_ends(tmp_path: Path)
     server.leased = {
         "a1": replace(lease("a1", "j1", (0,), clock.now + 60), command=(job_python(), "-c", escape))
     }
-    agent = pool_agent(tmp_path, server, runtime, clock)
+    agent = pool_agent(passable_tmp_path, server, runtime, clock)
     agent.step()
     uid = agent.state.attempts["a1"].handle.uid
     assert uid == POOL[0]
