@@ -164,12 +164,14 @@ class Agent:
         below (the work directory, ``checkpoints`` and ``scratch``, mode 0711: no job can
         list them)."""
         root = self.config.work_dir
-        secure_dir(root, PASSAGE)
-        secure_dir(root / "attempts")
-        secure_dir(root / "scratch", PASSAGE)
-        checkpoints = root / "checkpoints"
-        if not checkpoints.is_symlink():  # shared storage, set up by its operator
-            secure_dir(checkpoints, PASSAGE)
+        folders = [(root, PASSAGE), (root / "attempts", 0o700), (root / "scratch", PASSAGE)]
+        if not (root / "checkpoints").is_symlink():  # shared storage, set up by its operator
+            folders.append((root / "checkpoints", PASSAGE))
+        for folder, mode in folders:
+            try:
+                secure_dir(folder, mode)
+            except OSError as error:
+                log.error("the work directory is not the agent's to close: %s", error)
 
     def drain(self, extra_s: float = 5.0) -> None:
         """Stop every job (SIGTERM, grace, SIGKILL) and try to deliver the reports, for at

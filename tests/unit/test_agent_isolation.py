@@ -20,6 +20,7 @@ from agent.isolation import (
     PoolExhausted,
     UidPool,
     hand_over,
+    isolation_warning,
     owner_of,
     parse_uids,
     processes_of,
@@ -357,3 +358,17 @@ def test_a_process_an_attempt_left_behind_is_killed_when_it_ends(
         time.sleep(0.05)
     assert processes_of(POOL[0]) == [], "the process it left was killed"
     assert ("a1", "exited", 0) in server.reports or agent.state.outbox
+
+
+def test_an_agent_that_cannot_switch_users_says_what_isolation_remains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    said = isolation_warning("process", None) or ""
+    assert "isolation OFF" in said and "uid 1000" in said and "not root" in said
+    assert "environments" in said and "token" in said
+    containers = isolation_warning("docker", None) or ""
+    assert "only its own checkpoint directory" in containers
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert isolation_warning("process", (60000, 60999)) is None
+    assert "--job-uids off" in (isolation_warning("process", None) or "")
