@@ -5,7 +5,7 @@ environment (``SHOCKWAVE_AGENT_TOKEN``, where a job of the agent's own user coul
 ``/proc/<agent pid>/environ``), and two tenants who each submit a job carrying a secret in its
 ``env``. Each job is :data:`PROBE`: it writes its secret to its checkpoint directory, says it is
 ready, and once both are running (the test hands each, in its own checkpoint directory, the
-other's paths) it tries to read every other process's environment, and to read and write the
+other's paths; neither exits before the test has both results) it tries to read every other process's environment, and to read and write the
 other job's checkpoint directory and files, its log and working directory, the agent's state
 file and the agent's token file. What it could reach it writes to ``result.json``.
 
@@ -96,8 +96,12 @@ result = {
     "cap_eff": capabilities, "host_mounted": os.path.exists("/host/etc"),
     "root_writable": attempt(lambda: open("/usr/pwned", "w").close()),
 }
-with open(os.path.join(ckpt, "result.json"), "w") as f:
+with open(os.path.join(ckpt, "result.json.tmp"), "w") as f:
     json.dump(result, f)
+os.rename(os.path.join(ckpt, "result.json.tmp"), os.path.join(ckpt, "result.json"))
+deadline = time.time() + 60  # alive until both have looked (the test releases them)
+while not os.path.exists(os.path.join(ckpt, "release")) and time.time() < deadline:
+    time.sleep(0.2)
 print("probe done", flush=True)
 """
 
@@ -237,6 +241,8 @@ def two_tenants(run: Service, program: list[str], image: str | None) -> None:
         lambda: f"both probes to finish: {[run.state(j) for j in jobs.values()]}",
     )
     results = {t: json.loads((checkpoints[t] / "result.json").read_text()) for t in TENANTS}
+    for tenant in TENANTS:
+        (checkpoints[tenant] / "release").touch()
     for tenant in TENANTS:
         other = TENANTS[1 - TENANTS.index(tenant)]
         found = results[tenant]
