@@ -5,9 +5,10 @@ environment (``SHOCKWAVE_AGENT_TOKEN``, where a job of the agent's own user coul
 ``/proc/<agent pid>/environ``), and two tenants who each submit a job carrying a secret in its
 ``env``. Each job is :data:`PROBE`: it writes its secret to its checkpoint directory, says it is
 ready, and once both are running (the test hands each, in its own checkpoint directory, the
-other's paths; neither exits before the test has both results) it tries to read every other process's environment, and to read and write the
-other job's checkpoint directory and files, its log and working directory, the agent's state
-file and the agent's token file. What it could reach it writes to ``result.json``.
+other's paths; neither exits before the test has both results) it tries to read every other
+process's environment, and to read and write the other job's checkpoint directory and files,
+its log and working directory, the agent's state file and the agent's token file. What it
+could reach it writes to ``result.json``.
 
 - As processes (the uid pool): each job runs as a uid of its own, and reaches nothing of the
   other's nor the agent's token; it does see the other's process (so they ran together).
