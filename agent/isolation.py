@@ -143,6 +143,10 @@ class UidPool:
         self._held[uid] = handle
         return True
 
+    def holds(self, uid: int) -> bool:
+        """Whether this agent holds ``uid`` (its processes are this agent's to end)."""
+        return uid in self._held
+
     def release(self, uid: int) -> None:
         handle = self._held.pop(uid, None)
         if handle is not None:

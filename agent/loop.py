@@ -59,7 +59,7 @@ from agent.isolation import (
     secure_dir,
 )
 from agent.liveness import Beacon
-from agent.runtime import Ended, Handle, Launch, Runtime
+from agent.runtime import JOB_ENV_FILE, Ended, Handle, Launch, Runtime
 from agent.state import (
     FINISHED_KEEP_S,
     AgentState,
@@ -244,10 +244,11 @@ class Agent:
         self.dirty = True
 
     def clean_up(self, record: AttemptRecord) -> None:
-        """An attempt that is over: every process left running as its uid killed, the uid
-        back in the pool, its working directory removed."""
+        """An attempt that is over: every process left running as its uid killed (a uid this
+        agent holds), the uid back in the pool, its working directory and any environment file
+        its wrapper did not read removed."""
         uid = record.handle.uid
-        if self.uids is not None and uid is not None:
+        if self.uids is not None and uid is not None and self.uids.holds(uid):
             left = reap(uid)
             if left:
                 log.warning(
@@ -255,6 +256,7 @@ class Agent:
                 )
             self.uids.release(uid)
         shutil.rmtree(self.config.scratch_dir(record.attempt_id), ignore_errors=True)
+        Path(record.handle.status_file).with_name(JOB_ENV_FILE).unlink(missing_ok=True)
 
     # --- talking to the server -----------------------------------------------------------
 

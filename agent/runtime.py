@@ -191,6 +191,10 @@ def inherited_env() -> dict[str, str]:
     }
 
 
+JOB_ENV_FILE = "job.env.json"
+"""The file, next to the status file, that hands a job's environment to its wrapper."""
+
+
 def write_private(path: Path, text: str) -> None:
     """``text`` to a new file ``path`` readable by its owner alone (an old one replaced)."""
     path.unlink(missing_ok=True)
@@ -234,7 +238,7 @@ class ProcessRuntime:
         env = inherited_env()
         if launch.scratch_dir is not None:
             env |= {"HOME": str(launch.scratch_dir), "TMPDIR": str(launch.scratch_dir)}
-        env_file = launch.status_file.with_name("job.env.json")
+        env_file = launch.status_file.with_name(JOB_ENV_FILE)
         write_private(env_file, json.dumps(env | launch.env))
         wrapper += [wrap.ENV_OPTION, str(env_file)]
         wrapper += [str(launch.pid_file), str(launch.status_file)]
