@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.isolation import DEFAULT_LOCK_DIR
+
 RuntimeKind = Literal["process", "docker"]
 
 PROBE_TIMEOUT_S = 10.0
@@ -26,6 +28,23 @@ class Machine:
     gpus: int
     gpu_type: str
     nvidia: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerLimits:
+    """What the agent imposes on every job container (the Docker runtime), its operator's
+    settings and never a job's. ``network``: the Docker network containers join (``host``
+    only where the operator allows jobs the host's network); ``memory``: a ``docker run
+    --memory`` size (None: no limit); ``pids``: the most processes and threads in one
+    container; ``tmp_size``: the size of its private ``/tmp``; ``allowed_images``: the images
+    jobs may name (empty: any image reference; see
+    :func:`shockwave.image_reference.image_allowed`)."""
+
+    network: str = "bridge"
+    memory: str | None = None
+    pids: int = 4096
+    tmp_size: str = "1g"
+    allowed_images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +65,9 @@ class AgentConfig:
     asks the server to hold the answer up to this long until the next round is out (a bounded
     long poll, ``wait_s``): the new round's leases start when the server commits them, not at
     the next poll interval. 0: never ask. The loop does not supervise while a poll is held.
+    ``job_uids``: the uids (first, last) each attempt runs as one of (:mod:`agent.isolation`;
+    None: every job runs as the agent's own user); ``uid_lock_dir``: where the pool's lock
+    files are. ``containers``: what every job container is held to.
     """
 
     api_url: str
@@ -63,6 +85,9 @@ class AgentConfig:
     lease_slack_s: float = 3.0
     orphan_grace_s: float = 10.0
     boundary_wait_s: float = 1.0
+    job_uids: tuple[int, int] | None = None
+    uid_lock_dir: Path = DEFAULT_LOCK_DIR
+    containers: ContainerLimits = ContainerLimits()
 
     @property
     def state_file(self) -> Path:
@@ -78,7 +103,12 @@ class AgentConfig:
         return self.work_dir / "agent.alive"
 
     def attempt_dir(self, attempt_id: str) -> Path:
+        """The attempt's log, exit status and wrapper files: the agent's alone."""
         return self.work_dir / "attempts" / safe_name(attempt_id)
+
+    def scratch_dir(self, attempt_id: str) -> Path:
+        """The attempt's private working directory (its job's ``HOME`` and ``TMPDIR``)."""
+        return self.work_dir / "scratch" / safe_name(attempt_id)
 
 
 def safe_name(text: str) -> str:

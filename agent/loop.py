@@ -28,6 +28,7 @@ was asked for, and the server puts the job back in the queue rather than failing
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import subprocess
 import threading
@@ -47,8 +48,18 @@ from agent.client import (
     Wait,
 )
 from agent.config import AgentConfig, RuntimeKind, safe_name
+from agent.isolation import (
+    PASSAGE,
+    PoolExhausted,
+    UidPool,
+    can_switch_users,
+    hand_over,
+    private_dir,
+    reap,
+    secure_dir,
+)
 from agent.liveness import Beacon
-from agent.runtime import Ended, Handle, Launch, Runtime
+from agent.runtime import JOB_ENV_FILE, Ended, Handle, Launch, Runtime
 from agent.state import (
     FINISHED_KEEP_S,
     AgentState,
@@ -93,6 +104,9 @@ class Agent:
         self.final_logs: dict[str, str] = {}
         """The output tails of attempts that ended, owed to the server (not persisted: a
         restarted agent loses them, and the job's log shows the tail of its last heartbeat)."""
+        self.uids: UidPool | None = None
+        if config.job_uids is not None and can_switch_users():
+            self.uids = UidPool(*config.job_uids, lock_dir=config.uid_lock_dir)
 
     # --- running -------------------------------------------------------------------------
 
@@ -119,8 +133,12 @@ class Agent:
     def reattach(self) -> None:
         """Find the processes of the attempts in the state file: the live ones are supervised
         again, the ended ones reported, the ones that never started forgotten (their lease,
-        if still live, starts them anew)."""
+        if still live, starts them anew). Their uids are the pool's again."""
+        self.prepare_work_dir()
         for record in list(self.state.attempts.values()):
+            uid = record.handle.uid
+            if self.uids is not None and uid is not None and not self.uids.claim(uid):
+                log.warning("uid %d of attempt %s is held by another agent", uid, record.attempt_id)
             runtime = self.runtimes[record.handle.kind]
             record.handle = runtime.recover(record.handle)
             ended = runtime.poll(record.handle)
@@ -134,10 +152,26 @@ class Agent:
             elif ended.code is None and (record.handle.pid == 0 or record.handle.container):
                 log.warning("attempt %s never started: forgetting it", record.attempt_id)
                 del self.state.attempts[record.attempt_id]
+                self.clean_up(record)
             else:
                 self.finish(record, ended, self.clock())
         self.dirty = True
         self.persist()
+
+    def prepare_work_dir(self) -> None:
+        """The work directory's folders: the agent's own (``attempts``, mode 0700: logs, exit
+        statuses, environment files), and those jobs pass through to their own directories
+        below (the work directory, ``checkpoints`` and ``scratch``, mode 0711: no job can
+        list them)."""
+        root = self.config.work_dir
+        folders = [(root, PASSAGE), (root / "attempts", 0o700), (root / "scratch", PASSAGE)]
+        if not (root / "checkpoints").is_symlink():  # shared storage, set up by its operator
+            folders.append((root / "checkpoints", PASSAGE))
+        for folder, mode in folders:
+            try:
+                secure_dir(folder, mode)
+            except OSError as error:
+                log.error("the work directory is not the agent's to close: %s", error)
 
     def drain(self, extra_s: float = 5.0) -> None:
         """Stop every job (SIGTERM, grace, SIGKILL) and try to deliver the reports, for at
@@ -204,9 +238,25 @@ class Agent:
         if tail is not None:
             self.final_logs[record.attempt_id] = tail
         del self.state.attempts[record.attempt_id]
+        self.clean_up(record)
         self.state.finished[record.attempt_id] = now
         self.state.forget_finished_before(now - FINISHED_KEEP_S)
         self.dirty = True
+
+    def clean_up(self, record: AttemptRecord) -> None:
+        """An attempt that is over: every process left running as its uid killed (a uid this
+        agent holds), the uid back in the pool, its working directory and any environment file
+        its wrapper did not read removed."""
+        uid = record.handle.uid
+        if self.uids is not None and uid is not None and self.uids.holds(uid):
+            left = reap(uid)
+            if left:
+                log.warning(
+                    "killed %d process(es) attempt %s left running", left, record.attempt_id
+                )
+            self.uids.release(uid)
+        shutil.rmtree(self.config.scratch_dir(record.attempt_id), ignore_errors=True)
+        Path(record.handle.status_file).with_name(JOB_ENV_FILE).unlink(missing_ok=True)
 
     # --- talking to the server -----------------------------------------------------------
 
@@ -348,10 +398,29 @@ class Agent:
         token = token or self.job_token(lease)
         if token is None:
             return False
+        if not lease.command:
+            self.not_run(lease, now, "its job has no command")
+            return False
+        try:
+            uid = self.uids.take() if self.uids is not None else None
+        except PoolExhausted as error:
+            self.not_run(lease, now, str(error))
+            return False
         checkpoint = self.checkpoint_dir(lease)
-        checkpoint.mkdir(parents=True, exist_ok=True)
         folder = self.config.attempt_dir(lease.attempt_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        scratch = self.config.scratch_dir(lease.attempt_id)
+        try:
+            secure_dir(folder)
+            private_dir(scratch, uid)
+            if uid is not None:
+                hand_over(checkpoint, uid)
+            else:
+                private_dir(checkpoint, None)
+        except OSError as error:
+            if uid is not None and self.uids is not None:
+                self.uids.release(uid)
+            self.not_run(lease, now, f"its directories could not be made private: {error}")
+            return False
         launch = Launch(
             attempt_id=lease.attempt_id,
             argv=lease.command,
@@ -363,10 +432,9 @@ class Agent:
             status_file=folder / "exit-status.json",
             checkpoint_dir=checkpoint,
             watch=self.watch(),
+            uid=uid,
+            scratch_dir=scratch,
         )
-        if not lease.command:
-            self.not_run(lease, now, "its job has no command")
-            return False
         docker = self.config.runtime == "docker" and lease.image is not None
         kind: RuntimeKind = "docker" if docker else "process"
         record = AttemptRecord(
@@ -383,6 +451,7 @@ class Agent:
             record.handle = self.runtimes[kind].start(launch)
         except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as error:
             del self.state.attempts[lease.attempt_id]
+            self.clean_up(record)
             self.not_run(lease, now, f"it could not start: {error}")
             return False
         log.info(
@@ -417,13 +486,15 @@ class Agent:
         self.dirty = True
 
     def checkpoint_dir(self, lease: Lease) -> Path:
-        """The job's checkpoint directory: the lease's, under the work directory (the same for
-        every attempt of the job); a path that would leave the work directory is not used."""
-        root = self.config.work_dir.resolve()
-        wanted = (root / lease.checkpoint_dir).resolve()
-        if wanted.is_relative_to(root) and wanted != root:
+        """The job's checkpoint directory: the lease's, one folder directly in the work
+        directory's ``checkpoints`` (the same for every attempt of the job; ``checkpoints``
+        may be a link to shared storage); any other path is not used (the directory is handed
+        to the job's uid, and nothing else of the agent's may be)."""
+        base = self.config.work_dir.resolve() / "checkpoints"
+        wanted = (self.config.work_dir.resolve() / lease.checkpoint_dir).resolve()
+        if wanted.parent == base.resolve() and not Path(lease.checkpoint_dir).is_absolute():
             return wanted
-        return root / "checkpoints" / safe_name(lease.job_id)
+        return base.resolve() / safe_name(lease.job_id)
 
     def job_env(self, lease: Lease, token: str, checkpoint: Path) -> dict[str, str]:
         """What the job's environment adds: the lease's ``env`` and what only

@@ -13,17 +13,26 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from agent.client import AgentClient
 from agent.config import (
     AgentConfig,
+    ContainerLimits,
     RuntimeKind,
     default_node_name,
     docker_answers,
     machine_for,
+)
+from agent.isolation import (
+    DEFAULT_LOCK_DIR,
+    DEFAULT_UIDS,
+    can_switch_users,
+    isolation_warning,
+    parse_uids,
+    reachable_by_others,
 )
 from agent.loop import Agent
 from agent.runtime import DockerRuntime, ProcessRuntime, Runtime
@@ -52,6 +61,25 @@ class Options:
     lease_slack_s: float
     request_timeout_s: float = 3.0
     orphan_grace_s: float = 10.0
+    job_uids: str = "auto"
+    """``auto`` (a pool of :data:`~agent.isolation.DEFAULT_UIDS` when the agent is root, else
+    none), ``off``, or ``FIRST-LAST``."""
+    uid_lock_dir: Path = DEFAULT_LOCK_DIR
+    containers: ContainerLimits = field(default_factory=ContainerLimits)
+
+
+def job_uids(text: str) -> tuple[int, int] | None:
+    """The uid pool ``--job-uids`` asks for; :class:`UsageError` if it is malformed or the
+    agent cannot switch users to honour an explicit range."""
+    if text == "auto":
+        return DEFAULT_UIDS if can_switch_users() else None
+    try:
+        uids = parse_uids(text)
+    except ValueError as error:
+        raise UsageError(f"--job-uids: {error}") from None
+    if uids is not None and not can_switch_users():
+        raise UsageError("--job-uids: only an agent running as root can run jobs as other uids")
+    return uids
 
 
 def configure(options: Options) -> AgentConfig:
@@ -83,6 +111,9 @@ def configure(options: Options) -> AgentConfig:
         lease_slack_s=options.lease_slack_s,
         request_timeout_s=options.request_timeout_s,
         orphan_grace_s=options.orphan_grace_s,
+        job_uids=job_uids(options.job_uids),
+        uid_lock_dir=options.uid_lock_dir,
+        containers=options.containers,
     )
 
 
@@ -90,10 +121,21 @@ def serve(config: AgentConfig) -> None:
     """Run the agent on ``config`` until a signal; :class:`WorkDirBusy` if another agent
     holds the work directory."""
     config.work_dir.mkdir(parents=True, exist_ok=True)
+    if config.job_uids is not None:
+        closed = reachable_by_others(config.work_dir.parent)
+        if closed is not None:
+            log.error(
+                "--work-dir %s: jobs run as uids of their own and cannot pass through %s to "
+                "their checkpoint directories (give it o+x, or use another work directory)",
+                config.work_dir,
+                closed,
+            )
     with lock_work_dir(config.lock_file):
         runtimes: dict[RuntimeKind, Runtime] = {
             "process": ProcessRuntime(),
-            "docker": DockerRuntime(nvidia=config.machine.nvidia),  # for re-attaching too
+            "docker": DockerRuntime(  # for re-attaching too
+                nvidia=config.machine.nvidia, limits=config.containers
+            ),
         }
         client = AgentClient(config.api_url, config.token, config.node, config.request_timeout_s)
         stop = threading.Event()
@@ -117,6 +159,12 @@ def serve(config: AgentConfig) -> None:
             config.work_dir,
             config.api_url,
         )
+        warning = isolation_warning(config.runtime, config.job_uids)
+        if warning is not None:
+            log.warning(warning)
+        else:
+            first, last = config.job_uids or (0, 0)
+            log.info("each job runs as a uid of its own, from %d to %d", first, last)
         try:
             Agent(config, client, runtimes).run(stop)
         finally:

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent import wrap
-from agent.config import RuntimeKind, safe_name
+from agent.config import ContainerLimits, RuntimeKind, safe_name
+from agent.isolation import owner_of
+from shockwave.image_reference import image_allowed, is_image_reference
 
 DOCKER_TIMEOUT_S = 30.0
 NO_SUCH_CONTAINER = ("no such object", "no such container")
@@ -37,7 +39,9 @@ class Launch:
     """One attempt to start: ``argv`` (in ``image`` for a container) with ``env`` on the local
     ``gpus``; its output goes to ``log_file``, the wrapper's pid to ``pid_file`` and its exit
     status to ``status_file``. ``watch``: the agent's sign of life the wrapper watches, to stop
-    the job once the agent is gone (processes only; None: never)."""
+    the job once the agent is gone (processes only; None: never). ``uid``: the unprivileged
+    uid (and gid) the job runs as (None: the agent's own); ``scratch_dir``: the job's private
+    working directory, its ``HOME`` and ``TMPDIR`` (processes only; None: the agent's)."""
 
     attempt_id: str
     argv: tuple[str, ...]
@@ -49,13 +53,16 @@ class Launch:
     status_file: Path
     checkpoint_dir: Path
     watch: wrap.Watch | None = None
+    uid: int | None = None
+    scratch_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Handle:
     """A started job. ``pid``/``start_ticks``: the wrapper process (the group leader, so
     ``pid`` is also the process group) and its start time in clock ticks since boot (0 where
-    ``/proc`` is missing), ``pid`` 0 until known; ``container``: the container's name (Docker).
+    ``/proc`` is missing), ``pid`` 0 until known; ``container``: the container's name (Docker);
+    ``uid``: the uid the job runs as (None: the agent's own).
     """
 
     kind: RuntimeKind
@@ -65,6 +72,7 @@ class Handle:
     status_file: str
     log_file: str
     container: str | None = None
+    uid: int | None = None
 
     @classmethod
     def planned(cls, kind: RuntimeKind, launch: Launch) -> Handle:
@@ -78,6 +86,7 @@ class Handle:
             status_file=str(launch.status_file),
             log_file=str(launch.log_file),
             container=container,
+            uid=launch.uid,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -153,9 +162,45 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+PASSED_ENV = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    }
+)
+"""The agent's variables a job inherits (and those named ``LC_*``): where programs and
+libraries are and how text is read. Nothing else of the agent's environment reaches a job:
+the agent's own settings and token, and whatever secrets its operator's shell held, stay with
+the agent."""
+
+
 def inherited_env() -> dict[str, str]:
-    """The agent's environment without its own SHOCKWAVE_* settings."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
+    """What of the agent's environment a job inherits (:data:`PASSED_ENV`, ``LC_*``)."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (k in PASSED_ENV or k.startswith("LC_")) and not k.startswith("SHOCKWAVE_")
+    }
+
+
+JOB_ENV_FILE = "job.env.json"
+"""The file, next to the status file, that hands a job's environment to its wrapper."""
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` to a new file ``path`` readable by its owner alone (an old one replaced)."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
 
 
 def _exists(pid: int) -> bool:
@@ -170,9 +215,13 @@ def _exists(pid: int) -> bool:
 
 class ProcessRuntime:
     """Jobs as local processes, each under the wrapper, in a new session (so its own process
-    group: a signal to the group reaches the job and everything it started). A job inherits
-    the agent's environment without its SHOCKWAVE_* settings (the agent's token among them),
-    plus the launch's."""
+    group: a signal to the group reaches the job and everything it started). A job's
+    environment is what it inherits of the agent's (:func:`inherited_env`), ``HOME`` and
+    ``TMPDIR`` in its private working directory, and the launch's. The wrapper runs as the
+    agent, with the inherited part alone; the job, as the launch's ``uid`` (the wrapper
+    switches, :mod:`agent.wrap`), gets its environment through a file of the agent's that the
+    wrapper reads and removes, so no variable the job set reaches a process of the agent's
+    user."""
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -181,14 +230,24 @@ class ProcessRuntime:
         launch.log_file.parent.mkdir(parents=True, exist_ok=True)
         launch.status_file.unlink(missing_ok=True)
         launch.pid_file.unlink(missing_ok=True)
-        wrapper = [sys.executable, "-P", wrap.__file__]
+        wrapper = [sys.executable, "-I", wrap.__file__]
         if launch.watch is not None:
             wrapper += launch.watch.argv()
+        if launch.uid is not None:
+            wrapper += [wrap.USER_OPTION, str(launch.uid)]
+        env = inherited_env()
+        if launch.scratch_dir is not None:
+            env |= {"HOME": str(launch.scratch_dir), "TMPDIR": str(launch.scratch_dir)}
+        env_file = launch.status_file.with_name(JOB_ENV_FILE)
+        write_private(env_file, json.dumps(env | launch.env))
+        wrapper += [wrap.ENV_OPTION, str(env_file)]
         wrapper += [str(launch.pid_file), str(launch.status_file)]
-        with launch.log_file.open("ab") as log:
+        descriptor = os.open(launch.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "ab") as log:
             child = subprocess.Popen(
                 [*wrapper, *launch.argv],
-                env=inherited_env() | launch.env,
+                env=inherited_env(),
+                cwd=launch.scratch_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -204,9 +263,13 @@ class ProcessRuntime:
             return handle
         try:
             written = json.loads(Path(handle.pid_file).read_text())
-            return replace(handle, pid=int(written["pid"]), start_ticks=int(written["start_ticks"]))
+            pid, ticks = int(written["pid"]), int(written["start_ticks"])
         except (OSError, ValueError, KeyError, TypeError):
             return handle
+        if owner_of(pid) not in (None, os.geteuid()):
+            log.warning("%s names pid %d of another user: ignored", handle.pid_file, pid)
+            return handle
+        return replace(handle, pid=pid, start_ticks=ticks)
 
     def alive(self, handle: Handle) -> bool:
         """Whether ``handle``'s process still runs and is the one that was started."""
@@ -264,21 +327,58 @@ LIVE_STATES = ("created", "running", "restarting", "paused")
 
 class DockerRuntime:
     """Jobs as Docker containers named ``shockwave-<attempt>`` and labelled
-    ``shockwave.attempt``: on the host network (the API URL means the same inside), with the
-    checkpoint directory mounted at the same path, as the agent's own user and group (the files
-    they write there belong to the agent), under Docker's init (signals reach the job, zombies
-    are reaped), and with the lease's GPUs passed with ``--gpus`` (inside, they are numbered
-    from 0). The job's environment goes to ``docker run`` in an ``--env-file`` readable by the
-    agent alone and removed once the container is created, so that no token shows on a command
-    line and nothing in it can redirect the ``docker`` command itself.
+    ``shockwave.attempt``. What a container may do is the agent's to set, never the job's:
+
+    - the image must be a Docker image reference (:mod:`shockwave.image_reference`) and, where
+      the operator lists images (``limits.allowed_images``), one they allow; it is the last
+      word before the job's command, and no reference can read as an option, so nothing the
+      job names ever reaches ``docker run`` as one;
+    - it runs as the launch's ``uid`` (its group the same; else the agent's own user), with
+      every capability dropped, ``no-new-privileges``, a read-only root file system with a
+      private ``/tmp`` (tmpfs, also its ``HOME``), the memory and process limits of
+      ``limits``, on ``limits.network`` (the host's network only where the operator chose it),
+      and only the lease's GPUs (``--gpus``; inside, numbered from 0);
+    - it sees one directory of the host: its job's checkpoint directory, at the same path.
+
+    It runs under Docker's init (signals reach the job, zombies are reaped). The job's
+    environment goes to ``docker run`` in an ``--env-file`` readable by the agent alone and
+    removed once the container is created, so that no token shows on a command line and
+    nothing in it can redirect the ``docker`` command itself.
 
     A container outlives its agent: an agent restarted on the same work directory finds it by
     name and supervises it again (the process runtime's wrapper stops an orphaned job; a
     container of an agent that never comes back runs until it ends or is removed)."""
 
-    def __init__(self, nvidia: bool, user: str | None = None) -> None:
+    def __init__(
+        self, nvidia: bool, user: str | None = None, limits: ContainerLimits | None = None
+    ) -> None:
         self.nvidia = nvidia
         self.user = user if user is not None else f"{os.getuid()}:{os.getgid()}"
+        self.limits = limits if limits is not None else ContainerLimits()
+
+    def run_argv(self, name: str, launch: Launch, env_file: Path) -> list[str]:
+        """``docker run``'s arguments for ``launch`` in the container ``name``; ValueError
+        for an image that is no reference or that the operator does not allow."""
+        image = launch.image or ""
+        if not is_image_reference(image):
+            raise ValueError(f"{image!r} is not a Docker image reference")
+        allowed = self.limits.allowed_images
+        if allowed and not image_allowed(image, allowed):
+            raise ValueError(f"the image {image!r} is not among this node's allowed images")
+        user = f"{launch.uid}:{launch.uid}" if launch.uid is not None else self.user
+        if any(c in str(launch.checkpoint_dir) for c in ',"'):
+            raise ValueError(f"{launch.checkpoint_dir}: a comma or quote cannot be mounted")
+        mount = f"type=bind,source={launch.checkpoint_dir},target={launch.checkpoint_dir}"
+        argv = ["run", "--detach", "--init", "--name", name, "--label", f"{CONTAINER_LABEL}={name}"]
+        argv += ["--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        argv += ["--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={self.limits.tmp_size}"]
+        argv += ["--network", self.limits.network, "--mount", mount]
+        argv += ["--pids-limit", str(self.limits.pids)]
+        if self.limits.memory is not None:
+            argv += ["--memory", self.limits.memory, "--memory-swap", self.limits.memory]
+        if self.nvidia and launch.gpus:
+            argv += ["--gpus", f'"device={",".join(str(g) for g in launch.gpus)}"']
+        return [*argv, "--env-file", str(env_file), image, *launch.argv]
 
     def start(self, launch: Launch) -> Handle:
         if launch.image is None:
@@ -287,18 +387,15 @@ class DockerRuntime:
         launch.status_file.unlink(missing_ok=True)
         handle = Handle.planned("docker", launch)
         name = handle.container or ""
-        self._docker("rm", "--force", name, check=False)
-        env = dict(launch.env)
-        argv = ["run", "--detach", "--init", "--name", name, "--label", f"{CONTAINER_LABEL}={name}"]
-        mount = f"{launch.checkpoint_dir}:{launch.checkpoint_dir}"
-        argv += ["--network", "host", "--volume", mount, "--user", self.user]
-        if self.nvidia and launch.gpus:
-            argv += ["--gpus", f'"device={",".join(str(g) for g in launch.gpus)}"']
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(launch.gpus)))
         env_file = launch.log_file.with_name("container.env")
+        argv = self.run_argv(name, launch, env_file)
+        self._docker("rm", "--force", name, check=False)
+        env = {"HOME": "/tmp", "TMPDIR": "/tmp", **launch.env}
+        if self.nvidia and launch.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(launch.gpus)))
         write_env_file(env_file, env)
         try:
-            self._docker(*argv, "--env-file", str(env_file), launch.image, *launch.argv)
+            self._docker(*argv)
         except RuntimeError:
             self._docker("rm", "--force", name, check=False)  # created but not started
             raise

@@ -126,9 +126,12 @@ def load(path: Path) -> AgentState:
 
 
 def save(path: Path, state: AgentState) -> None:
-    """Write ``state`` to ``path`` atomically and durably."""
+    """Write ``state`` to ``path`` atomically and durably, readable by the agent alone (it
+    names every attempt on the node)."""
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as handle:
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
         json.dump(state.to_json(), handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())

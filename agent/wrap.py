@@ -1,5 +1,6 @@
-"""``python -P agent/wrap.py [--alive FILE ORPHAN_GRACE_S KILL_GRACE_S] PID_FILE STATUS_FILE
-ARGV...``: run ARGV, record how it ended, and stop it if its agent is gone.
+"""``python -I agent/wrap.py [--alive FILE ORPHAN_GRACE_S KILL_GRACE_S] [--user UID]
+[--env-file FILE] PID_FILE STATUS_FILE ARGV...``: run ARGV, record how it ended, and stop it if
+its agent is gone.
 
 Every process the agent starts runs under this wrapper, as the leader of its own process
 group. It writes its own pid and start time to PID_FILE first (so an agent killed before it
@@ -18,8 +19,14 @@ wrapper sends the group SIGTERM, SIGKILL to the child KILL_GRACE_S later, and re
 ``"stop_requested": 1`` with the exit code, so that a restarted agent reports the stop it asked
 for (the job goes back to the queue) rather than a failure or a success.
 
-Only the standard library is imported, so this file runs as a script (``python -P``: its
-folder is not put on the path) without the agent package.
+With ``--user``, ARGV runs as that uid, its group the same number and no supplementary group,
+with umask 077, while the wrapper itself keeps the agent's user: the job cannot signal or read
+its wrapper, nor forge PID_FILE and STATUS_FILE (which live in a directory of the agent's). With
+``--env-file``, ARGV's environment is the JSON object in FILE (read, then removed) instead of the
+wrapper's own: what the job set (``LD_PRELOAD``, ``PYTHONPATH``...) never reaches the wrapper.
+
+Only the standard library is imported, so this file runs as a script (``python -I``: isolated,
+its folder not put on the path and no ``PYTHON*`` variable read) without the agent package.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from pathlib import Path
 
 NOT_STARTED = 127
 ALIVE_OPTION = "--alive"
+USER_OPTION = "--user"
+ENV_OPTION = "--env-file"
+JOB_UMASK = 0o077
 WATCH_TICK_S = 0.25
 
 
@@ -96,15 +106,54 @@ def seconds_since_alive(path: Path, since: float, now: float) -> float:
     return now - max(touched, since)
 
 
-def run(pid_file: Path, status_file: Path, argv: list[str], watch: Watch | None = None) -> int:
+@dataclass(frozen=True, slots=True)
+class Job:
+    """How to run ARGV: as ``uid`` (None: the wrapper's own user), with the environment in
+    ``env_file`` (None: the wrapper's own)."""
+
+    uid: int | None = None
+    env_file: Path | None = None
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """The job's environment from ``path`` (a JSON object of strings), then ``path`` removed."""
+    try:
+        document = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+    if not isinstance(document, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in document.items()
+    ):
+        raise ValueError(f"{path}: not a JSON object of strings")
+    return document
+
+
+def run(
+    pid_file: Path,
+    status_file: Path,
+    argv: list[str],
+    watch: Watch | None = None,
+    job: Job = Job(),
+) -> int:
     """Run ``argv`` to its end, record its status; the wrapper's own exit status."""
     write_json(pid_file, {"pid": os.getpid(), "start_ticks": own_start_ticks()})
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: None)  # caught, not ignored: exec resets it for ARGV
     started = time.time()
     try:
-        child = subprocess.Popen(argv)
-    except OSError as error:
+        env = read_env(job.env_file) if job.env_file is not None else None
+        if job.uid is None:
+            child = subprocess.Popen(argv, env=env)
+        else:
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                user=job.uid,
+                group=job.uid,
+                extra_groups=[],
+                umask=JOB_UMASK,
+            )
+    except (OSError, ValueError, subprocess.SubprocessError) as error:
         say(f"cannot start {argv[0]!r}: {error}")
         write_status(status_file, NOT_STARTED)
         return NOT_STARTED
@@ -151,33 +200,41 @@ def say(message: str) -> None:
     print(f"agent.wrap: {message}", file=sys.stderr, flush=True)
 
 
-def parse(args: list[str]) -> tuple[Path, Path, list[str], Watch | None] | None:
-    """``(pid_file, status_file, argv, watch)`` from the command line; None if malformed."""
+def parse(args: list[str]) -> tuple[Path, Path, list[str], Watch | None, Job] | None:
+    """``(pid_file, status_file, argv, watch, job)`` from the command line; None if
+    malformed."""
     watch = None
-    if args[:1] == [ALIVE_OPTION]:
-        if len(args) < 4:
-            return None
-        try:
-            watch = Watch(Path(args[1]), float(args[2]), float(args[3]))
-        except ValueError:
-            return None
-        args = args[4:]
+    uid: int | None = None
+    env_file: Path | None = None
+    try:
+        while args[:1] in ([ALIVE_OPTION], [USER_OPTION], [ENV_OPTION]):
+            if args[0] == ALIVE_OPTION:
+                watch = Watch(Path(args[1]), float(args[2]), float(args[3]))
+                args = args[4:]
+            elif args[0] == USER_OPTION:
+                uid = int(args[1])
+                args = args[2:]
+            else:
+                env_file = Path(args[1])
+                args = args[2:]
+    except (IndexError, ValueError):
+        return None
     if len(args) < 3:
         return None
-    return Path(args[0]), Path(args[1]), args[2:], watch
+    return Path(args[0]), Path(args[1]), args[2:], watch, Job(uid, env_file)
 
 
 def main(args: list[str]) -> int:
     parsed = parse(args)
     if parsed is None:
         print(
-            "usage: wrap.py [--alive FILE ORPHAN_GRACE_S KILL_GRACE_S] PID_FILE STATUS_FILE "
-            "ARGV...",
+            "usage: wrap.py [--alive FILE ORPHAN_GRACE_S KILL_GRACE_S] [--user UID] "
+            "[--env-file FILE] PID_FILE STATUS_FILE ARGV...",
             file=sys.stderr,
         )
         return 2
-    pid_file, status_file, argv, watch = parsed
-    return run(pid_file, status_file, argv, watch)
+    pid_file, status_file, argv, watch, job = parsed
+    return run(pid_file, status_file, argv, watch, job)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from fastapi import Path
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 from pydantic.config import JsonDict
 
+from shockwave.image_reference import IMAGE_MAX_LENGTH, IMAGE_PATTERN
 from shockwave.lifecycle import JobState, NodeState
 from shockwave.model import VALID_WIDTHS, AdaptationMode
 from shockwave.waiting import Cause
@@ -49,9 +50,11 @@ Image = Annotated[
     str,
     Field(
         min_length=1,
-        max_length=255,
-        pattern=r"^[^\x00-\x20\x7f]+$",
-        description="Container image an agent with a Docker engine runs ``command`` in.",
+        max_length=IMAGE_MAX_LENGTH,
+        pattern=IMAGE_PATTERN,
+        description="Container image an agent with a Docker engine runs ``command`` in: a "
+        "Docker image reference (``[registry[:port]/]name[:tag][@digest]``, e.g. "
+        "``shockwave:latest``).",
     ),
 ]
 

@@ -150,6 +150,8 @@ def embedded_cluster(work: Path, round_seconds: float) -> Iterator[Cluster]:
             str(agent_dir),
             "--poll-interval",
             "0.2",
+            "--job-uids",  # its jobs run this interpreter, which another uid may not reach
+            "off",
             "--log-level",
             "warning",
         )

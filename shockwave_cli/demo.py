@@ -236,6 +236,10 @@ class Demo:
             "2",
             "--grace-seconds",
             str(AGENT_GRACE_S),
+            # The demo's jobs are one user's, on this interpreter (which another uid may not
+            # reach): they run as that user.
+            "--job-uids",
+            "off",
             "--log-level",
             "warning",
         )

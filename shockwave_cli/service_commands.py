@@ -421,6 +421,37 @@ def agent_command(
             min=0,
         ),
     ] = 10.0,
+    job_uids: Annotated[
+        str,
+        typer.Option(
+            help="Run each job as a uid of its own from FIRST-LAST (an agent running as root; "
+            "auto: 60000-60999 as root, none otherwise; off: as the agent's user).",
+        ),
+    ] = "auto",
+    container_network: Annotated[
+        str,
+        typer.Option(
+            help="The Docker network job containers join (host: the host's network, only "
+            "where jobs may have it).",
+        ),
+    ] = "bridge",
+    container_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory limit of each job container (e.g. 16g); default: none.", show_default=False
+        ),
+    ] = None,
+    container_pids: Annotated[
+        int, typer.Option(help="Most processes and threads in one job container.", min=16)
+    ] = 4096,
+    allowed_image: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An image (any tag), an exact reference, or a registry or namespace ending "
+            "with / that jobs may run in; repeat it; default: any image reference.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option(help="Log level: critical, error, warning, info, debug.")
     ] = "info",
@@ -434,9 +465,13 @@ def agent_command(
     every job cleanly; twice exits at once, leaving them to the next agent. See docs/agent.md.
     """
     import logging
+    import os
+    import re
     from typing import Literal, cast
 
+    from agent.config import ContainerLimits
     from agent.main import Options, UsageError, WorkDirBusy, configure, serve
+    from shockwave.image_reference import is_image_reference
     from shockwave_cli.api_commands import _fail
 
     logging.basicConfig(
@@ -444,8 +479,20 @@ def agent_command(
     )
     if log_level.lower() != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ.pop("SHOCKWAVE_AGENT_TOKEN", None)  # read; nothing the agent starts inherits it
     if token_file is not None:
+        if token_file.stat().st_mode & 0o077:
+            logging.getLogger("agent").warning(
+                "--token-file %s is readable by others: make it mode 0600", token_file
+            )
         token = token_file.read_text().strip() or None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", container_network):
+        _fail(f"--container-network: not a Docker network name: {container_network!r}", 2)
+    if container_memory is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", container_memory):
+        _fail(f"--container-memory: expected a size such as 16g, got {container_memory!r}", 2)
+    for entry in allowed_image or []:
+        if not is_image_reference(entry.rstrip("/")):
+            _fail(f"--allowed-image: not an image reference or registry: {entry!r}", 2)
     if gpus != "auto" and not (gpus.isdigit() and 1 <= int(gpus) <= 1024):
         _fail(f"--gpus: expected auto or a number from 1 to 1024, got {gpus!r}", 2)
     if runtime not in ("auto", "process", "docker"):
@@ -463,6 +510,13 @@ def agent_command(
         lease_slack_s=lease_slack,
         request_timeout_s=request_timeout,
         orphan_grace_s=orphan_grace,
+        job_uids=job_uids,
+        containers=ContainerLimits(
+            network=container_network,
+            memory=container_memory,
+            pids=container_pids,
+            allowed_images=tuple(allowed_image or ()),
+        ),
     )
     try:
         serve(configure(options))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +74,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not item.nodeid.startswith(E2E_TESTS):
         os.nice(REST_NICENESS)
         _reniced.append(True)
+
+
+@pytest.fixture
+def passable_tmp_path() -> Iterator[Path]:
+    """A fresh folder that every user may pass through (mode 0711, in the system's temporary
+    folder), removed afterwards: an agent running as root (as the tests do) runs each job as a
+    uid of its own, which must reach its directories below the agent's work directory, and
+    pytest keeps its ``tmp_path`` folders closed to other users (0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="shockwave-passable-"))
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -254,6 +254,13 @@ def start_agent(
         "1",
         "--orphan-grace",
         str(liveness.orphan_grace_s),
+        # The examples run on this tree's interpreter, which another uid may not reach: the
+        # process runtime runs them as the agent's user (tests/e2e/test_tenant_isolation.py
+        # runs jobs under the uid pool); a container has its own.
+        *(() if docker else ("--job-uids", "off")),
+        # The programs post their progress to the API on this host's loopback: their
+        # containers are allowed the host's network (the operator's choice; bridge otherwise).
+        *(("--container-network", "host") if docker else ()),
         env={"SHOCKWAVE_AGENT_TOKEN": token},
     )
 

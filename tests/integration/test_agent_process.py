@@ -18,7 +18,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, suppress
@@ -31,6 +30,7 @@ import httpx
 
 from bench.deployment import ROOT
 from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
+from tests.job_python import job_python
 
 FAKE_JOB = Path(__file__).with_name("agent_fake_job.py")
 ROUND_S = 5.0
@@ -88,7 +88,7 @@ class Scene:
             "epochs": 1000,
             "samples_per_epoch": 1000,
             "initial_batch_size": 32,
-            "command": [sys.executable, str(FAKE_JOB), str(self.out_dir)],
+            "command": [job_python(), str(FAKE_JOB), str(self.out_dir)],
         }
         response = httpx.post(
             f"{self.base}/v1/jobs",
@@ -193,7 +193,9 @@ def fake_job_pids(out_dir: Path) -> list[int]:
 
 
 @contextmanager
-def scene(tmp_path: Path) -> Iterator[Scene]:
+def scene(tmp_path: Path, jobs_dir: Path) -> Iterator[Scene]:
+    """``jobs_dir``: where the agent's work directory and the jobs' records go, a folder every
+    uid may pass through (each job runs as a uid of its own)."""
     database = tmp_path / "shockwave.db"
     admin = create_token(database, "admin")
     agent_token = create_token(database, "agent", "--node", NODE)
@@ -219,10 +221,11 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         env=clean_env(),
         log_path=tmp_path / "up.log",
     )
-    out_dir = tmp_path / "out"
+    out_dir = jobs_dir / "out"
     out_dir.mkdir()
+    out_dir.chmod(0o1777)  # the jobs, each a uid of its own, write their records here
     current = Scene(
-        tmp_path, f"http://127.0.0.1:{port}", admin, agent_token, up, tmp_path / "work", out_dir
+        tmp_path, f"http://127.0.0.1:{port}", admin, agent_token, up, jobs_dir / "work", out_dir
     )
     try:
         up.start()
@@ -242,9 +245,11 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         up.stop()
 
 
-def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(tmp_path: Path) -> None:
+def test_agent_runs_reattaches_rides_out_an_outage_and_checkpoints(
+    tmp_path: Path, passable_tmp_path: Path
+) -> None:
     started = time.monotonic()
-    with scene(tmp_path) as s:
+    with scene(tmp_path, passable_tmp_path) as s:
         agent = s.agent("agent")
         agents = [agent]
         try:
