@@ -285,14 +285,17 @@ class TenantMarket:
     with active jobs. ``budgets``: job id -> its weight in the market (B_j,
     :func:`job_budgets`). ``contention``: job id -> the jobs per GPU of its fair share inside its
     tenant's share (the tenant's multipliers over the job's, over the tenant's entitlement;
-    at least 1), the N of its finish-time fairness. ``single``: one tenant and no limits; then
-    budgets are the jobs' own and a policy keeps its untenanted rule (the cluster's contention).
+    at least 1), the N of its finish-time fairness. ``multipliers``: job id -> its weight
+    among its tenant's jobs (its budget times its priority class's multiplier). ``single``:
+    one tenant and no limits; then budgets are the jobs' own and a policy keeps its untenanted
+    rule (the cluster's contention).
     """
 
     entitled: Mapping[str, float]
     budgets: Mapping[str, float]
     contention: Mapping[str, float]
     single: bool
+    multipliers: Mapping[str, float]
 
 
 def market(
@@ -329,6 +332,7 @@ def market(
         MappingProxyType(budgets),
         MappingProxyType(contention),
         single,
+        MappingProxyType(multipliers),
     )
 
 
