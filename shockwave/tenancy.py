@@ -22,7 +22,7 @@ Units: GPUs (fractions allowed: an entitlement is a share over time, not a gang)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -340,3 +340,138 @@ def _class_multiplier(spec: JobSpec, priority_classes: Mapping[str, float]) -> f
     if spec.priority is None:
         return 1.0
     return float(priority_classes.get(spec.priority, 1.0))
+
+
+AT_LIMIT = "tenant at its GPU limit"
+"""Why a job waits when running it would put its tenant (or one above it) over ``max_gpus``."""
+
+
+def has_limits(tenants: Mapping[str, Tenant]) -> bool:
+    """Whether any tenant has a ``max_gpus`` or a ``guaranteed_gpus``: only then does the round
+    engine apply tenant limits (without, it places exactly as it did before tenants)."""
+    return any(t.max_gpus is not None or t.guaranteed_gpus for t in tenants.values())
+
+
+class TenantUsage:
+    """GPUs held per tenant, counted at every tenant above it too, against ``max_gpus``."""
+
+    def __init__(self, tenants: Mapping[str, Tenant]) -> None:
+        self.tenants = tenants
+        self.held: dict[str, int] = {}
+
+    def fits(self, tenant: str, gpus: int) -> bool:
+        """Whether ``gpus`` more for ``tenant`` keep it and every tenant above it within
+        ``max_gpus``."""
+        for path in ancestors(tenant):
+            cap = settings_of(self.tenants, path).max_gpus
+            if cap is not None and self.held.get(path, 0) + gpus > cap:
+                return False
+        return True
+
+    def add(self, tenant: str, gpus: int) -> None:
+        for path in ancestors(tenant):
+            self.held[path] = self.held.get(path, 0) + gpus
+
+
+def limit_column(
+    column: Sequence[str],
+    arrival_order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+    total_gpus: int,
+) -> tuple[list[str], dict[str, str]]:
+    """A round's jobs (``column``, highest priority first) within the tenants' limits.
+
+    1. Guarantees: a tenant with ``guaranteed_gpus`` and waiting demand that the column gives
+       fewer than ``min(guarantee, demand)`` GPUs gets its jobs (from ``arrival_order``, the
+       active jobs in arrival order) put first, while they fit its guarantee; to make room,
+       jobs of tenants that are not short of a guarantee leave the column from its end.
+    2. Caps: walking the column in order, a job whose width would put its tenant or a tenant
+       above it over ``max_gpus`` leaves it, with :data:`AT_LIMIT` as its reason.
+
+    Returns the new column and the reasons of the jobs taken out by a cap.
+    """
+    shortfall = _guarantee_shortfall(column, arrival_order, width, tenant_of, tenants)
+    chosen = list(column)
+    if shortfall:
+        front: list[str] = []
+        for job in arrival_order:
+            chain = ancestors(tenant_of[job])
+            if job in chosen or not any(shortfall.get(p, 0) >= width[job] for p in chain):
+                continue
+            front.append(job)
+            for path in chain:
+                if path in shortfall:
+                    shortfall[path] -= width[job]
+        guaranteed = {p for p, t in tenants.items() if t.guaranteed_gpus}
+        used = sum(width[j] for j in chosen) + sum(width[j] for j in front)
+        for job in reversed(list(chosen)):
+            if used <= total_gpus:
+                break
+            if not guaranteed.intersection(ancestors(tenant_of[job])):
+                chosen.remove(job)
+                used -= width[job]
+        while used > total_gpus and front:  # guarantees over the cluster: the last ones wait
+            used -= width[front.pop()]
+        chosen = front + chosen
+    usage = TenantUsage(tenants)
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for job in chosen:
+        if usage.fits(tenant_of[job], width[job]):
+            usage.add(tenant_of[job], width[job])
+            kept.append(job)
+        else:
+            refused[job] = AT_LIMIT
+    return kept, refused
+
+
+def within_caps(
+    candidates: Sequence[str],
+    holding: Mapping[str, int],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+) -> tuple[list[str], dict[str, str]]:
+    """The ``candidates`` (in order) that may start on top of ``holding`` (job id -> GPUs held
+    by jobs already running) without a tenant over its ``max_gpus``, and the reasons of the
+    others (:data:`AT_LIMIT`)."""
+    usage = TenantUsage(tenants)
+    for job, gpus in holding.items():
+        usage.add(tenant_of.get(job, ROOT), gpus)
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for job in candidates:
+        if usage.fits(tenant_of[job], width[job]):
+            usage.add(tenant_of[job], width[job])
+            kept.append(job)
+        else:
+            refused[job] = AT_LIMIT
+    return kept, refused
+
+
+def _guarantee_shortfall(
+    column: Sequence[str],
+    arrival_order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+) -> dict[str, int]:
+    """Guaranteed tenant path -> GPUs its jobs need added to the column to reach
+    ``min(guarantee, demand)``, for those short of it."""
+    in_column: dict[str, int] = {}
+    demand: dict[str, int] = {}
+    for job in arrival_order:
+        for path in ancestors(tenant_of[job]):
+            demand[path] = demand.get(path, 0) + width[job]
+    for job in column:
+        for path in ancestors(tenant_of[job]):
+            in_column[path] = in_column.get(path, 0) + width[job]
+    short: dict[str, int] = {}
+    for path, tenant in tenants.items():
+        if tenant.guaranteed_gpus:
+            need = min(tenant.guaranteed_gpus, demand.get(path, 0)) - in_column.get(path, 0)
+            if need > 0:
+                short[path] = need
+    return short
