@@ -283,9 +283,10 @@ class TenantMarket:
 
     ``entitled``: tenant path -> GPUs it is entitled to (:func:`entitlements`) for the tenants
     with active jobs. ``budgets``: job id -> its weight in the market (B_j,
-    :func:`job_budgets`). ``contention``: job id -> the jobs per GPU of its fair share inside its
-    tenant's share (the tenant's multipliers over the job's, over the tenant's entitlement;
-    at least 1), the N of its finish-time fairness. ``multipliers``: job id -> its weight
+    :func:`job_budgets`). ``contention``: job id -> its gang width over its fair share inside its
+    tenant's share (the tenant's entitlement times the job's part of the tenant's multipliers;
+    at least 1): how many times slower than alone it runs at that share, the N of its
+    finish-time fairness. ``multipliers``: job id -> its weight
     among its tenant's jobs (its budget times its priority class's multiplier). ``single``:
     one tenant and no limits; then budgets are the jobs' own and a policy keeps its untenanted
     rule (the cluster's contention).
@@ -323,10 +324,10 @@ def market(
     for job, tenant in job_tenants.items():
         by_tenant[tenant] = by_tenant.get(tenant, 0.0) + multipliers[job]
     contention: dict[str, float] = {}
+    width = {s.job_id: s.gpus for s in jobs}
     for job, tenant in job_tenants.items():
-        gpus = entitled.get(tenant, 0.0)
-        jobs_per_gpu = (by_tenant[tenant] / multipliers[job]) / gpus if gpus > 0 else math.inf
-        contention[job] = max(1.0, jobs_per_gpu)
+        fair = entitled.get(tenant, 0.0) * multipliers[job] / by_tenant[tenant]
+        contention[job] = max(1.0, width[job] / fair) if fair > 0 else math.inf
     return TenantMarket(
         MappingProxyType(entitled),
         MappingProxyType(budgets),
@@ -475,3 +476,76 @@ def _guarantee_shortfall(
             if need > 0:
                 short[path] = need
     return short
+
+
+MAX_OWED_GPUS = 8.0
+"""The most GPU-rounds a tenant's balance carries to the next round, either way
+(:func:`owed_after`): one widest gang, enough to even out a share that gangs cannot match
+exactly (5.3 GPUs of 4-GPU jobs) without letting a long shortfall buy a burst."""
+
+AT_SHARE = "its tenant holds its share; no idle GPUs to borrow"
+"""Why a job waits when its tenant has its share this round and no GPU is left idle."""
+
+
+def share_round(
+    order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    quota: Mapping[str, float],
+    total_gpus: int,
+) -> tuple[list[str], dict[str, str]]:
+    """A round's jobs with each tenant held to its share while others want theirs.
+
+    ``order``: active job ids, the policy's preference first (its round, then its fillers,
+    then the rest). First pass: a job runs when it fits the free GPUs and its tenant's GPUs stay
+    within ``quota`` (its entitlement plus what it is owed); second pass: the GPUs still free
+    go to jobs of any tenant in the same order (idle share is lent; the next round takes it
+    back). Returns the jobs in the order chosen and, for the others, :data:`AT_SHARE` where the
+    first pass held them back. A quota below 0 (a tenant that owes GPUs) holds all of its jobs
+    to the second pass.
+    """
+    free = total_gpus
+    used: dict[str, float] = {}
+    chosen: list[str] = []
+    held_back: set[str] = set()
+    for job in order:
+        tenant = tenant_of[job]
+        if width[job] > free:
+            continue
+        if used.get(tenant, 0.0) + width[job] > quota.get(tenant, 0.0) + 1e-9:
+            held_back.add(job)
+            continue
+        chosen.append(job)
+        used[tenant] = used.get(tenant, 0.0) + width[job]
+        free -= width[job]
+    taken = set(chosen)
+    for job in order:
+        if job not in taken and width[job] <= free:
+            chosen.append(job)
+            taken.add(job)
+            free -= width[job]
+    return chosen, {j: AT_SHARE for j in held_back if j not in taken}
+
+
+def owed_after(
+    owed: Mapping[str, float],
+    entitled: Mapping[str, float],
+    chosen: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+) -> dict[str, float]:
+    """Each tenant's balance after a round (tenants with demand only): what it was owed plus
+    its entitlement less the GPUs its jobs got, within +-:data:`MAX_OWED_GPUS`. A tenant that
+    got more than its share owes it back only as far as other tenants got less (GPUs that no
+    one else could use were lent free); the balances of a round sum to 0 when it is full."""
+    used: dict[str, float] = {}
+    for job in chosen:
+        used[tenant_of[job]] = used.get(tenant_of[job], 0.0) + width[job]
+    delta = {t: gpus - used.get(t, 0.0) for t, gpus in entitled.items()}
+    short = sum(d for d in delta.values() if d > 0)
+    over = -sum(d for d in delta.values() if d < 0)
+    scale = min(1.0, short / over) if over > 0 else 1.0
+    return {
+        t: min(MAX_OWED_GPUS, max(-MAX_OWED_GPUS, owed.get(t, 0.0) + (d if d > 0 else d * scale)))
+        for t, d in delta.items()
+    }
