@@ -172,11 +172,13 @@ def test_simulate_flags_write_tenant_figures(throughputs: Path, tmp_path: Path) 
             *("--generate", "10", "--seed", "3", "--throughputs", str(throughputs)),
             *("--gpus", "8", "--policy", "shockwave,gavel", "--out", str(out)),
             *("--tenants", "org/a:5,b:1", "--tenant-seed", "2"),
-            *("--tenant-weights", "org:3,b:1", "--tenant-max-gpus", "b:4"),
+            *("--tenant-weights", "org:3,b:1", "--tenant-max-gpus", "b:4", "--report"),
         ],
     )
     assert result.exit_code == 0, result.output
     assert "Tenants" in result.output
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "<h2>Tenants</h2>" in page and "org/a" in page
     records = json.loads((out / "metrics.json").read_text())
     for record in records:
         assert set(record["tenants"]) <= {"org/a", "b"}
