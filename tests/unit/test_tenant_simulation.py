@@ -122,9 +122,11 @@ def test_tenant_metrics_count_entitled_and_received_by_hour() -> None:
     assert record["worst_tenant_ratio"] == run.worst_tenant_ratio >= 0.9
     assert set(record["tenants"]["a"]) >= {"entitled_gpu_s", "received_gpu_s", "worst_hour_ratio"}
     assert 0.99 <= run.tenant_jain <= 1.0
-    # the whole cluster's GPU-time is entitled to someone while jobs wait
+    # never more than the cluster's GPU-time is entitled; nearly all of it while jobs wait
     total = sum(f.entitled_gpu_s for f in run.tenants.values())
-    assert total == pytest.approx(4 * result.makespan_s, rel=0.02)
+    assert 0.9 * 4 * result.makespan_s <= total <= 4 * result.makespan_s + 1e-6
+    received = sum(f.received_gpu_s for f in run.tenants.values())
+    assert received == pytest.approx(total, rel=0.05)
 
 
 def test_ledger_splits_at_finishes_and_hours() -> None:
