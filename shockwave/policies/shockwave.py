@@ -54,6 +54,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -125,6 +126,9 @@ class ShockwaveParams:
     preemption costs a restart, so it must help fairness and average JCT both; otherwise by
     deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
     off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`).
+    ``tenant_slack_rounds``: with more than one tenant, how many rounds of its share a tenant's
+    jobs may run ahead of it before the round holds the tenant to its share
+    (:func:`shockwave.tenancy.share_quotas`; 0: every round, the balance evening out gangs).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -154,6 +158,7 @@ class ShockwaveParams:
     packing_order: str = "deadline"
     wait_for_ends: bool = True
     patience: float = 0.5
+    tenant_slack_rounds: float = 0.0
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -222,11 +227,13 @@ class ShockwaveState:
     last: PlanSummary = field(default_factory=PlanSummary)
     plan_types: Mapping[str, str] = field(default_factory=dict)
     widths: Mapping[str, int] = field(default_factory=dict)
+    tenant_owed: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class JobOutlook:
-    """Prediction and estimates of one job at this decision."""
+    """Prediction and estimates of one job at this decision. ``budget``: the job's weight in
+    the market this round (B_j; with tenants, its part of its tenant's share)."""
 
     prediction: Prediction
     remaining_s: float
@@ -238,6 +245,7 @@ class JobOutlook:
     cautious_remaining_s: float
     soonest_remaining_s: float
     latest_remaining_s: float
+    budget: float = 1.0
 
     @property
     def laxity_s(self) -> float:
@@ -263,7 +271,8 @@ class Shockwave:
         state = snapshot.policy_state
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
-        contention_sum, contention_rounds = _update_contention(snapshot, state)
+        shares = snapshot.market()
+        contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
         rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         typed = snapshot.cluster.is_typed
         outlooks = {
@@ -275,6 +284,7 @@ class Shockwave:
                 contention_rounds,
                 rates,
                 mean_speed(job, snapshot.cluster) if typed else 1.0,
+                shares.budgets[job.job_id],
             )
             for job in snapshot.jobs
         }
@@ -319,6 +329,18 @@ class Shockwave:
                 widths,
                 params.restart_overhead_s,
             )
+        owed = state.tenant_owed
+        if not shares.single and not typed:
+            chosen, reasons, chosen_widths, owed = _share(
+                snapshot,
+                shares,
+                owed,
+                chosen,
+                reasons,
+                chosen_widths,
+                outlooks,
+                params.tenant_slack_rounds,
+            )
         new_state = ShockwaveState(
             plan_rounds=rounds,
             planned_at_round=planned_at,
@@ -330,6 +352,7 @@ class Shockwave:
             last=last,
             plan_types=MappingProxyType(dict(types)),
             widths=MappingProxyType(dict(widths)),
+            tenant_owed=MappingProxyType(dict(owed)),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -354,11 +377,14 @@ class Shockwave:
         contention_rounds: Mapping[str, int],
         rates: ThroughputModel | None = None,
         speed: float = 1.0,
+        budget: float | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
         job's reference type (on a typed cluster, the average GPU's:
-        :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate."""
+        :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate.
+        ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
+        own ``budget``."""
         if rates is None:
             rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         revealed = snapshot.revealed.get(job.job_id)
@@ -398,6 +424,7 @@ class Shockwave:
             cautious,
             min(soonest, remaining),
             max(cautious, remaining),
+            job.spec.budget if budget is None else budget,
         )
 
     def solve(
@@ -588,7 +615,7 @@ def _plan_variants(
     gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
-    weight = job.spec.budget * look.rho**params.fairness_exponent
+    weight = look.budget * look.rho**params.fairness_exponent
     held = len(job.progress.gpus)
     variants: dict[int, PlanJob] = {}
     for width in dict.fromkeys((gpus, *widths)):
@@ -656,7 +683,7 @@ def _plan_job(
         remaining.append(left)
         finish = n * length if left <= 0 else window * length + left
         overdue.append(max(0.0, finish - look.deadline_s))
-    weight = job.spec.budget * look.rho**params.fairness_exponent
+    weight = look.budget * look.rho**params.fairness_exponent
     return PlanJob(
         job_id=job.job_id,
         gpus=job.spec.gpus,
@@ -698,10 +725,19 @@ def _soonest_remaining(prediction: Prediction) -> float:
 
 
 def _update_contention(
-    snapshot: Snapshot, state: ShockwaveState
+    snapshot: Snapshot, state: ShockwaveState, shares: TenantMarket
 ) -> tuple[dict[str, float], dict[str, int]]:
+    """Each job's contention summed over its rounds, and its rounds: the cluster's jobs per GPU
+    (paper appendix, N_avg) with a single tenant; with tenants, the jobs per GPU of the job's
+    fair share inside its tenant's share (:attr:`TenantMarket.contention`), so finish-time
+    fairness is measured against that share."""
     factor = contention_factor(len(snapshot.jobs), snapshot.cluster.total_gpus)
-    sums = {j.job_id: state.contention_sum.get(j.job_id, 0.0) + factor for j in snapshot.jobs}
+    per_job = {j.job_id: factor for j in snapshot.jobs}
+    if not shares.single:
+        per_job = dict(shares.contention)
+    sums = {
+        j.job_id: state.contention_sum.get(j.job_id, 0.0) + per_job[j.job_id] for j in snapshot.jobs
+    }
     counts = {j.job_id: state.contention_rounds.get(j.job_id, 0) + 1 for j in snapshot.jobs}
     return sums, counts
 
@@ -783,6 +819,39 @@ def _fill(
     if free > 0:
         _scale_up(snapshot, chosen, chosen_widths, outlooks, free, restart_overhead_s)
     return chosen, reasons, chosen_widths
+
+
+def _share(
+    snapshot: Snapshot,
+    shares: TenantMarket,
+    owed: Mapping[str, float],
+    chosen: Sequence[str],
+    reasons: Mapping[str, str],
+    chosen_widths: Mapping[str, int],
+    outlooks: Mapping[str, JobOutlook],
+    slack_rounds: float,
+) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
+    """The round within the tenants' shares (:func:`shockwave.tenancy.share_round`): the plan
+    runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
+    :func:`shockwave.tenancy.owed_after`), its own jobs first, then the others: those running
+    now (no restart), then the shortest remaining first (a job put in for one the share held
+    back should finish soon, not hold the GPUs longest); GPUs no tenant with a share left can
+    use are lent. The market's budgets make
+    the plan give each tenant about its share; this holds it to it, round by round."""
+    width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
+    tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
+    running = {j.job_id for j in snapshot.jobs if j.running}
+    rest = sorted(
+        (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
+        key=lambda j: (j not in running, outlooks[j].remaining_s),
+    )
+    quota = share_quotas(shares.entitled, owed, slack_rounds)
+    kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
+    new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
+    new_reasons.update(held)
+    new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
+    balance = owed_after(owed, shares.entitled, kept, width, tenant_of, slack_rounds)
+    return kept, new_reasons, new_widths, balance
 
 
 def _scale_up(
