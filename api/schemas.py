@@ -19,6 +19,7 @@ from shockwave.lifecycle import JobState, NodeState
 from shockwave.model import VALID_WIDTHS, AdaptationMode
 from shockwave.waiting import Cause
 from store.tables import INT4_MAX
+from store.tenants import MAX_PATH, PATH_PATTERN
 
 BigInt = Annotated[int, Strict(), Field(ge=-(2**31), le=2**31 - 1)]
 BatchSizeKey = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
@@ -36,7 +37,18 @@ NodeId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 ]
 """A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
-Tenant = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Tenant = Annotated[str, Field(min_length=1, max_length=MAX_PATH, pattern=PATH_PATTERN)]
+"""A tenant's path in the tree: ``team``, or ``org/team`` (store.tenants)."""
+PriorityClass = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=32,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="A priority class the admins defined (setting ``priority_classes``): it "
+        "moves the job within its own tenant's share, never into another's.",
+    ),
+]
 Argument = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
 Command = Annotated[
     list[Argument],
@@ -145,7 +157,18 @@ class JobCreate(BaseModel):
             "the gang (docs/heterogeneity.md); ``throughput`` is on the job's reference type.",
         ),
     ] = {}
-    budget: Finite = 1.0
+    budget: Annotated[
+        float | None,
+        Strict(),
+        Field(
+            allow_inf_nan=False,
+            gt=0,
+            le=1e15,
+            description="The job's weight inside its tenant's share; admins only (a user "
+            "names a ``priority`` class). Default: the priority class's weight, else 1.",
+        ),
+    ] = None
+    priority: PriorityClass | None = None
     model: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     command: Command = []
     image: Image | None = None
@@ -178,6 +201,7 @@ class JobSummary(BaseModel):
     initial_batch_size: int
     mode: str
     budget: float
+    priority: str | None = None
     model: str
     epochs_done: float
     batch_size: int

@@ -178,15 +178,9 @@ def stints_of(
             col(LeaseRow.state),
         ).where(col(LeaseRow.job_id).in_(list(job_ids)))
     ).all()
-    live = {state.value for state in LIVE_LEASES}
     spans: dict[str, dict[datetime, Stint]] = {}
     for job_id, issued, began, first_end, ends, updated, state in rows:
-        if state in live:
-            end = ends
-        elif state == LeaseState.REVOKED.value:
-            end = min(ends, now)
-        else:
-            end = min(ends, updated)
+        end = held_until(state, ends, updated, now)
         start = (began or issued).timestamp()
         stint = Stint(start, (first_end or ends).timestamp(), max(start, end.timestamp()))
         known = spans.setdefault(job_id, {}).get(issued)
@@ -196,6 +190,24 @@ def stints_of(
         job_id: tuple(sorted(by_issue.values(), key=lambda s: s.began_s))
         for job_id, by_issue in spans.items()
     }
+
+
+LIVE_STATES = frozenset(state.value for state in LIVE_LEASES)
+
+
+def held_until(
+    state: str, ends: datetime, updated: datetime, now: datetime, *, live_to_end: bool = True
+) -> datetime:
+    """When a lease row stops holding its GPUs (the rule :func:`stints_of` states): a live
+    lease at its ``ends_at`` (``live_to_end=False``: at ``now``, for what was held so far,
+    as usage counts it); a revoked one still checkpointing at its ``ends_at`` or ``now``,
+    whichever is first; one confirmed stopped or lost at its ``ends_at`` or its last change,
+    whichever is first."""
+    if state in LIVE_STATES:
+        return ends if live_to_end else min(ends, now)
+    if state == LeaseState.REVOKED.value:
+        return min(ends, now)
+    return min(ends, updated)
 
 
 def _round_start(cluster: ClusterRow, round_index: int) -> float | None:

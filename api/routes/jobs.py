@@ -50,7 +50,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
         (401, "Missing or unknown token"),
         (403, "Role not allowed"),
         (404, "No such job (or not visible to the caller)"),
-        (409, "Illegal state transition"),
+        (409, "Illegal state transition; or the tenant is at its max_jobs"),
         (413, "Request body too large"),
         (422, "Invalid input; names the field"),
     )
@@ -70,10 +70,16 @@ def submit_job(
     request: Request,
     session: SessionDep,
     principal: CurrentPrincipal,
+    settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
+    """A user's job belongs to the user's tenant; ``budget`` is refused (422) from anyone but
+    an admin: a user names a ``priority`` class, which moves the job only among its own
+    tenant's jobs. A tenant with ``max_jobs`` jobs queued and running refuses more (409,
+    ``limit: "max_jobs"``)."""
+
     def act() -> jobs.Response:
-        row = jobs.create_job(session, principal, data)
+        row = jobs.create_job(session, principal, data, settings.priority_classes)
         session.flush()
         cluster_version.bump_and_request(session, "job submitted")
         body = _public(row, session).model_dump(mode="json")
