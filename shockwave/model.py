@@ -37,6 +37,14 @@ MAX_BUDGET = 1e6
 """The largest market weight; the planner raises it to a power with the FTF estimate."""
 
 
+DEFAULT_TENANT = ""
+"""The tenant of a job that names none: the root of the tenant tree (:mod:`shockwave.tenancy`)."""
+
+MAX_TENANT_PATH_LENGTH = 255
+MAX_TENANT_DEPTH = 8
+MAX_PRIORITY_NAME_LENGTH = 64
+
+
 class ValidationError(ValueError):
     """Input that cannot describe a real job or cluster.
 
@@ -194,7 +202,10 @@ class JobSpec:
     ``batch_sizes`` is the declared ladder of batch sizes: for ``custom`` the sizes in the order
     the job will use them (the first is the initial size), for ``accordion`` and ``gns`` the
     sizes the job may move between (the largest is its maximum). ``budget`` is the job's weight
-    in the market (paper section 6.1, B_j); 1 unless a tenant or priority raises it.
+    in the market (paper section 6.1, B_j) within its tenant; 1 unless raised. ``tenant``: the
+    path of the tenant the job belongs to (:mod:`shockwave.tenancy`; ``""``, the default
+    tenant); ``priority``: the name of a priority class, whose multiplier (given to the policy
+    with the tenants) moves the job only within its tenant's share; None: multiplier 1.
     ``type_throughput``: the gang's throughput on other GPU types, by type name
     (:mod:`shockwave.heterogeneity`); ``throughput`` is on the reference type, and a type
     absent here is taken to run at the reference speed.
@@ -213,10 +224,23 @@ class JobSpec:
     model: str = ""
     type_throughput: Mapping[str, ThroughputProfile] = field(default_factory=dict)
     elastic: ElasticRange | None = None
+    tenant: str = DEFAULT_TENANT
+    priority: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ValidationError("job_id", "must be a non-empty string")
+        check_tenant_path(self.tenant)
+        if self.priority is not None and not (
+            isinstance(self.priority, str)
+            and 0 < len(self.priority) <= MAX_PRIORITY_NAME_LENGTH
+            and self.priority.isprintable()
+        ):
+            raise ValidationError(
+                "priority",
+                f"must be a priority class name of 1 to {MAX_PRIORITY_NAME_LENGTH} characters, "
+                f"got {self.priority!r}",
+            )
         if self.gpus not in VALID_WIDTHS or isinstance(self.gpus, bool):
             raise ValidationError("gpus", f"must be one of {VALID_WIDTHS}, got {self.gpus!r}")
         _require_positive_int("epochs", self.epochs)
@@ -437,6 +461,32 @@ class Cluster:
             else:
                 runs.append([1, size])
         return " + ".join(f"{n}x{g}" for n, g in runs)
+
+
+def check_tenant_path(path: object) -> str:
+    """``path`` when it names a tenant: ``""`` (the root) or names of ASCII letters, digits,
+    ``_``, ``-`` and ``.`` joined by ``/`` (``"org/team"``); else :class:`ValidationError` on
+    field ``tenant``."""
+    if not isinstance(path, str):
+        raise ValidationError("tenant", f"must be a string, got {path!r}")
+    if path == DEFAULT_TENANT:
+        return path
+    if len(path) > MAX_TENANT_PATH_LENGTH:
+        raise ValidationError(
+            "tenant", f"at most {MAX_TENANT_PATH_LENGTH} characters, got {len(path)}"
+        )
+    parts = path.split("/")
+    if len(parts) > MAX_TENANT_DEPTH:
+        raise ValidationError("tenant", f"at most {MAX_TENANT_DEPTH} levels deep, got {path!r}")
+    for part in parts:
+        if part in (".", "..") or not part:
+            raise ValidationError("tenant", f"{path!r}: empty, '.' or '..' tenant name")
+        if not all(c.isascii() and (c.isalnum() or c in "_-.") for c in part):
+            raise ValidationError(
+                "tenant",
+                f"{path!r} is not a tenant path (names of letters, digits, _ - . joined by /)",
+            )
+    return path
 
 
 def _require_positive_int(name: str, value: object) -> None:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from shockwave.model import Cluster, JobSpec, Regime
 from shockwave.population import EMPTY_PRIOR, PopulationPrior
 from shockwave.stints import Stint
+from shockwave.tenancy import Tenant, TenantMarket, market
 
 PART_OF_NEXT_EPOCH = 0.99
 """The most of its next epoch :meth:`ActiveJob.trained_for` credits a running job with."""
@@ -176,6 +177,10 @@ class Snapshot:
     ``round_start_s``: when round ``round_index`` starts, on ``now``'s clock, where the shell
     decides ahead of it (the service plans the next round during the current one, at every
     change); None where it decides at the round's start (the simulator): then it is ``now``.
+    ``tenants``: the configured tenants by path (:mod:`shockwave.tenancy`; a tenant not in it
+    has weight 1 and no limits); ``priority_classes``: priority class name -> its multiplier of
+    a job's weight within its tenant (a class not in it: 1). Both empty: one default tenant,
+    every job's weight its own budget, as before tenants.
     """
 
     now: float
@@ -188,11 +193,23 @@ class Snapshot:
     population: PopulationPrior = EMPTY_PRIOR
     excluded: Mapping[str, str] = field(default_factory=dict)
     round_start_s: float | None = None
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    priority_classes: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def round_start(self) -> float:
         """When the round this snapshot is for starts: ``round_start_s``, else ``now``."""
         return self.now if self.round_start_s is None else self.round_start_s
+
+    def market(self) -> TenantMarket:
+        """The round's market by tenant (:func:`shockwave.tenancy.market`): each tenant's
+        water-filled share of the cluster, each job's budget and finish-time contention."""
+        return market(
+            (j.spec for j in self.jobs),
+            self.tenants,
+            self.priority_classes,
+            self.cluster.total_gpus,
+        )
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

@@ -5,7 +5,11 @@ Deep Learning" (EuroSys'20), as the reference runs it (Gavel's ``gandiva_fair`` 
 policy): x_j = min(1, M / m) for each of the m active jobs, whatever its width, so the allocation
 may oversubscribe; all behaviour then comes from the round mechanism's priorities.
 
-Simplification (the reference's own): no tickets, stride scheduling or trading between users.
+With tenants, a tenant's tickets are split among its jobs (the paper's user tickets): each job's
+share is M b_j / sum b, with b_j its market budget (its tenant's share divided among the
+tenant's jobs, :func:`shockwave.tenancy.job_budgets`), capped at 1.
+
+Simplification (the reference's own): no stride scheduling or trading between users.
 """
 
 from __future__ import annotations
@@ -38,5 +42,8 @@ class GandivaFair(TimeFractionPolicy):
         memory: Mapping[str, Any],
         params: Any,
     ) -> tuple[dict[str, float], Mapping[str, Any]]:
+        if any(j.tenant_gpus is not None for j in jobs):
+            tickets = sum(j.weight for j in jobs)
+            return {j.job_id: min(1.0, total_gpus * j.weight / tickets) for j in jobs}, memory
         share = min(1.0, total_gpus / len(jobs)) if jobs else 0.0
         return {j.job_id: share for j in jobs}, memory

@@ -5,6 +5,10 @@ Workloads" (OSDI'20), policy ``max_min_fairness``; as run by the reference (SIMU
 section 4): throughputs are replaced by 1 and the objective is max min_j sf_j x_j / w_j, i.e. an
 equal *GPU* share, not an equal time share.
 
+With tenants (jobs of more than one tenant, or tenant limits), it is Gavel's hierarchical
+policy (``max_min_fairness_water_filling`` with entity weights, the ``fairness`` reweighting
+within each entity): :func:`hierarchical_shares`.
+
 Simplification: we solve the max-min problem by water-filling, which gives the lexicographic
 max-min solution exactly; with at least as many jobs as GPUs this is the reference's unique
 LP solution ``x_j = M / (N sf_j)``.
@@ -77,7 +81,37 @@ class MaxMinFairness(TimeFractionPolicy):
         memory: Mapping[str, Any],
         params: Any,
     ) -> tuple[dict[str, float], Mapping[str, Any]]:
-        gpu_shares = water_fill(
-            {j.job_id: float(j.gpus) for j in jobs}, {j.job_id: j.weight for j in jobs}, total_gpus
-        )
+        if any(j.tenant_gpus is not None for j in jobs):
+            gpu_shares = hierarchical_shares(jobs)
+        else:
+            gpu_shares = water_fill(
+                {j.job_id: float(j.gpus) for j in jobs},
+                {j.job_id: j.weight for j in jobs},
+                total_gpus,
+            )
         return {j.job_id: gpu_shares[j.job_id] / j.gpus for j in jobs}, memory
+
+
+def hierarchical_shares(jobs: Sequence[AllocationJob]) -> dict[str, float]:
+    """Gavel's hierarchical max-min fairness (``max_min_fairness_water_filling`` with entity
+    weights and the ``fairness`` reweighting within each entity): each tenant's GPUs are its
+    water-filled entitlement (``tenant_gpus``; :func:`shockwave.tenancy.entitlements`, which
+    fills the tenants by weight up to their demand as Gavel fills entities), and within the
+    tenant they are water-filled among its jobs by ``weight_in_tenant`` up to each job's gang
+    width: a job that cannot use more gives its part to the other jobs of its tenant, as
+    Gavel's reweighting gives a saturated job's weight to the unsaturated jobs of its entity.
+    Returns GPUs per job id."""
+    by_tenant: dict[str, list[AllocationJob]] = {}
+    for job in jobs:
+        by_tenant.setdefault(job.tenant, []).append(job)
+    shares: dict[str, float] = {}
+    for members in by_tenant.values():
+        entitled = members[0].tenant_gpus or 0.0
+        shares.update(
+            water_fill(
+                {j.job_id: float(j.gpus) for j in members},
+                {j.job_id: j.weight_in_tenant for j in members},
+                entitled,
+            )
+        )
+    return shares

@@ -142,6 +142,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
     )
     workers = {t: cluster.gpus_of_type(t) for t in kinds}
     late = {job.job_id for job in late_arrivals(snapshot.jobs, state)}
+    budgets = snapshot.market().budgets  # with tenants, each tenant's share split among its jobs
     inputs = (state.recompute_speed, state.recompute_widths, state.recompute_weights)
     if active != state.job_set | late and gate_open:
         since = 0.0 if recomputed_at is None else now - recomputed_at
@@ -153,7 +154,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         inputs = (
             speed,
             {j.job_id: j.spec.gpus for j in snapshot.jobs},
-            {j.job_id: j.spec.budget for j in snapshot.jobs},
+            {j.job_id: budgets[j.job_id] for j in snapshot.jobs},
         )
         allocation = max_min_fairness_perf(*inputs, workers)
         recomputed_at, after_start, job_set = now, after_start or now > origin, active
@@ -162,7 +163,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         inputs = (
             {**inputs[0], **{k: speed[k] for k in late}},
             {**inputs[1], **{k: j.spec.gpus for k, j in jobs.items()}},
-            {**inputs[2], **{k: j.spec.budget for k, j in jobs.items()}},
+            {**inputs[2], **{k: budgets[k] for k in jobs}},
         )
         solved = max_min_fairness_perf(*inputs, workers)
         allocation = {k: v for k, v in solved.items() if k in active}

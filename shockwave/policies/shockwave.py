@@ -54,6 +54,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.tenancy import TenantMarket
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -226,7 +227,8 @@ class ShockwaveState:
 
 @dataclass(frozen=True, slots=True)
 class JobOutlook:
-    """Prediction and estimates of one job at this decision."""
+    """Prediction and estimates of one job at this decision. ``budget``: the job's weight in
+    the market this round (B_j; with tenants, its part of its tenant's share)."""
 
     prediction: Prediction
     remaining_s: float
@@ -238,6 +240,7 @@ class JobOutlook:
     cautious_remaining_s: float
     soonest_remaining_s: float
     latest_remaining_s: float
+    budget: float = 1.0
 
     @property
     def laxity_s(self) -> float:
@@ -263,7 +266,8 @@ class Shockwave:
         state = snapshot.policy_state
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
-        contention_sum, contention_rounds = _update_contention(snapshot, state)
+        shares = snapshot.market()
+        contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
         rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         typed = snapshot.cluster.is_typed
         outlooks = {
@@ -275,6 +279,7 @@ class Shockwave:
                 contention_rounds,
                 rates,
                 mean_speed(job, snapshot.cluster) if typed else 1.0,
+                shares.budgets[job.job_id],
             )
             for job in snapshot.jobs
         }
@@ -354,11 +359,14 @@ class Shockwave:
         contention_rounds: Mapping[str, int],
         rates: ThroughputModel | None = None,
         speed: float = 1.0,
+        budget: float | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
         job's reference type (on a typed cluster, the average GPU's:
-        :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate."""
+        :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate.
+        ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
+        own ``budget``."""
         if rates is None:
             rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         revealed = snapshot.revealed.get(job.job_id)
@@ -394,6 +402,7 @@ class Shockwave:
             cautious,
             min(soonest, remaining),
             max(cautious, remaining),
+            job.spec.budget if budget is None else budget,
         )
 
     def solve(
@@ -584,7 +593,7 @@ def _plan_variants(
     gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
-    weight = job.spec.budget * look.rho**params.fairness_exponent
+    weight = look.budget * look.rho**params.fairness_exponent
     held = len(job.progress.gpus)
     variants: dict[int, PlanJob] = {}
     for width in dict.fromkeys((gpus, *widths)):
@@ -652,7 +661,7 @@ def _plan_job(
         remaining.append(left)
         finish = n * length if left <= 0 else window * length + left
         overdue.append(max(0.0, finish - look.deadline_s))
-    weight = job.spec.budget * look.rho**params.fairness_exponent
+    weight = look.budget * look.rho**params.fairness_exponent
     return PlanJob(
         job_id=job.job_id,
         gpus=job.spec.gpus,
@@ -694,10 +703,19 @@ def _soonest_remaining(prediction: Prediction) -> float:
 
 
 def _update_contention(
-    snapshot: Snapshot, state: ShockwaveState
+    snapshot: Snapshot, state: ShockwaveState, shares: TenantMarket
 ) -> tuple[dict[str, float], dict[str, int]]:
+    """Each job's contention summed over its rounds, and its rounds: the cluster's jobs per GPU
+    (paper appendix, N_avg) with a single tenant; with tenants, the jobs per GPU of the job's
+    fair share inside its tenant's share (:attr:`TenantMarket.contention`), so finish-time
+    fairness is measured against that share."""
     factor = contention_factor(len(snapshot.jobs), snapshot.cluster.total_gpus)
-    sums = {j.job_id: state.contention_sum.get(j.job_id, 0.0) + factor for j in snapshot.jobs}
+    per_job = {j.job_id: factor for j in snapshot.jobs}
+    if not shares.single:
+        per_job = dict(shares.contention)
+    sums = {
+        j.job_id: state.contention_sum.get(j.job_id, 0.0) + per_job[j.job_id] for j in snapshot.jobs
+    }
     counts = {j.job_id: state.contention_rounds.get(j.job_id, 0) + 1 for j in snapshot.jobs}
     return sums, counts
 

@@ -58,6 +58,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from shockwave.policy import Decision
 from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.stints import received_seconds
+from shockwave.tenancy import TenantMarket
 
 
 class RoundMemory(Protocol):
@@ -90,7 +91,13 @@ class AllocationJob:
 
     ``steps_per_second``: isolated throughput of the whole gang at the current batch size
     (iterations/s). ``remaining_steps``: iterations left at the current batch size.
-    ``age_s``: time since arrival. ``weight``: priority weight (the job's budget).
+    ``age_s``: time since arrival. ``weight``: priority weight (the job's budget; with tenants,
+    its market budget: its tenant's share split among the tenant's jobs,
+    :func:`shockwave.tenancy.job_budgets`). ``tenant``: the job's tenant path.
+    ``tenant_gpus``: the GPUs its tenant is entitled to at this recompute
+    (:func:`shockwave.tenancy.entitlements`); None with a single tenant and no limits.
+    ``weight_in_tenant``: the job's weight among its tenant's jobs (its budget times its
+    priority class's multiplier).
     """
 
     job_id: str
@@ -99,6 +106,9 @@ class AllocationJob:
     remaining_steps: float
     age_s: float
     weight: float
+    tenant: str = ""
+    tenant_gpus: float | None = None
+    weight_in_tenant: float = 1.0
 
     @property
     def remaining_seconds(self) -> float:
@@ -232,7 +242,8 @@ class TimeFractionPolicy:
                 deficit[job_id] += share * since - (received[job_id] - knobs.initial_credit_s)
                 received[job_id] = knobs.initial_credit_s
                 base[job_id] = work[job_id]
-            inputs = tuple(allocation_job(job, now) for job in snapshot.jobs)
+            shares = snapshot.market()
+            inputs = tuple(allocation_job(job, now, shares) for job in snapshot.jobs)
             previous, memory_before = allocation, memory
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, allocation, memory, params
@@ -243,7 +254,8 @@ class TimeFractionPolicy:
         elif late and recomputed_at is not None:
             # the last recompute again, as the reference made it: with the late jobs (deficit
             # and work base 0, as at their first recompute), at the same time
-            inputs = (*inputs, *(allocation_job(job, recomputed_at) for job in late))
+            shares = snapshot.market()
+            inputs = (*inputs, *(allocation_job(job, recomputed_at, shares) for job in late))
             allocation, memory = self.allocate(
                 inputs, snapshot.cluster.total_gpus, previous, memory_before, params
             )
@@ -281,9 +293,12 @@ class TimeFractionPolicy:
         fold no deficit for that first round, and every job in it would carry a deficit one
         round off the reference's, which decides its ties with the others from then on."""
         founders = [job for job in snapshot.jobs if job.spec.arrival_s <= origin]
+        shares = replace(snapshot, jobs=tuple(founders)).market()
         inputs = tuple(
             allocation_job(
-                ActiveJob(job.spec, JobProgress(batch_size=job.spec.initial_batch_size)), origin
+                ActiveJob(job.spec, JobProgress(batch_size=job.spec.initial_batch_size)),
+                origin,
+                shares,
             )
             for job in founders
         )
@@ -391,16 +406,22 @@ def served_until_start(job: ActiveJob, snapshot: Snapshot) -> float:
     return max(0.0, snapshot.round_start - snapshot.now) if job.running else 0.0
 
 
-def allocation_job(job: ActiveJob, now: float) -> AllocationJob:
-    """Gavel's common inputs for one job; a job with unknown throughput counts as 1 step/s."""
+def allocation_job(job: ActiveJob, now: float, shares: TenantMarket | None = None) -> AllocationJob:
+    """Gavel's common inputs for one job; a job with unknown throughput counts as 1 step/s.
+    ``shares``: the round's market by tenant (:meth:`Snapshot.market`); None or a single
+    tenant: the job's weight is its own budget."""
     rate = job.steps_per_second() or 1.0
+    market = shares if shares is not None and not shares.single else None
     return AllocationJob(
         job_id=job.job_id,
         gpus=job.spec.gpus,
         steps_per_second=rate,
         remaining_steps=max(job.remaining_epochs * job.steps_per_epoch(), 1e-9),
         age_s=max(0.0, now - job.spec.arrival_s),
-        weight=job.spec.budget,
+        weight=job.spec.budget if market is None else market.budgets[job.job_id],
+        tenant=job.spec.tenant,
+        tenant_gpus=None if market is None else market.entitled.get(job.spec.tenant, 0.0),
+        weight_in_tenant=job.spec.budget if market is None else market.multipliers[job.job_id],
     )
 
 
