@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import math
-import re
-
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from store.settings import DatabaseSettings
-
-
-DEFAULT_PRIORITY_CLASSES = {"low": 0.5, "normal": 1.0, "high": 2.0}
-MAX_PRIORITY_CLASSES = 16
 
 
 class Settings(DatabaseSettings):
@@ -32,10 +25,7 @@ class Settings(DatabaseSettings):
     per process (api.admission); scale out with more processes, not more threads.
     ``poll_recheck_s``: a long poll (``POST /v1/agent/poll`` with ``wait_s``) reads its node's
     leases again at least this often; sooner when the round driver of the same process says the
-    leases changed (store.lease_signal), which is the only wake-up ``shockwave up`` needs.
-    ``priority_classes``: the priority classes a job may name, each with its weight inside its
-    tenant's share (JSON, ``SHOCKWAVE_PRIORITY_CLASSES='{"low": 0.5, "high": 2}'``): a class
-    moves a job only among its own tenant's jobs, and ``budget`` itself is for admins only."""
+    leases changed (store.lease_signal), which is the only wake-up ``shockwave up`` needs."""
 
     open_mode: bool = False
     host: str = "127.0.0.1"
@@ -51,18 +41,3 @@ class Settings(DatabaseSettings):
     rate_limit_burst: int = Field(default=200, ge=1)
     rate_limit_admin: bool = False
     poll_recheck_s: float = Field(default=1.0, gt=0, le=60)
-    priority_classes: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
-    )
-
-    @field_validator("priority_classes")
-    @classmethod
-    def _classes(cls, value: dict[str, float]) -> dict[str, float]:
-        if len(value) > MAX_PRIORITY_CLASSES:
-            raise ValueError(f"at most {MAX_PRIORITY_CLASSES} priority classes")
-        for name, weight in value.items():
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}", name):
-                raise ValueError(f"priority class {name!r}: 1-32 letters, digits, '. _ -'")
-            if not (math.isfinite(weight) and 0 < weight <= 1e6):
-                raise ValueError(f"priority class {name!r}: its weight must be in (0, 1e6]")
-        return value

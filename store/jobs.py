@@ -72,10 +72,12 @@ class Submission(SpecFields, Protocol):
     def priority(self) -> str | None: ...
 
 
-def spec_of(source: SpecFields, job_id: str = "new", budget: float | None = None) -> JobSpec:
+def spec_of(source: SpecFields, job_id: str = "new", tenant: str | None = None) -> JobSpec:
     """The core's model of a submission or a stored job (the two carry the same fields; a
     stored job's throughput keys are strings). Raises ValidationError naming the field at
-    fault, which only a submission can trigger: a stored job passed the same check."""
+    fault, which only a submission can trigger: a stored job passed the same check.
+    ``tenant``: the job's tenant where ``source`` does not say it (a submission's is resolved
+    from its caller)."""
     return JobSpec(
         job_id=job_id,
         gpus=source.gpus,
@@ -85,13 +87,15 @@ def spec_of(source: SpecFields, job_id: str = "new", budget: float | None = None
         mode=AdaptationMode.parse(source.mode),
         batch_sizes=tuple(source.batch_sizes),
         throughput=ThroughputProfile({int(bs): float(v) for bs, v in source.throughput.items()}),
-        budget=budget if budget is not None else _stored_budget(source.budget),
+        budget=_stored_budget(source.budget),
         model=source.model,
         type_throughput={
             str(t).lower(): ThroughputProfile({int(bs): float(v) for bs, v in rates.items()})
             for t, rates in getattr(source, "type_throughput", {}).items()
         },
         elastic=elastic_of(source.elastic),
+        tenant=tenant if tenant is not None else str(getattr(source, "tenant", None) or ""),
+        priority=getattr(source, "priority", None),
     )
 
 
@@ -182,8 +186,8 @@ def create_job(
     ``priority`` not among ``priority_classes`` (class -> weight); :class:`TenantAtLimit` when
     the tenant has ``max_jobs`` jobs queued and running already.
 
-    The job's budget is its weight inside its tenant's share: an admin's ``budget`` if given,
-    else its priority class's weight, else 1."""
+    The job's weight inside its tenant's share is its ``budget`` (an admin's, else 1) times
+    its priority class's multiplier, which the planner applies (:mod:`shockwave.tenancy`)."""
     if principal.role not in (Role.ADMIN, Role.USER):
         raise Forbidden("only users and admins submit jobs")
     if principal.role is Role.USER:
@@ -198,9 +202,8 @@ def create_job(
         tenant = principal.tenant or ""
     else:
         tenant = data.tenant or "default"
-    classes = priority_classes or {}
-    weight = _priority_weight(data.priority, classes)
-    spec = spec_of(data, budget=data.budget if data.budget is not None else weight)
+    _check_priority(data.priority, priority_classes or {})
+    spec = spec_of(data, tenant=tenant)
     tenants.admit_job(session, tenant)
     row = JobRow(
         id=str(uuid.uuid4()),
@@ -238,16 +241,13 @@ def create_job(
     return row
 
 
-def _priority_weight(priority: str | None, classes: Mapping[str, float]) -> float:
-    """The weight of ``priority`` among ``classes`` (1 when none is named)."""
-    if priority is None:
-        return 1.0
-    if priority not in classes:
+def _check_priority(priority: str | None, classes: Mapping[str, float]) -> None:
+    """:class:`InvalidInput` for a ``priority`` not among ``classes``."""
+    if priority is not None and priority not in classes:
         known = ", ".join(sorted(classes)) or "none are defined"
         raise InvalidInput(
             f"unknown priority class {priority!r}: the classes are {known}", field="priority"
         )
-    return float(classes[priority])
 
 
 def visible_job(session: Session, principal: Principal, job_id: str) -> JobRow:

@@ -25,6 +25,9 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row; ``round_start_s``, when the planned round starts, is the row's
   ``round_ends_at`` (the end of the round out) for the next round.
+- ``tenants``: the configured tenants (:mod:`store.tenants`; one without a row has weight 1
+  and no limits) and ``priority_classes``, the setting every process shares: the market by
+  tenant (:mod:`shockwave.tenancy`) plans with them.
 - ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
   the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
 
@@ -51,7 +54,7 @@ from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeS
 from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.stints import Stint
-from store import events, population
+from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
 
@@ -117,11 +120,16 @@ class GpuLayout:
 
 
 def load_snapshot(
-    session: Session, cluster_id: str, round_index: int, now: datetime
+    session: Session,
+    cluster_id: str,
+    round_index: int,
+    now: datetime,
+    priority_classes: Mapping[str, float] | None = None,
 ) -> tuple[Snapshot, int]:
     """The snapshot for planning round ``round_index`` at ``now`` (timezone-aware), and the
     cluster's state version it reflects (read first: the jobs read after it are at least that
-    new). Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
+    new). ``priority_classes``: the classes' multipliers (the processes' shared setting).
+    Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
     cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
     if cluster is None:
         raise UnknownCluster(cluster_id)
@@ -149,6 +157,8 @@ def load_snapshot(
         population=population.load_prior(session, cluster_id),
         excluded=excluded,
         round_start_s=_round_start(cluster, round_index),
+        tenants=tenants.core_tenants(session),
+        priority_classes=dict(priority_classes or {}),
     )
     return snapshot, version
 

@@ -25,6 +25,8 @@ from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import ACTIVE
+from shockwave.model import ValidationError
+from shockwave.tenancy import Tenant
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.principals import Principal, Role
 from store.tables import JobRow, TenantChangeRow, TenantRow, utcnow
@@ -280,6 +282,25 @@ def count_active(session: Session, paths: Iterable[str]) -> dict[str, int]:
 def configured(session: Session) -> list[TenantSettings]:
     """Every configured tenant (rows only), by path: what the round driver plans with."""
     return [_of(row) for row in session.exec(select(TenantRow).order_by(col(TenantRow.path)))]
+
+
+def core_tenants(session: Session) -> dict[str, Tenant]:
+    """The configured tenants as the core's :class:`~shockwave.tenancy.Tenant` by path, for the
+    snapshot; a row the core refuses (it cannot be written through the API) is left out, with
+    the defaults in its place, rather than stopping every plan."""
+    found: dict[str, Tenant] = {}
+    for settings in configured(session):
+        try:
+            found[settings.path] = Tenant(
+                settings.path,
+                weight=settings.weight,
+                guaranteed_gpus=settings.guaranteed_gpus,
+                max_gpus=settings.max_gpus,
+                max_jobs=settings.max_jobs,
+            )
+        except ValidationError:
+            continue
+    return found
 
 
 def children(tenants: Sequence[TenantSettings]) -> dict[str, list[str]]:

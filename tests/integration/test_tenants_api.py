@@ -40,7 +40,7 @@ def test_a_users_budget_is_refused_naming_budget_and_nothing_is_stored(
     assert accepted.json()["budget"] == 3.0
 
 
-def test_a_priority_class_sets_the_jobs_weight_and_an_unknown_one_is_refused(
+def test_a_priority_class_is_stored_and_an_unknown_one_is_refused(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
     high = _submit(client, tokens.user_a, priority="high")
@@ -48,7 +48,7 @@ def test_a_priority_class_sets_the_jobs_weight_and_an_unknown_one_is_refused(
     unknown = _submit(client, tokens.user_a, priority="urgent")
 
     assert high.status_code == 201 and plain.status_code == 201
-    assert (high.json()["priority"], high.json()["budget"]) == ("high", 2.0)
+    assert (high.json()["priority"], high.json()["budget"]) == ("high", 1.0)
     assert (plain.json()["priority"], plain.json()["budget"]) == (None, 1.0)
     problem = assert_problem(unknown, 422, field="priority")
     assert "high" in problem["detail"], "the refusal lists the classes there are"
