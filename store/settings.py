@@ -12,7 +12,6 @@ import re
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
 DEFAULT_PRIORITY_CLASSES = {"low": 0.5, "normal": 1.0, "high": 2.0}
 MAX_PRIORITY_CLASSES = 16
 

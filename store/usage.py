@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import and_, or_
+from sqlalchemy import ColumnElement, and_, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -153,7 +153,7 @@ def _scope(principal: Principal, tenant: str | None) -> tuple[str, bool] | None:
     return None if tenant is None else (tenant, True)
 
 
-def _in_scope(scope: tuple[str, bool] | None) -> list[object]:
+def _in_scope(scope: tuple[str, bool] | None) -> list[ColumnElement[bool]]:
     if scope is None:
         return []
     path, subtree = scope

@@ -1,12 +1,13 @@
-"""tenants, tenant_changes, jobs.priority, jobs.submitted_by: tenants as a tree with shares and limits
+"""tenants, tenant_changes, jobs.priority, jobs.submitted_by: the tenant tree, shares, limits
 
 ``tenants``: one row per configured tenant, keyed by its path in the tree (``org/team``; its
 parent is the path without the last segment). ``weight``: its share among its siblings;
 ``guaranteed_gpus``, ``max_gpus``: GPUs it is guaranteed and the most it may hold (null: none);
 ``max_jobs``: the most jobs it may have queued and running (null: no limit). A tenant without
 a row has weight 1 and no limits. ``tenant_changes``: every change, with its time, who made it
-and the settings after it. ``jobs.priority``: the job's priority class (null: none named); ``jobs.submitted_by``: the
-caller that submitted it (``token:<id>``; empty on rows from before), which usage groups by.
+and the settings after it. ``jobs.priority``: the job's priority class (null: none named);
+``jobs.submitted_by``: the caller that submitted it (``token:<id>``; empty on rows from
+before), which usage groups by.
 
 Revision ID: 0017
 Revises: 0014
