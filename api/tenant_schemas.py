@@ -57,7 +57,9 @@ class TenantPublic(BaseModel):
     """A tenant's settings in the tree: ``parent`` (null at the top) and ``children`` (the
     listed tenants right below it). ``configured``: false for a tenant without settings of
     its own (weight 1, no limits). ``version``: how many times it was changed.
-    ``active_jobs``: its subtree's jobs queued and running now."""
+    ``active_jobs``: its subtree's jobs queued and running now; ``entitled_gpus``: its
+    water-filled share of the READY GPUs now, given every tenant's demand (docs/tenants.md);
+    ``held_gpus``: the GPUs its jobs hold now."""
 
     path: str
     parent: str | None
@@ -70,6 +72,8 @@ class TenantPublic(BaseModel):
     version: int
     updated_at: datetime | None
     active_jobs: int
+    entitled_gpus: float
+    held_gpus: int
 
 
 class TenantChangePublic(BaseModel):

@@ -24,12 +24,12 @@ from typing import Any
 from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import ACTIVE
+from shockwave.lifecycle import ACTIVE, LIVE_LEASES, NodeState
 from shockwave.model import ValidationError
-from shockwave.tenancy import Tenant
+from shockwave.tenancy import Tenant, entitlements
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.principals import Principal, Role
-from store.tables import JobRow, TenantChangeRow, TenantRow, utcnow
+from store.tables import JobRow, LeaseRow, NodeRow, TenantChangeRow, TenantRow, utcnow
 
 SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 PATH_PATTERN = rf"^{SEGMENT}(/{SEGMENT})*$"
@@ -312,3 +312,55 @@ def children(tenants: Sequence[TenantSettings]) -> dict[str, list[str]]:
         if parent is not None and parent in paths:
             tree[parent].append(tenant.path)
     return tree
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A tenant's place in the cluster now: ``entitled_gpus``, its water-filled share of the
+    READY GPUs given every tenant's demand (:func:`shockwave.tenancy.entitlements`; an inner
+    tenant's is its subtree's), ``held_gpus``, the GPUs its jobs' live leases hold, and
+    ``active_jobs``, its jobs queued and running (both of its subtree)."""
+
+    entitled_gpus: float = 0.0
+    held_gpus: int = 0
+    active_jobs: int = 0
+
+
+def shares_now(session: Session) -> dict[str, Share]:
+    """Every tenant with active jobs or live leases, and every tenant above one, by path."""
+    demand: dict[str, float] = {}
+    jobs: dict[str, int] = {}
+    rows = session.exec(
+        select(JobRow.tenant, JobRow.gpus).where(col(JobRow.state).in_(ACTIVE))
+    ).all()
+    for tenant, gpus in rows:
+        demand[tenant] = demand.get(tenant, 0.0) + gpus
+        jobs[tenant] = jobs.get(tenant, 0) + 1
+    held: dict[str, int] = {}
+    leases = session.exec(
+        select(JobRow.tenant, LeaseRow.gpus)
+        .join(LeaseRow, col(LeaseRow.job_id) == col(JobRow.id))
+        .where(col(LeaseRow.state).in_(LIVE_LEASES))
+    ).all()
+    for tenant, gpus in leases:
+        held[tenant] = held.get(tenant, 0) + len(gpus)
+    ready = session.exec(
+        select(func.coalesce(func.sum(NodeRow.gpus), 0)).where(NodeRow.state == NodeState.READY)
+    ).one()
+    valid = {t: d for t, d in demand.items() if _is_path(t)}
+    entitled = entitlements(core_tenants(session), valid, float(ready)) if valid else {}
+    totals: dict[str, list[float]] = {}
+    for tenant in set(demand) | set(held):
+        for path in lineage(tenant) if _is_path(tenant) else [tenant]:
+            sums = totals.setdefault(path, [0.0, 0.0, 0.0])
+            sums[0] += entitled.get(tenant, 0.0)
+            sums[1] += held.get(tenant, 0)
+            sums[2] += jobs.get(tenant, 0)
+    return {
+        path: Share(entitled_gpus=e, held_gpus=int(h), active_jobs=int(n))
+        for path, (e, h, n) in totals.items()
+    }
+
+
+def _is_path(tenant: str) -> bool:
+    return bool(tenant) and re.fullmatch(PATH_PATTERN, tenant) is not None

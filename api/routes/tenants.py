@@ -22,7 +22,7 @@ from api.tenant_schemas import (
 )
 from store import cluster_version, tenants
 from store.principals import Principal
-from store.tenants import MAX_PATH, PATH_PATTERN, TenantSettings
+from store.tenants import MAX_PATH, PATH_PATTERN, Share, TenantSettings
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
 
@@ -45,9 +45,9 @@ TenantPath = Annotated[
 
 
 def _public(
-    settings: TenantSettings, session: Session, children: list[str] | None = None
+    settings: TenantSettings, shares: dict[str, Share], children: list[str] | None = None
 ) -> TenantPublic:
-    active = tenants.count_active(session, [settings.path])[settings.path]
+    share = shares.get(settings.path, Share())
     return TenantPublic(
         path=settings.path,
         parent=settings.parent,
@@ -59,7 +59,9 @@ def _public(
         configured=settings.configured,
         version=settings.version,
         updated_at=settings.updated_at,
-        active_jobs=active,
+        active_jobs=share.active_jobs,
+        entitled_gpus=share.entitled_gpus,
+        held_gpus=share.held_gpus,
     )
 
 
@@ -70,8 +72,9 @@ def _detail(session: Session, principal: Principal, path: str) -> TenantDetail:
         for row in tenants.history(session, path)
     ]
     visible = {t.path for t in tenants.list_tenants(session, principal)}
-    below = [p for p in visible if tenants.parent_of(p) == path]
-    return TenantDetail(**_public(settings, session, sorted(below)).model_dump(), history=changes)
+    below = sorted(p for p in visible if tenants.parent_of(p) == path)
+    public = _public(settings, tenants.shares_now(session), below)
+    return TenantDetail(**public.model_dump(), history=changes)
 
 
 @router.get(
@@ -88,7 +91,8 @@ def list_tenants(session: SessionDep, principal: CurrentPrincipal) -> TenantTree
     tenants.require_reader(principal)
     listed = tenants.list_tenants(session, principal)
     tree = tenants.children(listed)
-    items = [_public(t, session, tree[t.path]) for t in listed]
+    shares = tenants.shares_now(session)
+    items = [_public(t, shares, tree[t.path]) for t in listed]
     roots = [t.path for t in listed if t.parent is None or t.parent not in tree]
     return TenantTree(items=items, roots=roots)
 

@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
 from store.principals import Role
+from store.settings import DatabaseSettings
+from store.snapshot import load_snapshot
 from store.tables import JobRow, TenantChangeRow
 from store.tokens import create_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
-from tests.integration.conftest import TENANT_A, TENANT_B, Database, Tokens
+from tests.integration.conftest import NODE, TENANT_A, TENANT_B, Database, Tokens
+from tests.integration.driving import register
 
 
 def _jobs(database: Database) -> list[JobRow]:
@@ -185,3 +190,65 @@ def test_a_parents_max_jobs_counts_its_whole_subtree(
     problem = assert_problem(_submit(client, vision), 409, field="max_jobs")
     assert problem["tenant"] == "org"
     assert _jobs(database)[0].tenant == "org/vision"
+
+
+# shares -------------------------------------------------------------------------------------------
+
+
+def _market(database: Database) -> Any:
+    with Session(database.engine) as session:
+        snapshot, _ = load_snapshot(
+            session, "default", 0, datetime.now(UTC), DatabaseSettings().priority_classes
+        )
+    return snapshot.market()
+
+
+def _budget_share(market: Any, jobs: set[str]) -> float:
+    return sum(market.budgets[j] for j in jobs) / sum(market.budgets.values())
+
+
+def test_a_users_priority_class_changes_no_other_tenants_share(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Tenant A (weight 3) and B (weight 1) share 4 GPUs; A's user then swaps a plain job for
+    one of class ``high``: A's jobs' budgets move among themselves, B's entitlement and B's
+    part of the market stay exactly where they were."""
+    register(client, tokens.agent, gpus=4, node=NODE)
+    client.post("/v1/tenants", json={"path": TENANT_A, "weight": 3.0}, headers=bearer(tokens.admin))
+    a1 = _submit(client, tokens.user_a, gpus=4).json()["id"]
+    a2 = _submit(client, tokens.user_a, gpus=4).json()["id"]
+    b_jobs = {_submit(client, tokens.user_b, gpus=4).json()["id"] for _ in range(2)}
+    before = _market(database)
+    shown_before = {
+        t["path"]: t["entitled_gpus"]
+        for t in client.get("/v1/tenants", headers=bearer(tokens.admin)).json()["items"]
+    }
+
+    client.post(f"/v1/jobs/{a2}/cancel", headers=bearer(tokens.user_a))
+    a3 = _submit(client, tokens.user_a, gpus=4, priority="high").json()["id"]
+    after = _market(database)
+
+    assert before.entitled == pytest.approx({TENANT_A: 3.0, TENANT_B: 1.0})
+    assert after.entitled == pytest.approx(before.entitled)
+    assert _budget_share(after, b_jobs) == pytest.approx(_budget_share(before, b_jobs))
+    assert _budget_share(after, b_jobs) == pytest.approx(0.25)
+    assert after.budgets[a3] == pytest.approx(2 * after.budgets[a1]), "high is 2x within A"
+    assert before.budgets[a1] == pytest.approx(before.budgets[a2])
+    shown = client.get(f"/v1/tenants/{TENANT_B}", headers=bearer(tokens.user_b)).json()
+    assert shown["entitled_gpus"] == pytest.approx(shown_before[TENANT_B]) == pytest.approx(1.0)
+
+
+def test_metrics_carry_each_tenants_share_and_usage(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent, gpus=4, node=NODE)
+    client.post("/v1/tenants", json={"path": TENANT_A, "weight": 3.0}, headers=bearer(tokens.admin))
+    _submit(client, tokens.user_a, gpus=4)
+    _submit(client, tokens.user_b, gpus=4)
+
+    text = client.get("/metrics", headers=bearer(tokens.admin)).text
+
+    assert f'shockwave_tenant_entitled_gpus{{tenant="{TENANT_A}"}} 3.0' in text
+    assert f'shockwave_tenant_entitled_gpus{{tenant="{TENANT_B}"}} 1.0' in text
+    assert f'shockwave_tenant_active_jobs{{tenant="{TENANT_A}"}} 1.0' in text
+    assert "# TYPE shockwave_tenant_gpu_hours_24h gauge" in text
