@@ -333,8 +333,8 @@ def shares_now(session: Session) -> dict[str, Share]:
     rows = session.exec(
         select(JobRow.tenant, JobRow.gpus).where(col(JobRow.state).in_(ACTIVE))
     ).all()
-    for tenant, gpus in rows:
-        demand[tenant] = demand.get(tenant, 0.0) + gpus
+    for tenant, width in rows:
+        demand[tenant] = demand.get(tenant, 0.0) + width
         jobs[tenant] = jobs.get(tenant, 0) + 1
     held: dict[str, int] = {}
     leases = session.exec(

@@ -204,7 +204,7 @@ def _market(database: Database) -> Any:
 
 
 def _budget_share(market: Any, jobs: set[str]) -> float:
-    return sum(market.budgets[j] for j in jobs) / sum(market.budgets.values())
+    return float(sum(market.budgets[j] for j in jobs) / sum(market.budgets.values()))
 
 
 def test_a_users_priority_class_changes_no_other_tenants_share(
