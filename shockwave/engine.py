@@ -61,6 +61,7 @@ from types import MappingProxyType
 
 from shockwave.model import Cluster
 from shockwave.placement import place, place_into
+from shockwave.tenancy import Tenant, has_limits, limit_column, within_caps
 
 SOURCES = ("plan", "previous_plan", "greedy")
 """Where a boundary's jobs came from; a fill's source is ``fill``."""
@@ -68,10 +69,11 @@ SOURCES = ("plan", "previous_plan", "greedy")
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """An active job as the engine sees it: its id and gang width."""
+    """An active job as the engine sees it: its id, gang width and tenant's path."""
 
     job_id: str
     gpus: int
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,7 @@ def boundary(
     unconfirmed: Iterable[str] = (),
     conserve: bool = False,
     settling: Collection[str] = frozenset(),
+    tenants: Mapping[str, Tenant] | None = None,
 ) -> RoundChanges:
     """Round ``r``'s changes at ``now`` (module docstring, steps 1-4). ``cluster`` None: no
     ready node, so every live lease is revoked and nothing runs. ``conserve``: GPUs the
@@ -197,8 +200,16 @@ def boundary(
     plan's next column first, then arrival order; a job holding a lease on free GPUs keeps
     them, and neither a job holding GPUs elsewhere nor one in ``settling`` starts anew).
     ``settling``: jobs whose revoked attempt has not confirmed its end yet (still
-    checkpointing): a new attempt now would run the job in two places."""
+    checkpointing): a new attempt now would run the job in two places. ``tenants``: the
+    configured tenants by path; where any has ``max_gpus`` or ``guaranteed_gpus``, the column
+    is put within them before placement (:func:`shockwave.tenancy.limit_column`: a tenant
+    short of its guarantee gets its jobs first, none goes over its cap) and so are the jobs
+    work conservation adds; a job kept out waits with the reason
+    :data:`~shockwave.tenancy.AT_LIMIT`."""
     width = {j.job_id: j.gpus for j in jobs}
+    limits = tenants if tenants and has_limits(tenants) else None
+    tenant_of = {j.job_id: j.tenant for j in jobs}
+    capped: dict[str, str] = {}
     unfit = _unfit(jobs, cluster)
     fits = [j for j in jobs if j.job_id not in unfit]
     plan = choose_plan(plans, r, now) or latest_plan(plans, r, now)
@@ -215,6 +226,10 @@ def boundary(
         source = "plan" if fresh else "previous_plan"
         if r > plan.base_round or not fresh:
             column = _fill_column(column, fits, cluster.total_gpus, width, leases)
+    if limits is not None and cluster is not None:
+        column, capped = limit_column(
+            column, [j.job_id for j in fits], width, tenant_of, limits, cluster.total_gpus
+        )
     assignment: Mapping[str, tuple[int, ...]] = {}
     extra: dict[str, tuple[int, ...]] = {}
     if cluster is not None:
@@ -228,6 +243,13 @@ def boundary(
             rest = [
                 q for q in dict(rest).items() if q[0] not in assignment and q[0] not in settling
             ]
+            if limits is not None:
+                holding = {j: len(g) for j, g in assignment.items()}
+                allowed, refused = within_caps(
+                    [q[0] for q in rest], holding, width, tenant_of, limits
+                )
+                capped.update(refused)
+                rest = [(j, width[j]) for j in allowed]
             extra = _conserve(cluster, rest, leases, busy, types)
             assignment = {**assignment, **extra}
     why = _why(source, plan, index)
@@ -263,7 +285,11 @@ def boundary(
                 )
             )
     waiting = {
-        j.job_id: f"waits: not in round {r} ({why})" for j in fits if j.job_id not in assignment
+        j.job_id: f"waits: {capped[j.job_id]}"
+        if j.job_id in capped
+        else f"waits: not in round {r} ({why})"
+        for j in fits
+        if j.job_id not in assignment
     }
     return RoundChanges(
         source=source,
@@ -284,12 +310,14 @@ def fill(
     busy: Iterable[int] = (),
     settling: Collection[str] = frozenset(),
     types: Mapping[str, str] | None = None,
+    tenants: Mapping[str, Tenant] | None = None,
 ) -> RoundChanges:
     """Mid-round: start waiting jobs on the GPUs no lease holds (module docstring). ``types``:
     on a typed cluster, the GPU type each job is planned on (the plan's). ``busy``:
     GPUs that are not free although no live lease holds them (a revoked attempt still
     checkpointing). ``settling``: jobs whose revoked attempt has not confirmed its end yet;
-    they wait for it (a new attempt now would run the job in two places)."""
+    they wait for it (a new attempt now would run the job in two places). ``tenants``: as in
+    :func:`boundary`, no job starts that would put its tenant over its ``max_gpus``."""
     if cluster is None:
         return RoundChanges("fill", None, MappingProxyType({}), ())
     unfit = _unfit(jobs, cluster)
@@ -301,8 +329,23 @@ def fill(
     candidates = [
         (j, width[j]) for j in order if j not in leases and j not in unfit and j not in settling
     ]
+    capped: dict[str, str] = {}
+    if tenants and has_limits(tenants):
+        tenant_of = {j.job_id: j.tenant for j in jobs}
+        holding = {j: len(g) for j, g in leases.items()}
+        allowed, capped = within_caps(
+            [c[0] for c in candidates], holding, width, tenant_of, tenants
+        )
+        candidates = [(j, width[j]) for j in allowed]
     if not candidates:
-        return RoundChanges("fill", None, MappingProxyType({}), (), MappingProxyType(unfit))
+        return RoundChanges(
+            "fill",
+            None,
+            MappingProxyType({}),
+            (),
+            MappingProxyType(unfit),
+            MappingProxyType({j: f"waits: {why}" for j, why in capped.items()}),
+        )
     placed = place_into(cluster, candidates, taken, types)
     free = cluster.total_gpus - len(taken)
     changes = tuple(
@@ -315,7 +358,9 @@ def fill(
         assignment=placed.assignment,
         changes=changes,
         unfit=MappingProxyType(unfit),
-        waiting=MappingProxyType({j: f"waits: {why}" for j, why in placed.unplaced.items()}),
+        waiting=MappingProxyType(
+            {j: f"waits: {why}" for j, why in {**placed.unplaced, **capped}.items()}
+        ),
     )
 
 

@@ -50,6 +50,7 @@ from shockwave.policy import Decision, Policy, SolveSummary
 from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.snapshot import ActiveJob, JobProgress, RevealedTrajectory, Snapshot
 from shockwave.stints import useful_seconds
+from shockwave.tenant_ledger import TenantLedger
 from shockwave.workload import SimJob, Workload
 
 _EPS = 1e-9
@@ -122,7 +123,10 @@ class RoundRecord:
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
     """How one job fared. ``mean_active_jobs``: active jobs per round over the job's life.
-    ``scalings``: (time, new batch size) at each change of batch size while it trained."""
+    ``scalings``: (time, new batch size) at each change of batch size while it trained.
+    ``tenant``: its tenant's path. ``mean_tenant_contention``: the jobs per GPU of its fair
+    share inside its tenant's share (:attr:`shockwave.tenancy.TenantMarket.contention`),
+    averaged over its rounds: the N of its finish-time fairness within its tenant."""
 
     job_id: str
     gpus: int
@@ -133,6 +137,8 @@ class JobOutcome:
     restarts: int
     mean_active_jobs: float
     scalings: tuple[tuple[float, int], ...] = ()
+    tenant: str = ""
+    mean_tenant_contention: float = 1.0
 
     @property
     def jct_s(self) -> float | None:
@@ -145,7 +151,9 @@ class SimResult:
 
     ``final_state``: the policy state of the last decision (the policy's own type), None for a
     policy without state. ``solve``: the last decision's solve figures, for reports (None for
-    a policy that solves nothing).
+    a policy that solves nothing). ``tenant_hours``: tenant -> (hour, entitled GPU-s,
+    received GPU-s) for each hour of the run in which it had either
+    (:class:`~shockwave.tenant_ledger.TenantLedger`).
     """
 
     policy: str
@@ -159,6 +167,7 @@ class SimResult:
     notes: Mapping[str, Any] = field(default_factory=dict)
     final_state: object | None = None
     solve: SolveSummary | None = None
+    tenant_hours: Mapping[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
 
     @property
     def completed(self) -> int:
@@ -183,6 +192,7 @@ class _JobRun:
         "restarts",
         "scalings",
         "sim",
+        "tenant_contention",
         "width",
     )
 
@@ -202,6 +212,7 @@ class _JobRun:
         self.restarts = 0
         self.scalings: list[tuple[float, int]] = []
         self.width = sim.spec.gpus
+        self.tenant_contention = 0.0
 
     @property
     def job_id(self) -> str:
@@ -339,7 +350,13 @@ def simulate(
             policy_state=state,
             revealed=_revealed(run.active) if settings.reveal_trajectories else {},
             population=run.prior,
+            tenants=workload.tenants,
+            priority_classes=workload.priority_classes,
         )
+        shares = snapshot.market()
+        run.ledger.boundary(now, {r.job_id: (r.sim.spec.tenant, r.width) for r in run.active})
+        for r in run.active:
+            r.tenant_contention += shares.contention[r.job_id]
         if agnostic:
             snapshot = heterogeneity.agnostic_view(snapshot)
         started = timer() if timer else 0.0
@@ -368,6 +385,7 @@ def simulate(
             leases=run.previous,
             cluster=cluster,
             conserve=settings.mid_round_fills,
+            tenants=workload.tenants,
         )
         sources[changes.source] += 1
         lease_end = now + settings.round_seconds
@@ -397,6 +415,7 @@ def simulate(
                     cluster=cluster,
                     prefer=prefer,
                     types=types,
+                    tenants=workload.tenants,
                 )
                 for job_id, gpus in fill.assignment.items():
                     end = max(end, run.start(job_id, gpus, t, lease_end, True))
@@ -437,9 +456,14 @@ def simulate(
             restarts=r.restarts,
             mean_active_jobs=r.active_sum / r.active_rounds if r.active_rounds else 0.0,
             scalings=tuple(r.scalings),
+            tenant=r.sim.spec.tenant,
+            mean_tenant_contention=(
+                r.tenant_contention / r.active_rounds if r.active_rounds else 1.0
+            ),
         )
         for r in run.runs
     )
+    run.ledger.advance(makespan)
     return SimResult(
         policy=policy.name,
         workload=workload.name,
@@ -452,6 +476,7 @@ def simulate(
         notes={"sources": sources, "fills": fills},
         final_state=state,
         solve=solve,
+        tenant_hours=MappingProxyType(run.ledger.hours()),
     )
 
 
@@ -473,6 +498,7 @@ class _Run:
         self._busy = 0.0
         self._ends: list[tuple[float, int, str]] = []
         self._seq = 0
+        self.ledger = TenantLedger(workload.tenants, cluster.total_gpus)
 
     def admit(self, now: float) -> None:
         while self.pending and self.pending[-1].sim.spec.arrival_s <= now + _EPS:
@@ -481,7 +507,7 @@ class _Run:
 
     def waiting_view(self) -> list[engine.Waiting]:
         """The active jobs for the engine, each at the width the last decision gave it."""
-        return [engine.Waiting(r.job_id, r.width) for r in self.active]
+        return [engine.Waiting(r.job_id, r.width, r.sim.spec.tenant) for r in self.active]
 
     def set_widths(self, decision: Decision) -> None:
         """Each active job's width for this round: the decision's, else its requested count
@@ -513,8 +539,10 @@ class _Run:
         r.executed_last = useful
         r.gpus = gpus
         self._busy += useful * len(gpus)
+        self.ledger.hold(r.sim.spec.tenant, now, now + elapsed, len(gpus))
         if r.done:
             r.finish = now + elapsed
+            self.ledger.finish(job_id, now + elapsed)
             heapq.heappush(self._ends, (now + elapsed, self._seq, job_id))
             self._seq += 1
         return now + elapsed

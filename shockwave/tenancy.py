@@ -22,7 +22,7 @@ Units: GPUs (fractions allowed: an entitlement is a share over time, not a gang)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -283,9 +283,10 @@ class TenantMarket:
 
     ``entitled``: tenant path -> GPUs it is entitled to (:func:`entitlements`) for the tenants
     with active jobs. ``budgets``: job id -> its weight in the market (B_j,
-    :func:`job_budgets`). ``contention``: job id -> the jobs per GPU of its fair share inside its
-    tenant's share (the tenant's multipliers over the job's, over the tenant's entitlement;
-    at least 1), the N of its finish-time fairness. ``multipliers``: job id -> its weight
+    :func:`job_budgets`). ``contention``: job id -> its gang width over its fair share inside its
+    tenant's share (the tenant's entitlement times the job's part of the tenant's multipliers;
+    at least 1): how many times slower than alone it runs at that share, the N of its
+    finish-time fairness. ``multipliers``: job id -> its weight
     among its tenant's jobs (its budget times its priority class's multiplier). ``single``:
     one tenant and no limits; then budgets are the jobs' own and a policy keeps its untenanted
     rule (the cluster's contention).
@@ -323,10 +324,10 @@ def market(
     for job, tenant in job_tenants.items():
         by_tenant[tenant] = by_tenant.get(tenant, 0.0) + multipliers[job]
     contention: dict[str, float] = {}
+    width = {s.job_id: s.gpus for s in jobs}
     for job, tenant in job_tenants.items():
-        gpus = entitled.get(tenant, 0.0)
-        jobs_per_gpu = (by_tenant[tenant] / multipliers[job]) / gpus if gpus > 0 else math.inf
-        contention[job] = max(1.0, jobs_per_gpu)
+        fair = entitled.get(tenant, 0.0) * multipliers[job] / by_tenant[tenant]
+        contention[job] = max(1.0, width[job] / fair) if fair > 0 else math.inf
     return TenantMarket(
         MappingProxyType(entitled),
         MappingProxyType(budgets),
@@ -340,3 +341,211 @@ def _class_multiplier(spec: JobSpec, priority_classes: Mapping[str, float]) -> f
     if spec.priority is None:
         return 1.0
     return float(priority_classes.get(spec.priority, 1.0))
+
+
+AT_LIMIT = "tenant at its GPU limit"
+"""Why a job waits when running it would put its tenant (or one above it) over ``max_gpus``."""
+
+
+def has_limits(tenants: Mapping[str, Tenant]) -> bool:
+    """Whether any tenant has a ``max_gpus`` or a ``guaranteed_gpus``: only then does the round
+    engine apply tenant limits (without, it places exactly as it did before tenants)."""
+    return any(t.max_gpus is not None or t.guaranteed_gpus for t in tenants.values())
+
+
+class TenantUsage:
+    """GPUs held per tenant, counted at every tenant above it too, against ``max_gpus``."""
+
+    def __init__(self, tenants: Mapping[str, Tenant]) -> None:
+        self.tenants = tenants
+        self.held: dict[str, int] = {}
+
+    def fits(self, tenant: str, gpus: int) -> bool:
+        """Whether ``gpus`` more for ``tenant`` keep it and every tenant above it within
+        ``max_gpus``."""
+        for path in ancestors(tenant):
+            cap = settings_of(self.tenants, path).max_gpus
+            if cap is not None and self.held.get(path, 0) + gpus > cap:
+                return False
+        return True
+
+    def add(self, tenant: str, gpus: int) -> None:
+        for path in ancestors(tenant):
+            self.held[path] = self.held.get(path, 0) + gpus
+
+
+def limit_column(
+    column: Sequence[str],
+    arrival_order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+    total_gpus: int,
+) -> tuple[list[str], dict[str, str]]:
+    """A round's jobs (``column``, highest priority first) within the tenants' limits.
+
+    1. Guarantees: a tenant with ``guaranteed_gpus`` and waiting demand that the column gives
+       fewer than ``min(guarantee, demand)`` GPUs gets its jobs (from ``arrival_order``, the
+       active jobs in arrival order) put first, while they fit its guarantee; to make room,
+       jobs of tenants that are not short of a guarantee leave the column from its end.
+    2. Caps: walking the column in order, a job whose width would put its tenant or a tenant
+       above it over ``max_gpus`` leaves it, with :data:`AT_LIMIT` as its reason.
+
+    Returns the new column and the reasons of the jobs taken out by a cap.
+    """
+    shortfall = _guarantee_shortfall(column, arrival_order, width, tenant_of, tenants)
+    chosen = list(column)
+    if shortfall:
+        front: list[str] = []
+        for job in arrival_order:
+            chain = ancestors(tenant_of[job])
+            if job in chosen or not any(shortfall.get(p, 0) >= width[job] for p in chain):
+                continue
+            front.append(job)
+            for path in chain:
+                if path in shortfall:
+                    shortfall[path] -= width[job]
+        guaranteed = {p for p, t in tenants.items() if t.guaranteed_gpus}
+        used = sum(width[j] for j in chosen) + sum(width[j] for j in front)
+        for job in reversed(list(chosen)):
+            if used <= total_gpus:
+                break
+            if not guaranteed.intersection(ancestors(tenant_of[job])):
+                chosen.remove(job)
+                used -= width[job]
+        while used > total_gpus and front:  # guarantees over the cluster: the last ones wait
+            used -= width[front.pop()]
+        chosen = front + chosen
+    usage = TenantUsage(tenants)
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for job in chosen:
+        if usage.fits(tenant_of[job], width[job]):
+            usage.add(tenant_of[job], width[job])
+            kept.append(job)
+        else:
+            refused[job] = AT_LIMIT
+    return kept, refused
+
+
+def within_caps(
+    candidates: Sequence[str],
+    holding: Mapping[str, int],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+) -> tuple[list[str], dict[str, str]]:
+    """The ``candidates`` (in order) that may start on top of ``holding`` (job id -> GPUs held
+    by jobs already running) without a tenant over its ``max_gpus``, and the reasons of the
+    others (:data:`AT_LIMIT`)."""
+    usage = TenantUsage(tenants)
+    for job, gpus in holding.items():
+        usage.add(tenant_of.get(job, ROOT), gpus)
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for job in candidates:
+        if usage.fits(tenant_of[job], width[job]):
+            usage.add(tenant_of[job], width[job])
+            kept.append(job)
+        else:
+            refused[job] = AT_LIMIT
+    return kept, refused
+
+
+def _guarantee_shortfall(
+    column: Sequence[str],
+    arrival_order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    tenants: Mapping[str, Tenant],
+) -> dict[str, int]:
+    """Guaranteed tenant path -> GPUs its jobs need added to the column to reach
+    ``min(guarantee, demand)``, for those short of it."""
+    in_column: dict[str, int] = {}
+    demand: dict[str, int] = {}
+    for job in arrival_order:
+        for path in ancestors(tenant_of[job]):
+            demand[path] = demand.get(path, 0) + width[job]
+    for job in column:
+        for path in ancestors(tenant_of[job]):
+            in_column[path] = in_column.get(path, 0) + width[job]
+    short: dict[str, int] = {}
+    for path, tenant in tenants.items():
+        if tenant.guaranteed_gpus:
+            need = min(tenant.guaranteed_gpus, demand.get(path, 0)) - in_column.get(path, 0)
+            if need > 0:
+                short[path] = need
+    return short
+
+
+MAX_OWED_GPUS = 8.0
+"""The most GPU-rounds a tenant's balance carries to the next round, either way
+(:func:`owed_after`): one widest gang, enough to even out a share that gangs cannot match
+exactly (5.3 GPUs of 4-GPU jobs) without letting a long shortfall buy a burst."""
+
+AT_SHARE = "its tenant holds its share; no idle GPUs to borrow"
+"""Why a job waits when its tenant has its share this round and no GPU is left idle."""
+
+
+def share_round(
+    order: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+    quota: Mapping[str, float],
+    total_gpus: int,
+) -> tuple[list[str], dict[str, str]]:
+    """A round's jobs with each tenant held to its share while others want theirs.
+
+    ``order``: active job ids, the policy's preference first (its round, then its fillers,
+    then the rest). First pass: a job runs when it fits the free GPUs and its tenant's GPUs stay
+    within ``quota`` (its entitlement plus what it is owed); second pass: the GPUs still free
+    go to jobs of any tenant in the same order (idle share is lent; the next round takes it
+    back). Returns the jobs in the order chosen and, for the others, :data:`AT_SHARE` where the
+    first pass held them back. A quota below 0 (a tenant that owes GPUs) holds all of its jobs
+    to the second pass.
+    """
+    free = total_gpus
+    used: dict[str, float] = {}
+    chosen: list[str] = []
+    held_back: set[str] = set()
+    for job in order:
+        tenant = tenant_of[job]
+        if width[job] > free:
+            continue
+        if used.get(tenant, 0.0) + width[job] > quota.get(tenant, 0.0) + 1e-9:
+            held_back.add(job)
+            continue
+        chosen.append(job)
+        used[tenant] = used.get(tenant, 0.0) + width[job]
+        free -= width[job]
+    taken = set(chosen)
+    for job in order:
+        if job not in taken and width[job] <= free:
+            chosen.append(job)
+            taken.add(job)
+            free -= width[job]
+    return chosen, {j: AT_SHARE for j in held_back if j not in taken}
+
+
+def owed_after(
+    owed: Mapping[str, float],
+    entitled: Mapping[str, float],
+    chosen: Sequence[str],
+    width: Mapping[str, int],
+    tenant_of: Mapping[str, str],
+) -> dict[str, float]:
+    """Each tenant's balance after a round (tenants with demand only): what it was owed plus
+    its entitlement less the GPUs its jobs got, within +-:data:`MAX_OWED_GPUS`. A tenant that
+    got more than its share owes it back only as far as other tenants got less (GPUs that no
+    one else could use were lent free); the balances of a round sum to 0 when it is full."""
+    used: dict[str, float] = {}
+    for job in chosen:
+        used[tenant_of[job]] = used.get(tenant_of[job], 0.0) + width[job]
+    delta = {t: gpus - used.get(t, 0.0) for t, gpus in entitled.items()}
+    short = sum(d for d in delta.values() if d > 0)
+    over = -sum(d for d in delta.values() if d < 0)
+    scale = min(1.0, short / over) if over > 0 else 1.0
+    return {
+        t: min(MAX_OWED_GPUS, max(-MAX_OWED_GPUS, owed.get(t, 0.0) + (d if d > 0 else d * scale)))
+        for t, d in delta.items()
+    }

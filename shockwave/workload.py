@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from shockwave.model import JobSpec, Regime, ValidationError
+from shockwave.tenancy import Tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,17 @@ class SimJob:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Jobs in arrival order (ties kept in trace order)."""
+    """Jobs in arrival order (ties kept in trace order).
+
+    ``tenants``: the tenants' settings by path (:mod:`shockwave.tenancy`; each job names its
+    tenant in ``spec.tenant``, and a tenant not here has weight 1 and no limits).
+    ``priority_classes``: priority class name -> its multiplier within a tenant.
+    """
 
     jobs: tuple[SimJob, ...]
     name: str = "workload"
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    priority_classes: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ids = [j.spec.job_id for j in self.jobs]

@@ -50,6 +50,7 @@ from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workload import Workload
 from shockwave_cli import (
     knobs,
+    tenant_options,
     token_commands,  # noqa: F401  (registers the admin token commands)
 )
 from shockwave_cli.api_commands import admin_app, api_command
@@ -79,6 +80,7 @@ from shockwave_cli.report import (
     comparison_table,
     prediction_table,
     run_record,
+    tenant_table,
     write_jobs_csv,
     write_json,
 )
@@ -227,6 +229,12 @@ def simulate_command(
             help="Also write report.html: the comparison table and every plot in one page.",
         ),
     ] = False,
+    tenants: tenant_options.Tenants = None,
+    tenant_seed: tenant_options.TenantSeed = 0,
+    tenant_file: tenant_options.TenantFile = None,
+    tenant_weights: tenant_options.TenantWeights = None,
+    tenant_guaranteed_gpus: tenant_options.TenantGuaranteed = None,
+    tenant_max_gpus: tenant_options.TenantMaxGpus = None,
 ) -> None:
     """Simulate policies on a workload; print a comparison table and write reports to --out.
 
@@ -270,6 +278,15 @@ def simulate_command(
                     "(elastic jobs on typed clusters are not modelled yet)"
                 )
             workload = _elastic(workload, throughputs, elastic_max_gpus)
+        workload = tenant_options.apply_tenant_options(
+            workload,
+            tenants,
+            tenant_seed,
+            tenant_file,
+            tenant_weights,
+            tenant_guaranteed_gpus,
+            tenant_max_gpus,
+        )
         _check_fits(workload, cluster)
         _make_dir(out)
     except InputError as error:
@@ -286,6 +303,8 @@ def simulate_command(
     if not console.is_terminal:
         console.width = max(console.width, 120)
     console.print(comparison_table(runs))
+    if any(len(run.tenants) > 1 for run in runs):
+        console.print(tenant_table(runs))
     console.print(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"

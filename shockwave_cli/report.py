@@ -10,6 +10,10 @@ Shapes:
   params as run, nested dataclasses as objects) and, for the shockwave policy, ``solver``:
   ``{solves, last_solve{status, solver, objective, bound, gain_gap, gap}}`` (``solves``: plans
   solved over the run; ``last_solve``: what the last one reported).
+  With tenants, each object also has ``tenants`` (tenant path -> ``entitled_gpu_s``,
+  ``received_gpu_s``, ``ratio``, ``worst_hour_ratio``, ``hours``, ``jobs``, ``avg_jct_s``,
+  ``worst_ftf``), ``worst_tenant_ratio``, ``tenant_jain`` and ``ftf_tenant`` (per job, FTF
+  within its tenant's share); :mod:`shockwave.metrics`.
 - ``jobs-<policy>.csv``: one row per job in workload order with ``job_id, arrival, finish, jct,
   t_exclusive, ftf, ftf_contention`` (seconds; empty cells for a job that did not finish).
 - ``prediction.json``: :meth:`PredictionReport.as_dict`.
@@ -73,6 +77,41 @@ def comparison_table(runs: Sequence[RunMetrics]) -> Table:
             f"{run.decision_seconds.median * 1000:.3g}",
             "-" if over_bound is None else f"{over_bound:.2f}",
         )
+    return table
+
+
+def tenant_table(runs: Sequence[RunMetrics]) -> Table:
+    """One row per policy and tenant: GPU-hours entitled and received, the worst hour's
+    received / entitled, the tenant's jobs, mean JCT and worst FTF within its share; each
+    policy's first row also its worst tenant ratio and Jain's index over tenants."""
+    table = Table(title="Tenants", title_justify="left")
+    table.add_column("policy", style="bold", no_wrap=True)
+    table.add_column("tenant", no_wrap=True)
+    for header in (
+        "entitled\nGPU-h",
+        "received\nGPU-h",
+        "worst\nhour",
+        "jobs",
+        "avg JCT\ns",
+        "worst FTF\nin tenant",
+        "worst\ntenant",
+        "Jain",
+    ):
+        table.add_column(header, justify="right", no_wrap=True)
+    for run in runs:
+        for i, (name, t) in enumerate(run.tenants.items()):
+            table.add_row(
+                run.policy if i == 0 else "",
+                name or "(default)",
+                f"{t.entitled_gpu_s / 3600:,.1f}",
+                f"{t.received_gpu_s / 3600:,.1f}",
+                f"{t.worst_hour_ratio:.2f}",
+                str(t.jobs),
+                f"{t.avg_jct_s:,.0f}",
+                f"{t.worst_ftf:.2f}",
+                f"{run.worst_tenant_ratio:.2f}" if i == 0 else "",
+                f"{run.tenant_jain:.3f}" if i == 0 else "",
+            )
     return table
 
 

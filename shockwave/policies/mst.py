@@ -7,6 +7,9 @@ favours jobs with a high step rate, and a job loses rank when it scales its batc
 Simplification: the LP is a fractional knapsack, solved exactly by filling GPUs in order of
 iterations per second per GPU (ties in arrival order). The reference's LP solver returned a
 degenerate vertex; which of the tied vertices it picks moves makespan by about 2%.
+
+With tenants the objective is weighted, sum_j w_j thr_j x_j, w_j the job's part of its tenant's
+share (:func:`shockwave.tenancy.job_budgets`): tenant weights as job weights.
 """
 
 from __future__ import annotations
@@ -41,7 +44,13 @@ class MaxSumThroughput(TimeFractionPolicy):
     ) -> tuple[dict[str, float], Mapping[str, Any]]:
         shares = {j.job_id: 0.0 for j in jobs}
         left = float(total_gpus)
-        for job in sorted(jobs, key=lambda j: -j.steps_per_second / j.gpus):
+        tenanted = any(j.tenant_gpus is not None for j in jobs)
+
+        def value(job: AllocationJob) -> float:
+            # throughput per GPU, weighted with tenants by the job's part of its tenant's share
+            return job.steps_per_second / job.gpus * (job.weight if tenanted else 1.0)
+
+        for job in sorted(jobs, key=lambda j: -value(j)):
             if left <= 1e-12:
                 break
             take = min(1.0, left / job.gpus)

@@ -54,7 +54,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, Snapshot
-from shockwave.tenancy import TenantMarket
+from shockwave.tenancy import TenantMarket, owed_after, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -223,6 +223,7 @@ class ShockwaveState:
     last: PlanSummary = field(default_factory=PlanSummary)
     plan_types: Mapping[str, str] = field(default_factory=dict)
     widths: Mapping[str, int] = field(default_factory=dict)
+    tenant_owed: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +325,11 @@ class Shockwave:
                 widths,
                 params.restart_overhead_s,
             )
+        owed = state.tenant_owed
+        if not shares.single and not typed:
+            chosen, reasons, chosen_widths, owed = _share(
+                snapshot, shares, owed, chosen, reasons, chosen_widths, outlooks
+            )
         new_state = ShockwaveState(
             plan_rounds=rounds,
             planned_at_round=planned_at,
@@ -335,6 +341,7 @@ class Shockwave:
             last=last,
             plan_types=MappingProxyType(dict(types)),
             widths=MappingProxyType(dict(widths)),
+            tenant_owed=MappingProxyType(dict(owed)),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -797,6 +804,34 @@ def _fill(
     if free > 0:
         _scale_up(snapshot, chosen, chosen_widths, outlooks, free, restart_overhead_s)
     return chosen, reasons, chosen_widths
+
+
+def _share(
+    snapshot: Snapshot,
+    shares: TenantMarket,
+    owed: Mapping[str, float],
+    chosen: Sequence[str],
+    reasons: Mapping[str, str],
+    chosen_widths: Mapping[str, int],
+    outlooks: Mapping[str, JobOutlook],
+) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
+    """The round within the tenants' shares (:func:`shockwave.tenancy.share_round`): the plan
+    runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
+    :func:`shockwave.tenancy.owed_after`), its own jobs first, then the jobs that have most
+    work left; GPUs no tenant with a share left can use are lent. The market's budgets make
+    the plan give each tenant about its share; this holds it to it, round by round."""
+    width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
+    tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
+    rest = sorted(
+        (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
+        key=lambda j: -outlooks[j].remaining_s,
+    )
+    quota = {t: gpus + owed.get(t, 0.0) for t, gpus in shares.entitled.items()}
+    kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
+    new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
+    new_reasons.update(held)
+    new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
+    return kept, new_reasons, new_widths, owed_after(owed, shares.entitled, kept, width, tenant_of)
 
 
 def _scale_up(

@@ -9,7 +9,9 @@ time fractions that minimize the worst predicted finish-time fairness
 
 where ``C_j`` accumulates, at each recompute, the isolated-time equivalent of the progress made
 since the previous one: ``C_j += (rem_prev - rem_now) / iso_prev``. There is no filter or
-auction in this form; the paper's filter-based Themis is not implemented here.
+auction in this form; the paper's filter-based Themis is not implemented here. With tenants,
+the fair share in ``iso_j`` is the job's weight's part of the cluster, ``M w_j / sum w``, w_j its
+tenant's share split among the tenant's jobs (:func:`shockwave.tenancy.job_budgets`).
 
 Simplification: the problem is quasi-convex in one variable, the target rho: for a given rho each
 job needs x_j >= rem_j / (thr_j (rho D_j - age_j)), D_j = C_j + rem_j / iso_j. We bisect on rho
@@ -90,8 +92,13 @@ class Themis(TimeFractionPolicy):
         old_credit: Mapping[str, float] = memory.get("credit", {})
         isolated: dict[str, float] = {}
         denominators: dict[str, float] = {}
+        tenanted = any(j.tenant_gpus is not None for j in jobs)
+        weights = sum(j.weight for j in jobs)
         for job in jobs:
-            isolated[job.job_id] = job.steps_per_second * min(1.0, total_gpus / (m * job.gpus))
+            # the fair share the job's FTF is against: an equal part of the cluster, or with
+            # tenants its weight's part (its tenant's share split among the tenant's jobs)
+            fair = total_gpus * job.weight / weights if tenanted else total_gpus / m
+            isolated[job.job_id] = job.steps_per_second * min(1.0, fair / job.gpus)
             c = old_credit.get(job.job_id, 0.0)
             if job.job_id in last_rem:
                 c += (last_rem[job.job_id] - job.remaining_steps) / last_iso[job.job_id]
