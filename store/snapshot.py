@@ -54,6 +54,7 @@ from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeS
 from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.stints import Stint
+from shockwave.tenancy import AT_LIMIT, TenantUsage
 from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
@@ -263,15 +264,69 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     )
 
 
-def waiting_reason(session: Session, row: JobRow, layout: GpuLayout | None = None) -> str | None:
-    """Why a queued (PENDING or SUSPENDED) job cannot run on the READY nodes at all, or None:
-    wider than all of them together (:func:`shockwave.engine.unfit_reason`). None too while no
-    node is READY (nothing can run then, and the prediction says there is no plan yet).
-    ``layout``: the READY nodes when the caller already read them."""
+class Unread:
+    """A value not read yet (the default of an argument whose None means "none")."""
+
+
+UNREAD = Unread()
+
+
+def waiting_reason(
+    session: Session,
+    row: JobRow,
+    layout: GpuLayout | None = None,
+    usage: TenantHold | Unread | None = UNREAD,
+) -> str | None:
+    """Why a queued (PENDING or SUSPENDED) job cannot run now whatever the plan says, or None:
+    wider than all the READY nodes together (:func:`shockwave.engine.unfit_reason`), or its
+    gang would put its tenant (or one above it) over ``max_gpus``
+    (:data:`shockwave.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
+    READY (nothing can run then, and the prediction says there is no plan yet). ``layout``,
+    ``usage``: the READY nodes and :func:`tenant_usage` when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
         return None
     layout = layout or gpu_layout(session)
-    return None if layout is None else unfit_reason(row.gpus, layout.cluster)
+    if layout is None:
+        return None
+    unfit = unfit_reason(row.gpus, layout.cluster)
+    if unfit is not None:
+        return unfit
+    if isinstance(usage, Unread):
+        usage = tenant_usage(session)
+    return AT_LIMIT if at_limit(usage, row) else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantHold:
+    """The GPUs the live leases hold per tenant (and every tenant above it) against the
+    configured ``max_gpus`` (``usage``), and the jobs holding those leases (``holders``)."""
+
+    usage: TenantUsage
+    holders: frozenset[str]
+
+
+def tenant_usage(session: Session) -> TenantHold | None:
+    """What :func:`at_limit` checks against; None when no tenant has ``max_gpus``."""
+    limits = tenants.core_tenants(session)
+    if not any(t.max_gpus is not None for t in limits.values()):
+        return None
+    usage = TenantUsage(limits)
+    rows = session.exec(
+        select(JobRow.id, JobRow.tenant, LeaseRow.gpus)
+        .join(LeaseRow, col(LeaseRow.job_id) == col(JobRow.id))
+        .where(col(LeaseRow.state).in_(LIVE_LEASES))
+    ).all()
+    for _, tenant, gpus in rows:
+        usage.add(tenant, len(gpus))
+    return TenantHold(usage, frozenset(job_id for job_id, _, _ in rows))
+
+
+def at_limit(hold: TenantHold | None, row: JobRow) -> bool:
+    """Whether a queued job that holds no lease would put its tenant (or one above it) over
+    ``max_gpus`` with its gang (``hold``: :func:`tenant_usage`), the round engine's rule."""
+    if hold is None or row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
+        return False
+    return row.id not in hold.holders and not hold.usage.fits(row.tenant, row.gpus)
 
 
 def active_job_rows(session: Session) -> list[JobRow]:
