@@ -34,9 +34,14 @@ PROBLEMS = openapi_problems(
 
 
 def _aware(value: datetime | None, field: str) -> datetime | None:
-    if value is not None and value.tzinfo is None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
         raise InvalidInput(f"{field} needs a time zone (RFC 3339: ...Z or +00:00)", field=field)
-    return None if value is None else value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{field} is out of range in UTC", field=field) from None
 
 
 @router.get(
@@ -70,7 +75,10 @@ def get_usage(
     require(principal, Role.ADMIN, Role.USER)
     now = datetime.now(UTC)
     end = _aware(until, "until") or now
-    start = _aware(since, "since") or end - DEFAULT_WINDOW
+    try:
+        start = _aware(since, "since") or end - DEFAULT_WINDOW
+    except OverflowError:
+        raise InvalidInput("until is too early to count a day back from", field="until") from None
     rows = accounting.usage(
         session,
         principal,
