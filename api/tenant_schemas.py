@@ -77,8 +77,8 @@ class TenantPublic(BaseModel):
 
 
 class TenantChangePublic(BaseModel):
-    """One change to a tenant: its settings after the change, who made it (``token:<id>``)
-    and when."""
+    """One change to a tenant: its settings after the change, who made it (``token:<id>``;
+    empty for a user reading its own tenant) and when."""
 
     version: int
     weight: float

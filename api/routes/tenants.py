@@ -71,6 +71,8 @@ def _detail(session: Session, principal: Principal, path: str) -> TenantDetail:
         TenantChangePublic.model_validate(row, from_attributes=True)
         for row in tenants.history(session, path)
     ]
+    if not principal.is_admin:  # which admin token made a change is the admins' business
+        changes = [change.model_copy(update={"changed_by": ""}) for change in changes]
     visible = {t.path for t in tenants.list_tenants(session, principal)}
     below = sorted(p for p in visible if tenants.parent_of(p) == path)
     public = _public(settings, tenants.shares_now(session), below)

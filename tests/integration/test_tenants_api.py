@@ -252,3 +252,15 @@ def test_metrics_carry_each_tenants_share_and_usage(
     assert f'shockwave_tenant_entitled_gpus{{tenant="{TENANT_B}"}} 1.0' in text
     assert f'shockwave_tenant_active_jobs{{tenant="{TENANT_A}"}} 1.0' in text
     assert "# TYPE shockwave_tenant_gpu_hours_24h gauge" in text
+
+
+def test_a_user_sees_its_tenants_history_without_who_changed_it(
+    client: TestClient, tokens: Tokens
+) -> None:
+    client.patch(f"/v1/tenants/{TENANT_A}", json={"max_jobs": 3}, headers=bearer(tokens.admin))
+
+    admin_view = _tenant(client, tokens.admin, TENANT_A).json()["history"]
+    user_view = _tenant(client, tokens.user_a, TENANT_A).json()["history"]
+
+    assert admin_view[0]["changed_by"].startswith("token:")
+    assert [c["max_jobs"] for c in user_view] == [3] and user_view[0]["changed_by"] == ""
