@@ -89,3 +89,26 @@ def test_a_fill_mid_round_keeps_the_tenant_within_its_limit(
         "RUNNING",
     )
     assert b_job
+
+
+def test_a_tenant_with_guaranteed_gpus_gets_them_at_the_next_boundary(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """B fills all 4 GPUs; A, guaranteed 2, submits two jobs and a plan leaves them out: the
+    next boundary gives A its 2 GPUs all the same (B's last jobs make room)."""
+    register(client, tokens.agent, gpus=4, node=NODE)
+    client.post(
+        "/v1/tenants", json={"path": TENANT_A, "guaranteed_gpus": 2}, headers=bearer(tokens.admin)
+    )
+    b_jobs = [submit(client, tokens.user_b, name=f"b{i}") for i in range(4)]
+    with driver_on(database) as (driver, _):
+        t = now()
+        driver.step(t)
+        assert _held_by_tenant(database) == {TENANT_B: 4}
+        a_jobs = [submit(client, tokens.user_a, name=f"a{i}") for i in range(2)]
+        store_plan(database, [b_jobs] * 3, base_round=1)
+        driver.step(t + ROUND_S * 1.01)
+        held = _held_by_tenant(database)
+
+    assert held == {TENANT_A: 2, TENANT_B: 2}, held
+    assert a_jobs
