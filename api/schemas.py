@@ -209,8 +209,9 @@ class JobSummary(BaseModel):
     created_at: datetime
     updated_at: datetime
     waiting_reason: str | None = None
-    """Set while a queued job cannot run on the ready nodes at all (wider than all of them
-    together): it stays PENDING and holds up no other job."""
+    """Set while a queued job cannot run now whatever the plan says: wider than all the ready
+    nodes together, or its gang would put its tenant over ``max_gpus`` ("tenant at its GPU
+    limit"). It stays PENDING and holds up no other job."""
 
 
 class JobPublic(JobSummary):
