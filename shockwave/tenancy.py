@@ -533,11 +533,13 @@ def owed_after(
     chosen: Sequence[str],
     width: Mapping[str, int],
     tenant_of: Mapping[str, str],
+    slack_rounds: float = 0.0,
 ) -> dict[str, float]:
     """Each tenant's balance after a round (tenants with demand only): what it was owed plus
-    its entitlement less the GPUs its jobs got, within +-:data:`MAX_OWED_GPUS`. A tenant that
-    got more than its share owes it back only as far as other tenants got less (GPUs that no
-    one else could use were lent free); the balances of a round sum to 0 when it is full."""
+    its entitlement less the GPUs its jobs got, within +-(the larger of :data:`MAX_OWED_GPUS`
+    and ``slack_rounds`` rounds of its entitlement). A tenant that got more than its share owes
+    it back only as far as other tenants got less (GPUs that no one else could use were lent
+    free); the balances of a round sum to 0 when it is full."""
     used: dict[str, float] = {}
     for job in chosen:
         used[tenant_of[job]] = used.get(tenant_of[job], 0.0) + width[job]
@@ -545,7 +547,18 @@ def owed_after(
     short = sum(d for d in delta.values() if d > 0)
     over = -sum(d for d in delta.values() if d < 0)
     scale = min(1.0, short / over) if over > 0 else 1.0
-    return {
-        t: min(MAX_OWED_GPUS, max(-MAX_OWED_GPUS, owed.get(t, 0.0) + (d if d > 0 else d * scale)))
-        for t, d in delta.items()
-    }
+    balances: dict[str, float] = {}
+    for t, d in delta.items():
+        bound = max(MAX_OWED_GPUS, slack_rounds * entitled[t])
+        balances[t] = min(bound, max(-bound, owed.get(t, 0.0) + (d if d > 0 else d * scale)))
+    return balances
+
+
+def share_quotas(
+    entitled: Mapping[str, float], owed: Mapping[str, float], slack_rounds: float = 0.0
+) -> dict[str, float]:
+    """Each tenant's GPUs for the first pass of :func:`share_round`: its entitlement, plus its
+    balance (:func:`owed_after`), plus ``slack_rounds`` times its entitlement: a tenant may run
+    ahead of its share until its balance has used that slack up, and one behind gets it back
+    first."""
+    return {t: gpus * (1.0 + slack_rounds) + owed.get(t, 0.0) for t, gpus in entitled.items()}

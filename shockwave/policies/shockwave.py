@@ -54,7 +54,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, Snapshot
-from shockwave.tenancy import TenantMarket, owed_after, share_round
+from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -126,6 +126,10 @@ class ShockwaveParams:
     deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
     off; :func:`_patient`, :func:`shockwave.planner.pack_rounds`, docs/policy.md "Issue 19,
     sixth part").
+    ``tenant_slack_rounds``: with more than one tenant, how many rounds of its share a tenant's
+    jobs may run ahead of it before the round holds the tenant to its share
+    (:func:`shockwave.tenancy.share_quotas`; 0: every round, the balance evening out gangs;
+    docs/tenants.md).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -155,6 +159,7 @@ class ShockwaveParams:
     packing_order: str = "deadline"
     wait_for_ends: bool = True
     patience: float = 0.5
+    tenant_slack_rounds: float = 0.0
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -328,7 +333,14 @@ class Shockwave:
         owed = state.tenant_owed
         if not shares.single and not typed:
             chosen, reasons, chosen_widths, owed = _share(
-                snapshot, shares, owed, chosen, reasons, chosen_widths, outlooks
+                snapshot,
+                shares,
+                owed,
+                chosen,
+                reasons,
+                chosen_widths,
+                outlooks,
+                params.tenant_slack_rounds,
             )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -814,24 +826,29 @@ def _share(
     reasons: Mapping[str, str],
     chosen_widths: Mapping[str, int],
     outlooks: Mapping[str, JobOutlook],
+    slack_rounds: float,
 ) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
     """The round within the tenants' shares (:func:`shockwave.tenancy.share_round`): the plan
     runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
-    :func:`shockwave.tenancy.owed_after`), its own jobs first, then the jobs that have most
-    work left; GPUs no tenant with a share left can use are lent. The market's budgets make
+    :func:`shockwave.tenancy.owed_after`), its own jobs first, then the others: those running
+    now (no restart), then the shortest remaining first (a job put in for one the share held
+    back should finish soon, not hold the GPUs longest); GPUs no tenant with a share left can
+    use are lent. The market's budgets make
     the plan give each tenant about its share; this holds it to it, round by round."""
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
+    running = {j.job_id for j in snapshot.jobs if j.running}
     rest = sorted(
         (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
-        key=lambda j: -outlooks[j].remaining_s,
+        key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
-    quota = {t: gpus + owed.get(t, 0.0) for t, gpus in shares.entitled.items()}
+    quota = share_quotas(shares.entitled, owed, slack_rounds)
     kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
     new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
     new_reasons.update(held)
     new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
-    return kept, new_reasons, new_widths, owed_after(owed, shares.entitled, kept, width, tenant_of)
+    balance = owed_after(owed, shares.entitled, kept, width, tenant_of, slack_rounds)
+    return kept, new_reasons, new_widths, balance
 
 
 def _scale_up(
