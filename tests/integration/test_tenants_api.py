@@ -3,20 +3,32 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from store.principals import Role
+from api.schemas import JobCreate
+from store import jobs, tenants
+from store.principals import Principal, Role
 from store.settings import DatabaseSettings
 from store.snapshot import load_snapshot
 from store.tables import JobRow, TenantChangeRow
 from store.tokens import create_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
-from tests.integration.conftest import NODE, TENANT_A, TENANT_B, Database, Tokens
+from tests.integration.conftest import (
+    NODE,
+    TENANT_A,
+    TENANT_B,
+    Database,
+    Tokens,
+    migrated_postgres,
+)
 from tests.integration.driving import register
 
 
@@ -264,3 +276,31 @@ def test_a_user_sees_its_tenants_history_without_who_changed_it(
 
     assert admin_view[0]["changed_by"].startswith("token:")
     assert [c["max_jobs"] for c in user_view] == [3] and user_view[0]["changed_by"] == ""
+
+
+def test_concurrent_submissions_never_overshoot_max_jobs(postgres_server: Engine) -> None:
+    """Eight submissions to a tenant with ``max_jobs`` 3 at once, each in its own transaction on
+    Postgres: the tenant's row lock counts them one after the other, so exactly three land."""
+    with migrated_postgres(postgres_server, "tenants") as database:
+        admin = Principal(role=Role.ADMIN, key="token:1")
+        user = Principal(role=Role.USER, key="token:2", tenant=TENANT_A)
+        with Session(database.engine) as session:
+            tenants.create_tenant(session, admin, TENANT_A, {"max_jobs": 3})
+            session.commit()
+        barrier = threading.Barrier(8)
+
+        def attempt(_: int) -> str:
+            with Session(database.engine) as session:
+                barrier.wait(timeout=10)
+                try:
+                    jobs.create_job(session, user, JobCreate(**job_body()))
+                    session.commit()
+                    return "created"
+                except tenants.TenantAtLimit:
+                    session.rollback()
+                    return "refused"
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outcomes = list(pool.map(attempt, range(8)))
+        assert sorted(outcomes) == ["created"] * 3 + ["refused"] * 5
+        assert len(_jobs(database)) == 3
