@@ -252,6 +252,10 @@ def test_the_dashboard_renders_in_headless_chromium(
         assert "RUNNING" in browser.find_element(By.CSS_SELECTOR, row).text
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "tr.node-row")))
         assert "long-runner" in browser.find_element(By.CSS_SELECTOR, "#nodes").text
+        tenant = "tr.tenant-row"
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, tenant)))
+        tenants_text = browser.find_element(By.CSS_SELECTOR, "#tenants").text
+        assert "entitled GPUs" in tenants_text and len(tenants_text.splitlines()) >= 2
         cell = f'#gantt-svg rect.cell[data-job="{running}"]'
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, cell)))
         browser.save_screenshot(str(shots / "dashboard-overview.png"))
