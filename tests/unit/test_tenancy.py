@@ -11,11 +11,15 @@ from shockwave.engine import Plan, Waiting
 from shockwave.model import Cluster, JobSpec, ValidationError
 from shockwave.tenancy import (
     AT_LIMIT,
+    AT_SHARE,
     Tenant,
     entitlements,
     job_budgets,
     limit_column,
     market,
+    owed_after,
+    share_quotas,
+    share_round,
     water_fill_floors,
     within_caps,
 )
@@ -280,3 +284,27 @@ def test_entitlements_reject_bad_input() -> None:
         entitlements({}, {A: -1}, 4)
     with pytest.raises(ValidationError):
         entitlements({}, {A: 1}, math.inf)
+
+
+def test_share_round_holds_a_tenant_to_its_share_and_lends_idle_gpus() -> None:
+    width = {"a0": 4, "a1": 4, "a2": 4, "b0": 2, "b1": 2}
+    tenant_of = {j: j[0] for j in width}
+    order = ["a0", "a1", "a2", "b0", "b1"]  # the policy would give a everything first
+    kept, held = share_round(order, width, tenant_of, {A: 8.0, B: 4.0}, 14)
+    assert kept == ["a0", "a1", "b0", "b1"]
+    assert held == {"a2": AT_SHARE}
+    # b has no more demand: its idle share is lent to a in the second pass
+    kept, held = share_round(["a0", "a1", "a2", "b0"], width, tenant_of, {A: 8.0, B: 4.0}, 14)
+    assert kept == ["a0", "a1", "b0", "a2"] and not held
+
+
+def test_balances_carry_what_gangs_could_not_match_and_lending_is_free() -> None:
+    width = {"a0": 4, "a1": 4, "b0": 4}
+    tenant_of = {j: j[0] for j in width}
+    # 6 + 6 GPUs of 4-GPU gangs on 12: a gets 8, b 4: b is owed 2, a owes 2
+    owed = owed_after({}, {A: 6.0, B: 6.0}, ["a0", "a1", "b0"], width, tenant_of)
+    assert owed == {A: -2.0, B: 2.0}
+    assert share_quotas({A: 6.0, B: 6.0}, owed) == {A: 4.0, B: 8.0}
+    # a borrowed GPUs b could not use (b entitled to, and got, all its demand): a owes nothing
+    owed = owed_after({}, {A: 4.0, B: 4.0}, ["a0", "a1", "b0"], width, tenant_of)
+    assert owed == {A: 0.0, B: 0.0}
