@@ -45,7 +45,7 @@ def _held_per_round(result: SimResult, tenant_of: dict[str, str], tenant: str) -
         late = {
             j: g
             for j, g in {**r.assignment, **r.fills}.items()
-            if finish[j] is None or finish[j] > r.end_s - 1e-6
+            if (done := finish[j]) is None or done > r.end_s - 1e-6
         }
         end = sum(len(g) for j, g in late.items() if tenant_of[j] == tenant)
         held.append(max(start, end))
@@ -120,11 +120,18 @@ def test_tenant_metrics_count_entitled_and_received_by_hour() -> None:
         assert figures.worst_hour_ratio >= 0.9
     record = run.as_dict()
     assert record["worst_tenant_ratio"] == run.worst_tenant_ratio >= 0.9
-    assert set(record["tenants"]["a"]) >= {"entitled_gpu_s", "received_gpu_s", "worst_hour_ratio"}
+    assert set(run.tenants["a"].as_dict()) >= {
+        "entitled_gpu_s",
+        "received_gpu_s",
+        "worst_hour_ratio",
+    }
+    assert "tenants" in record
     assert 0.99 <= run.tenant_jain <= 1.0
-    # the whole cluster's GPU-time is entitled to someone while jobs wait
+    # never more than the cluster's GPU-time is entitled; nearly all of it while jobs wait
     total = sum(f.entitled_gpu_s for f in run.tenants.values())
-    assert total == pytest.approx(4 * result.makespan_s, rel=0.02)
+    assert 0.9 * 4 * result.makespan_s <= total <= 4 * result.makespan_s + 1e-6
+    received = sum(f.received_gpu_s for f in run.tenants.values())
+    assert received == pytest.approx(total, rel=0.05)
 
 
 def test_ledger_splits_at_finishes_and_hours() -> None:
