@@ -27,7 +27,9 @@ from api.routes import (
     metrics,
     prediction,
     stream,
+    tenants,
     tokens,
+    usage,
 )
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
@@ -105,6 +107,8 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(agent.router, responses=LIMITED)
     app.include_router(tokens.router, responses=LIMITED)
+    app.include_router(tenants.router, responses=LIMITED)
+    app.include_router(usage.router, responses=LIMITED)
     dashboard.install(app)
     return app
 

@@ -11,7 +11,12 @@ Names are prefixed ``shockwave_`` and in base units (seconds):
 - read from the database at scrape time (the same for every replica): ``shockwave_jobs{state}``,
   ``shockwave_nodes{state}``, ``shockwave_cluster_gpus{state}`` (GPUs of the nodes in each
   state), and ``shockwave_database_up`` (0 when that read failed; the other gauges are then
-  absent rather than wrong).
+  absent rather than wrong);
+- per tenant (every tenant with jobs queued or running or GPUs held, and every tenant above
+  one; ``tenant`` is its path): ``shockwave_tenant_entitled_gpus`` (its water-filled share of
+  the READY GPUs now), ``shockwave_tenant_held_gpus``, ``shockwave_tenant_active_jobs``, and
+  ``shockwave_tenant_gpu_hours_24h`` (GPU-hours its jobs held over the last 24 hours, as
+  ``GET /v1/usage`` counts them; leaf tenants).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -30,7 +36,8 @@ from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shockwave.lifecycle import NodeState
-from store import cluster
+from store import cluster, tenants, usage
+from store.principals import OPEN
 
 log = logging.getLogger("shockwave.api")
 
@@ -86,6 +93,16 @@ class DatabaseCollector:
             with Session(self.engine) as session:
                 jobs = cluster.jobs_by_state(session)
                 capacity = cluster.capacity(session)
+                shares = tenants.shares_now(session)
+                now = datetime.now(UTC)
+                used = usage.usage(
+                    session,
+                    OPEN,
+                    since=now - timedelta(hours=24),
+                    until=now,
+                    now=now,
+                    group_by=usage.GroupBy.TENANT,
+                )
             gpus = {
                 NodeState.READY.value: capacity.ready_gpus,
                 NodeState.LOST.value: capacity.total_gpus - capacity.ready_gpus,
@@ -100,6 +117,26 @@ class DatabaseCollector:
         yield _by_state("shockwave_jobs", "Jobs by state.", jobs)
         yield _by_state("shockwave_nodes", "Registered nodes by state.", capacity.nodes)
         yield _by_state("shockwave_cluster_gpus", "GPUs of the nodes in each state.", gpus)
+        yield from _tenant_gauges(shares, {row.key: row.gpu_hours for row in used})
+
+
+def _tenant_gauges(
+    shares: dict[str, tenants.Share], gpu_hours: dict[str, float]
+) -> Iterable[GaugeMetricFamily]:
+    gauges = (
+        ("entitled_gpus", "A tenant's water-filled share of the READY GPUs now.",
+         {p: s.entitled_gpus for p, s in shares.items()}),
+        ("held_gpus", "GPUs a tenant's jobs hold now (live leases).",
+         {p: float(s.held_gpus) for p, s in shares.items()}),
+        ("active_jobs", "A tenant's jobs queued and running.",
+         {p: float(s.active_jobs) for p, s in shares.items()}),
+        ("gpu_hours_24h", "GPU-hours a tenant's jobs held over the last 24 hours.", gpu_hours),
+    )  # fmt: skip
+    for name, documentation, values in gauges:
+        family = GaugeMetricFamily(f"shockwave_tenant_{name}", documentation, labels=["tenant"])
+        for path, value in sorted(values.items()):
+            family.add_metric([path], float(value))
+        yield family
 
 
 def _by_state(name: str, documentation: str, counts: dict[str, int]) -> GaugeMetricFamily:

@@ -26,6 +26,7 @@ TAGS: list[dict[str, str]] = [
     {"name": "cluster", "description": "Nodes, capacity, the queue and the rounds."},
     {"name": "agent", "description": "What node agents call: register, poll, report."},
     {"name": "health", "description": "Probes and Prometheus metrics (no token)."},
+    {"name": "tenants", "description": "The tenant tree, its shares and limits, and usage."},
 ]
 
 

@@ -37,6 +37,7 @@ from shockwave.waiting import Gpus, PlanView, why_waiting
 from store import cluster, events, plans, population, views
 from store.cluster_version import DEFAULT_CLUSTER
 from store.principals import Principal
+from store.snapshot import TenantHold, at_limit, tenant_usage
 from store.tables import ClusterRow, JobRow, PlanRow
 
 Source = Literal["measured", "declared", "estimated"]
@@ -45,13 +46,15 @@ Source = Literal["measured", "declared", "estimated"]
 @dataclass(frozen=True, slots=True)
 class Context:
     """What every job's prediction shares, read once: the population prior, the contention
-    factor, the GPUs by kind, the current round and the freshest plan."""
+    factor, the GPUs by kind, the current round, the freshest plan and the GPUs each tenant
+    holds against its ``max_gpus`` (None: no tenant has one)."""
 
     prior: PopulationPrior
     contention: float
     gpus: Gpus
     current: int
     plan: PlanRow | None
+    usage: TenantHold | None = None
 
     @classmethod
     def load(cls, session: Session) -> Context:
@@ -62,6 +65,7 @@ class Context:
             gpus=cluster.gpus_by_kind(session),
             current=cluster_row.current_round if cluster_row is not None else -1,
             plan=plans.newest_plan(session, DEFAULT_CLUSTER),
+            usage=tenant_usage(session),
         )
 
     def plan_view(self, job_id: str) -> PlanView | None:
@@ -102,7 +106,7 @@ def explain(
     age = max(0.0, (end - row.created_at).total_seconds())
     factor = context.contention
     plan = context.plan_view(row.id)
-    why = why_waiting(job_state, row.gpus, context.gpus, plan)
+    why = why_waiting(job_state, row.gpus, context.gpus, plan, at_limit(context.usage, row))
     regimes = [
         RegimePublic(
             batch_size=r.batch_size,

@@ -20,6 +20,7 @@ from shockwave.lifecycle import JobState, NodeState
 from shockwave.model import VALID_WIDTHS, AdaptationMode
 from shockwave.waiting import Cause
 from store.tables import INT4_MAX
+from store.tenants import MAX_PATH, PATH_PATTERN
 
 BigInt = Annotated[int, Strict(), Field(ge=-(2**31), le=2**31 - 1)]
 BatchSizeKey = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
@@ -37,7 +38,18 @@ NodeId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 ]
 """A node's id: letters, digits and ``. _ : @ -`` (a hostname, or a cloud instance id)."""
-Tenant = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Tenant = Annotated[str, Field(min_length=1, max_length=MAX_PATH, pattern=PATH_PATTERN)]
+"""A tenant's path in the tree: ``team``, or ``org/team`` (store.tenants)."""
+PriorityClass = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=32,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="A priority class the admins defined (setting ``priority_classes``): it "
+        "moves the job within its own tenant's share, never into another's.",
+    ),
+]
 Argument = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]
 Command = Annotated[
     list[Argument],
@@ -148,7 +160,18 @@ class JobCreate(BaseModel):
             "the gang (docs/heterogeneity.md); ``throughput`` is on the job's reference type.",
         ),
     ] = {}
-    budget: Finite = 1.0
+    budget: Annotated[
+        float | None,
+        Strict(),
+        Field(
+            allow_inf_nan=False,
+            gt=0,
+            le=1e15,
+            description="The job's weight inside its tenant's share; admins only (a user "
+            "names a ``priority`` class). Default: the priority class's weight, else 1.",
+        ),
+    ] = None
+    priority: PriorityClass | None = None
     model: Annotated[str, Field(max_length=128, pattern=PRINTABLE)] = ""
     command: Command = []
     image: Image | None = None
@@ -181,6 +204,7 @@ class JobSummary(BaseModel):
     initial_batch_size: int
     mode: str
     budget: float
+    priority: str | None = None
     model: str
     epochs_done: float
     batch_size: int
@@ -188,8 +212,9 @@ class JobSummary(BaseModel):
     created_at: datetime
     updated_at: datetime
     waiting_reason: str | None = None
-    """Set while a queued job cannot run on the ready nodes at all (wider than all of them
-    together): it stays PENDING and holds up no other job."""
+    """Set while a queued job cannot run now whatever the plan says: wider than all the ready
+    nodes together, or its gang would put its tenant over ``max_gpus`` ("tenant at its GPU
+    limit"). It stays PENDING and holds up no other job."""
 
 
 class JobPublic(JobSummary):

@@ -3,7 +3,8 @@
 The API's prediction endpoint, the dashboard's queue and ``shockwave jobs why`` all ask this one
 rule, so the same job gets the same answer everywhere. Causes are tried from the most basic up:
 a finished job; a running one; a gang wider than every registered GPU together (unschedulable); no
-READY node at all; not enough READY GPUs (by kind) for the gang; no plan yet; then the plan's
+READY node at all; not enough READY GPUs (by kind) for the gang; its tenant at its GPU limit
+(``max_gpus``); no plan yet; then the plan's
 answer (planned from a later round, or not in the plan: waiting for its share).
 
 Pure: standard library only, no I/O.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shockwave.lifecycle import JobState
+from shockwave.tenancy import AT_LIMIT
 
 
 class Cause(StrEnum):
@@ -26,6 +28,7 @@ class Cause(StrEnum):
     UNSCHEDULABLE = "unschedulable"
     NO_READY_NODE = "no_ready_node"
     NOT_ENOUGH_GPUS = "not_enough_gpus"
+    TENANT_AT_LIMIT = "tenant_at_limit"
     NO_PLAN = "no_plan"
     PLANNED = "planned"
     WAITING_FOR_SHARE = "waiting_for_share"
@@ -59,8 +62,16 @@ class Waiting:
     reason: str
 
 
-def why_waiting(state: JobState, gpus_needed: int, gpus: Gpus, plan: PlanView | None) -> Waiting:
-    """The cause that keeps a job in ``state`` that needs ``gpus_needed`` GPUs from running."""
+def why_waiting(
+    state: JobState,
+    gpus_needed: int,
+    gpus: Gpus,
+    plan: PlanView | None,
+    tenant_at_limit: bool = False,
+) -> Waiting:
+    """The cause that keeps a job in ``state`` that needs ``gpus_needed`` GPUs from running.
+    ``tenant_at_limit``: its gang would put its tenant (or one above it) over ``max_gpus``
+    (:class:`shockwave.tenancy.TenantUsage`), which the round engine does not allow."""
     if state.terminal:
         return Waiting(Cause.FINISHED, f"the job is {state.value}: nothing left to plan")
     if state is JobState.RUNNING:
@@ -85,6 +96,12 @@ def why_waiting(state: JobState, gpus_needed: int, gpus: Gpus, plan: PlanView | 
             Cause.NOT_ENOUGH_GPUS,
             f"not enough READY GPUs: it needs {gpus_needed}, the READY nodes have "
             f"{_kinds(gpus.ready)}",
+        )
+    if tenant_at_limit:
+        return Waiting(
+            Cause.TENANT_AT_LIMIT,
+            f"{AT_LIMIT}: its {gpus_needed} GPUs would put its tenant over its max_gpus; it "
+            "starts when the tenant's running jobs free GPUs",
         )
     if plan is None:
         return Waiting(Cause.NO_PLAN, "no plan yet: the solver service has not planned this job")

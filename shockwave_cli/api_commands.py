@@ -169,8 +169,8 @@ def create_token_command(
             TypeAdapter(Tenant).validate_python(tenant)
         except PydanticError:
             _fail(
-                f"--tenant: {tenant!r} is not a tenant name (letters, digits, '.', '_', '-'; "
-                "at most 64)",
+                f"--tenant: {tenant!r} is not a tenant path (names of letters, digits, '.', "
+                "'_', '-' joined by '/', such as org/team; at most 64)",
                 USAGE_ERROR_EXIT,
             )
     if len(name) > 128 or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):

@@ -714,9 +714,12 @@ def wall_seconds(stamp: str) -> float:
 
 def job_body(job: SimJob, time_scale: float = 1.0) -> dict[str, Any]:
     """``POST /v1/jobs`` for a workload's job; its declared throughput (samples per second)
-    ``time_scale`` times the table's, as the job runs that much faster in wall time."""
+    ``time_scale`` times the table's, as the job runs that much faster in wall time. A job
+    of a tenant names it (the replay submits as an admin); one of none goes to the default."""
     spec = job.spec
+    tenant = {"tenant": spec.tenant} if spec.tenant else {}
     return {
+        **tenant,
         "name": f"trace-{spec.job_id}",
         "gpus": spec.gpus,
         "epochs": spec.epochs,

@@ -127,6 +127,21 @@ class ShockwaveClient:
                 response.status_code, "Bad response", "the API did not answer JSON"
             ) from None
 
+    def text(self, path: str, params: Mapping[str, Any], accept: str) -> str:
+        """The body of a 2xx answer to GET ``path`` as text of the ``accept`` type (CSV)."""
+        query = {k: v for k, v in params.items() if v is not None}
+        try:
+            response = self._http.get(path, params=query, headers={"Accept": accept})
+        except httpx.ConnectError as error:
+            raise ApiUnreachable(self.base_url, _reason(error, "connection refused")) from None
+        except httpx.TimeoutException:
+            raise ApiUnreachable(self.base_url, "timed out") from None
+        except httpx.TransportError as error:
+            raise ApiUnreachable(self.base_url, _reason(error, type(error).__name__)) from None
+        if response.is_error:
+            raise _error_of(response)
+        return response.text
+
     def submit_job(self, job: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         body: Json = self.request("POST", "/v1/jobs", json=dict(job), headers=headers)

@@ -118,7 +118,14 @@ def submit_command(
         str | None,
         typer.Option(help="Known throughput, BATCH=SAMPLES_PER_S pairs, comma-separated."),
     ] = None,
-    budget: Annotated[float | None, typer.Option(help="Fair-share budget weight.")] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(help="The job's weight inside its tenant's share (admins only)."),
+    ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(help="A priority class the admins defined: moves the job within its tenant."),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model name, for people.")] = None,
     command: Annotated[
         str | None,
@@ -160,6 +167,7 @@ def submit_command(
         "batch_sizes": None if batch_sizes is None else _int_list("--batch-sizes", batch_sizes),
         "throughput": None if throughput is None else _throughput(throughput),
         "budget": budget,
+        "priority": priority,
         "model": model,
         "command": None if command is None else _argv(command),
         "image": image,

@@ -93,6 +93,7 @@ from shockwave_cli.service_commands import (
     up_command,
     worker_command,
 )
+from shockwave_cli.tenant_commands import tenants_app, usage_command
 
 app = typer.Typer(
     help="Shockwave GPU-cluster scheduler: trace-driven simulator, REST API and its CLI.",
@@ -625,6 +626,8 @@ app.command("replay")(replay_command)
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(tenants_app, name="tenants")
+app.command("usage")(usage_command)
 app.command("cluster")(cluster_command)
 app.command("worker")(worker_command)
 app.command("driver")(driver_command)

@@ -45,6 +45,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
 from sqlmodel import Session
@@ -495,10 +496,11 @@ async def _drive(
                     f"(errors: {dict(fleet.log.errors)})"
                 )
             await asyncio.sleep(0.05)
+        headers = {"Authorization": f"Bearer {service.admin_token}"} if service.admin_token else {}
+        await _configure_tenants(client, workload, headers)
         order = sorted(workload.jobs, key=lambda j: j.spec.arrival_s)
         first = order[0].spec.arrival_s if order else 0.0
         t0 = await first_arrival_at(fleet.log, config.round_wall_s) - first / scale
-        headers = {"Authorization": f"Bearer {service.admin_token}"} if service.admin_token else {}
         last_report = 0.0
         pending = list(order)
         limit = config.timeout_s
@@ -551,6 +553,27 @@ async def _drive(
     return DriveOutcome(
         t0, jobs, fleet.log.errors, fleet.log.latency, fleet.log.started, fleet.log.round_seen
     )
+
+
+async def _configure_tenants(
+    client: wire.Client, workload: Workload, headers: Mapping[str, str]
+) -> None:
+    """Give the service the workload's tenant settings (``PATCH /v1/tenants/{path}``), as the
+    simulator plans with them, before any job arrives."""
+    for path, tenant in sorted(workload.tenants.items()):
+        body = {
+            "weight": tenant.weight,
+            "guaranteed_gpus": tenant.guaranteed_gpus,
+            "max_gpus": tenant.max_gpus,
+            "max_jobs": tenant.max_jobs,
+        }
+        answer = await client.request(
+            "PATCH", f"/v1/tenants/{quote(path, safe='/')}", json=body, headers=dict(headers)
+        )
+        if answer.status_code != 200:
+            raise ReplayError(
+                f"configuring tenant {path}: {answer.status_code} {answer.content[:500]!r}"
+            )
 
 
 def _latencies(latency: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:

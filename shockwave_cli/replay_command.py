@@ -20,6 +20,7 @@ from rich.text import Text
 
 from shockwave.model import ValidationError
 from shockwave.policy import UnknownPolicyError, get_policy
+from shockwave_cli import tenant_options
 from shockwave_cli.inputs import InputError, load_throughputs, load_workload, parse_cluster
 from shockwave_cli.plots import plot_ftf_cdf, plot_gantt, plot_utilization
 from shockwave_cli.replay import ReplayConfig, ReplayError, replay
@@ -113,17 +114,34 @@ def replay_command(
             min=1,
         ),
     ] = None,
+    tenants: tenant_options.Tenants = None,
+    tenant_seed: tenant_options.TenantSeed = 0,
+    tenant_file: tenant_options.TenantFile = None,
+    tenant_weights: tenant_options.TenantWeights = None,
+    tenant_guaranteed_gpus: tenant_options.TenantGuaranteed = None,
+    tenant_max_gpus: tenant_options.TenantMaxGpus = None,
 ) -> None:
     """Replay a trace through the real service on a compressed clock, with simulated agents.
 
     Jobs are submitted at their arrival times (divided by --time-scale); one simulated agent per
     node trains each leased job by its trajectory and reports progress and batch-size changes
-    over HTTP as a real agent and the SDK do. Writes the simulator's reports to --out.
+    over HTTP as a real agent and the SDK do. Writes the simulator's reports to --out. The
+    tenant options are simulate's: each job is submitted to its tenant, and the tenants'
+    settings are set through /v1/tenants before the first arrival.
     """
     try:
         get_policy(policy)
         cluster = parse_cluster(gpus, gpus_per_node, nodes)
         workload = load_workload(trace, trajectories, load_throughputs(throughputs))
+        workload = tenant_options.apply_tenant_options(
+            workload,
+            tenants,
+            tenant_seed,
+            tenant_file,
+            tenant_weights,
+            tenant_guaranteed_gpus,
+            tenant_max_gpus,
+        )
         for job in workload.jobs:
             try:
                 job.spec.check_fits(cluster)

@@ -97,6 +97,7 @@ class InlineRequester:
                     now=datetime.now(UTC),
                     solver_time_limit_s=self._settings.solver_time_limit_s,
                     time_scale=self._settings.time_scale,
+                    priority_classes=self._settings.priority_classes,
                 )
         except Exception:
             log.exception("plan %s@%s failed", cluster_id, state_version)

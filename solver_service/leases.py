@@ -45,7 +45,7 @@ from shockwave import engine
 from shockwave.engine import SOURCES
 from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
 from shockwave.model import ValidationError
-from store import events
+from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan, newest_plan
@@ -169,6 +169,7 @@ def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0
     waiting = _waiting(jobs.values(), plan.widths if plan is not None else {})
     unconfirmed = _unconfirmed(session, jobs, held, r)
     settling = _settling(session)
+    limits = tenants.core_tenants(session)
     lap("gather")
     changes = engine.boundary(
         r=r,
@@ -181,6 +182,7 @@ def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0
         unconfirmed=unconfirmed,
         conserve=True,
         settling=settling,
+        tenants=limits,
     )
     lap("engine")
     # a lease issued just ahead of its boundary counts from the boundary (the round's start)
@@ -286,6 +288,7 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
         prefer=prefer,
         busy=_still_checkpointing(session, layout),
         settling=_settling(session),
+        tenants=tenants.core_tenants(session),
     )
     if not changes.changes:
         session.rollback()
@@ -482,7 +485,8 @@ def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.W
     (the planner leaves it out with a reason, :func:`store.snapshot.active_jobs`), so a stored
     poison job reaches neither the fallback order nor spare GPUs. Each on its requested count,
     an elastic job on the count the plan gives it (``widths``, docs/elastic.md): a lease on
-    another count than its last attempt's is a new attempt, as a move is."""
+    another count than its last attempt's is a new attempt, as a move is. Each with its
+    tenant, whose ``max_gpus`` the engine keeps it within."""
     waiting = []
     for row in rows:
         try:
@@ -490,7 +494,7 @@ def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.W
         except ValidationError:
             continue
         width = widths.get(row.id, row.gpus) if row.elastic is not None else row.gpus
-        waiting.append(engine.Waiting(row.id, width))
+        waiting.append(engine.Waiting(row.id, width, row.tenant))
     return waiting
 
 

@@ -64,13 +64,14 @@ def plan_cluster(
     params: Any | None = None,
     solver_time_limit_s: float | None = None,
     time_scale: float = 1.0,
+    priority_classes: Mapping[str, float] | None = None,
 ) -> PlanRow | None:
     """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
     the cluster is at). Returns the stored plan, the plan that already existed for this version
     and round, or None when there is nothing to do (stale request, unknown cluster, no READY
     node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
     mode and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs
-    divided by ``time_scale``).
+    divided by ``time_scale``). ``priority_classes``: the setting's classes and multipliers.
     Commits ``session``."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
@@ -100,7 +101,7 @@ def plan_cluster(
         )
     loading = time.perf_counter()
     try:
-        snapshot, version = load_snapshot(session, cluster_id, base_round, now)
+        snapshot, version = load_snapshot(session, cluster_id, base_round, now, priority_classes)
     except NoCapacity:
         log.info("plan %s@%s: no READY node, nothing to plan", cluster_id, state_version)
         session.rollback()

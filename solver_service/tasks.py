@@ -59,6 +59,7 @@ def run_plan(cluster_id: str, state_version: int) -> None:
                 now=datetime.now(UTC),
                 solver_time_limit_s=settings().solver_time_limit_s,
                 time_scale=settings().time_scale,
+                priority_classes=settings().priority_classes,
             )
     except SoftTimeLimitExceeded:
         log.warning("plan %s@%s: over the soft time limit, dropped", cluster_id, state_version)

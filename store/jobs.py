@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import JobState, transition
 from shockwave.model import AdaptationMode, ElasticRange, JobSpec, ThroughputProfile
+from store import tenants
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
@@ -46,7 +47,7 @@ class SpecFields(Protocol):
     @property
     def throughput(self) -> dict[Any, float]: ...
     @property
-    def budget(self) -> float: ...
+    def budget(self) -> float | None: ...
     @property
     def model(self) -> str: ...
     @property
@@ -67,12 +68,16 @@ class Submission(SpecFields, Protocol):
     def image(self) -> str | None: ...
     @property
     def env(self) -> Mapping[str, str]: ...
+    @property
+    def priority(self) -> str | None: ...
 
 
-def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
+def spec_of(source: SpecFields, job_id: str = "new", tenant: str | None = None) -> JobSpec:
     """The core's model of a submission or a stored job (the two carry the same fields; a
     stored job's throughput keys are strings). Raises ValidationError naming the field at
-    fault, which only a submission can trigger: a stored job passed the same check."""
+    fault, which only a submission can trigger: a stored job passed the same check.
+    ``tenant``: the job's tenant where ``source`` does not say it (a submission's is resolved
+    from its caller)."""
     return JobSpec(
         job_id=job_id,
         gpus=source.gpus,
@@ -82,14 +87,20 @@ def spec_of(source: SpecFields, job_id: str = "new") -> JobSpec:
         mode=AdaptationMode.parse(source.mode),
         batch_sizes=tuple(source.batch_sizes),
         throughput=ThroughputProfile({int(bs): float(v) for bs, v in source.throughput.items()}),
-        budget=source.budget,
+        budget=_stored_budget(source.budget),
         model=source.model,
         type_throughput={
             str(t).lower(): ThroughputProfile({int(bs): float(v) for bs, v in rates.items()})
             for t, rates in getattr(source, "type_throughput", {}).items()
         },
         elastic=elastic_of(source.elastic),
+        tenant=tenant if tenant is not None else str(getattr(source, "tenant", None) or ""),
+        priority=getattr(source, "priority", None),
     )
+
+
+def _stored_budget(budget: float | None) -> float:
+    return 1.0 if budget is None else budget
 
 
 def elastic_of(value: Any) -> ElasticRange | None:
@@ -161,20 +172,39 @@ def record_state(session: Session, row: JobRow, target: JobState, reason: str) -
     )
 
 
-def create_job(session: Session, principal: Principal, data: Submission) -> JobRow:
+def create_job(
+    session: Session,
+    principal: Principal,
+    data: Submission,
+    priority_classes: Mapping[str, float] | None = None,
+) -> JobRow:
     """Store a new PENDING job (and its ``submitted`` event) for ``principal``'s tenant (an
     admin's: ``data.tenant``, default ``default``). ValidationError (core) for a spec that
     cannot run; :class:`Forbidden` for a role that does not submit, or a user naming another
-    tenant."""
+    tenant; :class:`InvalidInput` for a ``budget`` from anyone but an admin (it is the job's
+    weight in the market: a user who set it would take GPUs from every other job) or a
+    ``priority`` not among ``priority_classes`` (class -> weight); :class:`TenantAtLimit` when
+    the tenant has ``max_jobs`` jobs queued and running already.
+
+    The job's weight inside its tenant's share is its ``budget`` (an admin's, else 1) times
+    its priority class's multiplier, which the planner applies (:mod:`shockwave.tenancy`)."""
     if principal.role not in (Role.ADMIN, Role.USER):
         raise Forbidden("only users and admins submit jobs")
     if principal.role is Role.USER:
         if data.tenant is not None and data.tenant != principal.tenant:
             raise Forbidden("a user submits jobs only to its own tenant", field="tenant")
+        if data.budget is not None:
+            raise InvalidInput(
+                "budget is set by admins only: name a priority class instead",
+                title="Budget not allowed",
+                field="budget",
+            )
         tenant = principal.tenant or ""
     else:
         tenant = data.tenant or "default"
-    spec = spec_of(data)
+    _check_priority(data.priority, priority_classes or {})
+    spec = spec_of(data, tenant=tenant)
+    tenants.admit_job(session, tenant)
     row = JobRow(
         id=str(uuid.uuid4()),
         tenant=tenant,
@@ -198,6 +228,8 @@ def create_job(session: Session, principal: Principal, data: Submission) -> JobR
         image=data.image,
         env=dict(data.env),
         elastic=elastic_json(spec),
+        priority=data.priority,
+        submitted_by=principal.key[:64],
     )
     session.add(row)
     session.flush()
@@ -207,6 +239,15 @@ def create_job(session: Session, principal: Principal, data: Submission) -> JobR
         )
     )
     return row
+
+
+def _check_priority(priority: str | None, classes: Mapping[str, float]) -> None:
+    """:class:`InvalidInput` for a ``priority`` not among ``classes``."""
+    if priority is not None and priority not in classes:
+        known = ", ".join(sorted(classes)) or "none are defined"
+        raise InvalidInput(
+            f"unknown priority class {priority!r}: the classes are {known}", field="priority"
+        )
 
 
 def visible_job(session: Session, principal: Principal, job_id: str) -> JobRow:

@@ -25,6 +25,9 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row; ``round_start_s``, when the planned round starts, is the row's
   ``round_ends_at`` (the end of the round out) for the next round.
+- ``tenants``: the configured tenants (:mod:`store.tenants`; one without a row has weight 1
+  and no limits) and ``priority_classes``, the setting every process shares: the market by
+  tenant (:mod:`shockwave.tenancy`) plans with them.
 - ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
   the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
 
@@ -51,7 +54,8 @@ from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeS
 from shockwave.model import Cluster, ValidationError
 from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.stints import Stint
-from store import events, population
+from shockwave.tenancy import AT_LIMIT, TenantUsage
+from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
 
@@ -117,11 +121,16 @@ class GpuLayout:
 
 
 def load_snapshot(
-    session: Session, cluster_id: str, round_index: int, now: datetime
+    session: Session,
+    cluster_id: str,
+    round_index: int,
+    now: datetime,
+    priority_classes: Mapping[str, float] | None = None,
 ) -> tuple[Snapshot, int]:
     """The snapshot for planning round ``round_index`` at ``now`` (timezone-aware), and the
     cluster's state version it reflects (read first: the jobs read after it are at least that
-    new). Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
+    new). ``priority_classes``: the classes' multipliers (the processes' shared setting).
+    Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
     cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
     if cluster is None:
         raise UnknownCluster(cluster_id)
@@ -149,6 +158,8 @@ def load_snapshot(
         population=population.load_prior(session, cluster_id),
         excluded=excluded,
         round_start_s=_round_start(cluster, round_index),
+        tenants=tenants.core_tenants(session),
+        priority_classes=dict(priority_classes or {}),
     )
     return snapshot, version
 
@@ -178,15 +189,9 @@ def stints_of(
             col(LeaseRow.state),
         ).where(col(LeaseRow.job_id).in_(list(job_ids)))
     ).all()
-    live = {state.value for state in LIVE_LEASES}
     spans: dict[str, dict[datetime, Stint]] = {}
     for job_id, issued, began, first_end, ends, updated, state in rows:
-        if state in live:
-            end = ends
-        elif state == LeaseState.REVOKED.value:
-            end = min(ends, now)
-        else:
-            end = min(ends, updated)
+        end = held_until(state, ends, updated, now)
         start = (began or issued).timestamp()
         stint = Stint(start, (first_end or ends).timestamp(), max(start, end.timestamp()))
         known = spans.setdefault(job_id, {}).get(issued)
@@ -196,6 +201,24 @@ def stints_of(
         job_id: tuple(sorted(by_issue.values(), key=lambda s: s.began_s))
         for job_id, by_issue in spans.items()
     }
+
+
+LIVE_STATES = frozenset(state.value for state in LIVE_LEASES)
+
+
+def held_until(
+    state: str, ends: datetime, updated: datetime, now: datetime, *, live_to_end: bool = True
+) -> datetime:
+    """When a lease row stops holding its GPUs (the rule :func:`stints_of` states): a live
+    lease at its ``ends_at`` (``live_to_end=False``: at ``now``, for what was held so far,
+    as usage counts it); a revoked one still checkpointing at its ``ends_at`` or ``now``,
+    whichever is first; one confirmed stopped or lost at its ``ends_at`` or its last change,
+    whichever is first."""
+    if state in LIVE_STATES:
+        return ends if live_to_end else min(ends, now)
+    if state == LeaseState.REVOKED.value:
+        return min(ends, now)
+    return min(ends, updated)
 
 
 def _round_start(cluster: ClusterRow, round_index: int) -> float | None:
@@ -241,15 +264,69 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     )
 
 
-def waiting_reason(session: Session, row: JobRow, layout: GpuLayout | None = None) -> str | None:
-    """Why a queued (PENDING or SUSPENDED) job cannot run on the READY nodes at all, or None:
-    wider than all of them together (:func:`shockwave.engine.unfit_reason`). None too while no
-    node is READY (nothing can run then, and the prediction says there is no plan yet).
-    ``layout``: the READY nodes when the caller already read them."""
+class Unread:
+    """A value not read yet (the default of an argument whose None means "none")."""
+
+
+UNREAD = Unread()
+
+
+def waiting_reason(
+    session: Session,
+    row: JobRow,
+    layout: GpuLayout | None = None,
+    usage: TenantHold | Unread | None = UNREAD,
+) -> str | None:
+    """Why a queued (PENDING or SUSPENDED) job cannot run now whatever the plan says, or None:
+    wider than all the READY nodes together (:func:`shockwave.engine.unfit_reason`), or its
+    gang would put its tenant (or one above it) over ``max_gpus``
+    (:data:`shockwave.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
+    READY (nothing can run then, and the prediction says there is no plan yet). ``layout``,
+    ``usage``: the READY nodes and :func:`tenant_usage` when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
         return None
     layout = layout or gpu_layout(session)
-    return None if layout is None else unfit_reason(row.gpus, layout.cluster)
+    if layout is None:
+        return None
+    unfit = unfit_reason(row.gpus, layout.cluster)
+    if unfit is not None:
+        return unfit
+    if isinstance(usage, Unread):
+        usage = tenant_usage(session)
+    return AT_LIMIT if at_limit(usage, row) else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantHold:
+    """The GPUs the live leases hold per tenant (and every tenant above it) against the
+    configured ``max_gpus`` (``usage``), and the jobs holding those leases (``holders``)."""
+
+    usage: TenantUsage
+    holders: frozenset[str]
+
+
+def tenant_usage(session: Session) -> TenantHold | None:
+    """What :func:`at_limit` checks against; None when no tenant has ``max_gpus``."""
+    limits = tenants.core_tenants(session)
+    if not any(t.max_gpus is not None for t in limits.values()):
+        return None
+    usage = TenantUsage(limits)
+    rows = session.exec(
+        select(JobRow.id, JobRow.tenant, LeaseRow.gpus)
+        .join(LeaseRow, col(LeaseRow.job_id) == col(JobRow.id))
+        .where(col(LeaseRow.state).in_(LIVE_LEASES))
+    ).all()
+    for _, tenant, gpus in rows:
+        usage.add(tenant, len(gpus))
+    return TenantHold(usage, frozenset(job_id for job_id, _, _ in rows))
+
+
+def at_limit(hold: TenantHold | None, row: JobRow) -> bool:
+    """Whether a queued job that holds no lease would put its tenant (or one above it) over
+    ``max_gpus`` with its gang (``hold``: :func:`tenant_usage`), the round engine's rule."""
+    if hold is None or row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
+        return False
+    return row.id not in hold.holders and not hold.usage.fits(row.tenant, row.gpus)
 
 
 def active_job_rows(session: Session) -> list[JobRow]:

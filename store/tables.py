@@ -17,6 +17,8 @@
 - ``nodes``: GPU machines registered by their agents (READY, or LOST once heartbeats stop).
 - ``population_priors``: per cluster, what the jobs that succeeded teach the predictor
   (:mod:`shockwave.population`), learnt as each one succeeds.
+- ``tenants``: the configured tenants of the tree (shares and limits, :mod:`store.tenants`);
+  ``tenant_changes``: every change to one, with its time.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class JobRow(SQLModel, table=True):
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
     elastic: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    priority: str | None = Field(default=None, max_length=32)
+    submitted_by: str = Field(default="", max_length=64, sa_column_kwargs={"server_default": ""})
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -292,3 +296,45 @@ class PopulationRow(SQLModel, table=True):
     prior: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     learnt: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     updated_at: datetime = _ts()
+
+
+class TenantRow(SQLModel, table=True):
+    """A configured tenant: its ``path`` in the tree (``org/team``), its ``parent`` (the path
+    without its last segment, None at the top), its ``weight`` among its siblings and its
+    limits (None: none). ``version`` counts its changes (each one is a ``tenant_changes`` row).
+    A tenant without a row has weight 1 and no limits."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (
+        CheckConstraint("weight > 0", name="ck_tenants_weight"),
+        CheckConstraint("guaranteed_gpus >= 0", name="ck_tenants_guaranteed"),
+        CheckConstraint("max_gpus >= 0", name="ck_tenants_max_gpus"),
+        CheckConstraint("max_jobs >= 0", name="ck_tenants_max_jobs"),
+    )
+
+    path: str = Field(primary_key=True, max_length=64)
+    parent: str | None = Field(default=None, index=True, max_length=64)
+    weight: float = 1.0
+    guaranteed_gpus: int | None = None
+    max_gpus: int | None = None
+    max_jobs: int | None = None
+    version: int = 1
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class TenantChangeRow(SQLModel, table=True):
+    """One change to a tenant: its settings after the change, who made it and when."""
+
+    __tablename__ = "tenant_changes"
+    __table_args__ = (Index("ix_tenant_changes_path", "path", "changed_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    path: str = Field(max_length=64)
+    version: int
+    weight: float
+    guaranteed_gpus: int | None = None
+    max_gpus: int | None = None
+    max_jobs: int | None = None
+    changed_by: str = Field(default="", max_length=64)
+    changed_at: datetime = _ts()

@@ -86,9 +86,9 @@ function duration(seconds) {
 async function showOverview() {
   $("#overview").hidden = false;
   $("#job").hidden = true;
-  const [cluster, nodes, rounds, queue] = await Promise.all([
+  const [cluster, nodes, rounds, queue, tenants, usage] = await Promise.all([
     api("/v1/cluster"), api("/v1/nodes?page_size=500"), api("/v1/rounds?limit=20"),
-    api("/v1/queue"),
+    api("/v1/queue"), api("/v1/tenants"), api("/v1/usage?group_by=tenant"),
   ]);
   $("#who").textContent = cluster.tenant ? "tenant " + cluster.tenant : "all tenants";
   const jobs = Object.entries(cluster.jobs).filter(([, n]) => n).map(([s, n]) => n + " " + s);
@@ -98,7 +98,31 @@ async function showOverview() {
     ` (${rounds.round_seconds} s rounds); jobs: ${jobs.join(", ") || "none"}`;
   renderNodes(nodes.items, rounds);
   renderQueue(queue);
+  renderTenants(tenants, usage);
   renderGantt(rounds);
+}
+
+function renderTenants(tree, usage) {
+  // The tenant tree with each tenant's share now (entitled GPUs against held GPUs) and its
+  // GPU-hours over the last day; a user sees its own tenant only.
+  const hours = {};
+  for (const row of usage.rows) hours[row.key] = row.gpu_hours;
+  const items = {};
+  for (const t of tree.items) items[t.path] = t;
+  const rows = [];
+  const add = (path, depth) => {
+    const t = items[path];
+    const limit = (v) => (v == null ? "—" : String(v));
+    rows.push(`<tr class="tenant-row" data-tenant="${esc(t.path)}">` +
+      `<td style="padding-left:${0.3 + depth * 1.2}em">${esc(t.path)}${t.configured ? "" : " *"}</td>` +
+      `<td>${t.weight}</td><td>${t.entitled_gpus.toFixed(1)}</td><td>${t.held_gpus}</td>` +
+      `<td>${t.active_jobs}</td><td>${limit(t.guaranteed_gpus)}</td><td>${limit(t.max_gpus)}</td>` +
+      `<td>${limit(t.max_jobs)}</td><td>${path in hours ? hours[path].toFixed(2) : "—"}</td></tr>`);
+    for (const child of t.children) if (child in items) add(child, depth + 1);
+  };
+  for (const root of tree.roots) add(root, 0);
+  $("#tenants tbody").innerHTML = rows.join("") ||
+    '<tr><td colspan="9">No tenant has jobs or settings yet.</td></tr>';
 }
 
 function renderNodes(nodes, rounds) {

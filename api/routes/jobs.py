@@ -13,7 +13,15 @@ from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import AttemptPublic, JobCreate, JobIdPath, JobPublic, JobSummary, Page
 from shockwave.lifecycle import JobState
 from store import cluster_version, jobs, views
-from store.snapshot import GpuLayout, gpu_layout, waiting_reason
+from store.snapshot import (
+    UNREAD,
+    GpuLayout,
+    TenantHold,
+    Unread,
+    gpu_layout,
+    tenant_usage,
+    waiting_reason,
+)
 from store.tables import JobRow
 
 J = TypeVar("J", bound=JobSummary)
@@ -21,18 +29,26 @@ J = TypeVar("J", bound=JobSummary)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _public(row: JobRow, session: Session, layout: GpuLayout | None = None) -> JobPublic:
-    return _with_reason(JobPublic, row, session, layout)
+def _public(row: JobRow, session: Session) -> JobPublic:
+    return _with_reason(JobPublic, row, session, None, UNREAD)
 
 
-def _summary(row: JobRow, session: Session, layout: GpuLayout | None) -> JobSummary:
-    return _with_reason(JobSummary, row, session, layout)
+def _summary(
+    row: JobRow, session: Session, layout: GpuLayout | None, usage: TenantHold | None
+) -> JobSummary:
+    return _with_reason(JobSummary, row, session, layout, usage)
 
 
-def _with_reason(model: type[J], row: JobRow, session: Session, layout: GpuLayout | None) -> J:
+def _with_reason(
+    model: type[J],
+    row: JobRow,
+    session: Session,
+    layout: GpuLayout | None,
+    usage: TenantHold | Unread | None,
+) -> J:
     """``row`` as ``model`` (a summary or the full job) with its ``waiting_reason``."""
     job = model.model_validate(row, from_attributes=True)
-    job.waiting_reason = waiting_reason(session, row, layout)
+    job.waiting_reason = waiting_reason(session, row, layout, usage)
     return job
 
 
@@ -50,7 +66,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
         (401, "Missing or unknown token"),
         (403, "Role not allowed"),
         (404, "No such job (or not visible to the caller)"),
-        (409, "Illegal state transition"),
+        (409, "Illegal state transition; or the tenant is at its max_jobs"),
         (413, "Request body too large"),
         (422, "Invalid input; names the field"),
     )
@@ -70,10 +86,16 @@ def submit_job(
     request: Request,
     session: SessionDep,
     principal: CurrentPrincipal,
+    settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
+    """A user's job belongs to the user's tenant; ``budget`` is refused (422) from anyone but
+    an admin: a user names a ``priority`` class, which moves the job only among its own
+    tenant's jobs. A tenant with ``max_jobs`` jobs queued and running refuses more (409,
+    ``limit: "max_jobs"``)."""
+
     def act() -> jobs.Response:
-        row = jobs.create_job(session, principal, data)
+        row = jobs.create_job(session, principal, data, settings.priority_classes)
         session.flush()
         cluster_version.bump_and_request(session, "job submitted")
         body = _public(row, session).model_dump(mode="json")
@@ -123,7 +145,8 @@ def list_jobs(
         id_prefix=id_prefix.lower() if id_prefix else None,
     )
     layout = gpu_layout(session)
-    items = [_summary(r, session, layout) for r in rows]
+    usage = tenant_usage(session)
+    items = [_summary(r, session, layout, usage) for r in rows]
     return Page[JobSummary](items=items, next_page_token=token)
 
 

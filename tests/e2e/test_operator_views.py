@@ -258,6 +258,10 @@ def test_the_dashboard_renders_in_headless_chromium(
         assert not browser.find_element(By.ID, "login").is_displayed()
         summary = browser.find_element(By.ID, "cluster-summary").text
         assert re.search(r"; round \d+ \(", summary), summary
+        tenant = "tr.tenant-row"
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, tenant)))
+        tenants_text = browser.find_element(By.CSS_SELECTOR, "#tenants").text
+        assert "entitled GPUs" in tenants_text and len(tenants_text.splitlines()) >= 2
         cell = f'#gantt-svg rect.cell[data-job="{running}"]'
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, cell)))
         browser.save_screenshot(str(shots / "dashboard-overview.png"))

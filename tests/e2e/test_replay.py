@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -97,3 +98,36 @@ def test_a_replay_through_the_embedded_service_matches_the_simulator(tmp_path: P
     )
     assert abs(record["makespan_s"] / simulated.makespan_s - 1) < 0.1
     assert abs(record["avg_jct_s"] / simulated.avg_jct_s - 1) < 0.1
+
+
+def test_a_replay_runs_each_job_in_its_tenant_with_the_tenants_settings(tmp_path: Path) -> None:
+    """``--tenants`` and ``--tenant-max-gpus`` through the service: each job is submitted to
+    its drawn tenant and tenant ``a``'s limit is set through /v1/tenants before any arrives;
+    every job still finishes."""
+    trace, trajectories = short_workload(tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            *shockwave_argv(),
+            *("replay", "--trace", str(trace), "--trajectories", str(trajectories)),
+            *("--throughputs", str(THROUGHPUTS), "--nodes", NODES, "--round-seconds", "120"),
+            *("--time-scale", f"{TIME_SCALE:g}", "--policy", "shockwave", "--out", str(out)),
+            *("--tenants", "a:1,b:1", "--tenant-max-gpus", "a:2"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = json.loads((out / "metrics.json").read_text())
+    assert record["replay"]["job_states"] == {"SUCCEEDED": 4}
+    database = sqlite3.connect(out / "logs" / "replay.db")
+    try:
+        tenants = {row[0] for row in database.execute("SELECT tenant FROM jobs")}
+        limits = list(database.execute("SELECT path, max_gpus, version FROM tenants"))
+    finally:
+        database.close()
+    assert tenants == {"a", "b"}
+    assert limits == [("a", 2, 1)]

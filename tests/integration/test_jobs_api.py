@@ -36,8 +36,9 @@ def test_submit_answers_201_with_location_and_the_stored_job(
         throughput={"16": 100.0, "32": 180.0},
         budget=2.5,
         model="bert",
+        tenant=TENANT_A,
     )
-    response = client.post("/v1/jobs", json=sent, headers=bearer(tokens.user_a))
+    response = client.post("/v1/jobs", json=sent, headers=bearer(tokens.admin))
 
     assert response.status_code == 201
     job = response.json()

@@ -348,3 +348,52 @@ def test_admin_token_lifecycle_lists_without_secrets_revokes_and_expires(tmp_pat
     assert admin("revoke-token", "99").exit_code == 2
     control = admin("create-token", "--role", "admin", "--name", "x\x1b[2Jy")
     assert control.exit_code == 2 and "control characters" in control.stderr
+
+
+def cli(server: Server, token: str | None, *args: str) -> Result:
+    env = {"SHOCKWAVE_API_URL": server.url, "SHOCKWAVE_TOKEN": token or ""}
+    return runner.invoke(app, list(args), env=env)
+
+
+def test_tenants_set_and_ls_show_the_tree_and_users_cannot_set(server: Server, alice: str) -> None:
+    made = cli(server, server.admin_token, "tenants", "set", "org/vision", "--weight", "3",
+               "--max-gpus", "8", "--max-jobs", "20")  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert "org/vision" in made.stdout and "max_gpus 8" in made.stdout
+    cleared = cli(server, server.admin_token, "tenants", "set", "org/vision", "--max-gpus", "none",
+                  "--output", "json")  # fmt: skip
+    assert cleared.exit_code == 0, cleared.output
+    body = json.loads(cleared.stdout)
+    assert (body["weight"], body["max_gpus"], body["max_jobs"], body["version"]) == (
+        3.0,
+        None,
+        20,
+        2,
+    )
+
+    listed = cli(server, server.admin_token, "tenants", "ls", "--output", "json")
+    assert listed.exit_code == 0, listed.output
+    paths = {t["path"] for t in json.loads(listed.stdout)["items"]}
+    assert {"org", "org/vision"} <= paths
+    table = cli(server, server.admin_token, "tenants", "ls")
+    assert table.exit_code == 0 and "vision" in table.stdout
+
+    refused = cli(server, alice, "tenants", "set", "alice", "--max-jobs", "1000")
+    assert refused.exit_code == 1 and "admins" in refused.stderr
+    bad = cli(server, server.admin_token, "tenants", "set", "org/vision", "--max-jobs", "lots")
+    assert bad.exit_code != 0
+
+
+def test_usage_prints_a_table_json_and_csv(server: Server, alice: str) -> None:
+    submit(server, alice, "usage-job")
+    as_json = cli(server, alice, "usage", "--group-by", "job", "--output", "json")
+    assert as_json.exit_code == 0, as_json.output
+    rows = json.loads(as_json.stdout)["rows"]
+    assert rows and {row["tenant"] for row in rows} == {"alice"}
+    as_csv = cli(server, alice, "usage", "--group-by", "job", "--csv")
+    assert as_csv.exit_code == 0, as_csv.output
+    header, *lines = as_csv.stdout.strip().splitlines()
+    assert header.startswith("key,tenant,label,gpu_hours") and len(lines) == len(rows)
+    assert cli(server, alice, "usage").exit_code == 0
+    other = cli(server, alice, "usage", "--tenant", "bob")
+    assert other.exit_code == 1 and "bob" in other.stderr
