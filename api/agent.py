@@ -40,7 +40,7 @@ from shockwave.lifecycle import (
     report_effect,
     transition,
 )
-from store import cluster_version, population
+from store import cluster, cluster_version, population
 from store.errors import Conflict, DomainError, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -165,9 +165,21 @@ def acting_node(principal: Principal, requested: str | None) -> str:
     return requested
 
 
-def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
+def register(
+    session: Session, node_id: str, data: NodeRegister, *, approve: bool = False
+) -> NodeRow:
     """Create or update the node, READY, heartbeat now; the cluster's capacity changed, so
-    its state version is bumped (and a plan requested after commit)."""
+    its state version is bumped (and a plan requested after commit).
+
+    The node's GPUs are an operator's word, not its agent's (:mod:`store.cluster`): an agent
+    reporting more GPUs than its node was approved for, or another GPU type, is refused (409);
+    a node not approved yet is registered but gets no leases until an operator approves it.
+    ``approve``: the caller is an operator (an admin registering a node in its name): what it
+    registers is approved as it stands."""
+    if approve:
+        cluster.approve_node(session, node_id, data.gpus, data.gpu_type)
+    else:
+        cluster.check_inventory(session, node_id, data.gpus, data.gpu_type)
     now = utcnow()
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:

@@ -176,6 +176,12 @@ class Snapshot:
     ``round_start_s``: when round ``round_index`` starts, on ``now``'s clock, where the shell
     decides ahead of it (the service plans the next round during the current one, at every
     change); None where it decides at the round's start (the simulator): then it is ``now``.
+    ``prior_groups`` / ``priors``: where jobs must learn apart (the service: one group per
+    tenant, so that no tenant's jobs learn from another's self-reported epochs), each job's
+    group (job id to group) and each group's prior; a job in a group plans with its group's
+    prior and the measurements of its group's active jobs only (:meth:`learning_groups`). A
+    job in no group (the simulator's: both are empty) learns from ``population`` and every
+    other job in no group.
     """
 
     now: float
@@ -188,11 +194,29 @@ class Snapshot:
     population: PopulationPrior = EMPTY_PRIOR
     excluded: Mapping[str, str] = field(default_factory=dict)
     round_start_s: float | None = None
+    prior_groups: Mapping[str, str] = field(default_factory=dict)
+    priors: Mapping[str, PopulationPrior] = field(default_factory=dict)
 
     @property
     def round_start(self) -> float:
         """When the round this snapshot is for starts: ``round_start_s``, else ``now``."""
         return self.now if self.round_start_s is None else self.round_start_s
+
+    def prior_of(self, job_id: str) -> PopulationPrior:
+        """The prior job ``job_id`` plans with: its group's, else ``population``."""
+        group = self.prior_groups.get(job_id)
+        return self.population if group is None else self.priors.get(group, EMPTY_PRIOR)
+
+    def learning_groups(self) -> list[tuple[PopulationPrior, tuple[ActiveJob, ...]]]:
+        """The jobs that learn from one another, with their prior: one entry per group (in
+        order of first appearance among ``jobs``), the jobs in no group last."""
+        grouped: dict[str | None, list[ActiveJob]] = {}
+        for job in self.jobs:
+            grouped.setdefault(self.prior_groups.get(job.job_id), []).append(job)
+        return [
+            (self.population if group is None else self.priors.get(group, EMPTY_PRIOR), tuple(js))
+            for group, js in sorted(grouped.items(), key=lambda item: item[0] is None)
+        ]
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

@@ -25,8 +25,12 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
 - ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
   the cluster's row; ``round_start_s``, when the planned round starts, is the row's
   ``round_ends_at`` (the end of the round out) for the next round.
-- ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
-  the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
+- ``priors`` / ``prior_groups``: each tenant's prior, learnt from its jobs that succeeded
+  (:mod:`store.population`), and each job's tenant; with the measured epoch times of the
+  tenant's active jobs it is all the predictor knows beyond each job itself (no tenant's jobs
+  learn from another's reports).
+- ``cluster``: only approved nodes count (``node_approvals``), each with no more GPUs than
+  approved.
 
 With no READY node there is nothing to plan on (a cluster of zero nodes cannot be built):
 :func:`load_snapshot` raises :class:`NoCapacity`, and callers skip planning until a node
@@ -53,7 +57,7 @@ from shockwave.snapshot import ActiveJob, Snapshot
 from shockwave.stints import Stint
 from store import events, population
 from store.jobs import trained_since_change
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +150,10 @@ def load_snapshot(
         cluster=layout.cluster,
         jobs=jobs,
         policy_state=decode_policy_state(cluster),
-        population=population.load_prior(session, cluster_id),
         excluded=excluded,
         round_start_s=_round_start(cluster, round_index),
+        prior_groups={row.id: row.tenant for row in rows},
+        priors=population.load_priors(session, {row.tenant for row in rows}, cluster_id),
     )
     return snapshot, version
 
@@ -230,14 +235,20 @@ def active_jobs(
 
 
 def gpu_layout(session: Session) -> GpuLayout | None:
-    """The READY nodes as the core sees them, or None when there is none."""
+    """The READY nodes an operator approved, as the core sees them (each with its reported
+    GPUs, never more than approved), or None when there is none."""
     nodes = session.exec(
-        select(NodeRow).where(NodeRow.state == NodeState.READY).order_by(col(NodeRow.id))
+        select(NodeRow, NodeApprovalRow)
+        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
+        .where(NodeRow.state == NodeState.READY)
+        .order_by(col(NodeRow.id))
     ).all()
     if not nodes:
         return None
     return GpuLayout(
-        tuple(n.id for n in nodes), tuple(n.gpus for n in nodes), tuple(n.gpu_type for n in nodes)
+        tuple(n.id for n, _ in nodes),
+        tuple(min(n.gpus, a.gpus) for n, a in nodes),
+        tuple(n.gpu_type for n, _ in nodes),
     )
 
 

@@ -245,6 +245,19 @@ class JobOutlook:
         return self.deadline_s - self.remaining_s
 
 
+def rates_by_job(
+    snapshot: Snapshot, params: ThroughputModelParams | None = None
+) -> dict[str, ThroughputModel]:
+    """Each job's throughput model: built from its learning group's prior and the
+    measurements of its group's active jobs only (:meth:`Snapshot.learning_groups`), so a job
+    never plans with rates another group reported."""
+    rates: dict[str, ThroughputModel] = {}
+    for prior, jobs in snapshot.learning_groups():
+        model = ThroughputModel.build(prior, jobs, params)
+        rates.update((job.job_id, model) for job in jobs)
+    return rates
+
+
 def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
     """Whether ``job`` may be held back by the packing's Pareto rule
     (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
@@ -264,7 +277,7 @@ class Shockwave:
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
         contention_sum, contention_rounds = _update_contention(snapshot, state)
-        rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+        rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
         outlooks = {
             job.job_id: self.outlook(
@@ -273,7 +286,7 @@ class Shockwave:
                 params,
                 contention_sum,
                 contention_rounds,
-                rates,
+                rates[job.job_id],
                 mean_speed(job, snapshot.cluster) if typed else 1.0,
             )
             for job in snapshot.jobs
@@ -360,7 +373,7 @@ class Shockwave:
         job's reference type (on a typed cluster, the average GPU's:
         :func:`shockwave.heterogeneity.mean_speed`), dividing every time estimate."""
         if rates is None:
-            rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+            rates = rates_by_job(snapshot, params.throughput)[job.job_id]
         revealed = snapshot.revealed.get(job.job_id)
         if params.oracle:
             if revealed is None:
@@ -369,7 +382,7 @@ class Shockwave:
         else:
             predictor = REGIME_PREDICTORS[params.regime_predictor]
             prediction = predictor(
-                job, snapshot.population, rates, params.predictor, params.population
+                job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
             )
         factor = _error_factor(job.job_id, params) / speed
         remaining = prediction.remaining_seconds * factor

@@ -742,3 +742,52 @@ def test_a_long_poll_with_no_driver_in_its_process_rereads_the_leases_on_a_timer
     waiting.join(timeout=10.0)
     assert not waiting.is_alive() and time.monotonic() - began < 5.0
     assert answers[0]["current_round"] == seen + 1 and len(answers[0]["leases"]) == 1
+
+
+def test_a_node_gets_leases_only_once_approved_and_never_for_more_gpus_than_approved(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A rogue agent token cannot attract jobs with made-up GPUs: its node, unapproved, gets
+    no lease however many GPUs it reports; approved for 2, it is refused when it reports
+    more (409, naming the field) or another GPU type, and leased within what was approved."""
+    rogue = agent_token(database, "node-rogue", approved=None)
+    register(client, rogue, gpus=1024)
+    jobs = [submit(client, tokens.user_a) for _ in range(3)]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    assert leases(database) == [], "an unapproved node gets no lease"
+
+    approved = client.put(
+        "/v1/nodes/node-rogue/approval", json={"gpus": 2}, headers=bearer(tokens.admin)
+    )
+    assert approved.status_code == 200, approved.json()
+    assert (approved.json()["node"], approved.json()["gpus"]) == ("node-rogue", 2)
+    more = client.post(
+        "/v1/agent/register", json={"gpus": 1024, "hostname": "h"}, headers=bearer(rogue)
+    )
+    assert_problem(more, 409, field="gpus")
+    typed = client.put(
+        "/v1/nodes/node-rogue/approval",
+        json={"gpus": 2, "gpu_type": "A100"},
+        headers=bearer(tokens.admin),
+    )
+    assert typed.status_code == 200
+    other_type = client.post(
+        "/v1/agent/register",
+        json={"gpus": 2, "gpu_type": "H100", "hostname": "h"},
+        headers=bearer(rogue),
+    )
+    assert_problem(other_type, 409, field="gpu_type")
+    for token in (tokens.user_a, rogue):
+        refused = client.put(
+            "/v1/nodes/node-rogue/approval", json={"gpus": 8}, headers=bearer(token)
+        )
+        assert_problem(refused, 403)
+
+    register(client, rogue, gpus=2)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    leased = leases(database)
+    assert sorted(lease.job_id for lease in leased) != [] and len(leased) == 2
+    assert {lease.job_id for lease in leased} < set(jobs)
+    assert {lease.node_id for lease in leased} == {"node-rogue"}

@@ -48,6 +48,7 @@ from api.ratelimit import RateLimiter
 from api.settings import Settings
 from shockwave_cli.supervision import Supervised, free_port, wait_http
 from store.db import make_engine
+from store.cluster import approve_node
 from store.principals import Role
 from store.tokens import create_token, issue_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
@@ -633,6 +634,8 @@ def exercise(base: str, database: Database) -> dict[str, str]:
         admin = create_token(session, Role.ADMIN)
         user = create_token(session, Role.USER, tenant=TENANT_A)
         agent = create_token(session, Role.AGENT, node="node-1")
+        approve_node(session, "node-1", 1)
+        session.commit()
     fake = "swk_" + secrets.token_urlsafe(32)
     with httpx.Client(base_url=base, timeout=10) as http:
         ok = http.post(
