@@ -328,7 +328,9 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     running = set(data.running)
     tokens = {}
     if data.tokens:
-        starting = {lease.attempt_id: lease for lease in found.leases if lease.attempt_id not in running}
+        starting = {
+            lease.attempt_id: lease for lease in found.leases if lease.attempt_id not in running
+        }
         held = attempts_with_tokens(session, list(starting))
         tokens = {
             attempt: _mint(session, lease.job_id, attempt)
@@ -637,7 +639,7 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
     """A token scoped to the attempt's job and to the attempt itself, for its process; only
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
     It replaces the attempt's earlier token, if any (revoked): one token per attempt. Once the
-    attempt ends or is fenced the token is no longer accepted (:func:`store.tokens.principal_of`)."""
+    attempt ends or is fenced the token is refused (:func:`store.tokens.principal_of`)."""
     row = visible_attempt(session, principal, attempt_id)
     if row.state not in LIVE_LEASES or JobState(row.job_state).terminal:
         raise Conflict(

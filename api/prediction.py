@@ -3,9 +3,10 @@
 The shell gathers the job's row, its client events and the cluster's load, builds the same
 :class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one the
 Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
-job's tenant's jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes from the throughput
-model of the measured rates) and finish-time-fairness estimator (paper appendix). Two
-simplifications, stated so nobody reads more into the numbers than there is:
+job's tenant's jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes
+from the throughput model of the tenant's measured rates) and finish-time-fairness estimator
+(paper appendix). Two simplifications, stated so nobody reads more into the numbers than there
+is:
 
 - the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
   the job's life, which needs the round history the round driver will keep;

@@ -65,6 +65,7 @@ from sqlmodel import Session, col, select
 
 from api.schemas import JobCreate
 from bench.api import postgres_database, quantile
+from bench.deployment import HARNESS_GPUS
 from bench.scale_report import (
     RoundFigures,
     parse_asked,
@@ -77,7 +78,6 @@ from shockwave.workload import SimJob
 from shockwave_cli.fleet import Fleet, TrainingJob, job_body, training_job
 from shockwave_cli.inputs import load_throughputs, load_workload
 from shockwave_cli.supervision import Supervisor, free_port, wait_http
-from bench.deployment import HARNESS_GPUS
 from store import migrate
 from store.cluster import approve_node
 from store.cluster_version import bump_state_version

@@ -20,9 +20,9 @@ from sqlmodel import Session, col, select
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import ACTIVE, JobState, NodeState
 from shockwave.waiting import Gpus
+from store.errors import Conflict
 from store.paging import cut, page_key
 from store.principals import Principal, Role
-from store.errors import Conflict
 from store.tables import ClusterRow, JobRow, NodeApprovalRow, NodeRow, PlanRow, RoundRow, utcnow
 
 

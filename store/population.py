@@ -13,8 +13,9 @@ tenant's jobs learn from its own jobs only:
   epoch) and the epoch times it measured. The row is locked while it is rewritten; successes are
   rare next to progress events, and the lock is taken before the cluster row (bumped at commit),
   as every writer of both takes them.
-- :func:`load_prior` / :func:`load_priors` read them for the solver's snapshot and the prediction endpoint; a missing
-  or unreadable row is the empty prior (the paper's rule), never an error.
+- :func:`load_prior` / :func:`load_priors` read them for the solver's snapshot and the
+  prediction endpoint; a missing or unreadable row is the empty prior (the paper's rule),
+  never an error.
 
 Domain values only: no HTTP here.
 """
@@ -63,9 +64,7 @@ def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLU
     session.add(stored)
 
 
-def load_prior(
-    session: Session, tenant: str, cluster_id: str = DEFAULT_CLUSTER
-) -> PopulationPrior:
+def load_prior(session: Session, tenant: str, cluster_id: str = DEFAULT_CLUSTER) -> PopulationPrior:
     """``tenant``'s prior; the empty prior when none has been learnt or it is unreadable."""
     stored = session.get(PopulationRow, (cluster_id, tenant))
     return EMPTY_PRIOR if stored is None else _decoded(stored)

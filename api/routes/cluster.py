@@ -15,10 +15,10 @@ from api.routes.prediction import get_now
 from api.schemas import (
     ClusterPublic,
     HeldPublic,
-    NodePublic,
     NodeApproval,
     NodeApprovalPublic,
     NodeId,
+    NodePublic,
     NodeSummary,
     Page,
     PlannedRound,

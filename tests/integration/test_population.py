@@ -130,7 +130,8 @@ def test_a_tenants_predictions_never_learn_from_another_tenants_self_reported_ep
     before = client.get(path, headers=bearer(tokens.user_a)).json()
 
     run_to_exit(client, tokens, database, 0, model="secret-model-x", tenant=TENANT_B)
-    assert stored(database, TENANT_B) is not None and stored(database, TENANT_B).learnt == 1
+    learnt_b = stored(database, TENANT_B)
+    assert learnt_b is not None and learnt_b.learnt == 1
     assert stored(database, TENANT_A) is None, "nothing learnt for tenant A"
 
     after = client.get(path, headers=bearer(tokens.user_a)).json()

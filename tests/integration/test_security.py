@@ -47,8 +47,8 @@ from api.auth import Access
 from api.ratelimit import RateLimiter
 from api.settings import Settings
 from shockwave_cli.supervision import Supervised, free_port, wait_http
-from store.db import make_engine
 from store.cluster import approve_node
+from store.db import make_engine
 from store.principals import Role
 from store.tokens import create_token, issue_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
