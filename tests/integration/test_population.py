@@ -130,13 +130,12 @@ def test_a_tenants_predictions_never_learn_from_another_tenants_self_reported_ep
     before = client.get(path, headers=bearer(tokens.user_a)).json()
 
     run_to_exit(client, tokens, database, 0, model="secret-model-x", tenant=TENANT_B)
-    learnt_b = stored(database, TENANT_B)
-    assert learnt_b is not None and learnt_b.learnt == 1
-    assert stored(database, TENANT_A) is None, "nothing learnt for tenant A"
-
     after = client.get(path, headers=bearer(tokens.user_a)).json()
     keys = ("regimes", "total_seconds")
     assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+    learnt_b = stored(database, TENANT_B)
+    assert learnt_b is not None and learnt_b.learnt == 1
+    assert stored(database, TENANT_A) is None, "nothing learnt for tenant A"
     theirs = submit(client, tokens.user_b, **secret)
     learnt = client.get(f"/v1/jobs/{theirs}/prediction", headers=bearer(tokens.user_b)).json()
     assert [(r["batch_size"], r["epochs"]) for r in learnt["regimes"]] == [(32, 6.0), (256, 14.0)]
