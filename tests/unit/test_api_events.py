@@ -32,7 +32,7 @@ from store import migrate
 from store.paging import page_token
 from store.principals import Role
 from store.snapshot import load_snapshot
-from store.tables import JobEventRow, NodeRow
+from store.tables import JobEventRow, NodeApprovalRow, NodeRow
 from store.tokens import create_token
 
 JOB = {
@@ -266,6 +266,7 @@ def test_the_snapshot_reads_the_folded_state_not_the_events(api: Api) -> None:
     assert api.post(job, progress(4, 3, 4.0, batch_size=256)).status_code == 201
     with api.session() as session:
         session.add(NodeRow(id="n1", hostname="gpu-1", gpus=2))
+        session.add(NodeApprovalRow(node_id="n1", gpus=2))
         session.exec(delete(JobEventRow))
         session.commit()
         snapshot, _ = load_snapshot(session, "default", 0, datetime.now(UTC))
@@ -316,6 +317,7 @@ def test_prediction_of_a_fresh_job_uses_declared_throughput(api: Api) -> None:
 def test_cluster_nodes_and_contention(api: Api) -> None:
     with api.session() as session:
         session.add(NodeRow(id="n1", hostname="gpu-1", gpus=1, gpu_type="A100"))
+        session.add(NodeApprovalRow(node_id="n1", gpus=1))
         session.add(NodeRow(id="n2", hostname="gpu-2", gpus=4, state="LOST"))
         session.commit()
     user = api.token(Role.USER, tenant="a")
