@@ -241,6 +241,7 @@ def test_the_dashboard_renders_in_headless_chromium(
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP refusals land there
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     browser = webdriver.Chrome(options=options, service=DriverService(driver_path))
     shots = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
@@ -252,6 +253,8 @@ def test_the_dashboard_renders_in_headless_chromium(
         assert "RUNNING" in browser.find_element(By.CSS_SELECTOR, row).text
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "tr.node-row")))
         assert "long-runner" in browser.find_element(By.CSS_SELECTOR, "#nodes").text
+        held = browser.find_element(By.CSS_SELECTOR, "#nodes .gpu[data-color]")
+        assert held.value_of_css_property("border-left-width") == "6px", "coloured via CSSOM"
         cell = f'#gantt-svg rect.cell[data-job="{running}"]'
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, cell)))
         browser.save_screenshot(str(shots / "dashboard-overview.png"))
@@ -266,6 +269,19 @@ def test_the_dashboard_renders_in_headless_chromium(
         browser.save_screenshot(str(shots / "dashboard-job.png"))
         browser.get(f"{service.url}/#/jobs/{finished_job}")
         wait.until(ready.text_to_be_present_in_element((By.ID, "job-why"), "SUCCEEDED"))
+        assert browser.execute_script("return window.localStorage.length") == 0
+
+        # The documentation pages work under their Content-Security-Policy.
+        browser.get(f"{service.url}/docs")
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, ".swagger-ui .opblock")))
+        browser.get(f"{service.url}/redoc")
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "[data-section-id]")))
+        refused = [
+            entry["message"]
+            for entry in browser.get_log("browser")
+            if "Content Security Policy" in entry["message"]
+        ]
+        assert not refused, refused
     finally:
         browser.quit()
         httpx.post(f"{service.url}/v1/jobs/{running}/cancel", timeout=5)

@@ -74,7 +74,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     Access.TOKEN: ("401", "401"),
 }
 """What each declared rule means: (answer in the caller's own scope, answer in another's)."""
-SCOPE_PARAMETERS = {"job_id", "event_id", "attempt_id"}
+SCOPE_PARAMETERS = {"job_id", "event_id", "attempt_id", "node"}
 """The path parameters the matrix fills from a scope; another one fails the test (teach it)."""
 UNSCOPED_PARAMETERS = {"token_id"}
 """Path parameters of what no tenant, node or job owns (admins' resources): filled from the
