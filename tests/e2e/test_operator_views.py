@@ -278,9 +278,10 @@ def test_the_dashboard_renders_in_headless_chromium(
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "[data-section-id]")))
         # Nothing of the pages themselves is refused; what the policy does refuse is what they
         # would fetch from another host (ReDoc's "powered by" logo from cdn.redoc.ly).
+        logs: list[dict[str, Any]] = browser.get_log("browser")  # type: ignore[no-untyped-call]
         refused = [
             entry["message"]
-            for entry in browser.get_log("browser")
+            for entry in logs
             if "Content Security Policy" in entry["message"]
             and not re.search(r"Loading the image 'https://(?!127\.0\.0\.1)", entry["message"])
         ]
