@@ -334,8 +334,9 @@ class NodeApprovalPublic(NodeApproval):
 
 class ClusterPublic(BaseModel):
     """Capacity and load. ``total_gpus``: GPUs of all registered nodes; ``ready_gpus``: of the
-    READY ones. ``nodes``: node counts by state (None for users). ``jobs``: job counts by state,
-    of ``tenant`` only when it is set (a user sees its own tenant's jobs), else of everyone."""
+    READY ones (a node's GPUs count as far as an operator approved them). ``nodes``: node
+    counts by state (None for users). ``jobs``: job counts by state, of ``tenant`` only when
+    it is set (a user sees its own tenant's jobs), else of everyone."""
 
     total_gpus: int
     ready_gpus: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import func
+from sqlalchemy import case, func
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
@@ -29,18 +29,35 @@ from store.tables import ClusterRow, JobRow, NodeApprovalRow, NodeRow, PlanRow, 
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """``total_gpus`` of all registered nodes, ``ready_gpus`` of the READY ones, node counts
-    by state."""
+    by state. A node's GPUs count as far as they are approved (:func:`usable_gpus`): a node
+    nobody approved adds none, so it cannot skew the contention factor every prediction uses."""
 
     total_gpus: int
     ready_gpus: int
     nodes: dict[str, int]
 
 
+def usable_gpus() -> Any:
+    """A node's GPUs as far as an operator approved them (0 before approval), as a SQL
+    expression over ``nodes`` outer-joined to ``node_approvals`` (:func:`_approved`)."""
+    return case(
+        (col(NodeApprovalRow.gpus).is_(None), 0),
+        (col(NodeApprovalRow.gpus) < col(NodeRow.gpus), col(NodeApprovalRow.gpus)),
+        else_=col(NodeRow.gpus),
+    )
+
+
+def _approved(query: Any) -> Any:
+    return query.select_from(NodeRow).outerjoin(
+        NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id)
+    )
+
+
 def capacity(session: Session) -> Capacity:
     rows = session.exec(
-        select(NodeRow.state, func.count(), func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
-            NodeRow.state
-        )
+        _approved(
+            select(NodeRow.state, func.count(), func.coalesce(func.sum(usable_gpus()), 0))
+        ).group_by(NodeRow.state)
     ).all()
     nodes = {state.value: 0 for state in NodeState}
     gpus = {state.value: 0 for state in NodeState}
@@ -54,9 +71,9 @@ def gpus_by_kind(session: Session) -> Gpus:
     """GPUs by ``gpu_type``: of every registered node and of the READY ones (for
     :func:`shockwave.waiting.why_waiting`)."""
     rows = session.exec(
-        select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
-            NodeRow.gpu_type, NodeRow.state
-        )
+        _approved(
+            select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(usable_gpus()), 0))
+        ).group_by(NodeRow.gpu_type, NodeRow.state)
     ).all()
     total: dict[str, int] = {}
     ready: dict[str, int] = {}
