@@ -196,7 +196,7 @@ def fake_job_pids(out_dir: Path) -> list[int]:
 def scene(tmp_path: Path) -> Iterator[Scene]:
     database = tmp_path / "shockwave.db"
     admin = create_token(database, "admin")
-    agent_token = create_token(database, "agent", "--node", NODE)
+    agent_token = create_token(database, "agent", "--node", NODE, "--gpus", "2")
     port = free_port()
     up = Supervised(
         cwd=ROOT,
