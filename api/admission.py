@@ -102,7 +102,10 @@ def pool_capacity(engine: Engine) -> int:
 class InFlightLimit:
     """Pure ASGI middleware: at most ``limit`` HTTP requests in progress at once, and (when
     ``threads`` is given) at most ``threads`` threads running their sync parts. Paths in
-    ``exempt`` (long-lived streams, whose reads take the thread pool briefly) take no slot.
+    ``exempt`` (long-lived streams, whose reads take the thread pool briefly; static pages)
+    and paths under ``exempt_prefixes`` (static files) take no slot: they use no database
+    connection, and a client that requests a large file and never reads it must not hold a
+    slot while the server waits to send it.
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
@@ -113,16 +116,19 @@ class InFlightLimit:
         limit: int,
         threads: int | None = None,
         exempt: tuple[str, ...] = (),
+        exempt_prefixes: tuple[str, ...] = (),
     ) -> None:
         self.app = app
         self.exempt = exempt
+        self.exempt_prefixes = exempt_prefixes
         self.limit = max(1, limit)
         self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.exempt:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.exempt or path.startswith(self.exempt_prefixes):
             await self.app(scope, receive, send)
             return
         slot = _Slot(self._semaphore())

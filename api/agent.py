@@ -40,7 +40,7 @@ from shockwave.lifecycle import (
     report_effect,
     transition,
 )
-from store import cluster_version, population
+from store import cluster, cluster_version, population
 from store.errors import Conflict, DomainError, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -52,7 +52,7 @@ from store.leases import (
 )
 from store.principals import Principal, Role, require
 from store.tables import JobRow, LeaseRow, NodeRow, utcnow
-from store.tokens import add_token
+from store.tokens import add_token, attempts_with_tokens, revoke_attempt_tokens
 
 STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a
@@ -165,9 +165,21 @@ def acting_node(principal: Principal, requested: str | None) -> str:
     return requested
 
 
-def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
+def register(
+    session: Session, node_id: str, data: NodeRegister, *, approve: bool = False
+) -> NodeRow:
     """Create or update the node, READY, heartbeat now; the cluster's capacity changed, so
-    its state version is bumped (and a plan requested after commit)."""
+    its state version is bumped (and a plan requested after commit).
+
+    The node's GPUs are an operator's word, not its agent's (:mod:`store.cluster`): an agent
+    reporting more GPUs than its node was approved for, or another GPU type, is refused (409);
+    a node not approved yet is registered but gets no leases until an operator approves it.
+    ``approve``: the caller is an operator (an admin registering a node in its name): what it
+    registers is approved as it stands."""
+    if approve:
+        cluster.approve_node(session, node_id, data.gpus, data.gpu_type)
+    else:
+        cluster.check_inventory(session, node_id, data.gpus, data.gpu_type)
     now = utcnow()
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:
@@ -283,8 +295,9 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
        its own (a report refused or about an unknown attempt does not undo the others);
     2. the heartbeat (unless ``data.heartbeat`` is false), as :func:`heartbeat` records it,
        and, in the same transaction, the leases, as :func:`node_leases` reads them with
-       ``data.running``; with ``data.tokens``, also a new job token for each live lease not in
-       ``running`` (the agent is about to start it; :func:`job_token` mints one at a time);
+       ``data.running``; with ``data.tokens``, also a job token for each live lease not in
+       ``running`` that has none yet (the agent is about to start it): one token per attempt,
+       never one per poll (an agent that lost it asks :func:`job_token`, which replaces it);
        committed once;
     3. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
        ``started`` report is implied) becomes RUNNING, all in one transaction
@@ -315,10 +328,14 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
     running = set(data.running)
     tokens = {}
     if data.tokens:
+        starting = {
+            lease.attempt_id: lease for lease in found.leases if lease.attempt_id not in running
+        }
+        held = attempts_with_tokens(session, list(starting))
         tokens = {
-            lease.attempt_id: _mint(session, lease.job_id, lease.attempt_id)
-            for lease in found.leases
-            if lease.attempt_id not in running
+            attempt: _mint(session, lease.job_id, attempt)
+            for attempt, lease in starting.items()
+            if attempt not in held
         }
     session.commit()
     fresh = [
@@ -621,7 +638,8 @@ def _lease_public(row: Any, node_id: str) -> LeasePublic:
 def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTokenPublic:
     """A token scoped to the attempt's job and to the attempt itself, for its process; only
     for a live attempt of an unfinished job (a stale attempt gets a 409 with ``stop: true``).
-    Once the attempt is fenced the token's events are refused (:mod:`store.events`)."""
+    It replaces the attempt's earlier token, if any (revoked): one token per attempt. Once the
+    attempt ends or is fenced the token is refused (:func:`store.tokens.principal_of`)."""
     row = visible_attempt(session, principal, attempt_id)
     if row.state not in LIVE_LEASES or JobState(row.job_state).terminal:
         raise Conflict(
@@ -636,7 +654,8 @@ def job_token(session: Session, principal: Principal, attempt_id: str) -> JobTok
 
 
 def _mint(session: Session, job_id: str, attempt_id: str) -> str:
-    """A new token for attempt ``attempt_id`` of job ``job_id`` (stored hashed, not committed:
-    the caller commits once for all it mints)."""
+    """A new token for attempt ``attempt_id`` of job ``job_id``, revoking the attempt's earlier
+    ones (stored hashed, not committed: the caller commits once for all it mints)."""
+    revoke_attempt_tokens(session, [attempt_id])
     name = f"attempt {attempt_id}"
     return add_token(session, Role.JOB, job_id=job_id, attempt_id=attempt_id, name=name)

@@ -31,6 +31,7 @@ from api.routes import (
     tokens,
     usage,
 )
+from api.security_headers import SecurityHeaders
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
@@ -42,6 +43,11 @@ LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (429, "Too many requests from this token (or address); Retry-After says when to retry"),
 )
 """Answers every /v1 operation may give, whatever the route."""
+STATIC_PREFIX = "/static/"
+"""The Swagger UI, ReDoc and dashboard assets: files, served without a request slot."""
+STATIC_PAGES = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+"""Pages made without the database (the OpenAPI document is built once), served without a
+request slot too."""
 
 
 def create_app(
@@ -90,13 +96,18 @@ def create_app(
     # progress on 2 threads, 97 ms with 4).
     limit = min(pool_capacity(app.state.engine), 2 * settings.worker_threads)
     app.add_middleware(
-        InFlightLimit, limit=limit, threads=settings.worker_threads, exempt=(stream.STREAM_PATH,)
+        InFlightLimit,
+        limit=limit,
+        threads=settings.worker_threads,
+        exempt=(stream.STREAM_PATH, *STATIC_PAGES),
+        exempt_prefixes=(STATIC_PREFIX,),
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )
     app.state.metrics = ApiMetrics(app.state.engine)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(SecurityHeaders)  # outermost: every response, refusals included
 
     app.include_router(health.router)
     app.include_router(jobs.router, responses=LIMITED)

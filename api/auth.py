@@ -74,6 +74,10 @@ PUBLIC: dict[str, Any] = {
 TOKEN_CACHE_S = 10.0
 """How long a process trusts a token lookup: a revoked token keeps working for up to this long
 (docs/api.md, "Tokens")."""
+ATTEMPT_TOKEN_CACHE_S = 1.0
+"""How long a process trusts a lookup of a job token bound to an attempt: such a token stops
+working when its attempt ends or is fenced (:func:`store.tokens.principal_of`), and must not
+outlive it by the whole :data:`TOKEN_CACHE_S`."""
 TOKENS: TtlCache[Principal] = TtlCache(ttl_s=TOKEN_CACHE_S)
 """Known tokens' principals, per process (see :mod:`api.token_cache`)."""
 
@@ -111,6 +115,8 @@ def stored_principal(session: Session, digest: str) -> Principal:
             401, "unknown, revoked or expired token", {"WWW-Authenticate": "Bearer"}
         )
     left = None if principal.expires_at is None else (principal.expires_at - now).total_seconds()
+    if principal.attempt_id is not None:
+        left = min(left if left is not None else ATTEMPT_TOKEN_CACHE_S, ATTEMPT_TOKEN_CACHE_S)
     TOKENS.put(_cache_key(session, digest), principal, left)
     return principal
 

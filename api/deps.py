@@ -53,6 +53,22 @@ async def get_principal(request: Request, session: SessionDep, settings: Setting
     principal = await _authenticated(request, session, settings)
     if principal.role is Role.METRICS:
         raise HTTPException(403, "a metrics token may only scrape /metrics")
+    if principal.fenced is not None:
+        raise HTTPException(
+            401,
+            f"this job token's attempt has ended: {principal.fenced}",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    return principal
+
+
+async def get_reporter(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+    """:func:`get_principal`, but a job token whose attempt has ended or is fenced passes: where
+    its process reports events, it is told to stop (409 ``fenced``, :mod:`store.events`)
+    rather than refused as unknown."""
+    principal = await _authenticated(request, session, settings)
+    if principal.role is Role.METRICS:
+        raise HTTPException(403, "a metrics token may only scrape /metrics")
     return principal
 
 
@@ -95,4 +111,5 @@ def _throttle(limiter: RateLimiter, key: str, what: str) -> None:
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+ReportingPrincipal = Annotated[Principal, Depends(get_reporter)]
 Scraper = Annotated[Principal, Depends(get_scraper)]

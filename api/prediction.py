@@ -3,9 +3,10 @@
 The shell gathers the job's row, its client events and the cluster's load, builds the same
 :class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one the
 Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
-jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes from the throughput
-model of the measured rates) and finish-time-fairness estimator (paper appendix). Two
-simplifications, stated so nobody reads more into the numbers than there is:
+job's tenant's jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes
+from the throughput model of the tenant's measured rates) and finish-time-fairness estimator
+(paper appendix). Two simplifications, stated so nobody reads more into the numbers than there
+is:
 
 - the contention factor is today's (active jobs per READY GPU, at least 1), not its average over
   the job's life, which needs the round history the round driver will keep;
@@ -45,11 +46,12 @@ Source = Literal["measured", "declared", "estimated"]
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What every job's prediction shares, read once: the population prior, the contention
-    factor, the GPUs by kind, the current round, the freshest plan and the GPUs each tenant
-    holds against its ``max_gpus`` (None: no tenant has one)."""
+    """What every job's prediction shares, read once: the contention factor, the GPUs by kind,
+    the current round, the freshest plan and the GPUs each tenant holds against its
+    ``max_gpus`` (None: no tenant has one); and each tenant's population prior, read when a job
+    of the tenant first needs it (a job learns from its own tenant's jobs only)."""
 
-    prior: PopulationPrior
+    priors: dict[str, PopulationPrior]
     contention: float
     gpus: Gpus
     current: int
@@ -60,13 +62,19 @@ class Context:
     def load(cls, session: Session) -> Context:
         cluster_row = session.get(ClusterRow, DEFAULT_CLUSTER)
         return cls(
-            prior=population.load_prior(session),
+            priors={},
             contention=cluster.contention(session),
             gpus=cluster.gpus_by_kind(session),
             current=cluster_row.current_round if cluster_row is not None else -1,
             plan=plans.newest_plan(session, DEFAULT_CLUSTER),
             usage=tenant_usage(session),
         )
+
+    def prior(self, session: Session, tenant: str) -> PopulationPrior:
+        """``tenant``'s prior (read once per context)."""
+        if tenant not in self.priors:
+            self.priors[tenant] = population.load_prior(session, tenant)
+        return self.priors[tenant]
 
     def plan_view(self, job_id: str) -> PlanView | None:
         """What the freshest plan gives ``job_id`` (its rounds from the current one on); None
@@ -95,7 +103,7 @@ def explain(
     what it shares with other jobs' predictions (read here when not given)."""
     context = context or Context.load(session)
     job = events.active_job(row)
-    prior = context.prior
+    prior = context.prior(session, row.tenant)
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]
     prediction = predictor(job, prior, rates, params or PredictorParams(), PopulationParams())

@@ -343,10 +343,28 @@ class NodePublic(NodeSummary):
     registered_at: datetime
 
 
+class NodeApproval(BaseModel):
+    """An operator's approval of a node's GPUs: at most ``gpus`` GPUs, of ``gpu_type`` (empty:
+    any type). The node gets leases only once approved, never for more GPUs than approved."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: Annotated[int, Strict(), Field(ge=1, le=1024)]
+    gpu_type: Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")] = ""
+
+
+class NodeApprovalPublic(NodeApproval):
+    """A node's approval as stored."""
+
+    node: str
+    approved_at: datetime
+
+
 class ClusterPublic(BaseModel):
     """Capacity and load. ``total_gpus``: GPUs of all registered nodes; ``ready_gpus``: of the
-    READY ones. ``nodes``: node counts by state (None for users). ``jobs``: job counts by state,
-    of ``tenant`` only when it is set (a user sees its own tenant's jobs), else of everyone."""
+    READY ones (a node's GPUs count as far as an operator approved them). ``nodes``: node
+    counts by state (None for users). ``jobs``: job counts by state, of ``tenant`` only when
+    it is set (a user sees its own tenant's jobs), else of everyone."""
 
     total_gpus: int
     ready_gpus: int

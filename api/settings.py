@@ -26,7 +26,13 @@ class Settings(DatabaseSettings):
     per process (api.admission); scale out with more processes, not more threads.
     ``poll_recheck_s``: a long poll (``POST /v1/agent/poll`` with ``wait_s``) reads its node's
     leases again at least this often; sooner when the round driver of the same process says the
-    leases changed (store.lease_signal), which is the only wake-up ``shockwave up`` needs."""
+    leases changed (store.lease_signal), which is the only wake-up ``shockwave up`` needs.
+    ``max_streams_per_token`` / ``max_streams``: event streams (``GET /v1/events``) open at once
+    per token and per process; more get 429 (api.routes.stream).
+    ``send_timeout_s``: a response the client does not read for this long (the socket's send
+    buffer stays full) is abandoned and its connection closed, so that a client that does not
+    read frees its request slot (api.http_limits). ``max_pipelined``: requests a connection
+    may send ahead of their answers; a connection with more waiting is closed."""
 
     open_mode: bool = False
     host: str = "127.0.0.1"
@@ -42,3 +48,7 @@ class Settings(DatabaseSettings):
     rate_limit_burst: int = Field(default=200, ge=1)
     rate_limit_admin: bool = False
     poll_recheck_s: float = Field(default=1.0, gt=0, le=60)
+    max_streams_per_token: int = Field(default=8, ge=1, le=1000)
+    max_streams: int = Field(default=128, ge=1, le=10_000)
+    send_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    max_pipelined: int = Field(default=4, ge=1, le=100)

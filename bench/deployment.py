@@ -33,6 +33,7 @@ from shockwave_cli.supervision import (
     wait_http,
 )
 from store import migrate
+from store.cluster import approve_node
 from store.principals import Role
 from store.tables import JobRow, LeaseRow, PlanRow, RoundRow
 from store.tokens import Scope, create_token
@@ -88,8 +89,15 @@ class Deployment:
         return self.agent_tokens([node])[0]
 
     def agent_tokens(self, nodes: Sequence[str]) -> list[str]:
-        """An agent token per node, stored directly (see :func:`store_token`)."""
-        return [store_token(self.engine, Role.AGENT, node=node, name=node) for node in nodes]
+        """An agent token per node, stored directly (see :func:`store_token`), each node
+        approved for up to :data:`HARNESS_GPUS` GPUs (the harness is the operator: its agents
+        report what they run)."""
+        tokens = [store_token(self.engine, Role.AGENT, node=node, name=node) for node in nodes]
+        with Session(self.engine) as session:
+            for node in nodes:
+                approve_node(session, node, HARNESS_GPUS)
+            session.commit()
+        return tokens
 
 
 def base_env(database_url: str, broker_url: str) -> dict[str, str]:
@@ -139,6 +147,10 @@ def deployment(
                     stop_together(services.started)
         finally:
             engine.dispose()
+
+
+HARNESS_GPUS = 64
+"""The GPUs a harness approves per node (a node's leases never exceed what its agent reports)."""
 
 
 def store_token(engine: Engine, role: Role, **scope: Unpack[Scope]) -> str:

@@ -481,6 +481,8 @@ def prepare(database_url: str, agents: int) -> Tokens:
     admin create-token`` does)."""
     from sqlmodel import Session
 
+    from bench.deployment import HARNESS_GPUS
+    from store.cluster import approve_node
     from store.db import make_engine
     from store.migrate import upgrade
     from store.principals import Role
@@ -495,6 +497,9 @@ def prepare(database_url: str, agents: int) -> Tokens:
                 (f"node-{i:03d}", create_token(session, Role.AGENT, node=f"node-{i:03d}"))
                 for i in range(agents)
             )
+            for name, _ in nodes:
+                approve_node(session, name, HARNESS_GPUS)
+            session.commit()
     finally:
         engine.dispose()
     return Tokens(user=user, agents=nodes)

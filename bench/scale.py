@@ -65,6 +65,7 @@ from sqlmodel import Session, col, select
 
 from api.schemas import JobCreate
 from bench.api import postgres_database, quantile
+from bench.deployment import HARNESS_GPUS
 from bench.scale_report import (
     RoundFigures,
     parse_asked,
@@ -78,6 +79,7 @@ from shockwave_cli.fleet import Fleet, TrainingJob, job_body, training_job
 from shockwave_cli.inputs import load_throughputs, load_workload
 from shockwave_cli.supervision import Supervisor, free_port, wait_http
 from store import migrate
+from store.cluster import approve_node
 from store.cluster_version import bump_state_version
 from store.jobs import create_job
 from store.principals import Principal, Role
@@ -214,6 +216,8 @@ def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, dict[str,
         with Session(engine) as session:
             admin = create_token(session, Role.ADMIN, name="scale bench")
             agents = {n: create_token(session, Role.AGENT, node=n, name=n) for n in nodes}
+            for n in nodes:
+                approve_node(session, n, HARNESS_GPUS)
             session.commit()
     finally:
         engine.dispose()

@@ -181,6 +181,12 @@ class Snapshot:
     has weight 1 and no limits); ``priority_classes``: priority class name -> its multiplier of
     a job's weight within its tenant (a class not in it: 1). Both empty: one default tenant,
     every job's weight its own budget, as before tenants.
+    ``prior_groups`` / ``priors``: where jobs must learn apart (the service: one group per
+    tenant, so that no tenant's jobs learn from another's self-reported epochs), each job's
+    group (job id to group) and each group's prior; a job in a group plans with its group's
+    prior and the measurements of its group's active jobs only (:meth:`learning_groups`). A
+    job in no group (the simulator's: both are empty) learns from ``population`` and every
+    other job in no group.
     """
 
     now: float
@@ -195,6 +201,8 @@ class Snapshot:
     round_start_s: float | None = None
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     priority_classes: Mapping[str, float] = field(default_factory=dict)
+    prior_groups: Mapping[str, str] = field(default_factory=dict)
+    priors: Mapping[str, PopulationPrior] = field(default_factory=dict)
 
     @property
     def round_start(self) -> float:
@@ -210,6 +218,21 @@ class Snapshot:
             self.priority_classes,
             self.cluster.total_gpus,
         )
+    def prior_of(self, job_id: str) -> PopulationPrior:
+        """The prior job ``job_id`` plans with: its group's, else ``population``."""
+        group = self.prior_groups.get(job_id)
+        return self.population if group is None else self.priors.get(group, EMPTY_PRIOR)
+
+    def learning_groups(self) -> list[tuple[PopulationPrior, tuple[ActiveJob, ...]]]:
+        """The jobs that learn from one another, with their prior: one entry per group (in
+        order of first appearance among ``jobs``), the jobs in no group last."""
+        grouped: dict[str | None, list[ActiveJob]] = {}
+        for job in self.jobs:
+            grouped.setdefault(self.prior_groups.get(job.job_id), []).append(job)
+        return [
+            (self.population if group is None else self.priors.get(group, EMPTY_PRIOR), tuple(js))
+            for group, js in sorted(grouped.items(), key=lambda item: item[0] is None)
+        ]
 
     def job(self, job_id: str) -> ActiveJob:
         for job in self.jobs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -141,13 +141,25 @@ def create_token_command(
         str | None,
         typer.Option(help="Expire after this long: 3600, 15m, 12h or 30d (default: never)."),
     ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="Agent tokens: also approve the node for this many GPUs (enrollment).",
+            min=1,
+            max=1024,
+        ),
+    ] = None,
+    gpu_type: Annotated[
+        str, typer.Option(help="With --gpus: the approved GPU type (default: any).")
+    ] = "",
 ) -> None:
     """Create a bearer token and print it once on stdout (it is stored only as a hash).
 
     A user token needs --tenant, an agent token --node, a job token --job (an existing job);
     admin and metrics tokens (a metrics token scrapes /metrics, nothing else) take none of
-    them. The database is migrated first. list-tokens, revoke-token and set-token-expiry
-    manage tokens afterwards.
+    them. An agent token with --gpus also approves its node for that many GPUs (approve-node).
+    The database is migrated first. list-tokens, revoke-token and set-token-expiry manage
+    tokens afterwards.
     """
     from datetime import UTC, datetime
 
@@ -164,6 +176,8 @@ def create_token_command(
     from store.tokens import create_token
 
     _check_scope(role, {"tenant": tenant, "node": node, "job": job})
+    if gpus is not None and role != "agent":
+        _fail("--gpus: only an agent token approves its node's GPUs", USAGE_ERROR_EXIT)
     if tenant is not None:
         try:
             TypeAdapter(Tenant).validate_python(tenant)
@@ -195,6 +209,8 @@ def create_token_command(
                 name=name,
                 expires_at=expires_at,
             )
+            if gpus is not None and node is not None:
+                _approve(session, node, gpus, gpu_type)
     except ValueError as error:
         _fail(str(error), USAGE_ERROR_EXIT)
     except SQLAlchemyError as error:
@@ -204,6 +220,45 @@ def create_token_command(
     typer.echo(token)
     label = f" {name!r}" if name else ""
     errors.print(f"Created {_article(role)} {role} token{label}; it is shown only once.")
+
+
+@admin_app.command("approve-node")
+def approve_node_command(
+    node: Annotated[str, typer.Argument(help="The node's id (as its agent token names it).")],
+    gpus: Annotated[int, typer.Option(help="The GPUs approved.", min=1, max=1024)],
+    gpu_type: Annotated[str, typer.Option(help="The approved GPU type (default: any).")] = "",
+) -> None:
+    """Approve a node's GPUs, before or after its agent registers: the node gets leases only
+    once approved, never for more GPUs than approved, and its agent is refused when it reports
+    more (or another GPU type). Approving again replaces the approval."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from store.db import make_engine
+
+    settings = _settings()
+    url = settings.database_url
+    _migrate(url, settings.database_schema)
+    engine = make_engine(url, settings.database_schema)
+    try:
+        with Session(engine) as session:
+            _approve(session, node, gpus, gpu_type)
+    except SQLAlchemyError as error:
+        _fail(_database_error(url, error), DATABASE_ERROR_EXIT)
+    finally:
+        engine.dispose()
+    kind = f" {gpu_type}" if gpu_type else ""
+    console.print(f"Node {node} approved for {gpus}{kind} GPUs.", soft_wrap=True)
+
+
+def _approve(session: Any, node: str, gpus: int, gpu_type: str) -> None:
+    """Approve ``node`` for ``gpus`` GPUs of ``gpu_type`` and commit (a new plan is asked
+    for by the next round: the cluster's version is bumped)."""
+    from store import cluster, cluster_version
+
+    cluster.approve_node(session, node, gpus, gpu_type)
+    cluster_version.bump_and_request(session, f"node {node} approved")
+    session.commit()
 
 
 @admin_app.command("migrate")

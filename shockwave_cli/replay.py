@@ -70,6 +70,7 @@ from shockwave_cli.supervision import (
     wait_until,
 )
 from store import migrate
+from store.cluster import approve_node
 from store.principals import Role
 from store.tokens import create_token
 
@@ -94,6 +95,9 @@ begin to its leases' start: 56 ms mean on 2 cores at 120x, 72 ms with the lead),
 leases start about at the boundary, as the simulator's do, instead of 7 simulated seconds
 after it at 120x (the leases a round revokes stop about then too). At most a tenth of a
 round."""
+
+APPROVED_GPUS = 1024
+"""What the replay approves per node: its agents are its own and report what they run."""
 
 
 def _agent_default(name: str) -> float:
@@ -360,6 +364,9 @@ def _tokens(url: str, nodes: Sequence[str]) -> tuple[str, dict[str, str]]:
         with Session(engine) as session:
             admin = create_token(session, Role.ADMIN, name="replay")
             agents = {n: create_token(session, Role.AGENT, node=n, name=n) for n in nodes}
+            for n in nodes:  # the replay is the operator: its agents report what they run
+                approve_node(session, n, APPROVED_GPUS)
+            session.commit()
     finally:
         engine.dispose()
     return admin, agents

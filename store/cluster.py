@@ -1,6 +1,11 @@
-"""Capacity and load, read from the database: the nodes and their GPUs, the jobs by state.
+"""Capacity and load, read from the database: the nodes and their GPUs, the jobs by state;
+and the operator's approval of each node's GPUs.
 
-Nodes are written by the agent endpoints (register, heartbeat); here they are only read.
+Nodes are written by the agent endpoints (register, heartbeat); here they are only read. An
+approval (:func:`approve_node`) is what an operator says a node has: a node gets leases only
+once approved and never for more GPUs than approved (:func:`store.snapshot.gpu_layout`), and a
+registration that reports more, or another GPU type, is refused (:func:`check_inventory`): an
+agent's token alone cannot make its node attract more jobs than the machine can run.
 """
 
 from __future__ import annotations
@@ -8,33 +13,51 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import func
+from sqlalchemy import case, func
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
 from shockwave.estimators import contention_factor
 from shockwave.lifecycle import ACTIVE, JobState, NodeState
 from shockwave.waiting import Gpus
+from store.errors import Conflict
 from store.paging import cut, page_key
 from store.principals import Principal, Role
-from store.tables import ClusterRow, JobRow, NodeRow, PlanRow, RoundRow
+from store.tables import ClusterRow, JobRow, NodeApprovalRow, NodeRow, PlanRow, RoundRow, utcnow
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """``total_gpus`` of all registered nodes, ``ready_gpus`` of the READY ones, node counts
-    by state."""
+    by state. A node's GPUs count as far as they are approved (:func:`usable_gpus`): a node
+    nobody approved adds none, so it cannot skew the contention factor every prediction uses."""
 
     total_gpus: int
     ready_gpus: int
     nodes: dict[str, int]
 
 
+def usable_gpus() -> Any:
+    """A node's GPUs as far as an operator approved them (0 before approval), as a SQL
+    expression over ``nodes`` outer-joined to ``node_approvals`` (:func:`_approved`)."""
+    return case(
+        (col(NodeApprovalRow.gpus).is_(None), 0),
+        (col(NodeApprovalRow.gpus) < col(NodeRow.gpus), col(NodeApprovalRow.gpus)),
+        else_=col(NodeRow.gpus),
+    )
+
+
+def _approved(query: Any) -> Any:
+    return query.select_from(NodeRow).outerjoin(
+        NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id)
+    )
+
+
 def capacity(session: Session) -> Capacity:
     rows = session.exec(
-        select(NodeRow.state, func.count(), func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
-            NodeRow.state
-        )
+        _approved(
+            select(NodeRow.state, func.count(), func.coalesce(func.sum(usable_gpus()), 0))
+        ).group_by(NodeRow.state)
     ).all()
     nodes = {state.value: 0 for state in NodeState}
     gpus = {state.value: 0 for state in NodeState}
@@ -48,9 +71,9 @@ def gpus_by_kind(session: Session) -> Gpus:
     """GPUs by ``gpu_type``: of every registered node and of the READY ones (for
     :func:`shockwave.waiting.why_waiting`)."""
     rows = session.exec(
-        select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(NodeRow.gpus), 0)).group_by(
-            NodeRow.gpu_type, NodeRow.state
-        )
+        _approved(
+            select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(usable_gpus()), 0))
+        ).group_by(NodeRow.gpu_type, NodeRow.state)
     ).all()
     total: dict[str, int] = {}
     ready: dict[str, int] = {}
@@ -139,3 +162,43 @@ def schedule_view(session: Session, principal: Principal) -> dict[str, Any] | No
             "solve_seconds": plan.solve_seconds,
         },
     }
+
+
+def approve_node(session: Session, node_id: str, gpus: int, gpu_type: str = "") -> NodeApprovalRow:
+    """Approve node ``node_id`` (registered or not yet) for at most ``gpus`` GPUs of
+    ``gpu_type`` (empty: any type), replacing an earlier approval. The caller commits (and
+    bumps the cluster's version: capacity may have changed)."""
+    row = session.get(NodeApprovalRow, node_id, with_for_update=True)
+    if row is None:
+        row = NodeApprovalRow(node_id=node_id, gpus=gpus, gpu_type=gpu_type)
+    row.gpus, row.gpu_type, row.approved_at = gpus, gpu_type, utcnow()
+    session.add(row)
+    session.flush()
+    return row
+
+
+def node_approval(session: Session, node_id: str) -> NodeApprovalRow | None:
+    return session.get(NodeApprovalRow, node_id)
+
+
+def check_inventory(session: Session, node_id: str, gpus: int, gpu_type: str) -> bool:
+    """Whether node ``node_id`` is approved; :class:`~store.errors.Conflict` when it reports
+    more GPUs than approved, or a GPU type other than the approved one."""
+    approval = node_approval(session, node_id)
+    if approval is None:
+        return False
+    if gpus > approval.gpus:
+        raise Conflict(
+            f"gpus: node {node_id} reports {gpus} GPUs but is approved for {approval.gpus}; "
+            "an operator must approve more (shockwave admin approve-node)",
+            title="Capacity not approved",
+            field="gpus",
+        )
+    if approval.gpu_type and gpu_type != approval.gpu_type:
+        raise Conflict(
+            f"gpu_type: node {node_id} reports GPU type {gpu_type!r} but is approved for "
+            f"{approval.gpu_type!r}",
+            title="Capacity not approved",
+            field="gpu_type",
+        )
+    return True

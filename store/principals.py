@@ -29,7 +29,9 @@ class Role(StrEnum):
 class Principal:
     """Who is calling. ``key`` scopes idempotency keys (one caller's keys never clash with
     another's). ``attempt_id``: for a job token handed to one attempt, that attempt.
-    ``expires_at``: when the token stops working (None: never)."""
+    ``expires_at``: when the token stops working (None: never). ``fenced``: for a job token
+    whose attempt has ended or is fenced, why (it is then refused everywhere but where its
+    process is told to stop)."""
 
     role: Role
     key: str
@@ -38,6 +40,7 @@ class Principal:
     job_id: str | None = None
     attempt_id: str | None = None
     expires_at: datetime | None = None
+    fenced: str | None = None
 
     @property
     def is_admin(self) -> bool:

@@ -28,8 +28,12 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
 - ``tenants``: the configured tenants (:mod:`store.tenants`; one without a row has weight 1
   and no limits) and ``priority_classes``, the setting every process shares: the market by
   tenant (:mod:`shockwave.tenancy`) plans with them.
-- ``population``: the prior learnt from the jobs that succeeded (:mod:`store.population`); with
-  the active jobs' measured epoch times it is all the predictor knows beyond each job itself.
+- ``priors`` / ``prior_groups``: each tenant's prior, learnt from its jobs that succeeded
+  (:mod:`store.population`), and each job's tenant; with the measured epoch times of the
+  tenant's active jobs it is all the predictor knows beyond each job itself (no tenant's jobs
+  learn from another's reports).
+- ``cluster``: only approved nodes count (``node_approvals``), each with no more GPUs than
+  approved.
 
 With no READY node there is nothing to plan on (a cluster of zero nodes cannot be built):
 :func:`load_snapshot` raises :class:`NoCapacity`, and callers skip planning until a node
@@ -57,7 +61,7 @@ from shockwave.stints import Stint
 from shockwave.tenancy import AT_LIMIT, TenantUsage
 from store import events, population, tenants
 from store.jobs import trained_since_change
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +159,12 @@ def load_snapshot(
         cluster=layout.cluster,
         jobs=jobs,
         policy_state=decode_policy_state(cluster),
-        population=population.load_prior(session, cluster_id),
         excluded=excluded,
         round_start_s=_round_start(cluster, round_index),
         tenants=tenants.core_tenants(session),
         priority_classes=dict(priority_classes or {}),
+        prior_groups={row.id: row.tenant for row in rows},
+        priors=population.load_priors(session, {row.tenant for row in rows}, cluster_id),
     )
     return snapshot, version
 
@@ -253,14 +258,20 @@ def active_jobs(
 
 
 def gpu_layout(session: Session) -> GpuLayout | None:
-    """The READY nodes as the core sees them, or None when there is none."""
+    """The READY nodes an operator approved, as the core sees them (each with its reported
+    GPUs, never more than approved), or None when there is none."""
     nodes = session.exec(
-        select(NodeRow).where(NodeRow.state == NodeState.READY).order_by(col(NodeRow.id))
+        select(NodeRow, NodeApprovalRow)
+        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
+        .where(NodeRow.state == NodeState.READY)
+        .order_by(col(NodeRow.id))
     ).all()
     if not nodes:
         return None
     return GpuLayout(
-        tuple(n.id for n in nodes), tuple(n.gpus for n in nodes), tuple(n.gpu_type for n in nodes)
+        tuple(n.id for n, _ in nodes),
+        tuple(min(n.gpus, a.gpus) for n, a in nodes),
+        tuple(n.gpu_type for n, _ in nodes),
     )
 
 

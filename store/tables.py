@@ -15,8 +15,10 @@
 - ``idempotency_keys``: the first response to each (token, key), replayed on retry; the
   unique constraint, not a read-then-write, makes concurrent retries safe.
 - ``nodes``: GPU machines registered by their agents (READY, or LOST once heartbeats stop).
-- ``population_priors``: per cluster, what the jobs that succeeded teach the predictor
-  (:mod:`shockwave.population`), learnt as each one succeeds.
+- ``node_approvals``: the GPUs an operator approved for a node (count, and type where set);
+  a node gets leases only once approved, and never for more GPUs than approved.
+- ``population_priors``: per cluster and tenant, what the tenant's jobs that succeeded teach
+  the predictor (:mod:`shockwave.population`), learnt as each one succeeds.
 - ``tenants``: the configured tenants of the tree (shares and limits, :mod:`store.tenants`);
   ``tenant_changes``: every change to one, with its time.
 """
@@ -286,13 +288,29 @@ class LeaseRow(SQLModel, table=True):
     first_ends_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class NodeApprovalRow(SQLModel, table=True):
+    """What an operator approved for node ``node_id``: at most ``gpus`` GPUs, of ``gpu_type``
+    (empty: any type). Kept apart from ``nodes`` so that a node can be approved before its
+    agent first registers (enrollment)."""
+
+    __tablename__ = "node_approvals"
+    __table_args__ = (CheckConstraint("gpus >= 1 AND gpus <= 1024", name="ck_node_approvals_gpus"),)
+
+    node_id: str = Field(primary_key=True, max_length=128)
+    gpus: int
+    gpu_type: str = Field(default="", max_length=64)
+    approved_at: datetime = _ts()
+
+
 class PopulationRow(SQLModel, table=True):
-    """The cluster's population prior (:meth:`shockwave.population.PopulationPrior.as_json`),
-    learnt from ``learnt`` jobs that succeeded; updated in the transaction that ends each."""
+    """A tenant's population prior on a cluster
+    (:meth:`shockwave.population.PopulationPrior.as_json`), learnt from ``learnt`` of the
+    tenant's jobs that succeeded; updated in the transaction that ends each."""
 
     __tablename__ = "population_priors"
 
     cluster_id: str = Field(foreign_key="clusters.id", primary_key=True, max_length=64)
+    tenant: str = Field(primary_key=True, max_length=64)
     prior: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     learnt: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     updated_at: datetime = _ts()

@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select, update
 from typing_extensions import Unpack
 
 from store.errors import Conflict, InvalidInput, NotFound
+from store.leases import fenced_reason
 from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
 from store.tables import INT4_MAX, TokenRow, utcnow
@@ -96,14 +97,19 @@ def issue_token(session: Session, role: Role, **scope: Unpack[Scope]) -> tuple[s
 
 def principal_of(session: Session, digest: str, now: datetime | None = None) -> Principal | None:
     """The principal of the token hashed to ``digest``; None when no such token exists, or it
-    was revoked, or it expired by ``now`` (default: the clock). A token found is stamped
-    ``last_used_at`` (committed at once, apart from the caller's work)."""
+    was revoked, or it expired by ``now`` (default: the clock). A job token of an attempt that
+    has ended or is fenced (:func:`store.leases.fenced_reason`) comes back with ``fenced`` set:
+    it lives as long as its attempt, and is good for nothing after but being told so (the API
+    refuses it everywhere but where its process learns that it must stop: 409 ``fenced``).
+    A token found is stamped ``last_used_at`` (committed at once, apart from the caller's
+    work)."""
     now = now or utcnow()
     row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None or row.revoked_at is not None:
         return None
     if row.expires_at is not None and row.expires_at <= now:
         return None
+    fenced = None if row.attempt_id is None else fenced_reason(session, row.attempt_id)
     session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
     session.commit()
     return Principal(
@@ -114,7 +120,32 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
         job_id=row.job_id,
         attempt_id=row.attempt_id,
         expires_at=row.expires_at,
+        fenced=fenced,
     )
+
+
+def attempts_with_tokens(session: Session, attempt_ids: Sequence[str]) -> set[str]:
+    """Those of ``attempt_ids`` that have a job token not revoked."""
+    if not attempt_ids:
+        return set()
+    rows = session.exec(
+        select(TokenRow.attempt_id).where(
+            col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None)
+        )
+    ).all()
+    return {row for row in rows if row is not None}
+
+
+def revoke_attempt_tokens(session: Session, attempt_ids: Sequence[str]) -> None:
+    """Revoke the job tokens of ``attempt_ids`` not yet revoked (the caller commits)."""
+    if attempt_ids:
+        session.exec(
+            update(TokenRow)
+            .where(
+                col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None)
+            )
+            .values(revoked_at=utcnow())
+        )
 
 
 def token_page(

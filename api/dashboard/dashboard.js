@@ -1,7 +1,9 @@
 // Shockwave dashboard: plain JavaScript on the /v1 API, no library, nothing from another host.
 // Views: "#/" (cluster, queue, Gantt of recent and planned rounds) and "#/jobs/<id>" (one job).
-// The token typed in is kept in localStorage and sent as a bearer token. In open mode (the API
-// answers a request without a token) none is needed: the page says so and offers no log-in. Job state changes arrive on the event stream (/v1/events) and trigger a refresh; a
+// The token typed in is kept in sessionStorage (for this tab's session only: closing the tab
+// forgets it) and sent as a bearer token. In open mode (the API answers a request without a
+// token) none is needed: the page says so and offers no log-in. Job state changes arrive on the
+// event stream (/v1/events) and trigger a refresh; a
 // timer refreshes every 5 s as well.
 "use strict";
 
@@ -18,7 +20,7 @@ function esc(text) {
   })[c]);
 }
 
-function token() { return localStorage.getItem(TOKEN_KEY) || ""; }
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 
 let openMode = false;
 
@@ -138,8 +140,8 @@ function renderNodes(nodes, rounds) {
       const held = holder[node.id + ":" + g];
       const label = held ? (held.name || "") + " " + shortId(held.job_id) : "idle";
       const link = held && held.job_id ? `<a href="#/jobs/${esc(held.job_id)}">${esc(label)}</a>` : esc(label);
-      const style = held ? ` style="border-left:6px solid ${colorOf(held.job_id)}"` : "";
-      gpus.push(`<span class="gpu"${style}>GPU ${g}: ${link}</span>`);
+      const color = held ? ` data-color="${esc(colorOf(held.job_id))}"` : "";
+      gpus.push(`<span class="gpu"${color}>GPU ${g}: ${link}</span>`);
     }
     return `<tr class="node-row" data-node="${esc(node.id)}"><td>${esc(node.id)}</td>` +
       `<td class="state-${esc(node.state)}">${esc(node.state)}</td>` +
@@ -147,6 +149,11 @@ function renderNodes(nodes, rounds) {
   });
   $("#nodes tbody").innerHTML = rows.join("") ||
     '<tr><td colspan="4">No node registered: start one with <code>shockwave agent</code>.</td></tr>';
+  // Colours through the CSS object model: the page's Content-Security-Policy allows no inline
+  // style attribute.
+  for (const gpu of document.querySelectorAll("#nodes .gpu[data-color]")) {
+    gpu.style.borderLeft = "6px solid " + gpu.dataset.color;
+  }
 }
 
 function renderQueue(queue) {
@@ -362,13 +369,13 @@ async function follow() {
 
 $("#login").addEventListener("submit", (event) => {
   event.preventDefault();
-  localStorage.setItem(TOKEN_KEY, $("#token").value.trim());
+  sessionStorage.setItem(TOKEN_KEY, $("#token").value.trim());
   $("#token").value = "";
   refresh();
   follow();
 });
 $("#logout").addEventListener("click", () => {
-  localStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   refresh();
   follow();
 });

@@ -41,6 +41,10 @@ PROBLEMS = openapi_problems(
     (413, "Request body too large"),
     (422, "Invalid input; names the field"),
 )
+REGISTER_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    **PROBLEMS,
+    **openapi_problems((409, "More GPUs (or another GPU type) than the node was approved for")),
+}
 STALE: dict[int | str, dict[str, Any]] = {
     **PROBLEMS,
     **openapi_problems((409, "The attempt must stop (revoked, lost or its job finished)")),
@@ -50,15 +54,18 @@ STALE: dict[int | str, dict[str, Any]] = {
 @router.post(
     "/register",
     response_model=NodeStatus,
-    responses=PROBLEMS,
+    responses=REGISTER_PROBLEMS,
     summary="Register a node",
     openapi_extra=AGENTS,
 )
 def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipal) -> NodeStatus:
     """Announce the node's GPUs, GPU type and hostname; the node is READY. Registering again
-    updates it. The cluster's capacity changed, so a new plan is requested."""
+    updates it. The cluster's capacity changed, so a new plan is requested. The node gets
+    leases once an operator approved its GPUs (``PUT /v1/nodes/{node}/approval``; an admin
+    registering a node approves what it registers); an agent reporting more GPUs than approved,
+    or another GPU type, is refused (409)."""
     node_id = agent.acting_node(principal, data.node)
-    node = agent.register(session, node_id, data)
+    node = agent.register(session, node_id, data, approve=principal.is_admin)
     session.commit()
     return agent.node_status(session, node)
 

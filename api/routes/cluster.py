@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from api import prediction
 from api.auth import ANY, DENIED, OWN, access
@@ -15,6 +15,9 @@ from api.routes.prediction import get_now
 from api.schemas import (
     ClusterPublic,
     HeldPublic,
+    NodeApproval,
+    NodeApprovalPublic,
+    NodeId,
     NodePublic,
     NodeSummary,
     Page,
@@ -25,7 +28,7 @@ from api.schemas import (
     SchedulePublic,
 )
 from shockwave.lifecycle import NodeState
-from store import cluster, views
+from store import cluster, cluster_version, views
 from store.principals import Role, require
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
@@ -88,6 +91,32 @@ def list_nodes(
     return Page[NodePublic](
         items=[NodePublic.model_validate(r, from_attributes=True) for r in rows],
         next_page_token=token,
+    )
+
+
+@router.put(
+    "/nodes/{node}/approval",
+    response_model=NodeApprovalPublic,
+    responses=PROBLEMS,
+    summary="Approve a node's GPUs",
+    openapi_extra=access(admin=ANY, user=DENIED, agent=DENIED, job=DENIED),
+)
+def approve_node(
+    node: Annotated[NodeId, Path(description="The node (registered or not yet)")],
+    approval: NodeApproval,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+) -> NodeApprovalPublic:
+    """Admins only: approve node ``node`` for at most ``gpus`` GPUs of ``gpu_type`` (empty:
+    any type), before or after its agent registers; approving again replaces the approval. A
+    node gets leases only once approved, with no more GPUs than approved; its agent is refused
+    (409) when it reports more GPUs, or another type (docs/agent.md, "Approving a node")."""
+    require(principal, Role.ADMIN)
+    row = cluster.approve_node(session, node, approval.gpus, approval.gpu_type)
+    cluster_version.bump_and_request(session, f"node {node} approved")
+    session.commit()
+    return NodeApprovalPublic(
+        node=row.node_id, gpus=row.gpus, gpu_type=row.gpu_type, approved_at=row.approved_at
     )
 
 

@@ -1,6 +1,8 @@
 """The web dashboard at ``/``: a static page and its script, shipped in the package (no build
 step, nothing loaded from another host). The page calls the same /v1 API as every client with the
-token the user types in (kept in the browser's local storage); in open mode it needs none.
+token the user types in (kept in the browser's session storage: for the tab's session only); in
+open mode it needs none. Its Content-Security-Policy allows scripts and styles from this origin
+only (api.security_headers).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
 from api.auth import ANY, DENIED, OWN, access
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import CurrentPrincipal, ReportingPrincipal, SessionDep, SettingsDep
 from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
@@ -68,7 +68,7 @@ def post_event(
     job_id: JobId,
     event: Annotated[EventCreate, Body()],
     session: SessionDep,
-    principal: CurrentPrincipal,
+    principal: ReportingPrincipal,
     metrics: MetricsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:

@@ -10,7 +10,7 @@ and the settings after it. ``jobs.priority``: the job's priority class (null: no
 before), which usage groups by.
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0015
 Create Date: 2026-11-29 06:00:00.000000
 """
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | None = "0014"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -253,6 +253,19 @@ class JobOutlook:
         return self.deadline_s - self.remaining_s
 
 
+def rates_by_job(
+    snapshot: Snapshot, params: ThroughputModelParams | None = None
+) -> dict[str, ThroughputModel]:
+    """Each job's throughput model: built from its learning group's prior and the
+    measurements of its group's active jobs only (:meth:`Snapshot.learning_groups`), so a job
+    never plans with rates another group reported."""
+    rates: dict[str, ThroughputModel] = {}
+    for prior, jobs in snapshot.learning_groups():
+        model = ThroughputModel.build(prior, jobs, params)
+        rates.update((job.job_id, model) for job in jobs)
+    return rates
+
+
 def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
     """Whether ``job`` may be held back by the packing's Pareto rule
     (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
@@ -273,7 +286,7 @@ class Shockwave:
             state = ShockwaveState()
         shares = snapshot.market()
         contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
-        rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+        rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
         outlooks = {
             job.job_id: self.outlook(
@@ -282,7 +295,7 @@ class Shockwave:
                 params,
                 contention_sum,
                 contention_rounds,
-                rates,
+                rates[job.job_id],
                 mean_speed(job, snapshot.cluster) if typed else 1.0,
                 shares.budgets[job.job_id],
             )
@@ -386,7 +399,7 @@ class Shockwave:
         ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
         own ``budget``."""
         if rates is None:
-            rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
+            rates = rates_by_job(snapshot, params.throughput)[job.job_id]
         revealed = snapshot.revealed.get(job.job_id)
         if params.oracle:
             if revealed is None:
@@ -395,7 +408,7 @@ class Shockwave:
         else:
             predictor = REGIME_PREDICTORS[params.regime_predictor]
             prediction = predictor(
-                job, snapshot.population, rates, params.predictor, params.population
+                job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
             )
         factor = _error_factor(job.job_id, params) / speed
         remaining = prediction.remaining_seconds * factor

@@ -241,6 +241,7 @@ def test_the_dashboard_renders_in_headless_chromium(
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP refusals land there
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     browser = webdriver.Chrome(options=options, service=DriverService(driver_path))
     shots = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
@@ -262,6 +263,8 @@ def test_the_dashboard_renders_in_headless_chromium(
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, tenant)))
         tenants_text = browser.find_element(By.CSS_SELECTOR, "#tenants").text
         assert "entitled GPUs" in tenants_text and len(tenants_text.splitlines()) >= 2
+        held = browser.find_element(By.CSS_SELECTOR, "#nodes .gpu[data-color]")
+        assert held.value_of_css_property("border-left-width") == "6px", "coloured via CSSOM"
         cell = f'#gantt-svg rect.cell[data-job="{running}"]'
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, cell)))
         browser.save_screenshot(str(shots / "dashboard-overview.png"))
@@ -282,6 +285,23 @@ def test_the_dashboard_renders_in_headless_chromium(
         browser.save_screenshot(str(shots / "dashboard-job.png"))
         browser.get(f"{service.url}/#/jobs/{finished_job}")
         wait.until(ready.text_to_be_present_in_element((By.ID, "job-why"), "SUCCEEDED"))
+        assert browser.execute_script("return window.localStorage.length") == 0
+
+        # The documentation pages work under their Content-Security-Policy.
+        browser.get(f"{service.url}/docs")
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, ".swagger-ui .opblock")))
+        browser.get(f"{service.url}/redoc")
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "[data-section-id]")))
+        # Nothing of the pages themselves is refused; what the policy does refuse is what they
+        # would fetch from another host (ReDoc's "powered by" logo from cdn.redoc.ly).
+        logs: list[dict[str, Any]] = browser.get_log("browser")  # type: ignore[no-untyped-call]
+        refused = [
+            entry["message"]
+            for entry in logs
+            if "Content Security Policy" in entry["message"]
+            and not re.search(r"Loading the image 'https://(?!127\.0\.0\.1)", entry["message"])
+        ]
+        assert not refused, refused
     finally:
         browser.quit()
         httpx.post(f"{service.url}/v1/jobs/{running}/cancel", timeout=5)

@@ -32,6 +32,7 @@ from api.app import create_app
 from api.settings import Settings
 from solver_service import enqueue
 from store import migrate
+from store.cluster import approve_node
 from store.db import make_engine
 from store.principals import Role
 from store.tokens import create_token
@@ -222,5 +223,14 @@ def tokens(app: FastAPI, database: Database) -> Tokens:
             admin=create_token(session, Role.ADMIN, name="admin"),
             user_a=create_token(session, Role.USER, tenant=TENANT_A, name="alice"),
             user_b=create_token(session, Role.USER, tenant=TENANT_B, name="bob"),
-            agent=create_token(session, Role.AGENT, node=NODE, name="agent"),
+            agent=_approved_agent(session),
         )
+
+
+def _approved_agent(session: Session) -> str:
+    """The agent token of :data:`NODE`, its node approved as the tests' operator approves
+    every node (64 GPUs, any type)."""
+    token = create_token(session, Role.AGENT, node=NODE, name="agent")
+    approve_node(session, NODE, 64)
+    session.commit()
+    return token

@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 
 from shockwave.lifecycle import LIVE_LEASES
 from solver_service.driver import DriverSettings, RoundDriver
+from store.cluster import approve_node
 from store.principals import Role
 from store.tables import ClusterRow, JobRow, LeaseRow, PlanRow, RoundRow
 from store.tokens import create_token
@@ -54,9 +55,18 @@ def driver_on(
         driver.close()
 
 
-def agent_token(database: Database, node: str) -> str:
+APPROVED_GPUS = 64
+"""What the tests' operator approves per node (the tests' agents report fewer)."""
+
+
+def agent_token(database: Database, node: str, approved: int | None = APPROVED_GPUS) -> str:
+    """An agent token of ``node``; the node approved for ``approved`` GPUs (None: not)."""
     with Session(database.engine) as session:
-        return create_token(session, Role.AGENT, node=node, name=f"agent {node}")
+        token = create_token(session, Role.AGENT, node=node, name=f"agent {node}")
+        if approved is not None:
+            approve_node(session, node, approved)
+            session.commit()
+        return token
 
 
 def register(client: TestClient, token: str, gpus: int = 4, **extra: Any) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from solver_service.driver import DriverSettings, RoundDriver
-from store.tables import NodeRow
+from store.tables import NodeRow, TokenRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, RecordedPlanRequests, Tokens
 from tests.integration.driving import (
@@ -407,7 +407,9 @@ def test_a_lost_attempt_s_events_are_refused_and_leave_the_job_s_progress_alone(
     assert progress_seqs(client, tokens, job) == [1]
     record = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
     assert record["epochs_done"] == 1
-    assert client.get(f"/v1/jobs/{job}", headers=bearer(token)).status_code == 200, "reads stay"
+    time.sleep(1.1)  # past the process's cache of attempt tokens (api.auth)
+    gone = client.get(f"/v1/jobs/{job}", headers=bearer(token))
+    assert_problem(gone, 401)  # the token lives as long as its attempt
     unscoped = tokens.job(job)
     assert post_progress(client, unscoped, job, 2).status_code == 201, "not an attempt's token"
 
@@ -742,3 +744,90 @@ def test_a_long_poll_with_no_driver_in_its_process_rereads_the_leases_on_a_timer
     waiting.join(timeout=10.0)
     assert not waiting.is_alive() and time.monotonic() - began < 5.0
     assert answers[0]["current_round"] == seen + 1 and len(answers[0]["leases"]) == 1
+
+
+def test_a_node_gets_leases_only_once_approved_and_never_for_more_gpus_than_approved(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A rogue agent token cannot attract jobs with made-up GPUs: its node, unapproved, gets
+    no lease however many GPUs it reports; approved for 2, it is refused when it reports
+    more (409, naming the field) or another GPU type, and leased within what was approved."""
+    rogue = agent_token(database, "node-rogue", approved=None)
+    register(client, rogue, gpus=1024)
+    jobs = [submit(client, tokens.user_a) for _ in range(3)]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    assert leases(database) == [], "an unapproved node gets no lease"
+
+    approved = client.put(
+        "/v1/nodes/node-rogue/approval", json={"gpus": 2}, headers=bearer(tokens.admin)
+    )
+    assert approved.status_code == 200, approved.json()
+    assert (approved.json()["node"], approved.json()["gpus"]) == ("node-rogue", 2)
+    more = client.post(
+        "/v1/agent/register", json={"gpus": 1024, "hostname": "h"}, headers=bearer(rogue)
+    )
+    assert_problem(more, 409, field="gpus")
+    typed = client.put(
+        "/v1/nodes/node-rogue/approval",
+        json={"gpus": 2, "gpu_type": "A100"},
+        headers=bearer(tokens.admin),
+    )
+    assert typed.status_code == 200
+    other_type = client.post(
+        "/v1/agent/register",
+        json={"gpus": 2, "gpu_type": "H100", "hostname": "h"},
+        headers=bearer(rogue),
+    )
+    assert_problem(other_type, 409, field="gpu_type")
+    for token in (tokens.user_a, rogue):
+        refused = client.put(
+            "/v1/nodes/node-rogue/approval", json={"gpus": 8}, headers=bearer(token)
+        )
+        assert_problem(refused, 403)
+
+    register(client, rogue, gpus=2)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    leased = leases(database)
+    assert sorted(lease.job_id for lease in leased) != [] and len(leased) == 2
+    assert {lease.job_id for lease in leased} < set(jobs)
+    assert {lease.node_id for lease in leased} == {"node-rogue"}
+
+
+def test_one_job_token_per_attempt_and_none_after_the_attempt_ends(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Polls with ``tokens: true`` mint one token per attempt, not one per poll; asking the
+    token endpoint replaces it (the old one is revoked); once the attempt has ended and its
+    job FAILED the token reads nothing (401), and its process is told to stop (409 fenced)."""
+    job, attempt = one_lease(client, tokens, database)
+    minted = []
+    for _ in range(5):
+        answer = client.post("/v1/agent/poll", json={"tokens": True}, headers=bearer(tokens.agent))
+        assert answer.status_code == 200, answer.json()
+        minted.append(answer.json()["tokens"])
+    assert set(minted[0]) == {attempt} and minted[1:] == [{}] * 4
+    first = minted[0][attempt]
+    assert client.get(f"/v1/jobs/{job}", headers=bearer(first)).status_code == 200
+
+    second = attempt_token(client, tokens, attempt)
+    time.sleep(1.1)  # past the process's cache of attempt tokens (api.auth)
+    assert_problem(client.get(f"/v1/jobs/{job}", headers=bearer(first)), 401)
+    with Session(database.engine) as session:
+        live = session.exec(
+            select(TokenRow).where(
+                TokenRow.attempt_id == attempt, col(TokenRow.revoked_at).is_(None)
+            )
+        ).all()
+    assert len(live) == 1
+
+    read = client.get(f"/v1/jobs/{job}", headers=bearer(second))
+    assert read.status_code == 200 and "env" in read.json()
+    report(client, tokens.agent, attempt, "started")
+    report(client, tokens.agent, attempt, "exited", 1)
+    assert job_state(database, job) == "FAILED"
+    time.sleep(1.1)
+    gone = assert_problem(client.get(f"/v1/jobs/{job}", headers=bearer(second)), 401)
+    assert "ended" in gone["detail"]
+    assert_fenced(post_progress(client, second, job, 1), attempt)

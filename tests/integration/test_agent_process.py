@@ -198,7 +198,7 @@ def scene(tmp_path: Path, jobs_dir: Path) -> Iterator[Scene]:
     uid may pass through (each job runs as a uid of its own)."""
     database = tmp_path / "shockwave.db"
     admin = create_token(database, "admin")
-    agent_token = create_token(database, "agent", "--node", NODE)
+    agent_token = create_token(database, "agent", "--node", NODE, "--gpus", "2")
     port = free_port()
     up = Supervised(
         cwd=ROOT,

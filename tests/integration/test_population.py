@@ -17,7 +17,7 @@ from store.cluster_version import DEFAULT_CLUSTER
 from store.snapshot import load_snapshot
 from store.tables import PopulationRow
 from tests.integration.api_calls import bearer
-from tests.integration.conftest import Database, Tokens
+from tests.integration.conftest import TENANT_A, TENANT_B, Database, Tokens
 from tests.integration.driving import driver_on, leases, now, register, report, submit
 
 ACCORDION_JOB = {
@@ -68,9 +68,10 @@ def run_to_exit(
     return job, lease.id
 
 
-def stored(database: Database) -> PopulationRow | None:
+def stored(database: Database, tenant: str = "default") -> PopulationRow | None:
+    """The prior row of ``tenant`` (the admin's jobs go to tenant ``default``)."""
     with Session(database.engine) as session:
-        return session.get(PopulationRow, DEFAULT_CLUSTER)
+        return session.get(PopulationRow, (DEFAULT_CLUSTER, tenant))
 
 
 def test_a_job_that_succeeds_is_learnt_once_with_its_trajectory_and_rates(
@@ -82,7 +83,7 @@ def test_a_job_that_succeeds_is_learnt_once_with_its_trajectory_and_rates(
     row = stored(database)
     assert row is not None and row.learnt == 1, "learnt once, the retried report changes nothing"
     with Session(database.engine) as session:
-        prior = population.load_prior(session)
+        prior = population.load_prior(session, "default")
     (template,) = prior.group((AdaptationMode.ACCORDION, "ResNet-18", 32))
     assert (template.batch_sizes, template.lengths) == ((32, 256), (3, 7))
     rates = {key: stat.samples_per_second for key, stat in prior.rates.items()}
@@ -106,7 +107,7 @@ def test_the_snapshot_and_the_prediction_of_a_new_job_use_what_was_learnt(
 
     with Session(database.engine) as session:
         snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 5, datetime.now(UTC))
-    assert snapshot.population.learnt == 1
+    assert snapshot.prior_of(fresh).learnt == 1
     body = client.get(f"/v1/jobs/{fresh}/prediction", headers=bearer(tokens.admin)).json()
     # The finished job switched at 30% of its epochs; the paper's prior alone says 50%.
     assert [(r["batch_size"], r["epochs"]) for r in body["regimes"]] == [(32, 6.0), (256, 14.0)]
@@ -115,3 +116,31 @@ def test_the_snapshot_and_the_prediction_of_a_new_job_use_what_was_learnt(
     assert [r["epoch_seconds"] for r in body["regimes"]] == [pytest.approx(10.0), 4.0]
     assert {r["epoch_seconds_source"] for r in body["regimes"]} == {"estimated"}
     assert body["total_seconds"] == pytest.approx(6 * 10.0 + 14 * 4.0)
+
+
+def test_a_tenants_predictions_never_learn_from_another_tenants_self_reported_epochs(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Tenant B's job of a model finishes with epochs its own process reported; tenant A's
+    job of that model predicts as if B's never ran (model names and speeds do not leak and
+    cannot be skewed), while B's next job learns from it."""
+    secret = {**ACCORDION_JOB, "model": "secret-model-x", "epochs": 20}
+    mine = submit(client, tokens.user_a, **secret)
+    path = f"/v1/jobs/{mine}/prediction"
+    before = client.get(path, headers=bearer(tokens.user_a)).json()
+
+    run_to_exit(client, tokens, database, 0, model="secret-model-x", tenant=TENANT_B)
+    after = client.get(path, headers=bearer(tokens.user_a)).json()
+    keys = ("regimes", "total_seconds")
+    assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+    learnt_b = stored(database, TENANT_B)
+    assert learnt_b is not None and learnt_b.learnt == 1
+    assert stored(database, TENANT_A) is None, "nothing learnt for tenant A"
+    theirs = submit(client, tokens.user_b, **secret)
+    learnt = client.get(f"/v1/jobs/{theirs}/prediction", headers=bearer(tokens.user_b)).json()
+    assert [(r["batch_size"], r["epochs"]) for r in learnt["regimes"]] == [(32, 6.0), (256, 14.0)]
+
+    with Session(database.engine) as session:
+        snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 5, datetime.now(UTC))
+    assert snapshot.prior_of(mine).learnt == 0
+    assert snapshot.prior_of(theirs).learnt == 1

@@ -47,6 +47,7 @@ from api.auth import Access
 from api.ratelimit import RateLimiter
 from api.settings import Settings
 from shockwave_cli.supervision import Supervised, free_port, wait_http
+from store.cluster import approve_node
 from store.db import make_engine
 from store.principals import Role
 from store.tokens import create_token, issue_token
@@ -73,7 +74,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     Access.TOKEN: ("401", "401"),
 }
 """What each declared rule means: (answer in the caller's own scope, answer in another's)."""
-SCOPE_PARAMETERS = {"job_id", "event_id", "attempt_id", "tenant_path"}
+SCOPE_PARAMETERS = {"job_id", "event_id", "attempt_id", "tenant_path", "node"}
 """The path parameters the matrix fills from a scope; another one fails the test (teach it)."""
 UNSCOPED_PARAMETERS = {"token_id"}
 """Path parameters of what no tenant, node or job owns (admins' resources): filled from the
@@ -634,6 +635,8 @@ def exercise(base: str, database: Database) -> dict[str, str]:
         admin = create_token(session, Role.ADMIN)
         user = create_token(session, Role.USER, tenant=TENANT_A)
         agent = create_token(session, Role.AGENT, node="node-1")
+        approve_node(session, "node-1", 1)
+        session.commit()
     fake = "swk_" + secrets.token_urlsafe(32)
     with httpx.Client(base_url=base, timeout=10) as http:
         ok = http.post(

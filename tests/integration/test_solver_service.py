@@ -35,7 +35,7 @@ from store.db import make_engine
 from store.jobs import record_state
 from store.principals import Role
 from store.snapshot import NoCapacity, load_snapshot
-from store.tables import ClusterRow, JobRow, LeaseRow, NodeRow, PlanRow, utcnow
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow, PlanRow, utcnow
 from store.tokens import create_token
 from tests.integration.api_calls import bearer, job_body
 from tests.integration.conftest import (
@@ -75,6 +75,7 @@ def add_nodes(engine: Engine, *nodes: tuple[str, int]) -> None:
     with Session(engine) as session:
         for node_id, gpus in nodes:
             session.add(NodeRow(id=node_id, hostname=node_id, gpus=gpus, state="READY"))
+            session.add(NodeApprovalRow(node_id=node_id, gpus=gpus))
         session.commit()
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, text
 from sqlmodel import Session
 
 from api.admission import InFlightLimit, close_session
-from api.app import create_app
+from api.app import STATIC_PAGES, create_app
 from api.settings import Settings
 
 
@@ -21,7 +21,12 @@ def test_the_app_bounds_requests_by_twice_its_worker_threads_and_sets_the_thread
     settings = Settings(database_url=f"sqlite:///{tmp_path}/a.db", worker_threads=3)
     app = create_app(settings)
     (admission,) = [m for m in app.user_middleware if m.cls == InFlightLimit]  # type: ignore[comparison-overlap]
-    assert admission.kwargs == {"limit": 6, "threads": 3, "exempt": ("/v1/events",)}
+    assert admission.kwargs == {
+        "limit": 6,
+        "threads": 3,
+        "exempt": ("/v1/events", *STATIC_PAGES),
+        "exempt_prefixes": ("/static/",),
+    }
 
     @app.get("/threads")
     async def threads() -> int:

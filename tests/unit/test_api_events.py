@@ -32,7 +32,7 @@ from store import migrate
 from store.paging import page_token
 from store.principals import Role
 from store.snapshot import load_snapshot
-from store.tables import JobEventRow, NodeRow
+from store.tables import JobEventRow, NodeApprovalRow, NodeRow
 from store.tokens import create_token
 
 JOB = {
@@ -266,6 +266,7 @@ def test_the_snapshot_reads_the_folded_state_not_the_events(api: Api) -> None:
     assert api.post(job, progress(4, 3, 4.0, batch_size=256)).status_code == 201
     with api.session() as session:
         session.add(NodeRow(id="n1", hostname="gpu-1", gpus=2))
+        session.add(NodeApprovalRow(node_id="n1", gpus=2))
         session.exec(delete(JobEventRow))
         session.commit()
         snapshot, _ = load_snapshot(session, "default", 0, datetime.now(UTC))
@@ -316,7 +317,9 @@ def test_prediction_of_a_fresh_job_uses_declared_throughput(api: Api) -> None:
 def test_cluster_nodes_and_contention(api: Api) -> None:
     with api.session() as session:
         session.add(NodeRow(id="n1", hostname="gpu-1", gpus=1, gpu_type="A100"))
+        session.add(NodeApprovalRow(node_id="n1", gpus=1))
         session.add(NodeRow(id="n2", hostname="gpu-2", gpus=4, state="LOST"))
+        session.add(NodeApprovalRow(node_id="n2", gpus=4))
         session.commit()
     user = api.token(Role.USER, tenant="a")
     api.submit(user)
@@ -340,6 +343,11 @@ def test_cluster_nodes_and_contention(api: Api) -> None:
     ]
     lost = api.client.get("/v1/nodes", params={"state": "LOST"}).json()["items"]
     assert [n["id"] for n in lost] == ["n2"]
+    with api.session() as session:
+        session.add(NodeRow(id="n3", hostname="rogue", gpus=1024))  # not approved: no GPU
+        session.commit()
+    after = api.client.get("/v1/cluster").json()
+    assert (after["total_gpus"], after["ready_gpus"], after["nodes"]["READY"]) == (5, 1, 2)
     job = api.submit()
     assert api.client.get(f"/v1/jobs/{job}/prediction").json()["contention"] == 4.0
     job_token = api.token(Role.JOB, job_id=job)

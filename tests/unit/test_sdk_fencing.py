@@ -23,7 +23,7 @@ from shockwave_sdk import (
 )
 from shockwave_sdk.outbox import OUTBOX_NAME
 from store.principals import Role
-from store.tables import LeaseRow, NodeRow
+from store.tables import LeaseRow, NodeApprovalRow, NodeRow
 from store.tokens import create_token
 from tests.unit.sdk_api import FAST_RETRY, Api, running_api
 
@@ -41,6 +41,7 @@ def lease(api: Api, job_id: str, attempt: str) -> str:
     with Session(api.app.state.engine) as session:
         if session.get(NodeRow, "n1") is None:
             session.add(NodeRow(id="n1", hostname="n1", gpus=1, registered_at=moment))
+            session.add(NodeApprovalRow(node_id="n1", gpus=1))
             session.flush()
         session.add(
             LeaseRow(
