@@ -218,6 +218,7 @@ class Snapshot:
             self.priority_classes,
             self.cluster.total_gpus,
         )
+
     def prior_of(self, job_id: str) -> PopulationPrior:
         """The prior job ``job_id`` plans with: its group's, else ``population``."""
         group = self.prior_groups.get(job_id)
