@@ -26,9 +26,11 @@ in progress and 2 threads (api.app bounds the requests in progress by twice the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
 
 import anyio.to_thread
 from sqlalchemy.engine import Engine
@@ -141,3 +143,28 @@ class InFlightLimit:
             if self.threads is not None:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots
+
+
+ARRIVED_AT = "arrived_at"
+"""The key of a request's arrival time (seconds since the epoch) in its scope's state."""
+
+
+class ArrivalStamp:
+    """Pure ASGI middleware, outermost: stamps each HTTP request with when it reached the
+    process (``scope["state"]["arrived_at"]``), before it waits for admission or a thread. An
+    agent's contact counts from then (:func:`arrived_at`): a node's liveness is judged by
+    when it spoke, not by how long the server took to listen."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVED_AT] = time.time()
+        await self.app(scope, receive, send)
+
+
+def arrived_at(scope: Scope) -> datetime:
+    """When the request of ``scope`` reached the process (now, outside :class:`ArrivalStamp`)."""
+    stamp = scope.get("state", {}).get(ARRIVED_AT)
+    return datetime.fromtimestamp(stamp if stamp is not None else time.time(), UTC)

@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors, openapi
-from api.admission import InFlightLimit, pool_capacity
+from api.admission import ArrivalStamp, InFlightLimit, pool_capacity
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.routes import (
@@ -95,6 +95,7 @@ def create_app(
     )
     app.state.metrics = ApiMetrics(app.state.engine)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(ArrivalStamp)
 
     app.include_router(health.router)
     app.include_router(jobs.router, responses=LIMITED)

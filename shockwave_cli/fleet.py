@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shockwave.lifecycle import reports_per_poll
 from shockwave.model import Regime
 from shockwave.workload import SimJob
 from shockwave_cli import wire
@@ -184,6 +185,8 @@ class Node:
     """Held while a poll carries the outbox (reports leave in order, once)."""
     seen_round: int | None = None
     """The round the node's last poll answer named."""
+    reports_max: int = 8
+    """The most reports one poll may carry (``reports_per_poll`` of the node's GPUs)."""
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
@@ -257,6 +260,7 @@ class Fleet:
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
         here = Node(token, node if token == self.admin_token else None)
+        here.reports_max = reports_per_poll(self.nodes[node][1])
         loop = asyncio.get_running_loop()
         await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
@@ -381,8 +385,9 @@ class Fleet:
     ) -> Any:
         """One ``POST /v1/agent/poll`` with the reports owed (unless not ``reports``); a report
         answered (applied, refused or unknown) leaves the outbox, one lost with the request
-        stays owed. ``wait_s``: a long poll from the round the node last saw."""
-        sent = list(here.outbox) if reports else []
+        stays owed, as do those past the node's cap per poll (the next poll carries them).
+        ``wait_s``: a long poll from the round the node last saw."""
+        sent = here.outbox[: here.reports_max] if reports else []
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,

@@ -71,14 +71,15 @@ def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipa
     openapi_extra=AGENTS,
 )
 def heartbeat(
+    request: Request,
     session: SessionDep,
     principal: CurrentPrincipal,
     data: Annotated[NodeHeartbeat | None, Body()] = None,
 ) -> NodeStatus:
     """A sign of life; send one every few seconds. A node silent for the round driver's TTL is
-    marked LOST and its jobs go back to the queue."""
+    marked LOST and its jobs go back to the queue. It counts from when the request arrived."""
     node_id = agent.acting_node(principal, data.node if data else None)
-    return agent.heartbeat(session, node_id)
+    return agent.heartbeat(session, node_id, admission.arrived_at(request.scope))
 
 
 @router.get(
@@ -128,23 +129,24 @@ def leases(
 async def poll(
     data: AgentPoll, request: Request, session: SessionDep, principal: CurrentPrincipal
 ) -> PollAnswer:
-    """What an agent does each contact, in one round trip: deliver its ``reports`` (each
-    answered as its own status report would be, in ``reports``), heartbeat (unless
-    ``heartbeat`` is false), and learn the leases to run and the attempts to stop. A live lease
-    listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
+    """What an agent does each contact, in one round trip: deliver its ``reports`` (each answered
+    as its own status report would be, in ``reports``), heartbeat (unless ``heartbeat`` is
+    false; it counts from when the request arrived), and learn the leases to run and the
+    attempts to stop. At most two reports per GPU of the node (at least 8) per poll. A live
+    lease listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
     ``running`` report would otherwise say. The agent's own loop uses this; the separate
-    heartbeat, leases and status endpoints answer the same questions one at a time.
-
-    With ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
+    heartbeat, leases and status endpoints answer the same questions one at a time. With
+    ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
     (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as a
     round driver (of this process, or of another over the database's notification channel)
-    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal,
-    at least every ``poll_recheck_s``. While held the request takes no thread, no connection and no
-    admission slot."""
+    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal, at
+    least every ``poll_recheck_s``. While held the request takes no thread, no connection and
+    no admission slot."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
     seen = signal.generation
-    answer = await run_in_threadpool(agent.poll, session, principal, node_id, data)
+    arrived = admission.arrived_at(request.scope)
+    answer = await run_in_threadpool(agent.poll, session, principal, node_id, data, arrived)
     if data.wait_s <= 0 or agent.has_news(answer, data):
         return answer
     settings: Settings = request.app.state.settings
