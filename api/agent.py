@@ -19,6 +19,7 @@ from sqlmodel import Session, SQLModel
 from api.agent_schemas import (
     AgentPoll,
     AttemptReport,
+    EventAnswer,
     JobTokenPublic,
     LeasePublic,
     LeaseStatusPublic,
@@ -41,7 +42,9 @@ from shockwave.lifecycle import (
     reports_per_poll,
     transition,
 )
+from shockwave.observed import ClientEvent
 from store import cluster_version, population
+from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -352,7 +355,7 @@ def poll(
     if known is None:
         raise NotFound(f"no node {node_id}: register it first")
     most = reports_per_poll(known.gpus)
-    for name, items in (("reports", data.reports), ("logs", data.logs)):
+    for name, items in (("reports", data.reports), ("events", data.events), ("logs", data.logs)):
         if len(items) > most:
             raise InvalidInput(
                 f"at most {most} {name} per poll for a node of {known.gpus} GPUs; "
@@ -365,7 +368,15 @@ def poll(
         if running
         else []
     )
-    reports = _apply_reports(session, principal, data.reports, {row.job_id for row in fresh})
+    named = {report.attempt_id for report in data.reports} | {e.attempt_id for e in data.events}
+    attempts = _attempts(connection, principal, named)
+    settled, locking = _triage(data.reports, attempts)
+    locking |= {row.job_id for row in fresh}
+    locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
+    if locking:
+        connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
+    events = _record_events(session, node_id, data.events, attempts)
+    reports = _apply_reports(session, principal, data.reports, attempts, settled)
     if fresh:
         _acknowledge(session, node_id, [(row.id, row.job_id) for row in fresh])
     connection = session.connection()
@@ -401,6 +412,7 @@ def poll(
         node_state=NodeState(node.state),
         state_version=round_.version,
         reports=reports,
+        events=events,
         tokens=tokens,
     )
 
@@ -428,34 +440,27 @@ def _store_logs(connection: Connection, node_id: str, logs: dict[str, str]) -> N
     )
 
 
-def _apply_reports(
-    session: Session,
-    principal: Principal,
-    reports: list[AttemptReport],
-    also_lock: set[str],
-) -> list[ReportAnswer]:
-    """A poll's reports, in order, in the caller's transaction: what each would have got
-    alone. One read finds every attempt: an unknown one (or another node's) is a 404 answer
-    and one that changes nothing is answered from that read, neither writing nor locking.
-    The jobs of the others, and ``also_lock``, are locked at once in the round driver's
-    order; then each report is applied as :func:`report_status` applies it (an attempt
-    reported on twice is read again for its second report). A report refused as invalid
-    (not a 404) fails the whole poll: nothing of it is written. A job reported on through
-    the locking path has every later report in the poll take that path too: the read is
-    stale for it."""
-    if not reports:
-        if also_lock:
-            session.connection().execute(_LOCK_JOBS, {"ids": sorted(also_lock)}).all()
-        return []
-    connection = session.connection()
-    ids = sorted({report.attempt_id for report in reports})
-    rows = {row.id: row for row in connection.execute(_ATTEMPTS, {"ids": ids})}
+def _attempts(connection: Connection, principal: Principal, ids: set[str]) -> dict[str, Any]:
+    """The attempts ``ids`` the caller may act on (an agent: its node's), by id, as
+    :data:`_ATTEMPTS` reads them: one read for all a poll names."""
+    if not ids:
+        return {}
+    rows = {row.id: row for row in connection.execute(_ATTEMPTS, {"ids": sorted(ids)})}
     if principal.role is Role.AGENT:
         rows = {k: row for k, row in rows.items() if row.node_id == principal.node}
+    return rows
+
+
+def _triage(
+    reports: list[AttemptReport], attempts: dict[str, Any]
+) -> tuple[dict[int, LeaseStatusPublic], set[str]]:
+    """Which reports change nothing (answered from the read, by their index) and the jobs of
+    the others (to lock). Once a job is reported on through the locking path, every later
+    report on it takes that path too: the read is stale for it."""
     settled: dict[int, LeaseStatusPublic] = {}
     locking: set[str] = set()
     for index, report in enumerate(reports):
-        row = rows.get(report.attempt_id)
+        row = attempts.get(report.attempt_id)
         if row is None:
             continue
         answer = None if row.job_id in locking else _settled(report.attempt_id, row, report)
@@ -463,12 +468,82 @@ def _apply_reports(
             settled[index] = answer
         else:
             locking.add(row.job_id)
-    if locking | also_lock:
-        connection.execute(_LOCK_JOBS, {"ids": sorted(locking | also_lock)}).all()
+    return settled, locking
+
+
+def _record_events(
+    session: Session, node_id: str, events: list[Any], attempts: dict[str, Any]
+) -> list[EventAnswer]:
+    """A poll's job events, in order, in the caller's transaction (their jobs locked): each
+    recorded as its attempt's job token would record it (:func:`store.events.record_event`,
+    fencing included), answered as that post would be. One for an attempt not on this node
+    is a 404 answer; a refused one (fenced, a conflicting duplicate, a finished job, an epoch
+    beyond the job) writes nothing and does not undo the others. A new scaling event bumps
+    the cluster's version once for the poll."""
     answers = []
+    scaled = False
+    for event in events:
+        row = attempts.get(event.attempt_id)
+        if row is None or row.node_id != node_id:
+            answers.append(
+                EventAnswer(
+                    attempt_id=event.attempt_id,
+                    seq=event.seq,
+                    status=404,
+                    detail=f"no attempt {event.attempt_id}",
+                )
+            )
+            continue
+        speaker = Principal(
+            role=Role.JOB,
+            key=f"attempt:{event.attempt_id}",
+            job_id=row.job_id,
+            attempt_id=event.attempt_id,
+        )
+        payload = event.model_dump(mode="json", exclude={"seq", "kind", "attempt_id"})
+        try:
+            status, _ = store_events.record_event(
+                session, speaker, row.job_id, ClientEvent(event.seq, event.kind, payload)
+            )
+        except (Conflict, InvalidInput, NotFound) as error:
+            code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
+            answers.append(
+                EventAnswer(
+                    attempt_id=event.attempt_id,
+                    seq=event.seq,
+                    status=code,
+                    stop=bool(error.extra.get("stop")),
+                    detail=error.detail,
+                )
+            )
+            continue
+        scaled = scaled or (status == 201 and event.kind == "scaling")
+        answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
+    if events:
+        session.flush()
+    if scaled:
+        cluster_version.bump_and_request(session, "batch size changed")
+    return answers
+
+
+def _apply_reports(
+    session: Session,
+    principal: Principal,
+    reports: list[AttemptReport],
+    attempts: dict[str, Any],
+    settled: dict[int, LeaseStatusPublic],
+) -> list[ReportAnswer]:
+    """A poll's reports, in order, in the caller's transaction: what each would have got
+    alone. ``attempts``: the attempts the caller may act on (one read for all); an unknown
+    one (or another node's) is a 404 answer, one that changes nothing (``settled``) is
+    answered from that read, neither writing nor locking; the others' jobs are locked
+    already, and each is applied as :func:`report_status` applies it. A report refused as
+    invalid (not a 404) fails the whole poll: nothing of it is written."""
+    answers = []
+    applied = False
     for index, report in enumerate(reports):
         attempt_id = report.attempt_id
-        if attempt_id not in rows:
+        if attempt_id not in attempts:
             detail = f"no attempt {attempt_id}"
             answers.append(
                 ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=detail)
@@ -478,7 +553,7 @@ def _apply_reports(
         refused = None
         if status is None:
             outcome = report_status(session, principal, attempt_id, report)
-            status, refused = outcome.status, outcome.refused
+            status, refused, applied = outcome.status, outcome.refused, True
         if refused is not None:
             detail = f"{refused}: stop it"
             answers.append(
@@ -488,7 +563,7 @@ def _apply_reports(
             answers.append(
                 ReportAnswer(attempt_id=attempt_id, status=200, stop=status.stop, lease=status)
             )
-    if locking:
+    if applied:
         session.flush()  # what follows reads with Core statements
     return answers
 

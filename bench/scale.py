@@ -47,6 +47,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -69,6 +70,7 @@ from bench.scale_report import (
     RoundFigures,
     parse_asked,
     parse_driver_log,
+    parse_lost,
     parse_plan_log,
     read_log,
     round_figures,
@@ -82,9 +84,11 @@ from store.cluster_version import bump_state_version
 from store.jobs import create_job
 from store.principals import Principal, Role
 from store.tables import PlanRow, RoundRow
-from store.tokens import create_token
+from store.tokens import add_token
 
 HOST = "127.0.0.1"
+TENANT = "default"
+"""The tenant of the submitted jobs (an admin's submissions without one)."""
 TRACE = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 DEFAULT_ROUND_S = 30.0
 STRESS_ROUND_S = 8.0
@@ -92,6 +96,12 @@ MAX_SOLVER_LIMIT_S = 15.0
 WATCH_EVERY_S = 0.02
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+LONG_POLL_S = 10.0
+LONG_POLL_FROM_NODES = 256
+"""From this many nodes the agents long-poll by default: an idle node then costs a request
+per ``LONG_POLL_S`` instead of one a second."""
+HELD_KINDS = ("poll",)
+"""Request kinds that a long poll holds on purpose: not counted against the agent bound."""
 ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
 
 console = Console()
@@ -128,17 +138,63 @@ class Watcher:
         return max(self.visible_at, default=-1)
 
 
+@dataclass
+class UserProbe:
+    """A user listing the jobs (``GET /v1/jobs``, the first page) every ``every_s`` while the
+    fleet runs: what a person sees of the service under the agents' load."""
+
+    base_url: str
+    token: str
+    every_s: float
+    latency: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.Client(base_url=self.base_url, headers=headers, timeout=10.0) as http:
+            while not self.stop.is_set():
+                began = time.perf_counter()
+                try:
+                    answer = http.get("/v1/jobs")
+                except httpx.HTTPError as error:
+                    self.errors[type(error).__name__] += 1
+                else:
+                    if answer.status_code == 200:
+                        self.latency.append(time.perf_counter() - began)
+                    else:
+                        self.errors[str(answer.status_code)] += 1
+                self.stop.wait(max(0.0, self.every_s - (time.perf_counter() - began)))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds measured after round 0")
     parser.add_argument("--round-seconds", type=float, default=None, help="default 30")
     parser.add_argument("--stress", action="store_true", help=f"{STRESS_ROUND_S:g} s rounds")
-    parser.add_argument("--jobs", type=int, default=900)
+    parser.add_argument("--jobs", type=int, default=900, help="the trace's jobs, repeated past 900")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
     parser.add_argument("--apis", type=int, default=1, help="API processes (agents spread)")
     parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=None,
+        help="long polls held up to this long (0: plain polls every --poll-seconds); "
+        f"default {LONG_POLL_S:g} from {LONG_POLL_FROM_NODES} nodes, else 0",
+    )
+    parser.add_argument(
+        "--event-posts",
+        action="store_true",
+        help="each job posts its events with its token (default: in its node's polls)",
+    )
+    parser.add_argument("--agent-p99-ms", type=float, default=1000.0, help="bound")
+    parser.add_argument("--user-p99-ms", type=float, default=100.0, help="bound")
+    parser.add_argument(
+        "--user-every", type=float, default=0.5, help="seconds between a user's GET /v1/jobs"
+    )
     parser.add_argument(
         "--submit", choices=("db", "http"), default="db", help="how the jobs are submitted"
     )
@@ -153,21 +209,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
     if args.apis < 1:
         parser.error("--apis must be at least 1")
-    if not 1 <= args.jobs <= 900:
-        parser.error("--jobs must be between 1 and 900 (the reference trace's jobs)")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.wait_seconds is None:
+        args.wait_seconds = LONG_POLL_S if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if not 0 <= args.wait_seconds <= 30:
+        parser.error("--wait-seconds must be between 0 and 30")
     if args.rounds < 1 or args.nodes < 1 or args.round_seconds < 1:
         parser.error("--rounds, --nodes and --round-seconds must be at least 1")
     return args
 
 
 def trace_jobs(reference: Path, count: int) -> list[SimJob]:
+    """The first ``count`` jobs of the reference trace; past its 900, the trace again from
+    its start (each a job of its own: same model, size and trajectory)."""
     throughputs = load_throughputs(reference / "throughputs" / "wisr_throughputs.json")
     workload = load_workload(
         reference / "traces" / f"{TRACE}.trace",
         reference / "trajectories" / f"{TRACE}.wisr.trajectories.json",
         throughputs,
     )
-    return list(workload.jobs[:count])
+    base = list(workload.jobs)
+    return [base[i % len(base)] for i in range(count)]
 
 
 def submit_http(base_url: str, token: str, jobs: Sequence[SimJob]) -> dict[str, TrainingJob]:
@@ -207,17 +270,19 @@ def submit_direct(database_url: str, jobs: Sequence[SimJob]) -> dict[str, Traini
         engine.dispose()
 
 
-def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, dict[str, str]]:
-    """An admin token and one agent token per node, written straight to the database."""
+def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, str, dict[str, str]]:
+    """An admin token, a user token of the jobs' tenant and one agent token per node, written
+    straight to the database in one transaction."""
     engine = create_engine(database_url)
     try:
         with Session(engine) as session:
-            admin = create_token(session, Role.ADMIN, name="scale bench")
-            agents = {n: create_token(session, Role.AGENT, node=n, name=n) for n in nodes}
+            admin = add_token(session, Role.ADMIN, name="scale bench")
+            user = add_token(session, Role.USER, tenant=TENANT, name="scale user")
+            agents = {n: add_token(session, Role.AGENT, node=n, name=n) for n in nodes}
             session.commit()
     finally:
         engine.dispose()
-    return admin, agents
+    return admin, user, agents
 
 
 async def drive(
@@ -262,14 +327,14 @@ def broker_queue(redis_url: str) -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     jobs = trace_jobs(args.reference, args.jobs)
-    nodes = [f"node-{i:03d}" for i in range(args.nodes)]
+    nodes = [f"node-{i:04d}" for i in range(args.nodes)]
     solver_limit = min(MAX_SOLVER_LIMIT_S, args.round_seconds / 4)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         database_url = stack.enter_context(postgres_database(args.postgres))
         queue = stack.enter_context(broker_queue(args.redis))
         migrate.upgrade(database_url)
-        admin, agent_tokens = make_tokens(database_url, nodes)
+        admin, user, agent_tokens = make_tokens(database_url, nodes)
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHOCKWAVE_")}
         env.update(
             SHOCKWAVE_DATABASE_URL=database_url,
@@ -307,6 +372,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             training,
             poll_s=args.poll_seconds,
             heartbeat_s=args.heartbeat_seconds,
+            wait_s=args.wait_seconds or None,
+            boundary_retry_s=0.05 if args.wait_seconds else None,
+            batch_events=not args.event_posts,
         )
         watcher = Watcher(database_url.replace("postgresql+psycopg://", "postgresql://"))
         watching = threading.Thread(target=watcher.run, name="watcher", daemon=True)
@@ -326,12 +394,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "info",
             )
 
+        probe = UserProbe(base_url, user, args.user_every)
+        probing = threading.Thread(target=probe.run, name="user", daemon=True)
+        stack.callback(probe.stop.set)
+
+        def start_all() -> None:
+            start_driver()
+            probing.start()
+
         cpu_before = processes.cpu_seconds()
         wall_began = time.perf_counter()
         timeout = (args.rounds + 3) * args.round_seconds + 120
-        asyncio.run(drive(fleet, watcher, args.rounds, timeout, start_driver))
+        asyncio.run(drive(fleet, watcher, args.rounds, timeout, start_all))
         wall = time.perf_counter() - wall_began
         cpu_after = processes.cpu_seconds()
+        probe.stop.set()
         processes.stop_all()
         watcher.stop.set()
 
@@ -358,6 +435,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.late_after,
         )
         cpu = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
+        api_cpu = sum(v for k, v in cpu.items() if k.startswith("api"))
+        lost = parse_lost(driver_log)
         return {
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -384,6 +463,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for kind, xs in sorted(fleet.log.latency.items())
             },
             "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
+            "wait_seconds": args.wait_seconds,
+            "held_kinds": list(HELD_KINDS) if args.wait_seconds else [],
+            "user_jobs_list": {
+                "count": len(probe.latency),
+                "p50_ms": round(1000 * quantile(sorted(probe.latency), 0.5), 1),
+                "p99_ms": round(1000 * quantile(sorted(probe.latency), 0.99), 1),
+                "max_ms": round(1000 * max(probe.latency, default=0.0), 1),
+                "errors": dict(probe.errors),
+            },
+            "nodes_lost": lost,
+            "api_cpu_ms_per_node_minute": round(1000 * api_cpu / args.nodes / (wall / 60), 2),
+            "api_cpu_ms_per_job_minute": round(1000 * api_cpu / len(training) / (wall / 60), 3),
             "events": dict(fleet.log.events),
             "rounds": [asdict(f) for f in figures],
         }
@@ -469,14 +560,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"round {f.index} late: {'; '.join(f.late_reasons)}", highlight=False)
     console.print(summary(record), highlight=False)
     console.print(f"agent requests: {record['agent_requests']}", highlight=False)
+    console.print(
+        f"user GET /v1/jobs: {record['user_jobs_list']}; nodes lost {record['nodes_lost']}; "
+        f"API CPU {record['api_cpu_ms_per_node_minute']} ms per node-minute, "
+        f"{record['api_cpu_ms_per_job_minute']} ms per job-minute",
+        highlight=False,
+    )
     if record["agent_errors"]:
         console.print(f"agent errors: {record['agent_errors']}", highlight=False)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         console.print(f"Figures written to {args.json}")
+    missed = missed_bounds(record, args)
+    for line in missed:
+        console.print(f"[bold red]bound missed:[/] {line}", highlight=False)
+    return 2 if missed else 0
+
+
+def missed_bounds(record: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """What the run missed: a late round (``bench/scale_report.py``), a node declared LOST
+    (every simulated agent lives throughout), an agent request kind whose p99 is over
+    ``--agent-p99-ms`` (the long polls held on purpose aside), a user's list over
+    ``--user-p99-ms`` or failing."""
+    missed = []
     measured = [r for r in record["rounds"] if r["index"] >= 1]
-    return 0 if measured and not any(r["late_reasons"] for r in measured) else 2
+    if not measured:
+        missed.append("no round measured")
+    late = [r["index"] for r in measured if r["late_reasons"]]
+    if late:
+        missed.append(f"rounds late: {late}")
+    if record["nodes_lost"]:
+        missed.append(f"{record['nodes_lost']} live nodes declared LOST")
+    for kind, figures in record["agent_requests"].items():
+        if kind not in record["held_kinds"] and figures["p99_ms"] > args.agent_p99_ms:
+            missed.append(f"agent {kind} p99 {figures['p99_ms']} ms > {args.agent_p99_ms:g} ms")
+    user = record["user_jobs_list"]
+    if not user["count"] or user["errors"]:
+        missed.append(f"user GET /v1/jobs: {user['count']} answered, errors {user['errors']}")
+    elif user["p99_ms"] > args.user_p99_ms:
+        missed.append(f"user GET /v1/jobs p99 {user['p99_ms']} ms > {args.user_p99_ms:g} ms")
+    return missed
 
 
 if __name__ == "__main__":

@@ -187,11 +187,17 @@ class Node:
     """The round the node's last poll answer named."""
     reports_max: int = 8
     """The most reports one poll may carry (``reports_per_poll`` of the node's GPUs)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """Job events its attempts left for the node's next poll (:attr:`Fleet.batch_events`)."""
+    attempt_of: dict[str, str] = field(default_factory=dict)
+    """Job id -> the attempt of it this node runs (where its events are batched)."""
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
         for one whose events were refused: it was fenced, its lease is gone already)."""
-        del self.attempts[attempt_id]
+        ended = self.attempts.pop(attempt_id)
+        if self.attempt_of.get(ended.job_id) == attempt_id:
+            del self.attempt_of[ended.job_id]
         self.ended.add(attempt_id)
         if report is not None:
             self.outbox.append({"attempt_id": attempt_id, **report})
@@ -217,6 +223,7 @@ class Fleet:
         wait_s: float | None = None,
         lease_slack_s: float = 0.0,
         restore_guard_s: float | None = None,
+        batch_events: bool = False,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -242,6 +249,9 @@ class Fleet:
         needs at most its lease's time left less this many seconds to finish starts without
         the restore (a short final stretch is not charged), so the replay and the simulator
         charge the same workload model and differ only in the scheduling."""
+        self.batch_events = batch_events
+        """Each attempt's job events go in its node's polls (``events``), not in a request of
+        their own with the attempt's job token: a node's jobs cost its one request."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -388,10 +398,12 @@ class Fleet:
         stays owed, as do those past the node's cap per poll (the next poll carries them).
         ``wait_s``: a long poll from the round the node last saw."""
         sent = here.outbox[: here.reports_max] if reports else []
+        events = here.events[: here.reports_max]
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
             "reports": sent,
+            "events": events,
             "running": sorted(here.attempts),
         }
         if wait_s > 0:
@@ -403,9 +415,25 @@ class Fleet:
         if poll is None:
             return None
         del here.outbox[: len(sent)]
+        del here.events[: len(events)]
         for answer in poll["reports"]:
             self.log.events[f"report {answer['status']}"] += 1
+        for event, answer in zip(events, poll.get("events", []), strict=False):
+            self._answered(here, event, answer)
         return poll
+
+    def _answered(self, here: Node, event: dict[str, Any], answer: dict[str, Any]) -> None:
+        """An event's answer in a poll, as :meth:`_job_event` takes a post's: accepted, or
+        refused (fenced: the attempt's program stops, when that attempt is still its job's)."""
+        job = self.jobs.get(here_job(here, event["attempt_id"]) or "")
+        if job is None:
+            return
+        if answer["status"] in (200, 201):
+            job.accepted.append(event["seq"])
+            return
+        self.log.events[f"{event['kind']} refused"] += 1
+        if answer.get("stop") and here.attempt_of.get(job.id) == event["attempt_id"]:
+            job.fenced = True
 
     async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
         """The node's training processes: advance each attempt every ``poll_s``, and at the
@@ -450,7 +478,7 @@ class Fleet:
             self._account(here)
             stopping = self._stopping(here, poll)
             # each program posts its own (they are processes of their own): at once, not in turn
-            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
 
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
@@ -468,7 +496,7 @@ class Fleet:
             self._account(here)
             stopping = self._stopping(here, poll)
             started = self._start(here, poll)
-            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
             self._settle(here, poll)
         return started
 
@@ -515,6 +543,7 @@ class Fleet:
             here.attempts[attempt_id] = Attempt(
                 attempt_id, job.id, lease["ends_at"], self.training_from(job, lease, now), ends_t
             )
+            here.attempt_of[job.id] = attempt_id
             started = True
         return started
 
@@ -553,7 +582,9 @@ class Fleet:
             attempts = list(here.attempts.values())
             jobs = [self.jobs[attempt.job_id] for attempt in attempts]
             # each program posts its own (processes of their own): at once, not in turn
-            await asyncio.gather(*(self._publish(job, force=job.finished) for job in jobs))
+            await asyncio.gather(
+                *(self._publish(job, force=job.finished, here=here) for job in jobs)
+            )
             for attempt, job in zip(attempts, jobs, strict=True):
                 if attempt.attempt_id not in here.attempts:
                     continue  # the agent stopped it meanwhile
@@ -593,7 +624,7 @@ class Fleet:
                 elif job.batch_size_at(job.epochs_done) != batch:
                     job.scalings.append((job.epochs_done, job.batch_size_at(job.epochs_done)))
 
-    async def _publish(self, job: TrainingJob, *, force: bool) -> None:
+    async def _publish(self, job: TrainingJob, *, force: bool, here: Node | None = None) -> None:
         """Post the job's latest finished epoch and its batch-size changes, as the SDK does,
         when ``force`` or ``report_s`` has passed since the last post (0: every epoch, each
         with its own progress event)."""
@@ -609,6 +640,7 @@ class Fleet:
             job.seq += 1
             await self._job_event(
                 job,
+                here,
                 {
                     "seq": job.seq,
                     "kind": "progress",
@@ -625,17 +657,23 @@ class Fleet:
                 at, following = job.scalings.pop(0)
                 job.seq += 1
                 await self._job_event(
-                    job, {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at}
+                    job,
+                    here,
+                    {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at},
                 )
                 if job.fenced:
                     return
 
-    async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
+    async def _job_event(self, job: TrainingJob, here: Node | None, event: dict[str, Any]) -> None:
         """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
         (transport, 429, 5xx) is sent again after a backoff, in order, as the SDK's outbox
         does, up to ``EVENT_TRIES`` times; one never delivered counts in ``undelivered``."""
         assert job.token is not None
         self.log.events[event["kind"]] += 1
+        batched_as = here.attempt_of.get(job.id) if here is not None else None
+        if self.batch_events and here is not None and batched_as is not None:
+            here.events.append({"attempt_id": batched_as, **event})
+            return
         for attempt in range(EVENT_TRIES):
             sent = job.token
             answer = await self._call(
@@ -689,6 +727,14 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+def here_job(here: Node, attempt_id: str) -> str | None:
+    """The job of ``here``'s attempt ``attempt_id``, running or ended (None: unknown)."""
+    attempt = here.attempts.get(attempt_id)
+    if attempt is not None:
+        return attempt.job_id
+    return next((job for job, a in here.attempt_of.items() if a == attempt_id), None)
 
 
 async def _first_of_task(task: asyncio.Task[Any], stop: asyncio.Event) -> None:

@@ -151,7 +151,7 @@ async def poll(
         return answer
     settings: Settings = request.app.state.settings
     deadline = time.monotonic() + data.wait_s
-    again = data.model_copy(update={"reports": [], "heartbeat": False, "logs": {}})
+    again = data.model_copy(update={"reports": [], "events": [], "heartbeat": False, "logs": {}})
     while (left := deadline - time.monotonic()) > 0:
         # fed by the other processes' commits (signal.live): no need to re-read on a timer
         recheck = left if signal.live else min(left, settings.poll_recheck_s)
@@ -161,7 +161,7 @@ async def poll(
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation
         fresh = await run_in_threadpool(agent.poll, session, principal, node_id, again)
-        answer = fresh.model_copy(update={"reports": answer.reports})
+        answer = fresh.model_copy(update={"reports": answer.reports, "events": answer.events})
         if agent.has_news(fresh, data):
             break
     return answer

@@ -19,9 +19,9 @@ from api.agent_schemas import AgentPoll
 from shockwave.lifecycle import reports_per_poll
 from store.principals import Principal, Role
 from store.tables import NodeRow
-from tests.integration.api_calls import assert_problem, bearer
+from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, Tokens
-from tests.integration.driving import agent_token, driver_on, now, register
+from tests.integration.driving import agent_token, driver_on, leases, now, register
 
 GHOST = "0b5c3a4e-0000-4000-8000-{:012d}"
 
@@ -170,3 +170,56 @@ def test_a_server_that_answered_nobody_for_a_while_never_makes_live_nodes_lost(
     with driver_on(database, ttl_s=30.0) as (driver, _):
         driver.step(now())
     assert _states(database, NODE, "node-2", "node-3") == ["LOST", "LOST", "LOST"]
+
+
+def test_a_nodes_poll_carries_its_jobs_events_as_their_tokens_would_post_them(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Events in a poll are recorded as the attempt's job token would record them: stored
+    (201), a duplicate replayed (200), another node's attempt unknown (404), and once the
+    attempt is fenced refused with ``stop`` (409); a refused one undoes nothing else."""
+    register(client, tokens.agent)
+    job = client.post("/v1/jobs", json=job_body(epochs=10), headers=bearer(tokens.admin)).json()[
+        "id"
+    ]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    (lease,) = leases(database)
+    attempt = lease.id
+    progress = {"kind": "progress", "samples": 100, "seconds": 10.0, "batch_size": 32}
+    events = [
+        {"attempt_id": attempt, "seq": 1, "epoch": 1, **progress},
+        {"attempt_id": attempt, "seq": 1, "epoch": 1, **progress},
+        {"attempt_id": GHOST.format(0), "seq": 2, "epoch": 2, **progress},
+        {"attempt_id": attempt, "seq": 3, "epoch": 2, **progress},
+    ]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={"running": [attempt], "events": events},
+        headers=bearer(tokens.agent),
+    )
+    assert answer.status_code == 200, answer.json()
+    assert [e["status"] for e in answer.json()["events"]] == [201, 200, 404, 201]
+    shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 2, shown
+
+    stranger = agent_token(database, "node-2")
+    register(client, stranger)
+    theirs = client.post(
+        "/v1/agent/poll",
+        json={"events": [{"attempt_id": attempt, "seq": 4, "epoch": 3, **progress}]},
+        headers=bearer(stranger),
+    )
+    assert [e["status"] for e in theirs.json()["events"]] == [404]
+
+    report = {"attempt_id": attempt, "state": "checkpointed"}
+    client.post("/v1/agent/poll", json={"reports": [report]}, headers=bearer(tokens.agent))
+    late = client.post(
+        "/v1/agent/poll",
+        json={"events": [{"attempt_id": attempt, "seq": 5, "epoch": 3, **progress}]},
+        headers=bearer(tokens.agent),
+    )
+    ((refused,),) = (late.json()["events"],)
+    assert (refused["status"], refused["stop"]) == (409, True), refused
+    shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 2, shown
