@@ -403,9 +403,10 @@ class Fleet:
             "heartbeat": heartbeat,
             "tokens": tokens,
             "reports": sent,
-            "events": events,
             "running": sorted(here.attempts),
         }
+        if events:
+            body["events"] = events
         if wait_s > 0:
             body["wait_s"] = wait_s
             body["seen_round"] = here.seen_round
@@ -640,7 +641,6 @@ class Fleet:
             job.seq += 1
             await self._job_event(
                 job,
-                here,
                 {
                     "seq": job.seq,
                     "kind": "progress",
@@ -649,6 +649,7 @@ class Fleet:
                     "seconds": job.epoch_seconds[batch],
                     "batch_size": batch,
                 },
+                here,
             )
             if job.fenced:
                 return
@@ -658,13 +659,15 @@ class Fleet:
                 job.seq += 1
                 await self._job_event(
                     job,
-                    here,
                     {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at},
+                    here,
                 )
                 if job.fenced:
                     return
 
-    async def _job_event(self, job: TrainingJob, here: Node | None, event: dict[str, Any]) -> None:
+    async def _job_event(
+        self, job: TrainingJob, event: dict[str, Any], here: Node | None = None
+    ) -> None:
         """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
         (transport, 429, 5xx) is sent again after a backoff, in order, as the SDK's outbox
         does, up to ``EVENT_TRIES`` times; one never delivered counts in ``undelivered``."""
