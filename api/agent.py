@@ -197,11 +197,27 @@ def acting_node(principal: Principal, requested: str | None) -> str:
     return requested
 
 
-def register(session: Session, node_id: str, data: NodeRegister) -> NodeRow:
-    """Create or update the node, READY, heartbeat now; the cluster's capacity changed, so
-    its state version is bumped (and a plan requested after commit)."""
-    now = utcnow()
+def register(
+    session: Session, node_id: str, data: NodeRegister, arrived: datetime | None = None
+) -> NodeRow:
+    """Create or update the node, READY, heartbeat ``arrived`` (now by default). When the
+    cluster's capacity changed (a new node, another GPU count or type, a node that was not
+    READY) its state version is bumped (and a plan requested after commit); a READY node
+    registering again as it was (an agent restarted, or retrying a register whose answer it
+    missed) is a heartbeat: a thousand agents starting at once bump the version once each, not
+    once per retry."""
+    now = arrived or utcnow()
     node = session.get(NodeRow, node_id, with_for_update=True)
+    if (
+        node is not None
+        and node.state == NodeState.READY.value
+        and (node.gpus, node.gpu_type, node.hostname) == (data.gpus, data.gpu_type, data.hostname)
+    ):
+        if node.last_heartbeat_at is None or node.last_heartbeat_at < now:
+            node.last_heartbeat_at = now
+        session.add(node)
+        session.flush()
+        return node
     if node is None:
         node = NodeRow(id=node_id, hostname=data.hostname, gpus=data.gpus, registered_at=now)
     node.hostname = data.hostname

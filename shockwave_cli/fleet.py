@@ -59,6 +59,9 @@ from shockwave.workload import SimJob
 from shockwave_cli import wire
 
 REQUEST_TIMEOUT_S = 10.0
+REGISTER_SPACING_S = 0.01
+"""The nodes start (register) spread over a poll interval, or this much apart when there are
+more: a thousand agents that start together are a burst a real fleet's starts are not."""
 EVENT_TRIES = 8
 
 
@@ -272,7 +275,8 @@ class Fleet:
         here = Node(token, node if token == self.admin_token else None)
         here.reports_max = reports_per_poll(self.nodes[node][1])
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
+        spread = max(self.poll_s, REGISTER_SPACING_S * len(self.nodes))
+        await asyncio.sleep(spread * index / max(1, len(self.nodes)))
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
         if token == self.admin_token:
             body["node"] = node

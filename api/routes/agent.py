@@ -54,11 +54,14 @@ STALE: dict[int | str, dict[str, Any]] = {
     summary="Register a node",
     openapi_extra=AGENTS,
 )
-def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipal) -> NodeStatus:
+def register(
+    data: NodeRegister, request: Request, session: SessionDep, principal: CurrentPrincipal
+) -> NodeStatus:
     """Announce the node's GPUs, GPU type and hostname; the node is READY. Registering again
-    updates it. The cluster's capacity changed, so a new plan is requested."""
+    updates it. When the cluster's capacity changed a new plan is requested; registering again
+    unchanged is a heartbeat."""
     node_id = agent.acting_node(principal, data.node)
-    node = agent.register(session, node_id, data)
+    node = agent.register(session, node_id, data, admission.arrived_at(request.scope))
     session.commit()
     return agent.node_status(session, node)
 

@@ -223,3 +223,16 @@ def test_a_nodes_poll_carries_its_jobs_events_as_their_tokens_would_post_them(
     assert (refused["status"], refused["stop"]) == (409, True), refused
     shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
     assert shown["epochs_done"] == 2, shown
+
+
+def test_registering_again_unchanged_is_a_heartbeat_and_bumps_nothing(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A thousand agents retrying their registers must not bump the cluster's version (and ask
+    for a plan) once per retry: a READY node registering as it was is a heartbeat."""
+    first = register(client, tokens.agent, gpus=8)
+    again = register(client, tokens.agent, gpus=8)
+    assert again["state_version"] == first["state_version"]
+    assert again["last_heartbeat_at"] >= first["last_heartbeat_at"]
+    changed = register(client, tokens.agent, gpus=4)
+    assert changed["state_version"] == first["state_version"] + 1
