@@ -1,25 +1,32 @@
-"""Scale: the distributed service schedules 900 active jobs on 256 simulated GPUs, round by round.
+"""Scale: the distributed service schedules thousands of active jobs on simulated nodes, round by round.
 
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--json OUT] [--log-dir DIR]
+        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--event-posts]
+        [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
 processes (each node, and each job's attempt, talks to one of them, chosen by its token),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
 with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_cli/fleet.py``: one asyncio
-loop in this process, the agent protocol at the real agent's default poll and heartbeat
-intervals, training at each job's true pace from the reference trajectory).
+loop in this process multiplexes them all, the agent protocol at the real agent's default poll
+and heartbeat intervals, training at each job's true pace from the reference trajectory).
+From 256 nodes the agents long-poll (``--wait-seconds``, 10 s: an idle node costs a request
+per 10 s, and a new round reaches every node as soon as the driver commits it); each job's
+progress and scaling events ride in its node's polls (``--event-posts``: one request each, with
+the attempt's job token, as the SDK posts them).
 
-Order: the API and the worker start; the first ``--jobs`` jobs of the 900-job reference trace
-are submitted (``--submit db``, the default: in one transaction through the API's own
-``create_job``; ``--submit http``: ``POST /v1/jobs``, minutes on a loaded 2-core machine, while
-no node is registered yet so the worker skips those requests); the nodes register;
-the driver starts and the agents run until round ``--rounds`` has been issued. Every job is
-active (PENDING, RUNNING or SUSPENDED) from submission on: at the trace's own pace no job can
-finish within a short run (the shortest needs 0.2 GPU-hours), and the table shows the count.
+Order: the API and the worker start; ``--jobs`` jobs are submitted: the 900-job reference trace,
+repeated from its start past 900 (``--submit db``, the default: through the API's own
+``create_job``, 500 a transaction on 4 connections; ``--submit http``: ``POST /v1/jobs``, minutes
+on a loaded 2-core machine, while no node is registered yet so the worker skips those requests);
+the nodes register (spread over a second, or 10 ms apart from 100 nodes on); the driver starts
+and the agents run until round ``--rounds`` has been issued, while a user lists the jobs
+(``GET /v1/jobs``) every ``--user-every`` seconds. Every job is active (PENDING, RUNNING or
+SUSPENDED) from submission on: at the trace's own pace no job can finish within a short run (the
+shortest needs 0.2 GPU-hours), and the table shows the count.
 
 Round length: 30 s by default, a quarter of the service's default 120 s (the paper's), so every
 per-round cost (snapshot, solve, materialization, agent reports) weighs four times as much as in
@@ -30,8 +37,13 @@ default 15 s), so a solve that hits it still leaves time to store the plan.
 Per round it prints and writes (``--json``): lateness (due time to leases visible, and to the
 last agent seeing the round), the driver's own start delay and materialization time, the plan's
 source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
-and GPUs in the round and jobs active. "Late" is defined in ``bench/scale_report.py``: visible
-more than ``--late-after`` (1 s) after due, or not made from a fresh plan.
+and GPUs in the round and jobs active. Over the run: request latency and rate per endpoint, the
+user's list latency, nodes declared LOST, the API's CPU per node-minute and per job-minute, and
+the database's rows read and written and commits per round (``pg_stat_database``). It exits 2
+when a bound is missed (:func:`missed_bounds`): a late round (defined in
+``bench/scale_report.py``: visible more than ``--late-after``, 1 s, after due, or not made from a
+fresh plan), a live node declared LOST, an agent request kind with p99 over ``--agent-p99-ms``
+(the long polls, held on purpose, aside), or a user's list with p99 over ``--user-p99-ms``.
 """
 
 from __future__ import annotations
@@ -102,6 +114,21 @@ LONG_POLL_FROM_NODES = 256
 per ``LONG_POLL_S`` instead of one a second."""
 HELD_KINDS = ("poll",)
 """Request kinds that a long poll holds on purpose: not counted against the agent bound."""
+DB_STATS_SQL = (
+    "SELECT tup_returned, tup_fetched, tup_inserted, tup_updated, tup_deleted, xact_commit "
+    "FROM pg_stat_database WHERE datname = current_database()"
+)
+DB_STATS = ("returned", "fetched", "inserted", "updated", "deleted", "commits")
+
+
+def db_stats(dsn: str) -> dict[str, int]:
+    """The run database's row and transaction counters (``pg_stat_database``; Postgres sends
+    them to the statistics collector within about a second)."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        row = connection.execute(DB_STATS_SQL).fetchone()
+    return dict(zip(DB_STATS, (int(v) for v in row or (0,) * len(DB_STATS)), strict=True))
+
+
 ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
 
 console = Console()
@@ -416,6 +443,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             start_driver()
             probing.start()
 
+        dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+        db_before = db_stats(dsn)
         cpu_before = processes.cpu_seconds()
         wall_began = time.perf_counter()
         timeout = (args.rounds + 3) * args.round_seconds + 120
@@ -423,6 +452,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - wall_began
         cpu_after = processes.cpu_seconds()
         probe.stop.set()
+        time.sleep(1.0)  # the statistics collector's delay
+        db_after = db_stats(dsn)
         processes.stop_all()
         watcher.stop.set()
 
@@ -487,6 +518,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "errors": dict(probe.errors),
             },
             "nodes_lost": lost,
+            "db_per_round": {
+                k: round((db_after[k] - db_before[k]) / (wall / args.round_seconds))
+                for k in DB_STATS
+            },
+            "requests_per_s": {
+                kind: round(len(xs) / wall, 1) for kind, xs in sorted(fleet.log.latency.items())
+            },
             "api_cpu_ms_per_node_minute": round(1000 * api_cpu / args.nodes / (wall / 60), 2),
             "api_cpu_ms_per_job_minute": round(1000 * api_cpu / len(training) / (wall / 60), 3),
             "events": dict(fleet.log.events),
@@ -577,7 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(
         f"user GET /v1/jobs: {record['user_jobs_list']}; nodes lost {record['nodes_lost']}; "
         f"API CPU {record['api_cpu_ms_per_node_minute']} ms per node-minute, "
-        f"{record['api_cpu_ms_per_job_minute']} ms per job-minute",
+        f"{record['api_cpu_ms_per_job_minute']} ms per job-minute; requests/s "
+        f"{record['requests_per_s']}; database per round {record['db_per_round']}",
         highlight=False,
     )
     if record["agent_errors"]:
