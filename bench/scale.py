@@ -1,4 +1,4 @@
-"""Scale: the distributed service schedules thousands of active jobs on simulated nodes, round by round.
+"""Scale: the service schedules thousands of active jobs on simulated nodes, round by round.
 
 Usage::
 
