@@ -108,6 +108,8 @@ MAX_SOLVER_LIMIT_S = 15.0
 WATCH_EVERY_S = 0.02
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+REGISTER_TIMEOUT_S = 60.0
+"""How long the nodes may take to register (plus 10 ms a node: they start that far apart)."""
 LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
@@ -337,7 +339,16 @@ async def drive(
     until round ``rounds`` is visible and every agent has seen it."""
     stop = asyncio.Event()
     agents = asyncio.create_task(fleet.run(stop))
+    registering = time.monotonic() + REGISTER_TIMEOUT_S + 0.01 * len(fleet.nodes)
     while len(fleet.registered) < len(fleet.nodes) and not agents.done():
+        if time.monotonic() > registering:
+            stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(agents, STOP_TIMEOUT_S)
+            raise RuntimeError(
+                f"only {len(fleet.registered)} of {len(fleet.nodes)} nodes registered; "
+                f"agent errors {dict(fleet.log.errors)}"
+            )
         await asyncio.sleep(0.2)
     start_driver()
     deadline = time.monotonic() + timeout_s
