@@ -410,7 +410,7 @@ class RoundDriver:
             fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
         if not fill.jobs:
             return False
-        self._announce_leases()
+        self._announce_leases(fill.nodes)
         self.last_fill = fill
         self.metrics.fills.inc(len(fill.jobs))
         self.metrics.leases.labels("issued").inc(fill.issued)
@@ -435,10 +435,13 @@ class RoundDriver:
             session.expunge(cluster)
             return cluster
 
-    def _announce_leases(self) -> None:
+    def _announce_leases(self, nodes: tuple[str, ...] | None = None) -> None:
         """After a commit that issued or ended leases: wake the held polls of this process
-        (``leases_changed``) and, on Postgres, of the API processes (store.lease_signal)."""
-        lease_signal.publish(self.engine, lease_signal.LEASES)
+        (``leases_changed``) and, on Postgres, of the API processes (store.lease_signal):
+        those of ``nodes`` only, when the commit changed no other node's leases (a fill),
+        else every one."""
+        payload = lease_signal.payload_of(nodes)
+        lease_signal.publish(self.engine, lease_signal.LEASES, payload)
         self._leases_changed()
 
     def _ask(self, state_version: int) -> None:

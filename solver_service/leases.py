@@ -242,6 +242,8 @@ class FillOutcome:
     round_index: int
     jobs: tuple[str, ...]
     issued: int
+    nodes: tuple[str, ...] | None = ()
+    """The nodes whose leases it changed (None: it may have changed any node's)."""
 
 
 def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) -> FillOutcome:
@@ -291,13 +293,17 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
         session.rollback()
         return FillOutcome(r, (), 0)
     issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends, at(now))
+    issues = [c for c in changes.changes if c.kind is engine.ChangeKind.ISSUE]
+    nodes: tuple[str, ...] | None = None
+    if layout is not None and len(issues) == len(changes.changes):
+        nodes = tuple(sorted({n for c in issues for n in layout.by_node(c.gpus)}))
     row = session.get(RoundRow, (cluster_id, r), with_for_update=True)
     if row is not None:  # the round's record lists every job leased in it
         row.jobs = [*row.jobs, *(j for j in changes.assignment if j not in row.jobs)]
         row.leases_issued += issued
         session.add(row)
     session.commit()
-    return FillOutcome(r, tuple(changes.assignment), issued)
+    return FillOutcome(r, tuple(changes.assignment), issued, nodes)
 
 
 def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:

@@ -159,7 +159,7 @@ async def poll(
         # fed by the other processes' commits (signal.live): no need to re-read on a timer
         recheck = left if signal.live else min(left, settings.poll_recheck_s)
         async with admission.released():
-            notified = await signal.wait(seen, recheck)
+            notified = await signal.wait(seen, recheck, node_id)
         if not notified and deadline - time.monotonic() <= 0:
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation
