@@ -88,7 +88,11 @@ def create_app(
     # progress on 2 threads, 97 ms with 4).
     limit = min(pool_capacity(app.state.engine), 2 * settings.worker_threads)
     app.add_middleware(
-        InFlightLimit, limit=limit, threads=settings.worker_threads, exempt=(stream.STREAM_PATH,)
+        InFlightLimit,
+        limit=limit,
+        threads=settings.worker_threads,
+        exempt=(stream.STREAM_PATH,),
+        queue_timeout_s=settings.queue_timeout_s,
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

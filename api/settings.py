@@ -41,3 +41,7 @@ class Settings(DatabaseSettings):
     rate_limit_burst: int = Field(default=200, ge=1)
     rate_limit_admin: bool = False
     poll_recheck_s: float = Field(default=1.0, gt=0, le=60)
+    queue_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """A request that waited longer than this since it arrived for its turn (api.admission)
+    gets 503 with Retry-After instead of being served: its client has most likely given up
+    (the agent's request timeout is 3 s), and serving it would only age the ones behind it."""
