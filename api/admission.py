@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -106,7 +106,8 @@ class InFlightLimit:
     """Pure ASGI middleware: at most ``limit`` HTTP requests in progress at once, and (when
     ``threads`` is given) at most ``threads`` threads running their sync parts. Paths in
     ``exempt`` (long-lived streams, whose reads take the thread pool briefly) take no slot. A
-    request that waited more than ``queue_timeout_s`` for its slot is answered 503 at once.
+    request that waited more than ``queue_timeout_s`` for its slot is answered 503 at once,
+    and ``on_shed`` called (the app announces the overload: the node reaper then holds off).
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
@@ -118,10 +119,12 @@ class InFlightLimit:
         threads: int | None = None,
         exempt: tuple[str, ...] = (),
         queue_timeout_s: float | None = None,
+        on_shed: Callable[[], None] = lambda: None,
     ) -> None:
         self.app = app
         self.exempt = exempt
         self.queue_timeout_s = queue_timeout_s
+        self.on_shed = on_shed
         self.limit = max(1, limit)
         self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -137,6 +140,7 @@ class InFlightLimit:
         waited = time.monotonic() - queued
         if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
             slot.give()
+            self.on_shed()
             await _shed(scope, receive, send, waited)
             return
         token = _SLOT.set(slot)

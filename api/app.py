@@ -32,7 +32,7 @@ from api.routes import (
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
-from store.lease_signal import LEASES, LeaseSignal, Listener
+from store.lease_signal import LEASES, OVERLOAD, LeaseSignal, Listener, Throttled
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (408, "The request body did not arrive in time"),
@@ -93,6 +93,7 @@ def create_app(
         threads=settings.worker_threads,
         exempt=(stream.STREAM_PATH,),
         queue_timeout_s=settings.queue_timeout_s,
+        on_shed=Throttled(engine, OVERLOAD),
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

@@ -9,7 +9,11 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    (``tick_s``, well within a round). On SQLite (the embedded deployment, one process) there
    is no lock: the process runs one driver.
 2. Mark nodes LOST whose last heartbeat is older than ``node_ttl_s``; their jobs go back to
-   the queue and a plan is requested at the cluster's new version.
+   the queue and a plan is requested at the cluster's new version. Silence is measured on
+   the servers' answering clock (:func:`solver_service.leases.mark_lost_nodes`), and not at
+   all for a TTL after the database was away or an API process said it shed requests
+   (:meth:`RoundDriver.servers_overloaded`): a server that could not answer never declares
+   the nodes it did not answer LOST.
 3. At the round boundary (the current round's end, or at once before the first round and
    after a takeover that missed one) materialize round ``current_round + 1``
    (:func:`solver_service.leases.start_round`). Rounds are never skipped: a boundary begun
@@ -375,6 +379,15 @@ class RoundDriver:
         self._requested_round = None
         self._filled_version = None
         log.info("round driver: active for cluster %s", self.cluster_id)
+
+    def servers_overloaded(self) -> None:
+        """An API process shed requests (it could not get to them in time): count no node's
+        silence before one TTL from now, as after a database outage. Callable from any
+        thread (the notification listener's)."""
+        until = self._clock() + self.settings.node_ttl_s
+        if until > self._lost_grace_until:
+            self._lost_grace_until = until
+            log.warning("an API process is overloaded: no node is marked LOST before %.0f", until)
 
     def _mark_lost(self, now: float) -> LostNodes | None:
         if now < self._lost_grace_until:

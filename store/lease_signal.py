@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -60,7 +61,11 @@ LEASES = "leases"
 """The round driver committed leases (a round, a fill, nodes lost): held polls read again."""
 CLUSTER = "cluster"
 """A change a plan depends on was committed (the state version moved): the driver fills."""
-KINDS = (LEASES, CLUSTER)
+OVERLOAD = "overload"
+"""An API process shed requests it could not get to in time (api.admission): the node
+reaper counts no node's silence for a TTL after it (a server that cannot answer must not
+declare the nodes it did not answer LOST)."""
+KINDS = (LEASES, CLUSTER, OVERLOAD)
 LISTEN_TIMEOUT_S = 0.05
 """How often the listener's thread looks up from its connection to see whether to stop: what
 :meth:`Listener.stop` (an API process's shutdown) waits at most. At 0.5 s, the test suite's few
@@ -297,3 +302,27 @@ class Listener:
         self._on_live(live)
         for callback in self._callbacks.values():
             callback()
+
+
+class Throttled:
+    """Publishes ``kind`` (:func:`publish`) at most once every ``every_s`` seconds, from a
+    thread of its own (the caller, an event loop, never waits for the database). Calls in
+    between are dropped: the listeners need the fact, not the count."""
+
+    def __init__(self, engine: Engine, kind: str, every_s: float = 1.0) -> None:
+        _channel_sql(kind)
+        self._engine = engine
+        self._kind = kind
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every_s:
+                return
+            self._last = now
+        name = f"notify-{self._kind}"
+        args = (self._engine, self._kind)
+        threading.Thread(target=publish, args=args, name=name, daemon=True).start()

@@ -236,3 +236,22 @@ def test_registering_again_unchanged_is_a_heartbeat_and_bumps_nothing(
     assert again["last_heartbeat_at"] >= first["last_heartbeat_at"]
     changed = register(client, tokens.agent, gpus=4)
     assert changed["state_version"] == first["state_version"] + 1
+
+
+def test_no_node_is_lost_for_a_ttl_after_an_api_process_said_it_was_overloaded(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """An API process that sheds requests says so (store.lease_signal.OVERLOAD): for a TTL
+    the driver marks no node LOST, though one node's contacts stopped while another's got
+    through; then silence counts again."""
+    other = agent_token(database, "node-2")
+    register(client, tokens.agent)
+    register(client, other)
+    _silent_since(database, 40.0, NODE)
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.servers_overloaded()
+        driver.step(now())
+        assert _states(database, NODE, "node-2") == ["READY", "READY"]
+        assert client.post("/v1/agent/poll", json={}, headers=bearer(other)).status_code == 200
+        driver.step(now() + 31.0)
+        assert _states(database, NODE, "node-2") == ["LOST", "READY"]
