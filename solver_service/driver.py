@@ -384,10 +384,12 @@ class RoundDriver:
         """An API process shed requests (it could not get to them in time): count no node's
         silence before one TTL from now, as after a database outage. Callable from any
         thread (the notification listener's)."""
-        until = self._clock() + self.settings.node_ttl_s
+        now = self._clock()
+        until = now + self.settings.node_ttl_s
         if until > self._lost_grace_until:
+            if self._lost_grace_until < now:  # logged when the hold begins, not each second
+                log.warning("an API process is overloaded: no node is marked LOST meanwhile")
             self._lost_grace_until = until
-            log.warning("an API process is overloaded: no node is marked LOST before %.0f", until)
 
     def _mark_lost(self, now: float) -> LostNodes | None:
         if now < self._lost_grace_until:
