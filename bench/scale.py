@@ -114,6 +114,12 @@ LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
 per ``LONG_POLL_S`` instead of one a second."""
+LEAD_S = 5.0
+LEAD_FROM_JOBS = 2000
+"""From this many jobs the driver begins each round ``LEAD_S`` early (its boundary lead, by
+design: the round keeps its cadence and its leases their end): gathering thousands of active
+jobs and live leases takes seconds, and the round is then out at its due time, not that long
+after it."""
 HELD_KINDS = ("poll",)
 """Request kinds that a long poll holds on purpose: not counted against the agent bound."""
 DB_STATS_SQL = (
@@ -219,6 +225,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="each job posts its events with its token (default: in its node's polls)",
     )
+    parser.add_argument(
+        "--boundary-lead",
+        type=float,
+        default=None,
+        help="seconds before a round's end the driver begins the next "
+        f"(SHOCKWAVE_BOUNDARY_LEAD_S); default {LEAD_S:g} from {LEAD_FROM_JOBS} jobs, else 0",
+    )
     parser.add_argument("--agent-p99-ms", type=float, default=1000.0, help="bound")
     parser.add_argument("--user-p99-ms", type=float, default=100.0, help="bound")
     parser.add_argument(
@@ -242,6 +255,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
         args.wait_seconds = LONG_POLL_S if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.boundary_lead is None:
+        args.boundary_lead = LEAD_S if args.jobs >= LEAD_FROM_JOBS else 0.0
+    if not 0 <= args.boundary_lead <= 10:
+        parser.error("--boundary-lead must be between 0 and 10")
     if not 0 <= args.wait_seconds <= 30:
         parser.error("--wait-seconds must be between 0 and 30")
     if args.rounds < 1 or args.nodes < 1 or args.round_seconds < 1:
@@ -394,6 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             SHOCKWAVE_SOLVER_QUEUE=queue,
             SHOCKWAVE_SOLVER_MODE="celery",
             SHOCKWAVE_SOLVER_TIME_LIMIT_S=f"{solver_limit:g}",
+            SHOCKWAVE_BOUNDARY_LEAD_S=f"{args.boundary_lead:g}",
             PYTHONUNBUFFERED="1",
         )
         processes = Supervisor(args.log_dir, env)
@@ -520,6 +538,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
             "wait_seconds": args.wait_seconds,
+            "boundary_lead_s": args.boundary_lead,
             "held_kinds": list(HELD_KINDS) if args.wait_seconds else [],
             "user_jobs_list": {
                 "count": len(probe.latency),
