@@ -195,6 +195,21 @@ class Node:
     attempt_of: dict[str, str] = field(default_factory=dict)
     """Job id -> the attempt of it this node runs (where its events are batched)."""
 
+    def queue_event(self, event: dict[str, Any]) -> None:
+        """Leave ``event`` for the next poll. A progress event replaces its attempt's progress
+        event still waiting there when nothing of that attempt came after it: the job's
+        latest epoch is what the planner reads, so a node sends one progress event per job
+        per poll however short the epochs (the seq skipped is never used)."""
+        for index in range(len(self.events) - 1, -1, -1):
+            waiting = self.events[index]
+            if waiting["attempt_id"] != event["attempt_id"]:
+                continue
+            if waiting["kind"] == "progress" == event["kind"]:
+                self.events[index] = event
+                return
+            break
+        self.events.append(event)
+
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
         for one whose events were refused: it was fenced, its lease is gone already)."""
@@ -679,7 +694,7 @@ class Fleet:
         self.log.events[event["kind"]] += 1
         batched_as = here.attempt_of.get(job.id) if here is not None else None
         if self.batch_events and here is not None and batched_as is not None:
-            here.events.append({"attempt_id": batched_as, **event})
+            here.queue_event({"attempt_id": batched_as, **event})
             return
         for attempt in range(EVENT_TRIES):
             sent = job.token
