@@ -68,6 +68,7 @@ from agent.state import (
     save,
 )
 from agent.wrap import Watch
+from shockwave.lifecycle import reports_per_poll
 
 log = logging.getLogger(__name__)
 
@@ -338,13 +339,16 @@ class Agent:
         """``POST /v1/agent/poll`` with the reports owed and the attempts running here (held
         by the server while nothing is new, with ``wait``). The reports it answers leave the
         outbox; one answered ``stop`` stops its attempt (a 404, an attempt the server does not
-        know, is dropped, as is any refusal)."""
-        sent = list(self.state.outbox)
-        logs = dict(self.final_logs)
+        know, is dropped, as is any refusal). At most ``reports_per_poll`` of the node's GPUs
+        reports and log tails go in one poll (the server refuses more): the oldest first, the
+        rest in the next polls."""
+        most = reports_per_poll(self.config.machine.gpus)
+        sent = self.state.outbox[:most]
+        logs = dict(list(self.final_logs.items())[:most])
         if heartbeat:
             for running in self.state.attempts.values():
                 tail = log_tail(Path(running.handle.log_file))
-                if tail is not None:
+                if tail is not None and len(logs) < most:
                     logs[running.attempt_id] = tail
         poll = self.client.poll(sorted(self.state.attempts), sent, heartbeat, tokens, logs, wait)
         for attempt in logs:

@@ -26,14 +26,17 @@ in progress and 2 threads (api.app bounds the requests in progress by twice the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
 
 import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 from sqlmodel import Session
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 DEFAULT_LIMIT = 30
@@ -105,7 +108,9 @@ class InFlightLimit:
     ``exempt`` (long-lived streams, whose reads take the thread pool briefly; static pages)
     and paths under ``exempt_prefixes`` (static files) take no slot: they use no database
     connection, and a client that requests a large file and never reads it must not hold a
-    slot while the server waits to send it.
+    slot while the server waits to send it. A request that waited more than
+    ``queue_timeout_s`` for its slot is answered 503 at once, and ``on_shed`` called (the app
+    announces the overload: the node reaper then holds off).
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
@@ -117,10 +122,14 @@ class InFlightLimit:
         threads: int | None = None,
         exempt: tuple[str, ...] = (),
         exempt_prefixes: tuple[str, ...] = (),
+        queue_timeout_s: float | None = None,
+        on_shed: Callable[[], None] = lambda: None,
     ) -> None:
         self.app = app
         self.exempt = exempt
         self.exempt_prefixes = exempt_prefixes
+        self.queue_timeout_s = queue_timeout_s
+        self.on_shed = on_shed
         self.limit = max(1, limit)
         self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,7 +141,14 @@ class InFlightLimit:
             await self.app(scope, receive, send)
             return
         slot = _Slot(self._semaphore())
+        queued = time.monotonic()
         await slot.take()
+        waited = time.monotonic() - queued
+        if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
+            slot.give()
+            self.on_shed()
+            await _shed(scope, receive, send, waited)
+            return
         token = _SLOT.set(slot)
         try:
             await self.app(scope, receive, send)
@@ -147,3 +163,47 @@ class InFlightLimit:
             if self.threads is not None:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots
+
+
+ARRIVED_AT = "arrived_at"
+"""The key of a request's arrival time (seconds since the epoch) in its scope's state."""
+
+
+class ArrivalStamp:
+    """Pure ASGI middleware, outermost: stamps each HTTP request with when it reached the
+    process (``scope["state"]["arrived_at"]``), before it waits for admission or a thread. An
+    agent's contact counts from then (:func:`arrived_at`): a node's liveness is judged by
+    when it spoke, not by how long the server took to listen."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVED_AT] = time.time()
+        await self.app(scope, receive, send)
+
+
+def arrived_at(scope: Scope) -> datetime:
+    """When the request of ``scope`` reached the process (now, outside :class:`ArrivalStamp`)."""
+    stamp = scope.get("state", {}).get(ARRIVED_AT)
+    return datetime.fromtimestamp(stamp if stamp is not None else time.time(), UTC)
+
+
+async def _shed(scope: Scope, receive: Receive, send: Send, waited: float) -> None:
+    """Answer a request that waited longer than ``queue_timeout_s`` for a slot: a 503 problem
+    with Retry-After, at the cost of a few hundred microseconds and no connection or thread.
+    Its client has most likely given up, and serving it would only make every request behind
+    it older (an overloaded server then works on dead requests while their clients' retries
+    queue up behind them)."""
+    body = {
+        "type": "https://shockwave.dev/problems/overloaded",
+        "title": "Overloaded",
+        "status": 503,
+        "detail": f"the request waited {waited:.1f} s for the server; try again",
+        "instance": scope.get("path", ""),
+    }
+    response = JSONResponse(
+        body, status_code=503, media_type="application/problem+json", headers={"Retry-After": "1"}
+    )
+    await response(scope, receive, send)

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, bindparam, case, select, update
 from sqlmodel import Session, SQLModel
 
 from api.agent_schemas import (
     AgentPoll,
     AttemptReport,
+    EventAnswer,
     JobTokenPublic,
     LeasePublic,
     LeaseStatusPublic,
@@ -38,9 +39,12 @@ from shockwave.lifecycle import (
     NodeState,
     Report,
     report_effect,
+    reports_per_poll,
     transition,
 )
+from shockwave.observed import ClientEvent
 from store import cluster, cluster_version, population
+from store import events as store_events
 from store.errors import Conflict, DomainError, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -71,20 +75,26 @@ JOBS = SQLModel.metadata.tables["jobs"]
 _BEAT = (
     update(NODES)
     .where(NODES.c.id == bindparam("node"), NODES.c.state == NodeState.READY)
-    .values(last_heartbeat_at=bindparam("now"))
+    .values(
+        last_heartbeat_at=case(
+            (NODES.c.last_heartbeat_at > bindparam("now"), NODES.c.last_heartbeat_at),
+            else_=bindparam("now"),
+        )
+    )
     .returning(*NODES.c)
 )
-"""A READY node's heartbeat; no row when the node is unknown or LOST."""
+"""A READY node's heartbeat, stamped with when its request arrived (never moving the stamp
+back: contacts may finish out of order); no row when the node is unknown or LOST."""
 _ROUND = (CLUSTERS.c.current_round, CLUSTERS.c.round_ends_at, CLUSTERS.c.state_version)
 _CLUSTER_ROUND = select(*_ROUND).where(CLUSTERS.c.id == CLUSTER)
 _NODE_ROUND = (
-    select(NODES.c.id, NODES.c.state, *_ROUND)
+    select(NODES.c.id, NODES.c.state, NODES.c.gpus, *_ROUND)
     .select_from(NODES.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER))
     .where(NODES.c.id == bindparam("node"))
 )
 """The node (no row: unknown) and the cluster's round (NULLs before the cluster exists)."""
 _BEATEN = _BEAT.cte("beat")
-_BEAT_ROUND = select(_BEATEN.c.id, _BEATEN.c.state, *_ROUND).select_from(
+_BEAT_ROUND = select(_BEATEN.c.id, _BEATEN.c.state, _BEATEN.c.gpus, *_ROUND).select_from(
     _BEATEN.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER)
 )
 """A READY node's heartbeat and the cluster's round in one round trip (Postgres: SQLite has
@@ -118,9 +128,11 @@ JOB_EVENTS = SQLModel.metadata.tables["job_events"]
 _LOCK_JOBS = (
     select(JOBS.c.id, JOBS.c.state)
     .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
-    .order_by(JOBS.c.id)
+    .order_by(JOBS.c.created_at, JOBS.c.id)
     .with_for_update()
 )
+"""Lock jobs in the round driver's order (arrival, then id), so a poll that locks several
+waits for a boundary instead of deadlocking with it."""
 _RUN_LEASES = (
     update(LEASES)
     .where(
@@ -149,6 +161,26 @@ _ATTEMPT = (
     .where(LEASES.c.id == bindparam("attempt"))
 )
 """An attempt's lease and its job's state, read without locks."""
+_ATTEMPTS = (
+    select(
+        LEASES.c.id,
+        LEASES.c.state,
+        LEASES.c.node_id,
+        LEASES.c.ends_at,
+        JOBS.c.id.label("job_id"),
+        JOBS.c.state.label("job_state"),
+    )
+    .join(JOBS, JOBS.c.id == LEASES.c.job_id)
+    .where(LEASES.c.id.in_(bindparam("ids", expanding=True)))
+)
+"""Several attempts as :data:`_ATTEMPT` reads one, with their ids: one read for a poll's
+reports, however many."""
+_FRESH = select(LEASES.c.id, LEASES.c.job_id).where(
+    LEASES.c.id.in_(bindparam("ids", expanding=True)),
+    LEASES.c.node_id == bindparam("node"),
+    LEASES.c.state.in_((LeaseState.ISSUED, LeaseState.STARTED)),
+)
+"""The node's leases among ``ids`` that are live and not RUNNING yet (read without locks)."""
 
 
 def acting_node(principal: Principal, requested: str | None) -> str:
@@ -166,10 +198,19 @@ def acting_node(principal: Principal, requested: str | None) -> str:
 
 
 def register(
-    session: Session, node_id: str, data: NodeRegister, *, approve: bool = False
+    session: Session,
+    node_id: str,
+    data: NodeRegister,
+    arrived: datetime | None = None,
+    *,
+    approve: bool = False,
 ) -> NodeRow:
-    """Create or update the node, READY, heartbeat now; the cluster's capacity changed, so
-    its state version is bumped (and a plan requested after commit).
+    """Create or update the node, READY, heartbeat ``arrived`` (now by default). When the
+    cluster's capacity changed (a new node, another GPU count or type, a node that was not
+    READY) its state version is bumped (and a plan requested after commit); a READY node
+    registering again as it was (an agent restarted, or retrying a register whose answer it
+    missed) is a heartbeat: a thousand agents starting at once bump the version once each, not
+    once per retry.
 
     The node's GPUs are an operator's word, not its agent's (:mod:`store.cluster`): an agent
     reporting more GPUs than its node was approved for, or another GPU type, is refused (409);
@@ -180,8 +221,18 @@ def register(
         cluster.approve_node(session, node_id, data.gpus, data.gpu_type)
     else:
         cluster.check_inventory(session, node_id, data.gpus, data.gpu_type)
-    now = utcnow()
+    now = arrived or utcnow()
     node = session.get(NodeRow, node_id, with_for_update=True)
+    if (
+        node is not None
+        and node.state == NodeState.READY.value
+        and (node.gpus, node.gpu_type, node.hostname) == (data.gpus, data.gpu_type, data.hostname)
+    ):
+        if node.last_heartbeat_at is None or node.last_heartbeat_at < now:
+            node.last_heartbeat_at = now
+        session.add(node)
+        session.flush()
+        return node
     if node is None:
         node = NodeRow(id=node_id, hostname=data.hostname, gpus=data.gpus, registered_at=now)
     node.hostname = data.hostname
@@ -195,29 +246,40 @@ def register(
     return node
 
 
-def heartbeat(session: Session, node_id: str) -> NodeStatus:
+def heartbeat(session: Session, node_id: str, arrived: datetime | None = None) -> NodeStatus:
     """Record a sign of life and commit; the node's status after it.
 
+    The contact counts from ``arrived`` (when the request reached the server; now by default),
+    not from when it was served: a server slow to answer never makes a node look silent.
     A READY node's heartbeat is one ``UPDATE ... RETURNING`` and one read of the cluster's
     round. A LOST node that heartbeats again is READY again (capacity changed: the version is
     bumped); its lost attempts stay lost. An unknown node is a 404."""
     connection = session.connection()
-    now = utcnow()
+    now = arrived or utcnow()
     beat = connection.execute(_BEAT, {"node": node_id, "now": now}).first()
     if beat is not None:
         status = node_status(session, beat)
         session.commit()
         return status
+    node = _revive(session, node_id, now)
+    session.commit()
+    return node_status(session, node)
+
+
+def _revive(session: Session, node_id: str, now: datetime) -> NodeRow:
+    """The slow path of a heartbeat (a LOST node, or SQLite): stamp it, READY again with the
+    version bumped when it was not; not committed."""
     node = session.get(NodeRow, node_id, with_for_update=True)
     if node is None:
         raise NotFound(f"no node {node_id}: register it first")
-    node.last_heartbeat_at = now
+    if node.last_heartbeat_at is None or node.last_heartbeat_at < now:
+        node.last_heartbeat_at = now
     if node.state != NodeState.READY:
         node.state = NodeState.READY.value
         cluster_version.bump_and_request(session, f"node {node_id} is back")
     session.add(node)
-    session.commit()
-    return node_status(session, node)
+    session.flush()
+    return node
 
 
 def node_status(session: Session, node: Any) -> NodeStatus:
@@ -287,37 +349,77 @@ def _leases_of(
     )
 
 
-def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) -> PollAnswer:
-    """One contact of an agent, in one request (``POST /v1/agent/poll``), committing as it
-    goes:
+def poll(
+    session: Session,
+    principal: Principal,
+    node_id: str,
+    data: AgentPoll,
+    arrived: datetime | None = None,
+) -> PollAnswer:
+    """One contact of an agent, in one request (``POST /v1/agent/poll``) and one transaction:
 
-    1. each report, in order, as :func:`report_status` applies it alone, in a transaction of
-       its own (a report refused or about an unknown attempt does not undo the others);
-    2. the heartbeat (unless ``data.heartbeat`` is false), as :func:`heartbeat` records it,
-       and, in the same transaction, the leases, as :func:`node_leases` reads them with
-       ``data.running``; with ``data.tokens``, also a job token for each live lease not in
-       ``running`` that has none yet (the agent is about to start it): one token per attempt,
-       never one per poll (an agent that lost it asks :func:`job_token`, which replaces it);
-       committed once;
-    3. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
-       ``started`` report is implied) becomes RUNNING, all in one transaction
-       (:func:`_acknowledge`); one that must stop instead joins ``stop``.
+    1. the reports, in order, each answered as :func:`report_status` would answer it alone
+       (:func:`_apply_reports`); at most :func:`~shockwave.lifecycle.reports_per_poll` of the
+       node's GPUs (more is a 422 naming ``reports``, as are more log tails: ``logs``), so
+       the server's work per request is bounded by what the node can run;
+    2. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
+       ``started`` report is implied) becomes RUNNING (:func:`_acknowledge`);
+    3. the log tails, and the heartbeat (unless ``data.heartbeat`` is false), stamped
+       ``arrived`` (when the request reached the server: :func:`heartbeat`);
+    4. the leases, as :func:`node_leases` reads them with ``data.running``; with
+       ``data.tokens``, also a job token for each live lease not in ``running`` that has none
+       yet (the agent is about to start it): one token per attempt, never one per poll (an
+       agent that lost it asks :func:`job_token`, which replaces it);
+
+    committed once. Locks are taken jobs first (all of them in one statement, in the round
+    driver's order), then leases, then the node's row: the order of the round driver and of
+    the node reaper, so a poll waits for them rather than deadlocking.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
     fall from a few per lease to two per node (docs/reliability.md, "Load"). Agents that run
-    many attempts and are told nothing new pay for step 2 only: on Postgres one ``UPDATE ...
-    RETURNING`` joined to the cluster's round, one read of the leases, one commit.
+    many attempts and are told nothing new pay for steps 3 and 4 only: on Postgres one
+    ``UPDATE ... RETURNING`` joined to the cluster's round, one read of the leases, one
+    commit. Reports on unknown attempts cost one read for all of them.
     """
-    reports = [_report_in_poll(session, principal, report) for report in data.reports]
+    connection = session.connection()
+    known = connection.execute(_NODE_ROUND, {"node": node_id}).first()
+    if known is None:
+        raise NotFound(f"no node {node_id}: register it first")
+    most = reports_per_poll(known.gpus)
+    for name, items in (("reports", data.reports), ("events", data.events), ("logs", data.logs)):
+        if len(items) > most:
+            raise InvalidInput(
+                f"at most {most} {name} per poll for a node of {known.gpus} GPUs; "
+                "send the rest in the next polls",
+                field=name,
+            )
+    running = set(data.running)
+    fresh = (
+        connection.execute(_FRESH, {"ids": sorted(running), "node": node_id}).all()
+        if running
+        else []
+    )
+    named = {report.attempt_id for report in data.reports} | {e.attempt_id for e in data.events}
+    attempts = _attempts(connection, principal, named)
+    settled, locking = _triage(data.reports, attempts)
+    locking |= {row.job_id for row in fresh}
+    locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
+    if locking:
+        connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
+    events = _record_events(session, node_id, data.events, attempts)
+    reports = _apply_reports(session, principal, data.reports, attempts, settled)
+    if fresh:
+        _acknowledge(session, node_id, [(row.id, row.job_id) for row in fresh])
     connection = session.connection()
     if data.logs:
         _store_logs(connection, node_id, data.logs)
+    now = arrived or utcnow()
     node = None
     if data.heartbeat and connection.dialect.name == "postgresql":
-        node = connection.execute(_BEAT_ROUND, {"node": node_id, "now": utcnow()}).first()
+        node = connection.execute(_BEAT_ROUND, {"node": node_id, "now": now}).first()
     if node is None and data.heartbeat:
-        heartbeat(session, node_id)  # not READY, or SQLite: the slow path (it commits)
+        _revive(session, node_id, now)  # not READY, or SQLite: the slow path
         connection = session.connection()
     if node is None:
         node = connection.execute(_NODE_ROUND, {"node": node_id}).first()
@@ -325,7 +427,6 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
         raise NotFound(f"no node {node_id}: register it first")
     round_ = _as_round(node)
     found = _leases_of(connection, node_id, round_, data.running)
-    running = set(data.running)
     tokens = {}
     if data.tokens:
         starting = {
@@ -338,31 +439,16 @@ def poll(session: Session, principal: Principal, node_id: str, data: AgentPoll) 
             if attempt not in held
         }
     session.commit()
-    fresh = [
-        lease
-        for lease in found.leases
-        if lease.attempt_id in running and lease.state != LeaseState.RUNNING
-    ]
-    acked = _acknowledge(session, principal, node_id, fresh) if fresh else {}
-    leases: list[LeasePublic] = []
-    stop = set(found.stop)
-    for lease in found.leases:
-        if lease.attempt_id in acked:
-            state = acked[lease.attempt_id]
-            if state is None:
-                stop.add(lease.attempt_id)
-                continue
-            lease = lease.model_copy(update={"state": state})
-        leases.append(lease)
     return PollAnswer(
         node=node_id,
         current_round=round_.current,
         round_ends_at=round_.ends_at,
-        leases=leases,
-        stop=sorted(stop),
+        leases=found.leases,
+        stop=found.stop,
         node_state=NodeState(node.state),
         state_version=round_.version,
         reports=reports,
+        events=events,
         tokens=tokens,
     )
 
@@ -390,48 +476,156 @@ def _store_logs(connection: Connection, node_id: str, logs: dict[str, str]) -> N
     )
 
 
-def _report_in_poll(session: Session, principal: Principal, report: AttemptReport) -> ReportAnswer:
-    """One report of a poll, applied and committed alone; what it would have got alone."""
-    attempt_id = report.attempt_id
-    try:
-        outcome = report_status(session, principal, attempt_id, report)
-        session.commit()
-    except DomainError as error:
-        session.rollback()
-        if not isinstance(error, NotFound):
-            raise
-        return ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=error.detail)
-    if outcome.refused is not None:
-        detail = f"{outcome.refused}: stop it"
-        return ReportAnswer(attempt_id=attempt_id, status=409, stop=True, detail=detail)
-    status = outcome.status
-    return ReportAnswer(attempt_id=attempt_id, status=200, stop=status.stop, lease=status)
+def _attempts(connection: Connection, principal: Principal, ids: set[str]) -> dict[str, Any]:
+    """The attempts ``ids`` the caller may act on (an agent: its node's), by id, as
+    :data:`_ATTEMPTS` reads them: one read for all a poll names."""
+    if not ids:
+        return {}
+    rows = {row.id: row for row in connection.execute(_ATTEMPTS, {"ids": sorted(ids)})}
+    if principal.role is Role.AGENT:
+        rows = {k: row for k, row in rows.items() if row.node_id == principal.node}
+    return rows
 
 
-def _acknowledge(
-    session: Session, principal: Principal, node_id: str, fresh: list[LeasePublic]
-) -> dict[str, LeaseState | None]:
-    """A ``running`` report for each of ``fresh`` (leases a poll lists as running that are not
-    RUNNING yet), in one transaction: each lease's state after it, None for one that must stop
-    instead.
+def _triage(
+    reports: list[AttemptReport], attempts: dict[str, Any]
+) -> tuple[dict[int, LeaseStatusPublic], set[str]]:
+    """Which reports change nothing (answered from the read, by their index) and the jobs of
+    the others (to lock). Once a job is reported on through the locking path, every later
+    report on it takes that path too: the read is stale for it."""
+    settled: dict[int, LeaseStatusPublic] = {}
+    locking: set[str] = set()
+    for index, report in enumerate(reports):
+        row = attempts.get(report.attempt_id)
+        if row is None:
+            continue
+        answer = None if row.job_id in locking else _settled(report.attempt_id, row, report)
+        if answer is not None:
+            settled[index] = answer
+        else:
+            locking.add(row.job_id)
+    return settled, locking
+
+
+def _record_events(
+    session: Session, node_id: str, events: list[Any], attempts: dict[str, Any]
+) -> list[EventAnswer]:
+    """A poll's job events, in order, in the caller's transaction (their jobs locked): each
+    recorded as its attempt's job token would record it (:func:`store.events.record_event`,
+    fencing included), answered as that post would be. One for an attempt not on this node
+    is a 404 answer; a refused one (fenced, a conflicting duplicate, a finished job, an epoch
+    beyond the job) writes nothing and does not undo the others. A new scaling event bumps
+    the cluster's version once for the poll."""
+    answers = []
+    scaled = False
+    for event in events:
+        row = attempts.get(event.attempt_id)
+        if row is None or row.node_id != node_id:
+            answers.append(
+                EventAnswer(
+                    attempt_id=event.attempt_id,
+                    seq=event.seq,
+                    status=404,
+                    detail=f"no attempt {event.attempt_id}",
+                )
+            )
+            continue
+        speaker = Principal(
+            role=Role.JOB,
+            key=f"attempt:{event.attempt_id}",
+            job_id=row.job_id,
+            attempt_id=event.attempt_id,
+        )
+        payload = event.model_dump(mode="json", exclude={"seq", "kind", "attempt_id"})
+        try:
+            status, _ = store_events.record_event(
+                session, speaker, row.job_id, ClientEvent(event.seq, event.kind, payload)
+            )
+        except (Conflict, InvalidInput, NotFound) as error:
+            code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
+            answers.append(
+                EventAnswer(
+                    attempt_id=event.attempt_id,
+                    seq=event.seq,
+                    status=code,
+                    stop=bool(error.extra.get("stop")),
+                    detail=error.detail,
+                )
+            )
+            continue
+        scaled = scaled or (status == 201 and event.kind == "scaling")
+        answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
+    if events:
+        session.flush()
+    if scaled:
+        cluster_version.bump_and_request(session, "batch size changed")
+    return answers
+
+
+def _apply_reports(
+    session: Session,
+    principal: Principal,
+    reports: list[AttemptReport],
+    attempts: dict[str, Any],
+    settled: dict[int, LeaseStatusPublic],
+) -> list[ReportAnswer]:
+    """A poll's reports, in order, in the caller's transaction: what each would have got
+    alone. ``attempts``: the attempts the caller may act on (one read for all); an unknown
+    one (or another node's) is a 404 answer, one that changes nothing (``settled``) is
+    answered from that read, neither writing nor locking; the others' jobs are locked
+    already, and each is applied as :func:`report_status` applies it. A report refused as
+    invalid (not a 404) fails the whole poll: nothing of it is written."""
+    answers = []
+    applied = False
+    for index, report in enumerate(reports):
+        attempt_id = report.attempt_id
+        if attempt_id not in attempts:
+            detail = f"no attempt {attempt_id}"
+            answers.append(
+                ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=detail)
+            )
+            continue
+        status = settled.get(index)
+        refused = None
+        if status is None:
+            outcome = report_status(session, principal, attempt_id, report)
+            status, refused, applied = outcome.status, outcome.refused, True
+        if refused is not None:
+            detail = f"{refused}: stop it"
+            answers.append(
+                ReportAnswer(attempt_id=attempt_id, status=409, stop=True, detail=detail)
+            )
+        else:
+            answers.append(
+                ReportAnswer(attempt_id=attempt_id, status=200, stop=status.stop, lease=status)
+            )
+    if applied:
+        session.flush()  # what follows reads with Core statements
+    return answers
+
+
+def _acknowledge(session: Session, node_id: str, fresh: list[tuple[str, str]]) -> None:
+    """A ``running`` report for each of ``fresh`` (attempt id, job id: the node's leases a
+    poll lists as running that are not RUNNING yet), in the caller's transaction, their jobs
+    already locked (:func:`_apply_reports`).
 
     A round boundary brings every node its new attempts at once, so this is one statement per
-    step, not a report per lease: lock the jobs (in id order, then the leases: the round
-    driver's order, so a poll racing a boundary waits instead of deadlocking); move the live
-    leases of unfinished jobs to RUNNING; move their jobs that are not RUNNING yet to RUNNING,
-    with a state event each, as :func:`_run` does. Any other lease (revoked, lost or stopped
-    meanwhile, or its job finished) takes :func:`report_status`'s path, which refuses it."""
+    step, not a report per lease: move the live leases of unfinished jobs to RUNNING; move
+    their jobs that are not RUNNING yet to RUNNING, with a state event each, as :func:`_run`
+    does. Any other lease (revoked, lost or stopped meanwhile, or its job finished) stays as
+    it is: not live, it comes back in the poll's ``stop``."""
     connection = session.connection()
     now = utcnow()
-    job_ids = sorted({lease.job_id for lease in fresh})
+    job_ids = sorted({job_id for _, job_id in fresh})
     jobs = {row.id: row.state for row in connection.execute(_LOCK_JOBS, {"ids": job_ids})}
     running = {job_id for job_id, state in jobs.items() if not JobState(state).terminal}
-    wanted = [lease.attempt_id for lease in fresh if lease.job_id in running]
+    wanted = [attempt for attempt, job_id in fresh if job_id in running]
+    if not wanted:
+        return
     moved = {
         row.id: row.job_id
         for row in connection.execute(_RUN_LEASES, {"ids": wanted, "node": node_id, "now": now})
     }
-    states: dict[str, LeaseState | None] = dict.fromkeys(moved, LeaseState.RUNNING)
     started: dict[str, str] = {}
     for attempt_id, job_id in sorted(moved.items()):
         if jobs[job_id] != JobState.RUNNING.value and job_id not in started:
@@ -452,19 +646,6 @@ def _acknowledge(
                 for job_id, attempt_id in sorted(started.items())
             ],
         )
-    report = LeaseStatusReport(state="running")
-    try:
-        for lease in fresh:
-            if lease.attempt_id in moved:
-                continue
-            outcome = report_status(session, principal, lease.attempt_id, report)
-            refused = outcome.refused is not None or outcome.status.stop
-            states[lease.attempt_id] = None if refused else outcome.status.state
-    except DomainError:
-        session.rollback()
-        return {}
-    session.commit()
-    return states
 
 
 def visible_attempt(session: Session, principal: Principal, attempt_id: str) -> Any:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
-from api.schemas import NodeId
+from api.schemas import NodeId, ProgressEventCreate, ScalingEventCreate
 from shockwave.lifecycle import JobState, LeaseState, NodeState
 from store.tables import INT4_MAX
 
@@ -163,6 +163,34 @@ class AttemptReport(LeaseStatusReport):
     attempt_id: AttemptId
 
 
+class AttemptProgress(ProgressEventCreate):
+    """A progress event (``POST /v1/jobs/{id}/events``) of attempt ``attempt_id``'s job,
+    carried in its node's poll."""
+
+    attempt_id: AttemptId
+
+
+class AttemptScaling(ScalingEventCreate):
+    """A scaling event of attempt ``attempt_id``'s job, carried in its node's poll."""
+
+    attempt_id: AttemptId
+
+
+AttemptEvent = Annotated[AttemptProgress | AttemptScaling, Field(discriminator="kind")]
+
+
+class EventAnswer(BaseModel):
+    """What one event of a poll got: ``status`` is what the same event posted with the
+    attempt's job token would have got (201 stored, 200 a duplicate, 404 no such attempt on
+    this node, 409 refused, 422 invalid); ``stop``: the attempt is fenced and must stop."""
+
+    attempt_id: str
+    seq: int
+    status: int
+    stop: bool = False
+    detail: str | None = None
+
+
 class AgentPoll(BaseModel):
     """One contact of an agent (``POST /v1/agent/poll``): the reports it owes, in the order
     they happened, and the attempts it runs now. ``heartbeat``: count the contact as a sign of
@@ -179,6 +207,14 @@ class AgentPoll(BaseModel):
         "A token the agent does not use dies with its attempt.",
     )
     reports: list[AttemptReport] = Field(default=[], max_length=POLL_ITEMS_MAX)
+    events: list[AttemptEvent] = Field(
+        default=[],
+        max_length=POLL_ITEMS_MAX,
+        description="Job events (progress, scaling) of the node's attempts, in order: each is "
+        "recorded as if its attempt's job token had posted it, and answered in `events`. So a "
+        "node's jobs report in its one request per interval instead of one request each. At "
+        "most two per GPU of the node (at least 8) per poll.",
+    )
     running: list[AttemptId] = Field(
         default=[],
         max_length=POLL_ITEMS_MAX,
@@ -233,6 +269,7 @@ class PollAnswer(NodeLeases):
     node_state: NodeState
     state_version: int
     reports: list[ReportAnswer]
+    events: list[EventAnswer] = []
     tokens: dict[str, str] = Field(
         default={},
         description="Asked for with `tokens`: a new job token (SHOCKWAVE_TOKEN) for each live "

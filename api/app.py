@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors, openapi
-from api.admission import InFlightLimit, pool_capacity
+from api.admission import ArrivalStamp, InFlightLimit, pool_capacity
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.routes import (
@@ -35,7 +35,7 @@ from api.security_headers import SecurityHeaders
 from api.settings import Settings
 from store.cluster_version import PlanRequest, no_plan_requests
 from store.db import make_engine
-from store.lease_signal import LEASES, LeaseSignal, Listener
+from store.lease_signal import LEASES, OVERLOAD, LeaseSignal, Listener, Throttled
 
 LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
     (408, "The request body did not arrive in time"),
@@ -101,12 +101,15 @@ def create_app(
         threads=settings.worker_threads,
         exempt=(stream.STREAM_PATH, *STATIC_PAGES),
         exempt_prefixes=(STATIC_PREFIX,),
+        queue_timeout_s=settings.queue_timeout_s,
+        on_shed=Throttled(engine, OVERLOAD),
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )
     app.state.metrics = ApiMetrics(app.state.engine)
     app.add_middleware(HttpMetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(ArrivalStamp)  # before admission: a request counts from its arrival
     app.add_middleware(SecurityHeaders)  # outermost: every response, refusals included
 
     app.include_router(health.router)

@@ -52,3 +52,7 @@ class Settings(DatabaseSettings):
     max_streams: int = Field(default=128, ge=1, le=10_000)
     send_timeout_s: float = Field(default=10.0, gt=0, le=600)
     max_pipelined: int = Field(default=4, ge=1, le=100)
+    queue_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """A request that waited longer than this since it arrived for its turn (api.admission)
+    gets 503 with Retry-After instead of being served: its client has most likely given up
+    (the agent's request timeout is 3 s), and serving it would only age the ones behind it."""

@@ -103,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "samples_per_epoch": 1000,
             "initial_batch_size": 32,
         }
+        ghosts = [
+            {"attempt_id": f"0b5c3a4e-0000-4000-8000-{i:012d}", "state": "checkpointed"}
+            for i in range(8)
+        ]
         endpoints: list[tuple[str, Callable[[], httpx.Response]]] = [
             ("GET /healthz (no database)", lambda: client.get("/healthz")),
             ("GET unknown path (404)", lambda: client.get("/no-such-path")),
@@ -114,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             (
                 "POST /v1/agent/poll (a heartbeat and the leases)",
                 lambda: client.post("/v1/agent/poll", json={}, headers=agent),
+            ),
+            (
+                "POST /v1/agent/poll (8 reports on unknown attempts)",
+                lambda: client.post("/v1/agent/poll", json={"reports": ghosts}, headers=agent),
             ),
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),

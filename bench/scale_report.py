@@ -171,3 +171,11 @@ def _after(due: datetime | None, at: float | None) -> float | None:
 
 def read_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+LOST_LINE = re.compile(r"nodes lost: (?P<nodes>[^;]+);")
+
+
+def parse_lost(driver_log: str) -> int:
+    """How many times the driver marked a node LOST (its ``nodes lost: a, b; ...`` lines)."""
+    return sum(len(m.group("nodes").split(", ")) for m in LOST_LINE.finditer(driver_log))

@@ -142,6 +142,19 @@ class NodeState(StrEnum):
     LOST = "LOST"
 
 
+REPORTS_PER_GPU = 2
+REPORTS_PER_POLL_MIN = 8
+
+
+def reports_per_poll(gpus: int) -> int:
+    """The most attempt reports (and log tails) one agent poll of a node with ``gpus`` GPUs
+    may carry: two per GPU (each GPU's attempt that ended and its successor's), at least
+    ``REPORTS_PER_POLL_MIN``. It bounds the server's work per request by what the node can
+    run, not by what the agent says; an agent with more owed sends the rest in its next
+    polls."""
+    return max(REPORTS_PER_POLL_MIN, REPORTS_PER_GPU * gpus)
+
+
 class Report(StrEnum):
     """What an agent reports about an attempt: its process ``started``, is ``running``,
     ``checkpointed`` (saved its state and stopped) or ``exited`` with a code."""

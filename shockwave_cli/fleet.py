@@ -53,11 +53,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shockwave.lifecycle import reports_per_poll
 from shockwave.model import Regime
 from shockwave.workload import SimJob
 from shockwave_cli import wire
 
 REQUEST_TIMEOUT_S = 10.0
+REGISTER_SPACING_S = 0.01
+"""The nodes start (register) spread over a poll interval, or this much apart when there are
+more: a thousand agents that start together are a burst a real fleet's starts are not."""
 EVENT_TRIES = 8
 
 
@@ -184,11 +188,34 @@ class Node:
     """Held while a poll carries the outbox (reports leave in order, once)."""
     seen_round: int | None = None
     """The round the node's last poll answer named."""
+    reports_max: int = 8
+    """The most reports one poll may carry (``reports_per_poll`` of the node's GPUs)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """Job events its attempts left for the node's next poll (:attr:`Fleet.batch_events`)."""
+    attempt_of: dict[str, str] = field(default_factory=dict)
+    """Job id -> the attempt of it this node runs (where its events are batched)."""
+
+    def queue_event(self, event: dict[str, Any]) -> None:
+        """Leave ``event`` for the next poll. A progress event replaces its attempt's progress
+        event still waiting there when nothing of that attempt came after it: the job's
+        latest epoch is what the planner reads, so a node sends one progress event per job
+        per poll however short the epochs (the seq skipped is never used)."""
+        for index in range(len(self.events) - 1, -1, -1):
+            waiting = self.events[index]
+            if waiting["attempt_id"] != event["attempt_id"]:
+                continue
+            if waiting["kind"] == "progress" == event["kind"]:
+                self.events[index] = event
+                return
+            break
+        self.events.append(event)
 
     def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
         for one whose events were refused: it was fenced, its lease is gone already)."""
-        del self.attempts[attempt_id]
+        ended = self.attempts.pop(attempt_id)
+        if self.attempt_of.get(ended.job_id) == attempt_id:
+            del self.attempt_of[ended.job_id]
         self.ended.add(attempt_id)
         if report is not None:
             self.outbox.append({"attempt_id": attempt_id, **report})
@@ -214,6 +241,7 @@ class Fleet:
         wait_s: float | None = None,
         lease_slack_s: float = 0.0,
         restore_guard_s: float | None = None,
+        batch_events: bool = False,
     ) -> None:
         self.base_urls = tuple(base_urls)
         self.nodes = dict(nodes)
@@ -239,6 +267,9 @@ class Fleet:
         needs at most its lease's time left less this many seconds to finish starts without
         the restore (a short final stretch is not charged), so the replay and the simulator
         charge the same workload model and differ only in the scheduling."""
+        self.batch_events = batch_events
+        """Each attempt's job events go in its node's polls (``events``), not in a request of
+        their own with the attempt's job token: a node's jobs cost its one request."""
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
@@ -257,8 +288,10 @@ class Fleet:
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
         here = Node(token, node if token == self.admin_token else None)
+        here.reports_max = reports_per_poll(self.nodes[node][1])
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(self.poll_s * index / max(1, len(self.nodes)))
+        spread = max(self.poll_s, REGISTER_SPACING_S * len(self.nodes))
+        await asyncio.sleep(spread * index / max(1, len(self.nodes)))
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
         if token == self.admin_token:
             body["node"] = node
@@ -381,14 +414,18 @@ class Fleet:
     ) -> Any:
         """One ``POST /v1/agent/poll`` with the reports owed (unless not ``reports``); a report
         answered (applied, refused or unknown) leaves the outbox, one lost with the request
-        stays owed. ``wait_s``: a long poll from the round the node last saw."""
-        sent = list(here.outbox) if reports else []
+        stays owed, as do those past the node's cap per poll (the next poll carries them).
+        ``wait_s``: a long poll from the round the node last saw."""
+        sent = here.outbox[: here.reports_max] if reports else []
+        events = here.events[: here.reports_max]
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
             "reports": sent,
             "running": sorted(here.attempts),
         }
+        if events:
+            body["events"] = events
         if wait_s > 0:
             body["wait_s"] = wait_s
             body["seen_round"] = here.seen_round
@@ -398,9 +435,25 @@ class Fleet:
         if poll is None:
             return None
         del here.outbox[: len(sent)]
+        del here.events[: len(events)]
         for answer in poll["reports"]:
             self.log.events[f"report {answer['status']}"] += 1
+        for event, answer in zip(events, poll.get("events", []), strict=False):
+            self._answered(here, event, answer)
         return poll
+
+    def _answered(self, here: Node, event: dict[str, Any], answer: dict[str, Any]) -> None:
+        """An event's answer in a poll, as :meth:`_job_event` takes a post's: accepted, or
+        refused (fenced: the attempt's program stops, when that attempt is still its job's)."""
+        job = self.jobs.get(here_job(here, event["attempt_id"]) or "")
+        if job is None:
+            return
+        if answer["status"] in (200, 201):
+            job.accepted.append(event["seq"])
+            return
+        self.log.events[f"{event['kind']} refused"] += 1
+        if answer.get("stop") and here.attempt_of.get(job.id) == event["attempt_id"]:
+            job.fenced = True
 
     async def _trainer(self, here: Node, stop: asyncio.Event) -> None:
         """The node's training processes: advance each attempt every ``poll_s``, and at the
@@ -445,7 +498,7 @@ class Fleet:
             self._account(here)
             stopping = self._stopping(here, poll)
             # each program posts its own (they are processes of their own): at once, not in turn
-            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
 
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
@@ -463,7 +516,7 @@ class Fleet:
             self._account(here)
             stopping = self._stopping(here, poll)
             started = self._start(here, poll)
-            await asyncio.gather(*(self._publish(job, force=True) for job in stopping))
+            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
             self._settle(here, poll)
         return started
 
@@ -510,6 +563,7 @@ class Fleet:
             here.attempts[attempt_id] = Attempt(
                 attempt_id, job.id, lease["ends_at"], self.training_from(job, lease, now), ends_t
             )
+            here.attempt_of[job.id] = attempt_id
             started = True
         return started
 
@@ -548,7 +602,9 @@ class Fleet:
             attempts = list(here.attempts.values())
             jobs = [self.jobs[attempt.job_id] for attempt in attempts]
             # each program posts its own (processes of their own): at once, not in turn
-            await asyncio.gather(*(self._publish(job, force=job.finished) for job in jobs))
+            await asyncio.gather(
+                *(self._publish(job, force=job.finished, here=here) for job in jobs)
+            )
             for attempt, job in zip(attempts, jobs, strict=True):
                 if attempt.attempt_id not in here.attempts:
                     continue  # the agent stopped it meanwhile
@@ -588,7 +644,7 @@ class Fleet:
                 elif job.batch_size_at(job.epochs_done) != batch:
                     job.scalings.append((job.epochs_done, job.batch_size_at(job.epochs_done)))
 
-    async def _publish(self, job: TrainingJob, *, force: bool) -> None:
+    async def _publish(self, job: TrainingJob, *, force: bool, here: Node | None = None) -> None:
         """Post the job's latest finished epoch and its batch-size changes, as the SDK does,
         when ``force`` or ``report_s`` has passed since the last post (0: every epoch, each
         with its own progress event)."""
@@ -612,6 +668,7 @@ class Fleet:
                     "seconds": job.epoch_seconds[batch],
                     "batch_size": batch,
                 },
+                here,
             )
             if job.fenced:
                 return
@@ -620,17 +677,25 @@ class Fleet:
                 at, following = job.scalings.pop(0)
                 job.seq += 1
                 await self._job_event(
-                    job, {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at}
+                    job,
+                    {"seq": job.seq, "kind": "scaling", "batch_size": following, "epoch": at},
+                    here,
                 )
                 if job.fenced:
                     return
 
-    async def _job_event(self, job: TrainingJob, event: dict[str, Any]) -> None:
+    async def _job_event(
+        self, job: TrainingJob, event: dict[str, Any], here: Node | None = None
+    ) -> None:
         """Post one event; a 409 (the attempt is fenced) stops the attempt. Any other failure
         (transport, 429, 5xx) is sent again after a backoff, in order, as the SDK's outbox
         does, up to ``EVENT_TRIES`` times; one never delivered counts in ``undelivered``."""
         assert job.token is not None
         self.log.events[event["kind"]] += 1
+        batched_as = here.attempt_of.get(job.id) if here is not None else None
+        if self.batch_events and here is not None and batched_as is not None:
+            here.queue_event({"attempt_id": batched_as, **event})
+            return
         for attempt in range(EVENT_TRIES):
             sent = job.token
             answer = await self._call(
@@ -684,6 +749,14 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+def here_job(here: Node, attempt_id: str) -> str | None:
+    """The job of ``here``'s attempt ``attempt_id``, running or ended (None: unknown)."""
+    attempt = here.attempts.get(attempt_id)
+    if attempt is not None:
+        return attempt.job_id
+    return next((job for job, a in here.attempt_of.items() if a == attempt_id), None)
 
 
 async def _first_of_task(task: asyncio.Task[Any], stop: asyncio.Event) -> None:

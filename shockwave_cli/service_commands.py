@@ -104,7 +104,7 @@ def driver_command(
     from solver_service.driver import DriverSettings, RoundDriver
     from solver_service.enqueue import request_plan, shutdown
     from store.db import make_engine
-    from store.lease_signal import CLUSTER, Listener, Wakeup
+    from store.lease_signal import CLUSTER, OVERLOAD, Listener, Wakeup
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -128,9 +128,15 @@ def driver_command(
         raise typer.Exit(1)
     # A change the API processes commit (a job finished or submitted, a node joined) wakes
     # the driver at once over Postgres NOTIFY; without the channel it wakes every tick_s.
+    # An API process that sheds requests (overloaded) says so: the driver then counts no
+    # node's silence for a TTL.
     wakeup = Wakeup()
-    listener = Listener(engine, {CLUSTER: wakeup.set}) if Listener.supported(engine) else None
     driver = RoundDriver(engine, settings, request_plan=request_plan, sleep=wakeup.sleep)
+    listener = (
+        Listener(engine, {CLUSTER: wakeup.set, OVERLOAD: driver.servers_overloaded})
+        if Listener.supported(engine)
+        else None
+    )
     if listener is not None:
         listener.start()
     if metrics_port:

@@ -9,7 +9,11 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    (``tick_s``, well within a round). On SQLite (the embedded deployment, one process) there
    is no lock: the process runs one driver.
 2. Mark nodes LOST whose last heartbeat is older than ``node_ttl_s``; their jobs go back to
-   the queue and a plan is requested at the cluster's new version.
+   the queue and a plan is requested at the cluster's new version. Silence is measured on
+   the servers' answering clock (:func:`solver_service.leases.mark_lost_nodes`), and not at
+   all for a TTL after the database was away or an API process said it shed requests
+   (:meth:`RoundDriver.servers_overloaded`): a server that could not answer never declares
+   the nodes it did not answer LOST.
 3. At the round boundary (the current round's end, or at once before the first round and
    after a takeover that missed one) materialize round ``current_round + 1``
    (:func:`solver_service.leases.start_round`). Rounds are never skipped: a boundary begun
@@ -376,6 +380,17 @@ class RoundDriver:
         self._filled_version = None
         log.info("round driver: active for cluster %s", self.cluster_id)
 
+    def servers_overloaded(self) -> None:
+        """An API process shed requests (it could not get to them in time): count no node's
+        silence before one TTL from now, as after a database outage. Callable from any
+        thread (the notification listener's)."""
+        now = self._clock()
+        until = now + self.settings.node_ttl_s
+        if until > self._lost_grace_until:
+            if self._lost_grace_until < now:  # logged when the hold begins, not each second
+                log.warning("an API process is overloaded: no node is marked LOST meanwhile")
+            self._lost_grace_until = until
+
     def _mark_lost(self, now: float) -> LostNodes | None:
         if now < self._lost_grace_until:
             return None
@@ -410,7 +425,7 @@ class RoundDriver:
             fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
         if not fill.jobs:
             return False
-        self._announce_leases()
+        self._announce_leases(fill.nodes)
         self.last_fill = fill
         self.metrics.fills.inc(len(fill.jobs))
         self.metrics.leases.labels("issued").inc(fill.issued)
@@ -435,10 +450,13 @@ class RoundDriver:
             session.expunge(cluster)
             return cluster
 
-    def _announce_leases(self) -> None:
+    def _announce_leases(self, nodes: tuple[str, ...] | None = None) -> None:
         """After a commit that issued or ended leases: wake the held polls of this process
-        (``leases_changed``) and, on Postgres, of the API processes (store.lease_signal)."""
-        lease_signal.publish(self.engine, lease_signal.LEASES)
+        (``leases_changed``) and, on Postgres, of the API processes (store.lease_signal):
+        those of ``nodes`` only, when the commit changed no other node's leases (a fill),
+        else every one."""
+        payload = lease_signal.payload_of(nodes)
+        lease_signal.publish(self.engine, lease_signal.LEASES, payload)
         self._leases_changed()
 
     def _ask(self, state_version: int) -> None:

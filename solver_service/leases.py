@@ -244,6 +244,8 @@ class FillOutcome:
     round_index: int
     jobs: tuple[str, ...]
     issued: int
+    nodes: tuple[str, ...] | None = ()
+    """The nodes whose leases it changed (None: it may have changed any node's)."""
 
 
 def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) -> FillOutcome:
@@ -294,13 +296,17 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
         session.rollback()
         return FillOutcome(r, (), 0)
     issued, _, _, _ = _apply(session, changes, jobs, live, layout, r, at(now), ends, at(now))
+    issues = [c for c in changes.changes if c.kind is engine.ChangeKind.ISSUE]
+    nodes: tuple[str, ...] | None = None
+    if layout is not None and len(issues) == len(changes.changes):
+        nodes = tuple(sorted({n for c in issues for n in layout.by_node(c.gpus)}))
     row = session.get(RoundRow, (cluster_id, r), with_for_update=True)
     if row is not None:  # the round's record lists every job leased in it
         row.jobs = [*row.jobs, *(j for j in changes.assignment if j not in row.jobs)]
         row.leases_issued += issued
         session.add(row)
     session.commit()
-    return FillOutcome(r, tuple(changes.assignment), issued)
+    return FillOutcome(r, tuple(changes.assignment), issued, nodes)
 
 
 def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
@@ -428,12 +434,20 @@ def _unconfirmed(
 def mark_lost_nodes(
     session: Session, cluster_id: str, now: float, ttl_s: float
 ) -> LostNodes | None:
-    """Mark LOST every READY node silent for more than ``ttl_s`` at ``now`` and commit: its
-    live and revoked attempts become LOST, and each job that ran there and runs nowhere else
-    goes back to the queue (SUSPENDED with a checkpoint, else PENDING). Bumps the cluster's
-    state version. None (and nothing written) when no node is silent."""
-    cutoff = at(now - ttl_s)
-    silent = _silent_nodes(session, cutoff)
+    """Mark LOST every READY node silent for more than ``ttl_s`` and commit: its live and
+    revoked attempts become LOST, and each job that ran there and runs nowhere else goes back
+    to the queue (SUSPENDED with a checkpoint, else PENDING). Bumps the cluster's state
+    version. None (and nothing written) when no node is silent.
+
+    Silence is measured on the servers' answering clock (:func:`answering_clock`), not on
+    ``now``: a contact is stamped when its request arrived, and a server that takes long to
+    get to its requests stamps none meanwhile, for any node. So the TTL only counts time in
+    which the servers were answering: an API slowed down (overloaded, paused) never makes
+    live nodes LOST, while a node that stopped talking is LOST a TTL after the others'
+    contacts moved past its last one."""
+    ready = _ready_nodes(session)
+    cutoff = at(answering_clock(ready, now, ttl_s) - ttl_s)
+    silent = sorted(n.id for n in ready if _silent(n, cutoff))
     if not silent:
         return None
     leases = session.exec(
@@ -444,7 +458,10 @@ def mark_lost_nodes(
     ).all()
     job_ids = sorted({lease.job_id for lease in leases})
     jobs = session.exec(
-        select(JobRow).where(col(JobRow.id).in_(job_ids)).order_by(col(JobRow.id)).with_for_update()
+        select(JobRow)
+        .where(col(JobRow.id).in_(job_ids))
+        .order_by(col(JobRow.created_at), col(JobRow.id))
+        .with_for_update()
     ).all()
     nodes = session.exec(select(NodeRow).where(col(NodeRow.id).in_(silent)).with_for_update()).all()
     lost = tuple(sorted(n.id for n in nodes if n.state == NodeState.READY and _silent(n, cutoff)))
@@ -531,9 +548,21 @@ def _extend(session: Session, lease: LeaseRow, r: int, ends: datetime, now: date
     session.add(lease)
 
 
-def _silent_nodes(session: Session, cutoff: datetime) -> list[str]:
-    nodes = session.exec(select(NodeRow).where(NodeRow.state == NodeState.READY)).all()
-    return sorted(n.id for n in nodes if _silent(n, cutoff))
+def _ready_nodes(session: Session) -> list[NodeRow]:
+    return list(session.exec(select(NodeRow).where(NodeRow.state == NodeState.READY)).all())
+
+
+def answering_clock(ready: Sequence[NodeRow], now: float, ttl_s: float) -> float:
+    """The time up to which the servers are known to have been answering: the newest
+    contact of any READY node (stamped at its request's arrival), or ``now`` with fewer than
+    two READY nodes (no other node to compare with). Never later than ``now``, never more
+    than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
+    down) is still LOST, at most a TTL later."""
+    contacts = [n.last_heartbeat_at or n.registered_at for n in ready]
+    if len(contacts) < 2:
+        return now
+    newest = max(c.timestamp() for c in contacts)
+    return min(now, max(newest, now - ttl_s))
 
 
 def _silent(node: NodeRow, cutoff: datetime) -> bool:

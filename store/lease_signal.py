@@ -27,10 +27,14 @@ connection is down) nothing is lost but time: :attr:`LeaseSignal.live` is false,
 then reads its leases again every ``poll_recheck_s`` (api.settings) and the driver wakes every
 ``tick_s``, as before.
 
-A notification carries nothing: the waiter reads the database again and decides whether
-anything concerns it. Shape of :class:`LeaseSignal`: a generation counter, incremented by each
-notify; a waiter passes the generation it read before its last look at the database, so a
-notification that came in between wakes it at once (no lost wake-up).
+A notification carries at most the nodes it concerns (:data:`LEASES` from a mid-round fill:
+the nodes whose leases it issued, comma-separated; empty: every node, as for a round or nodes
+lost): a waiter for another node sleeps on, so a fill costs a re-read per node it touched, not
+one per node of the cluster. The waiter reads the database again and decides whether anything
+concerns it. Shape of :class:`LeaseSignal`: a generation counter, incremented by each notify,
+and the scopes of the last :data:`RECENT` notifications; a waiter passes the generation it read
+before its last look at the database, so a notification for it that came in between wakes it
+at once (no lost wake-up).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,7 +61,11 @@ LEASES = "leases"
 """The round driver committed leases (a round, a fill, nodes lost): held polls read again."""
 CLUSTER = "cluster"
 """A change a plan depends on was committed (the state version moved): the driver fills."""
-KINDS = (LEASES, CLUSTER)
+OVERLOAD = "overload"
+"""An API process shed requests it could not get to in time (api.admission): the node
+reaper counts no node's silence for a TTL after it (a server that cannot answer must not
+declare the nodes it did not answer LOST)."""
+KINDS = (LEASES, CLUSTER, OVERLOAD)
 LISTEN_TIMEOUT_S = 0.05
 """How often the listener's thread looks up from its connection to see whether to stop: what
 :meth:`Listener.stop` (an API process's shutdown) waits at most. At 0.5 s, the test suite's few
@@ -64,13 +74,34 @@ RECONNECT_S = 1.0
 """Pause before the listener tries its connection again after losing it."""
 
 
+RECENT = 256
+"""How many notifications' scopes a signal remembers: a waiter that fell further behind is
+woken whatever the scopes were."""
+NOTIFY_PAYLOAD_MAX = 7000
+"""The longest node list a notification carries (Postgres allows 8000 bytes); longer: all."""
+
+_Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Future[None], str | None]
+
+
+def scope_of(nodes: str) -> frozenset[str] | None:
+    """The nodes a notification's payload names; None (every node) for an empty one."""
+    return frozenset(nodes.split(",")) if nodes else None
+
+
+def payload_of(nodes: tuple[str, ...] | None) -> str:
+    """The payload naming ``nodes`` (None, or too many to name: every node)."""
+    text = ",".join(sorted(set(nodes))) if nodes else ""
+    return text if len(text) <= NOTIFY_PAYLOAD_MAX else ""
+
+
 class LeaseSignal:
     """Thread-safe notifier; :meth:`wait` is awaited on an event loop."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._generation = 0
-        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._recent: deque[tuple[int, frozenset[str] | None]] = deque(maxlen=RECENT)
+        self._waiters: set[_Waiter] = set()
         self.live = False
         """Whether a :class:`Listener` feeds this signal from the other processes now (else
         only this process notifies, and waiters must also read again on a timer)."""
@@ -80,24 +111,28 @@ class LeaseSignal:
         """How many notifications so far; read it before looking at the database."""
         return self._generation
 
-    def notify(self) -> None:
-        """Wake every waiter (callable from any thread)."""
+    def notify(self, nodes: str = "") -> None:
+        """Wake the waiters for ``nodes`` (comma-separated; empty: every waiter), and those
+        waiting for no node in particular (callable from any thread)."""
+        scope = scope_of(nodes)
         with self._lock:
             self._generation += 1
-            waiters, self._waiters = self._waiters, set()
-        for loop, future in waiters:
+            self._recent.append((self._generation, scope))
+            waiters = {w for w in self._waiters if _concerned(scope, w[2])}
+            self._waiters -= waiters
+        for loop, future, _ in waiters:
             # a closed loop raises: nobody waits there any more
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, future)
 
-    async def wait(self, generation: int, timeout_s: float) -> bool:
-        """Until a notification later than ``generation`` or ``timeout_s`` seconds; whether
-        one came."""
+    async def wait(self, generation: int, timeout_s: float, node: str | None = None) -> bool:
+        """Until a notification later than ``generation`` that concerns ``node`` (None: any
+        notification), or ``timeout_s`` seconds; whether one came."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        waiter = (loop, future)
+        waiter = (loop, future, node)
         with self._lock:
-            if self._generation != generation:
+            if self._missed(generation, node):
                 return True
             self._waiters.add(waiter)
         try:
@@ -108,6 +143,19 @@ class LeaseSignal:
             with self._lock:
                 self._waiters.discard(waiter)
         return True
+
+    def _missed(self, generation: int, node: str | None) -> bool:
+        """Whether a notification later than ``generation`` concerned ``node`` (under the
+        lock); true when the remembered scopes do not reach back that far."""
+        if self._generation == generation:
+            return False
+        if node is None or not self._recent or self._recent[0][0] > generation + 1:
+            return True
+        return any(g > generation and _concerned(scope, node) for g, scope in self._recent)
+
+
+def _concerned(scope: frozenset[str] | None, node: str | None) -> bool:
+    return scope is None or node is None or node in scope
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -146,20 +194,24 @@ def announce(session: Session, kind: str) -> None:
         session.execute(text(f"SELECT pg_notify({_channel_sql(kind)}, '')"))
 
 
-def publish(engine: Engine, kind: str) -> None:
-    """Send ``kind`` now, in a transaction of its own (after the caller's commit). Never
-    raises: a notification that does not go out costs the listeners a recheck, no data."""
+def publish(engine: Engine, kind: str, payload: str = "") -> None:
+    """Send ``kind`` now, with ``payload`` (:func:`payload_of`: the nodes concerned, empty for
+    all), in a transaction of its own (after the caller's commit). Never raises: a
+    notification that does not go out costs the listeners a recheck, no data."""
     if engine.dialect.name != "postgresql":
         return
     try:
         with engine.begin() as connection:
-            connection.execute(text(f"SELECT pg_notify({_channel_sql(kind)}, '')"))
+            connection.execute(
+                text(f"SELECT pg_notify({_channel_sql(kind)}, :payload)"), {"payload": payload}
+            )
     except SQLAlchemyError as error:
         log.warning("notification %s not sent (%s): listeners read again on a timer", kind, error)
 
 
 class Listener:
-    """Hands the notifications of ``callbacks``' channels to their callbacks, from a thread on
+    """Hands the notifications of ``callbacks``' channels to their callbacks (a payload, when
+    one came, as the callback's one argument), from a thread on
     a Postgres connection of its own (not the pool's: it is held for as long as the process
     runs). ``on_live(bool)`` is called when the channel comes up or goes down; on both, every
     callback is called once too (news may have been missed while it was down). A lost
@@ -168,7 +220,7 @@ class Listener:
     def __init__(
         self,
         engine: Engine,
-        callbacks: Mapping[str, Callable[[], None]],
+        callbacks: Mapping[str, Callable[..., None]],
         on_live: Callable[[bool], None] = lambda live: None,
     ) -> None:
         for kind in callbacks:
@@ -235,7 +287,9 @@ class Listener:
         while not self._stop.is_set():
             for note in raw.notifies(timeout=LISTEN_TIMEOUT_S):
                 kind = channels.get(note.channel)
-                if kind is not None:
+                if kind is not None and note.payload:
+                    self._callbacks[kind](note.payload)
+                elif kind is not None:
                     self._callbacks[kind]()
 
     def _set_live(self, live: bool) -> None:
@@ -248,3 +302,27 @@ class Listener:
         self._on_live(live)
         for callback in self._callbacks.values():
             callback()
+
+
+class Throttled:
+    """Publishes ``kind`` (:func:`publish`) at most once every ``every_s`` seconds, from a
+    thread of its own (the caller, an event loop, never waits for the database). Calls in
+    between are dropped: the listeners need the fact, not the count."""
+
+    def __init__(self, engine: Engine, kind: str, every_s: float = 1.0) -> None:
+        _channel_sql(kind)
+        self._engine = engine
+        self._kind = kind
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every_s:
+                return
+            self._last = now
+        name = f"notify-{self._kind}"
+        args = (self._engine, self._kind)
+        threading.Thread(target=publish, args=args, name=name, daemon=True).start()

@@ -58,14 +58,19 @@ STALE: dict[int | str, dict[str, Any]] = {
     summary="Register a node",
     openapi_extra=AGENTS,
 )
-def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipal) -> NodeStatus:
+def register(
+    data: NodeRegister, request: Request, session: SessionDep, principal: CurrentPrincipal
+) -> NodeStatus:
     """Announce the node's GPUs, GPU type and hostname; the node is READY. Registering again
-    updates it. The cluster's capacity changed, so a new plan is requested. The node gets
-    leases once an operator approved its GPUs (``PUT /v1/nodes/{node}/approval``; an admin
-    registering a node approves what it registers); an agent reporting more GPUs than approved,
-    or another GPU type, is refused (409)."""
+    updates it. When the cluster's capacity changed a new plan is requested; registering again
+    unchanged is a heartbeat. The node gets leases once an operator approved its GPUs
+    (``PUT /v1/nodes/{node}/approval``; an admin registering a node approves what it
+    registers); an agent reporting more GPUs than approved, or another GPU type, is refused
+    (409)."""
     node_id = agent.acting_node(principal, data.node)
-    node = agent.register(session, node_id, data, approve=principal.is_admin)
+    node = agent.register(
+        session, node_id, data, admission.arrived_at(request.scope), approve=principal.is_admin
+    )
     session.commit()
     return agent.node_status(session, node)
 
@@ -78,14 +83,15 @@ def register(data: NodeRegister, session: SessionDep, principal: CurrentPrincipa
     openapi_extra=AGENTS,
 )
 def heartbeat(
+    request: Request,
     session: SessionDep,
     principal: CurrentPrincipal,
     data: Annotated[NodeHeartbeat | None, Body()] = None,
 ) -> NodeStatus:
     """A sign of life; send one every few seconds. A node silent for the round driver's TTL is
-    marked LOST and its jobs go back to the queue."""
+    marked LOST and its jobs go back to the queue. It counts from when the request arrived."""
     node_id = agent.acting_node(principal, data.node if data else None)
-    return agent.heartbeat(session, node_id)
+    return agent.heartbeat(session, node_id, admission.arrived_at(request.scope))
 
 
 @router.get(
@@ -135,38 +141,39 @@ def leases(
 async def poll(
     data: AgentPoll, request: Request, session: SessionDep, principal: CurrentPrincipal
 ) -> PollAnswer:
-    """What an agent does each contact, in one round trip: deliver its ``reports`` (each
-    answered as its own status report would be, in ``reports``), heartbeat (unless
-    ``heartbeat`` is false), and learn the leases to run and the attempts to stop. A live lease
-    listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
+    """What an agent does each contact, in one round trip: deliver its ``reports`` (each answered
+    as its own status report would be, in ``reports``), heartbeat (unless ``heartbeat`` is
+    false; it counts from when the request arrived), and learn the leases to run and the
+    attempts to stop. At most two reports per GPU of the node (at least 8) per poll. A live
+    lease listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
     ``running`` report would otherwise say. The agent's own loop uses this; the separate
-    heartbeat, leases and status endpoints answer the same questions one at a time.
-
-    With ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
+    heartbeat, leases and status endpoints answer the same questions one at a time. With
+    ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
     (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as a
     round driver (of this process, or of another over the database's notification channel)
-    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal,
-    at least every ``poll_recheck_s``. While held the request takes no thread, no connection and no
-    admission slot."""
+    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal, at
+    least every ``poll_recheck_s``. While held the request takes no thread, no connection and
+    no admission slot."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
     seen = signal.generation
-    answer = await run_in_threadpool(agent.poll, session, principal, node_id, data)
+    arrived = admission.arrived_at(request.scope)
+    answer = await run_in_threadpool(agent.poll, session, principal, node_id, data, arrived)
     if data.wait_s <= 0 or agent.has_news(answer, data):
         return answer
     settings: Settings = request.app.state.settings
     deadline = time.monotonic() + data.wait_s
-    again = data.model_copy(update={"reports": [], "heartbeat": False, "logs": {}})
+    again = data.model_copy(update={"reports": [], "events": [], "heartbeat": False, "logs": {}})
     while (left := deadline - time.monotonic()) > 0:
         # fed by the other processes' commits (signal.live): no need to re-read on a timer
         recheck = left if signal.live else min(left, settings.poll_recheck_s)
         async with admission.released():
-            notified = await signal.wait(seen, recheck)
+            notified = await signal.wait(seen, recheck, node_id)
         if not notified and deadline - time.monotonic() <= 0:
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation
         fresh = await run_in_threadpool(agent.poll, session, principal, node_id, again)
-        answer = fresh.model_copy(update={"reports": answer.reports})
+        answer = fresh.model_copy(update={"reports": answer.reports, "events": answer.events})
         if agent.has_news(fresh, data):
             break
     return answer

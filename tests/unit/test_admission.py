@@ -21,12 +21,18 @@ def test_the_app_bounds_requests_by_twice_its_worker_threads_and_sets_the_thread
     settings = Settings(database_url=f"sqlite:///{tmp_path}/a.db", worker_threads=3)
     app = create_app(settings)
     (admission,) = [m for m in app.user_middleware if m.cls == InFlightLimit]  # type: ignore[comparison-overlap]
-    assert admission.kwargs == {
+    bounds = {
+        k: admission.kwargs[k]
+        for k in ("limit", "threads", "exempt", "exempt_prefixes", "queue_timeout_s")
+    }
+    assert bounds == {
         "limit": 6,
         "threads": 3,
         "exempt": ("/v1/events", *STATIC_PAGES),
         "exempt_prefixes": ("/static/",),
+        "queue_timeout_s": 5.0,
     }
+    assert callable(admission.kwargs["on_shed"])
 
     @app.get("/threads")
     async def threads() -> int:

@@ -1,0 +1,257 @@
+"""What an agent's contact costs the server, and how its liveness is judged, on Postgres and
+SQLite: a poll's reports are capped by the node's GPUs and cost one read however many name
+unknown attempts, a poll is one transaction, a contact counts from its request's arrival, and
+a server that answered nobody for a while never makes live nodes LOST."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlmodel import Session
+
+from api import agent
+from api.agent_schemas import AgentPoll
+from shockwave.lifecycle import reports_per_poll
+from store.principals import Principal, Role
+from store.tables import NodeRow
+from tests.integration.api_calls import assert_problem, bearer, job_body
+from tests.integration.conftest import NODE, Database, Tokens
+from tests.integration.driving import agent_token, driver_on, leases, now, register
+
+GHOST = "0b5c3a4e-0000-4000-8000-{:012d}"
+
+
+def ghosts(count: int) -> list[dict[str, Any]]:
+    return [{"attempt_id": GHOST.format(i), "state": "checkpointed"} for i in range(count)]
+
+
+def test_a_poll_carries_at_most_two_reports_per_gpu_of_its_node(
+    client: TestClient, tokens: Tokens
+) -> None:
+    register(client, tokens.agent, gpus=8)
+    most = reports_per_poll(8)
+    assert most == 16
+    fits = client.post(
+        "/v1/agent/poll", json={"reports": ghosts(most)}, headers=bearer(tokens.agent)
+    )
+    assert fits.status_code == 200, fits.json()
+    assert [r["status"] for r in fits.json()["reports"]] == [404] * most
+
+    too_many = client.post(
+        "/v1/agent/poll", json={"reports": ghosts(most + 1)}, headers=bearer(tokens.agent)
+    )
+    assert "16 reports" in assert_problem(too_many, 422, field="reports")["detail"]
+    logs = {GHOST.format(i): "x" for i in range(most + 1)}
+    too_many_logs = client.post("/v1/agent/poll", json={"logs": logs}, headers=bearer(tokens.agent))
+    assert_problem(too_many_logs, 422, field="logs")
+
+    register(client, tokens.agent, gpus=1)
+    small = client.post("/v1/agent/poll", json={"reports": ghosts(9)}, headers=bearer(tokens.agent))
+    assert_problem(small, 422, field="reports")
+    assert reports_per_poll(1) == 8
+
+
+@contextmanager
+def counted(database: Database) -> Iterator[dict[str, int]]:
+    """Statements and commits on ``database`` while the block runs."""
+    seen = {"statements": 0, "commits": 0}
+
+    def statement(*_: Any) -> None:
+        seen["statements"] += 1
+
+    def commit(*_: Any) -> None:
+        seen["commits"] += 1
+
+    event.listen(database.engine, "before_cursor_execute", statement)
+    event.listen(database.engine, "commit", commit)
+    try:
+        yield seen
+    finally:
+        event.remove(database.engine, "before_cursor_execute", statement)
+        event.remove(database.engine, "commit", commit)
+
+
+def test_a_polls_reports_on_unknown_attempts_cost_one_read_and_the_poll_one_commit(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A poll of 16 reports on attempts the server does not know costs what a poll of one
+    does: the same statements, one commit (a rogue agent cannot multiply the server's work
+    by what it says)."""
+    register(client, tokens.agent, gpus=8)
+    client.post("/v1/agent/poll", json={}, headers=bearer(tokens.agent))  # the token is cached
+
+    costs = []
+    for count in (1, 16):
+        with counted(database) as seen:
+            answer = client.post(
+                "/v1/agent/poll", json={"reports": ghosts(count)}, headers=bearer(tokens.agent)
+            )
+        assert answer.status_code == 200, answer.json()
+        assert [r["status"] for r in answer.json()["reports"]] == [404] * count
+        costs.append(dict(seen))
+    assert costs[0] == costs[1], costs
+    assert costs[1]["commits"] == 1, costs
+
+
+def _beat(database: Database, node: str) -> datetime:
+    with Session(database.engine) as session:
+        row = session.get(NodeRow, node)
+        assert row is not None and row.last_heartbeat_at is not None
+        stamp = row.last_heartbeat_at
+        return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+def test_a_contact_counts_from_when_its_request_arrived_and_never_moves_back(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A poll served 20 s after it arrived (a queue in front of a slow server) is a sign of
+    life from its arrival; one that arrived earlier but was served later does not move the
+    node's last contact back."""
+    register(client, tokens.agent)
+    principal = Principal(role=Role.AGENT, key="test", node=NODE)
+    arrived = datetime.now(UTC) + timedelta(seconds=20)
+    with Session(database.engine) as session:
+        agent.poll(session, principal, NODE, AgentPoll(), arrived=arrived)
+    assert abs((_beat(database, NODE) - arrived).total_seconds()) < 1e-3
+    with Session(database.engine) as session:
+        agent.poll(session, principal, NODE, AgentPoll(), arrived=arrived - timedelta(seconds=5))
+        agent.heartbeat(session, NODE, arrived - timedelta(seconds=3))
+    assert abs((_beat(database, NODE) - arrived).total_seconds()) < 1e-3
+
+    before = datetime.now(UTC)
+    assert client.post("/v1/agent/heartbeat", headers=bearer(tokens.agent)).status_code == 200
+    assert _beat(database, NODE) == max(arrived, _beat(database, NODE))
+    assert before - timedelta(seconds=1) < _beat(database, NODE)
+
+
+def _silent_since(database: Database, seconds: float, *nodes: str) -> None:
+    with Session(database.engine) as session:
+        for node in nodes:
+            row = session.get(NodeRow, node)
+            assert row is not None
+            row.last_heartbeat_at = datetime.now(UTC) - timedelta(seconds=seconds)
+            session.add(row)
+        session.commit()
+
+
+def _states(database: Database, *nodes: str) -> list[str]:
+    with Session(database.engine) as session:
+        rows = [session.get(NodeRow, node) for node in nodes]
+        return [row.state if row is not None else "-" for row in rows]
+
+
+def test_a_server_that_answered_nobody_for_a_while_never_makes_live_nodes_lost(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Both nodes' last contacts are 40 s old (TTL 30 s) because the server got to none of
+    their requests meanwhile: neither is LOST. Once the server answers again, a node that
+    still says nothing is LOST a TTL after the other's contact moved past its own; when
+    every node has been silent for more than two TTLs (the whole cluster down) all are."""
+    other = agent_token(database, "node-2")
+    register(client, tokens.agent)
+    register(client, other)
+    _silent_since(database, 40.0, NODE, "node-2")
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.step(now())
+        assert _states(database, NODE, "node-2") == ["READY", "READY"]
+
+        assert client.post("/v1/agent/poll", json={}, headers=bearer(other)).status_code == 200
+        driver.step(now())
+        assert _states(database, NODE, "node-2") == ["LOST", "READY"]
+
+    third = agent_token(database, "node-3")
+    register(client, third)
+    _silent_since(database, 61.0, "node-2", "node-3")
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.step(now())
+    assert _states(database, NODE, "node-2", "node-3") == ["LOST", "LOST", "LOST"]
+
+
+def test_a_nodes_poll_carries_its_jobs_events_as_their_tokens_would_post_them(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Events in a poll are recorded as the attempt's job token would record them: stored
+    (201), a duplicate replayed (200), another node's attempt unknown (404), and once the
+    attempt is fenced refused with ``stop`` (409); a refused one undoes nothing else."""
+    register(client, tokens.agent)
+    job = client.post("/v1/jobs", json=job_body(epochs=10), headers=bearer(tokens.admin)).json()[
+        "id"
+    ]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    (lease,) = leases(database)
+    attempt = lease.id
+    progress = {"kind": "progress", "samples": 100, "seconds": 10.0, "batch_size": 32}
+    events = [
+        {"attempt_id": attempt, "seq": 1, "epoch": 1, **progress},
+        {"attempt_id": attempt, "seq": 1, "epoch": 1, **progress},
+        {"attempt_id": GHOST.format(0), "seq": 2, "epoch": 2, **progress},
+        {"attempt_id": attempt, "seq": 3, "epoch": 2, **progress},
+    ]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={"running": [attempt], "events": events},
+        headers=bearer(tokens.agent),
+    )
+    assert answer.status_code == 200, answer.json()
+    assert [e["status"] for e in answer.json()["events"]] == [201, 200, 404, 201]
+    shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 2, shown
+
+    stranger = agent_token(database, "node-2")
+    register(client, stranger)
+    theirs = client.post(
+        "/v1/agent/poll",
+        json={"events": [{"attempt_id": attempt, "seq": 4, "epoch": 3, **progress}]},
+        headers=bearer(stranger),
+    )
+    assert [e["status"] for e in theirs.json()["events"]] == [404]
+
+    report = {"attempt_id": attempt, "state": "checkpointed"}
+    client.post("/v1/agent/poll", json={"reports": [report]}, headers=bearer(tokens.agent))
+    late = client.post(
+        "/v1/agent/poll",
+        json={"events": [{"attempt_id": attempt, "seq": 5, "epoch": 3, **progress}]},
+        headers=bearer(tokens.agent),
+    )
+    ((refused,),) = (late.json()["events"],)
+    assert (refused["status"], refused["stop"]) == (409, True), refused
+    shown = client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+    assert shown["epochs_done"] == 2, shown
+
+
+def test_registering_again_unchanged_is_a_heartbeat_and_bumps_nothing(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A thousand agents retrying their registers must not bump the cluster's version (and ask
+    for a plan) once per retry: a READY node registering as it was is a heartbeat."""
+    first = register(client, tokens.agent, gpus=8)
+    again = register(client, tokens.agent, gpus=8)
+    assert again["state_version"] == first["state_version"]
+    assert again["last_heartbeat_at"] >= first["last_heartbeat_at"]
+    changed = register(client, tokens.agent, gpus=4)
+    assert changed["state_version"] == first["state_version"] + 1
+
+
+def test_no_node_is_lost_for_a_ttl_after_an_api_process_said_it_was_overloaded(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """An API process that sheds requests says so (store.lease_signal.OVERLOAD): for a TTL
+    the driver marks no node LOST, though one node's contacts stopped while another's got
+    through; then silence counts again."""
+    other = agent_token(database, "node-2")
+    register(client, tokens.agent)
+    register(client, other)
+    _silent_since(database, 40.0, NODE)
+    with driver_on(database, ttl_s=30.0) as (driver, _):
+        driver.servers_overloaded()
+        driver.step(now())
+        assert _states(database, NODE, "node-2") == ["READY", "READY"]
+        assert client.post("/v1/agent/poll", json={}, headers=bearer(other)).status_code == 200
+        driver.step(now() + 31.0)
+        assert _states(database, NODE, "node-2") == ["LOST", "READY"]

@@ -1,0 +1,80 @@
+"""An overloaded API process sheds the requests that waited too long for their turn (503,
+Retry-After) instead of serving requests whose clients have given up; requests stamped with
+their arrival carry it to the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from api.admission import ARRIVED_AT, ArrivalStamp, InFlightLimit, arrived_at
+
+
+def _scope(path: str = "/v1/agent/poll") -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+
+
+async def _call(app: Any, scope: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers, json.loads(body) if body else None
+
+
+async def _slow(scope: Any, receive: Any, send: Any) -> None:
+    await asyncio.sleep(0.3)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_request_that_waited_past_the_queue_timeout_is_shed_with_a_503() -> None:
+    app = InFlightLimit(_slow, limit=1, queue_timeout_s=0.1)
+
+    async def scenario() -> list[tuple[int, dict[str, str], Any]]:
+        return list(await asyncio.gather(_call(app, _scope()), _call(app, _scope())))
+
+    (first, second) = asyncio.run(scenario())
+    assert first[0] == 200
+    status, headers, body = second
+    assert (status, headers.get("retry-after")) == (503, "1")
+    assert body["title"] == "Overloaded" and body["instance"] == "/v1/agent/poll"
+
+
+def test_without_a_queue_timeout_every_request_waits_its_turn() -> None:
+    app = InFlightLimit(_slow, limit=1)
+
+    async def scenario() -> list[int]:
+        answers = await asyncio.gather(_call(app, _scope()), _call(app, _scope()))
+        return [status for status, _, _ in answers]
+
+    assert asyncio.run(scenario()) == [200, 200]
+
+
+def test_the_arrival_stamp_is_taken_before_the_request_waits() -> None:
+    seen: list[float] = []
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(arrived_at(scope).timestamp())
+        await _slow(scope, receive, send)
+
+    app = ArrivalStamp(InFlightLimit(route, limit=1))
+
+    async def scenario() -> None:
+        await asyncio.gather(_call(app, _scope()), _call(app, _scope()))
+
+    began = time.time()
+    asyncio.run(scenario())
+    assert len(seen) == 2
+    assert all(began - 0.01 <= at <= began + 0.1 for at in seen), (began, seen)
+    assert ARRIVED_AT == "arrived_at"
