@@ -45,7 +45,7 @@ from shockwave.lifecycle import (
 from shockwave.observed import ClientEvent
 from store import cluster, cluster_version, population
 from store import events as store_events
-from store.errors import Conflict, DomainError, InvalidInput, NotFound
+from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
     checkpoint_dir,
