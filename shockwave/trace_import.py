@@ -425,3 +425,30 @@ def assign(
         index, float(arrival_s), width, model, mode, shape, job.duration_s, throughputs
     )
     return line, record
+
+
+WEEK_S = 7 * 86400.0
+
+
+def busiest_window(jobs: Sequence[LogJob], length_s: float = WEEK_S) -> tuple[float, float]:
+    """``(since, until)``: the window of ``length_s`` seconds, starting at a job's arrival, in
+    which the jobs that arrive ask for the most GPU-seconds (run time x GPUs); the earliest such
+    window on ties. Raises ValueError for no jobs."""
+    if not jobs:
+        raise ValueError("no jobs")
+    ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.line))
+    best_start, best_demand, demand, end = ordered[0].arrival_s, -1.0, 0.0, 0
+    for job in ordered:
+        while end < len(ordered) and ordered[end].arrival_s < job.arrival_s + length_s:
+            demand += ordered[end].duration_s * ordered[end].gpus
+            end += 1
+        if demand > best_demand:
+            best_start, best_demand = job.arrival_s, demand
+        demand -= job.duration_s * job.gpus
+    return best_start, best_start + length_s
+
+
+def mean_demand_gpus(jobs: Sequence[LogJob], length_s: float) -> float:
+    """The GPUs the jobs ask for on average over ``length_s`` seconds: their GPU-seconds (run
+    time x GPUs) over the window's length."""
+    return sum(j.duration_s * j.gpus for j in jobs) / length_s
