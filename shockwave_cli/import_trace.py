@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -123,21 +123,21 @@ def _time_option(name: str, value: str | None) -> float | None:
 
 
 def write_all(outputs: Sequence[tuple[Path, str]]) -> None:
-    """Write every ``(path, text)`` or none: temporary files first, then renames."""
-    staged: list[tuple[str, Path]] = []
+    """Write every ``(path, text)`` or none: temporary files beside each destination first
+    (created new, with the permissions the umask gives), then renames."""
+    staged: list[tuple[Path, Path]] = []
     try:
         for path, text in outputs:
             path.parent.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
             staged.append((temporary, path))
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
+            with temporary.open("x", encoding="utf-8") as file:
                 file.write(text)
         for temporary, path in staged:
             os.replace(temporary, path)
     except OSError as error:
         for temporary, _ in staged:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+            temporary.unlink(missing_ok=True)
         raise InputError(f"cannot write the outputs (none written): {error}") from None
 
 
