@@ -313,7 +313,7 @@ def summary_table(cells: Sequence[Cell], verdicts: Sequence[Verdict]) -> Table:
         "FTF / best",
         "met",
     ):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "cell")
     for cell in cells:
         mine = [v for v in verdicts if v.cell == cell.name]
         if not mine:
