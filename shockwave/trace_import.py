@@ -217,15 +217,20 @@ def parse_job_log(text: str, source: str) -> tuple[list[LogJob], list[tuple[int,
     jobs: list[LogJob] = []
     bad: list[tuple[int, str]] = []
     rows = 0
-    for cells in reader:
-        line = reader.line_num
-        if not any(cell.strip() for cell in cells):
-            continue
-        rows += 1
-        try:
-            jobs.append(_row(cells, line, arrival, duration, gpus, job_id, optional))
-        except ValueError as error:
-            bad.append((line, str(error)))
+    try:
+        for cells in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in cells):
+                continue
+            rows += 1
+            try:
+                jobs.append(_row(cells, line, arrival, duration, gpus, job_id, optional))
+            except ValueError as error:
+                bad.append((line, str(error)))
+    except csv.Error as error:  # a NUL byte, an unterminated quote, an oversized field
+        raise FormatError(
+            source, f"line {reader.line_num}", f"is not CSV: {error}", field="rows"
+        ) from None
     return jobs, bad, rows
 
 
