@@ -146,8 +146,9 @@ class ImportOptions:
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """The imported workload (job ``i`` is ``kept[i]``), every dropped row, the rows read, the
-    seconds subtracted from the log's times, and each kept job's tenant ("" where none)."""
+    """The imported workload (job ``i`` is the row ``kept[i]``, its trace line ``trace[i]`` and
+    trajectory ``trajectories[i]``), every dropped row in line order, the data rows read, and
+    the seconds subtracted from the log's times (``offset_s``)."""
 
     workload: Workload
     kept: tuple[LogJob, ...]
