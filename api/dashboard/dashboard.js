@@ -116,7 +116,7 @@ function renderTenants(tree, usage) {
     const t = items[path];
     const limit = (v) => (v == null ? "—" : String(v));
     rows.push(`<tr class="tenant-row" data-tenant="${esc(t.path)}">` +
-      `<td style="padding-left:${0.3 + depth * 1.2}em">${esc(t.path)}${t.configured ? "" : " *"}</td>` +
+      `<td class="tenant-path" data-depth="${depth}">${esc(t.path)}${t.configured ? "" : " *"}</td>` +
       `<td>${t.weight}</td><td>${t.entitled_gpus.toFixed(1)}</td><td>${t.held_gpus}</td>` +
       `<td>${t.active_jobs}</td><td>${limit(t.guaranteed_gpus)}</td><td>${limit(t.max_gpus)}</td>` +
       `<td>${limit(t.max_jobs)}</td><td>${path in hours ? hours[path].toFixed(2) : "—"}</td></tr>`);
@@ -125,6 +125,10 @@ function renderTenants(tree, usage) {
   for (const root of tree.roots) add(root, 0);
   $("#tenants tbody").innerHTML = rows.join("") ||
     '<tr><td colspan="9">No tenant has jobs or settings yet.</td></tr>';
+  // Indented through the CSSOM: the content security policy refuses inline style attributes.
+  for (const cell of document.querySelectorAll("#tenants td.tenant-path")) {
+    cell.style.paddingLeft = `${0.3 + Number(cell.dataset.depth) * 1.2}em`;
+  }
 }
 
 function renderNodes(nodes, rounds) {
