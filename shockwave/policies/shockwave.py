@@ -38,6 +38,7 @@ import numpy as np
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
+from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
@@ -53,7 +54,7 @@ from shockwave.regime_predictors import (
     REGIME_PREDICTORS,
     check_regime_predictor,
 )
-from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -245,6 +246,37 @@ class JobOutlook:
         return self.deadline_s - self.remaining_s
 
 
+_Predicted = tuple[Prediction, float, float, float, float, float]
+
+_PREDICTIONS: IdentityMemo[_Predicted] = IdentityMemo()
+"""Each job's prediction by (spec, prior, throughput model, params; progress, GPU speed)."""
+
+
+def _predicted(
+    job: ActiveJob,
+    snapshot: Snapshot,
+    params: ShockwaveParams,
+    rates: ThroughputModel,
+    speed: float,
+    revealed: RevealedTrajectory | None,
+) -> _Predicted:
+    """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
+    total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
+    from ``revealed`` in oracle experiments."""
+    if revealed is not None:
+        prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+    else:
+        predictor = REGIME_PREDICTORS[params.regime_predictor]
+        prediction = predictor(job, snapshot.population, rates, params.predictor, params.population)
+    factor = _error_factor(job.job_id, params) / speed
+    remaining = prediction.remaining_seconds * factor
+    done = prediction.total_seconds - prediction.remaining_seconds
+    total = done / speed + remaining
+    cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
+    soonest = _soonest_remaining(prediction) * factor
+    return prediction, remaining, total, factor, cautious, soonest
+
+
 def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
     """Whether ``job`` may be held back by the packing's Pareto rule
     (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
@@ -365,24 +397,22 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+            seen = _predicted(job, snapshot, params, rates, speed, revealed)
         else:
-            predictor = REGIME_PREDICTORS[params.regime_predictor]
-            prediction = predictor(
-                job, snapshot.population, rates, params.predictor, params.population
+            # a job whose progress, prior and throughput model are as last round predicts as
+            # it did then (shockwave.memo): a waiting job costs nothing after its first round
+            seen = _PREDICTIONS.get(
+                (job.spec, snapshot.population, rates, params),
+                (job.job_id, progress_key(job), speed),
+                lambda: _predicted(job, snapshot, params, rates, speed, None),
             )
-        factor = _error_factor(job.job_id, params) / speed
-        remaining = prediction.remaining_seconds * factor
-        done = prediction.total_seconds - prediction.remaining_seconds
-        total = done / speed + remaining
+        prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
         age = snapshot.now - job.spec.arrival_s
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
-        cautious = predict_greedy(job, params.predictor, rates).remaining_seconds * factor
-        soonest = _soonest_remaining(prediction) * factor
         return JobOutlook(
             prediction,
             remaining,
@@ -642,25 +672,29 @@ def _plan_job(
     cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
-    utility = [base]
-    remaining = [look.remaining_s]
-    overdue = [max(0.0, window * length + look.remaining_s - look.deadline_s)]
-    for n in range(1, cap + 1):
-        useful = max(0.0, n * length - overhead) * speed / look.error_factor
-        utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
-        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead) * speed)
-        remaining.append(left)
-        finish = n * length if left <= 0 else window * length + left
-        overdue.append(max(0.0, finish - look.deadline_s))
+    # progress is piecewise linear in the seconds run: epochs gained after each regime's
+    # cumulative seconds, interpolated (capped at the job's end), one array op per table
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    n = np.arange(cap + 1, dtype=float)
+    run = np.maximum(0.0, n * length - overhead) * speed
+    utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
+    utility[0] = base
+    remaining = np.maximum(0.0, look.remaining_s - run)
+    remaining[0] = look.remaining_s
+    finish = np.where(remaining <= 0, n * length, window * length + remaining)
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
     weight = job.spec.budget * look.rho**params.fairness_exponent
     return PlanJob(
         job_id=job.job_id,
         gpus=job.spec.gpus,
         weight=weight,
-        utility=tuple(utility),
-        remaining=tuple(remaining),
+        utility=tuple(utility.tolist()),
+        remaining=tuple(remaining.tolist()),
         running=job.running and held == width,
-        overdue=tuple(overdue),
+        overdue=tuple(overdue.tolist()),
         critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
         soonest_remaining_s=look.soonest_remaining_s,
         latest_remaining_s=look.latest_remaining_s,
