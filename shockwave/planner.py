@@ -225,12 +225,11 @@ def build_problem(
     t = params.rounds
     count = len(jobs)
     terms = ObjectiveTerms.of(jobs, total_gpus, params, round_seconds)
-    value = np.zeros((count, t + 1))
-    rem = np.zeros((count, t + 1))
-    caps = np.zeros(count, dtype=np.int64)
-    floors = np.zeros(count, dtype=np.int64)
-    for i, job in enumerate(jobs):
-        value[i], rem[i], caps[i], floors[i] = terms.row(job)
+    if count:
+        value, rem, caps, floors = terms.rows(jobs)
+    else:
+        value, rem = np.zeros((0, t + 1)), np.zeros((0, t + 1))
+        caps, floors = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     gpus = np.array([j.gpus for j in jobs], dtype=float)
     latest = [j.remaining_range[1] for j in jobs]
     floors = fit_floors(floors, gpus, latest, total_gpus * t, round_seconds)
@@ -320,9 +319,10 @@ class ObjectiveTerms:
         extra = np.maximum(0.0, np.array([j.critical_remaining_s - j.remaining[0] for j in jobs]))
         value = (weight * self.scale)[:, None] * np.log(util + params.utility_floor)
         late = np.maximum(0.0, np.where(left > 0, left + extra[:, None], 0.0) - self.slack)
-        overdue = late_by * (self.mean_fair / fair)[:, None]
-        penalty = params.makespan_weight * (left * (gpus / self.total_gpus)[:, None] + late)
-        penalty += params.deadline_weight * gpus[:, None] * overdue
+        # the operations in :meth:`row`'s order, so that both give the same floats
+        overdue = late_by * self.mean_fair / fair[:, None]
+        penalty = params.makespan_weight * (left * gpus[:, None] / self.total_gpus + late)
+        penalty += (params.deadline_weight * gpus)[:, None] * overdue
         value -= penalty / self.z0
         window_s = t * self.round_seconds
         floors = np.array(

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shockwave.memo import IdentityMemo
 from shockwave.model import AdaptationMode
 from shockwave.population import (
     EMPTY_PRIOR,
@@ -158,9 +159,9 @@ def predict_population(
     if left <= _EPS:
         return paper
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    everyone = _groups(prior, job)
-    censoring = _censoring(job, everyone[0])
-    groups = _consulted(everyone, job, population, censoring)
+    censoring, groups = _GROUPS.get(
+        (prior, spec, population), (), lambda: _templates_for(prior, job, population)
+    )
     key = (
         spec.mode,
         spec.model,
@@ -214,6 +215,17 @@ def predict_population(
 
 
 _Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[Template, ...], ...]]
+
+
+def _templates_for(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams
+) -> tuple[_Censoring | None, _Groups]:
+    """The job's censoring and the template groups it consults: what it reads of the prior,
+    which depends on its spec alone (not on its progress), so it is memoized per
+    (prior, spec, params) in :data:`_GROUPS`."""
+    everyone = _groups(prior, job)
+    censoring = _censoring(job, everyone[0])
+    return censoring, _consulted(everyone, job, population, censoring)
 
 
 def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
@@ -347,6 +359,8 @@ class _Memo:
 _BLOCKS = _Memo(4096)
 _CANDIDATES = _Memo(8192)
 _DECISIONS = _Memo(16384)
+_GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
+"""Per (prior, spec, params): :func:`_templates_for` (a new prior, after a finish, misses)."""
 
 
 def _blocks(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -246,6 +246,28 @@ class JobOutlook:
         return self.deadline_s - self.remaining_s
 
 
+class _LazyOutlooks(Mapping[str, JobOutlook]):
+    """Job id -> outlook, each computed when first read (the same value as computed at once:
+    an outlook depends on the snapshot alone)."""
+
+    def __init__(self, jobs: Sequence[ActiveJob], look: Callable[[ActiveJob], JobOutlook]):
+        self._jobs = {job.job_id: job for job in jobs}
+        self._look = look
+        self._seen: dict[str, JobOutlook] = {}
+
+    def __getitem__(self, job_id: str) -> JobOutlook:
+        seen = self._seen.get(job_id)
+        if seen is None:
+            seen = self._seen[job_id] = self._look(self._jobs[job_id])
+        return seen
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
 _Predicted = tuple[Prediction, float, float, float, float, float]
 
 _PREDICTIONS: IdentityMemo[_Predicted] = IdentityMemo()
@@ -298,22 +320,24 @@ class Shockwave:
         contention_sum, contention_rounds = _update_contention(snapshot, state)
         rates = ThroughputModel.build(snapshot.population, snapshot.jobs, params.throughput)
         typed = snapshot.cluster.is_typed
-        outlooks = {
-            job.job_id: self.outlook(
-                snapshot,
-                job,
-                params,
-                contention_sum,
-                contention_rounds,
-                rates,
-                mean_speed(job, snapshot.cluster) if typed else 1.0,
+
+        def look(job: ActiveJob) -> JobOutlook:
+            speed = mean_speed(job, snapshot.cluster) if typed else 1.0
+            return self.outlook(
+                snapshot, job, params, contention_sum, contention_rounds, rates, speed
             )
-            for job in snapshot.jobs
-        }
-        active = frozenset(outlooks)
+
+        active = frozenset(j.job_id for j in snapshot.jobs)
         regimes_seen = {j.job_id: len(j.progress.observed_regimes) for j in snapshot.jobs}
         offset = snapshot.round_index - state.planned_at_round
         due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
+        # a plan needs every job's outlook; following one needs only those of the jobs its
+        # column leaves waiting (the fill's order and their reasons), made when first read
+        outlooks: Mapping[str, JobOutlook]
+        if due or typed or _has_elastic(snapshot):
+            outlooks = {job.job_id: look(job) for job in snapshot.jobs}
+        else:
+            outlooks = _LazyOutlooks(snapshot.jobs, look)
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
         types, widths = state.plan_types, state.widths
