@@ -4,11 +4,12 @@ A Shockwave decision predicts every active job's trajectory and builds the throu
 from every measurement, though between two rounds most inputs do not change: a job that waits
 has the same progress, and the population prior changes only when a job finishes. These memos
 return the previous result when every input is the same, so a long simulation pays for a
-prediction only when its job moved, a measurement arrived or a job finished. They change no result: an entry
-is used only when each input it was computed from is the very same object (the prior, the
-throughput model, the params, the job's spec) or an equal value (the job's progress), and an
-entry keeps those objects alive, so an identity cannot be reused by another object while the
-entry stands.
+prediction only when its job moved, a measurement arrived or a job finished.
+
+They change no result: an entry is used only when each input it was computed from is the very
+same object (the prior, the throughput model, the params, the job's spec) or an equal value
+(the job's progress), and an entry keeps those objects alive, so that no other object can take
+an identity while the entry stands.
 
 Memos are bounded (cleared whole when full) and guarded by a lock: the service may decide for
 several clusters from threads, each with its own objects, so they share the memo but never an
