@@ -56,16 +56,22 @@ Image = Annotated[
 ]
 
 
-GpuCount = Literal[1, 2, 4, 8]
-"""The gang sizes a job may ask for (the core's VALID_WIDTHS), an enum in the OpenAPI document."""
+GpuCount = Literal[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+"""The gang sizes a job may ask for (the core's VALID_WIDTHS: powers of two up to 1024), an
+enum in the OpenAPI document."""
 assert get_args(GpuCount) == VALID_WIDTHS, "GpuCount must list the core's VALID_WIDTHS"
+GpuCountKey = Literal["1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"]
+"""A GPU count as a JSON object key."""
+assert get_args(GpuCountKey) == tuple(map(str, VALID_WIDTHS)), "GpuCountKey must match GpuCount"
 
 
 def _strict_int(value: object) -> object:
     """A JSON integer only: a Literal of ints takes ``true`` for 1 (``True == 1``) and Strict()
     does not apply to a Literal, so a boolean is refused here (strict types, docs/api.md)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("must be an integer (1, 2, 4 or 8), not a string, number or boolean")
+        raise ValueError(
+            "must be an integer (a power of two from 1 to 1024), not a string, number or boolean"
+        )
     return value
 
 
@@ -95,9 +101,9 @@ JOB_EXAMPLE: JsonDict = {
 
 
 class ElasticCreate(BaseModel):
-    """An elastic job's GPU counts (docs/elastic.md): the market may run it on any of 1, 2, 4
-    and 8 from ``min_gpus`` to ``max_gpus`` (its requested ``gpus`` among them). ``speedup``:
-    its throughput on a count over its throughput on the requested one, per batch size
+    """An elastic job's GPU counts (docs/elastic.md): the market may run it on any power of two
+    from ``min_gpus`` to ``max_gpus`` (its requested ``gpus`` among them). ``speedup``: its
+    throughput on a count over its throughput on the requested one, per batch size
     (``{"2": {"32": 1.8}}``); where none is declared a sublinear guess is used."""
 
     model_config = ConfigDict(extra="forbid")
@@ -105,10 +111,8 @@ class ElasticCreate(BaseModel):
     min_gpus: Annotated[GpuCount, BeforeValidator(_strict_int)]
     max_gpus: Annotated[GpuCount, BeforeValidator(_strict_int)]
     speedup: Annotated[
-        dict[
-            Literal["1", "2", "4", "8"], Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)]
-        ],
-        Field(max_length=4),
+        dict[GpuCountKey, Annotated[dict[BatchSizeKey, Finite], Field(max_length=64)]],
+        Field(max_length=len(VALID_WIDTHS)),
     ] = {}
 
 
@@ -126,7 +130,10 @@ class JobCreate(BaseModel):
     gpus: Annotated[
         GpuCount,
         BeforeValidator(_strict_int),
-        Field(description="GPUs the job's gang needs: 1, 2, 4 or 8."),
+        Field(
+            description="GPUs the job's gang needs: a power of two from 1 to 1024; a gang wider "
+            "than a node spans nodes."
+        ),
     ]
     epochs: BigInt
     samples_per_epoch: BigInt

@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from shockwave.elastic import make_elastic
+from shockwave.model import VALID_WIDTHS
 from shockwave.workload import Workload
 from shockwave_cli.inputs import InputError, load_throughputs, load_workload
 
-WIDTHS = (1, 2, 4, 8)
+WIDTHS = VALID_WIDTHS
 
 
 @dataclass(frozen=True, slots=True)

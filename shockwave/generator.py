@@ -171,20 +171,37 @@ def _draw_job(
     size_classes: Sequence[SizeClass],
     models_on: Mapping[int, tuple[str, ...]],
 ) -> tuple[TraceJob, TrajectoryRecord]:
-    size_class = size_classes[_pick(rng, [c.probability for c in size_classes])]
+    size_class = size_classes[pick(rng, [c.probability for c in size_classes])]
     gpu_hours = float(rng.uniform(size_class.min_gpu_hours, size_class.max_gpu_hours))
     widths = list(width_mix)
-    width = widths[_pick(rng, [width_mix[w] for w in widths])]
+    width = widths[pick(rng, [width_mix[w] for w in widths])]
     model = models_on[width][int(rng.integers(len(models_on[width])))]
     ladder = throughputs.batch_sizes(model, width)
     initial = ladder[int(rng.integers(len(ladder)))]
     modes = list(mode_mix)
-    mode = modes[_pick(rng, [mode_mix[m] for m in modes])]
-    shape = _shape(rng, mode, initial, ladder)
+    mode = modes[pick(rng, [mode_mix[m] for m in modes])]
+    shape = draw_shape(rng, mode, initial, ladder)
+    return job_lines(
+        index, arrival_s, width, model, mode, shape, gpu_hours * 3600.0 / width, throughputs
+    )
 
+
+def job_lines(
+    index: int,
+    arrival_s: float,
+    width: int,
+    model: str,
+    mode: AdaptationMode,
+    shape: Shape,
+    target_s: float,
+    throughputs: ThroughputTable,
+) -> tuple[TraceJob, TrajectoryRecord]:
+    """The trace line and trajectory record of job ``index``: ``model`` on ``width`` GPUs
+    following ``shape`` (its first batch size is the initial one), with as many epochs as make
+    its exclusive run time ``target_s`` (at least one; to within one epoch per regime)."""
+    initial = shape[0][0]
     samples = SAMPLES_PER_EPOCH[model]
     epoch_seconds = {bs: _epoch_seconds(throughputs, model, bs, width) for bs, _ in shape}
-    target_s = gpu_hours * 3600.0 / width
     mean_epoch_s = sum(share * epoch_seconds[bs] for bs, share in shape)
     epochs = max(1, round(target_s / mean_epoch_s))
     regimes = _regimes(shape, epochs)
@@ -218,10 +235,11 @@ def _draw_job(
     return line, record
 
 
-def _shape(
+def draw_shape(
     rng: np.random.Generator, mode: AdaptationMode, initial: int, ladder: tuple[int, ...]
 ) -> Shape:
-    """The mode's rule (module docstring) as (batch size, share of epochs) pairs."""
+    """The mode's rule (module docstring) as (batch size, share of epochs) pairs, drawn from
+    ``rng``; ``ladder`` is the batch sizes the job may use, ascending."""
     largest = ladder[-1]
     if mode is AdaptationMode.STATIC or initial == largest:
         return ((initial, 1.0),)
@@ -291,7 +309,7 @@ def _check_mix(field: str, mix: Mapping[K, float], allowed: Sequence[K] | None) 
         raise ValidationError(field, f"shares must sum to 1, got {sum(mix.values())}")
 
 
-def _pick(rng: np.random.Generator, shares: Sequence[float]) -> int:
+def pick(rng: np.random.Generator, shares: Sequence[float]) -> int:
     """Index drawn with probability proportional to ``shares``."""
     p = np.asarray(shares, dtype=float)
     return int(rng.choice(len(p), p=p / p.sum()))

@@ -16,8 +16,29 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-VALID_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
-"""Gang sizes a job may ask for (paper section 7: jobs request 1, 2, 4 or 8 GPUs)."""
+MAX_WIDTH = 1024
+"""The widest gang a job may ask for."""
+
+VALID_WIDTHS: tuple[int, ...] = tuple(2**k for k in range(MAX_WIDTH.bit_length()))
+"""Gang sizes a job may ask for: every power of two from 1 to :data:`MAX_WIDTH` GPUs.
+
+Data-parallel gangs split each batch evenly over their GPUs, and production job logs ask for
+powers of two (every job of the Microsoft ITP traces: 1 to 64 GPUs). The paper's traces use
+1, 2, 4 and 8; a gang wider than a node spans nodes (:mod:`shockwave.placement` keeps it on as
+few as it can), and a job wider than its cluster can never run. Every layer checks a width with
+:func:`is_valid_width`, so this is the one place the rule lives.
+"""
+
+
+def is_valid_width(gpus: object) -> bool:
+    """Whether ``gpus`` is a gang size a job may ask for (one of :data:`VALID_WIDTHS`)."""
+    return isinstance(gpus, int) and not isinstance(gpus, bool) and gpus in VALID_WIDTHS
+
+
+def width_rule() -> str:
+    """The width rule in words, for error messages."""
+    return f"a power of two from 1 to {MAX_WIDTH}"
+
 
 MIN_RATE = 1e-3
 MAX_RATE = 1e9
@@ -146,18 +167,16 @@ class ElasticRange:
     def __post_init__(self) -> None:
         for name in ("min_gpus", "max_gpus"):
             value = getattr(self, name)
-            if value not in VALID_WIDTHS or isinstance(value, bool):
-                raise ValidationError(
-                    f"elastic.{name}", f"must be one of {VALID_WIDTHS}, got {value!r}"
-                )
+            if not is_valid_width(value):
+                raise ValidationError(f"elastic.{name}", f"must be {width_rule()}, got {value!r}")
         if self.min_gpus > self.max_gpus:
             raise ValidationError(
                 "elastic.min_gpus", f"{self.min_gpus} is above max_gpus {self.max_gpus}"
             )
         frozen: dict[int, Mapping[int, float]] = {}
         for gpus, rates in self.speedup.items():
-            if gpus not in VALID_WIDTHS:
-                raise ValidationError(f"elastic.speedup[{gpus}]", f"not one of {VALID_WIDTHS}")
+            if not is_valid_width(gpus):
+                raise ValidationError(f"elastic.speedup[{gpus}]", f"not {width_rule()}")
             for bs, factor in rates.items():
                 _require_positive_int(f"elastic.speedup[{gpus}][{bs}]", bs)
                 if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
@@ -217,8 +236,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ValidationError("job_id", "must be a non-empty string")
-        if self.gpus not in VALID_WIDTHS or isinstance(self.gpus, bool):
-            raise ValidationError("gpus", f"must be one of {VALID_WIDTHS}, got {self.gpus!r}")
+        if not is_valid_width(self.gpus):
+            raise ValidationError("gpus", f"must be {width_rule()}, got {self.gpus!r}")
         _require_positive_int("epochs", self.epochs)
         _require_positive_int("samples_per_epoch", self.samples_per_epoch)
         _require_positive_int("initial_batch_size", self.initial_batch_size)

@@ -17,17 +17,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeGuard
 
 from shockwave.model import (
-    VALID_WIDTHS,
     AdaptationMode,
     JobSpec,
     Regime,
     ThroughputProfile,
     ValidationError,
+    is_valid_width,
+    width_rule,
 )
 from shockwave.workload import SimJob, Workload
 
@@ -194,9 +195,8 @@ class TraceJob:
             )
         if self.total_steps <= 0:
             raise _BrokenRule("total_steps", "must be positive", self.total_steps)
-        if self.scale_factor not in VALID_WIDTHS:
-            allowed = ", ".join(map(str, VALID_WIDTHS))
-            raise _BrokenRule("scale_factor", f"must be one of {allowed}", self.scale_factor)
+        if not is_valid_width(self.scale_factor):
+            raise _BrokenRule("scale_factor", f"must be {width_rule()}", self.scale_factor)
         if self.mode not in TRACE_MODES:
             allowed = ", ".join(m.value for m in TRACE_MODES)
             raise _BrokenRule("mode", f"must be one of {allowed}", str(self.mode))
@@ -342,10 +342,25 @@ class ThroughputTable:
     Only the isolated rate (a table entry's ``"null"``) is kept: the simulator never co-locates
     jobs. A configuration measured at 0 steps/s (it did not fit or was not run) is absent, so
     :meth:`batch_sizes` lists only sizes a job can really use.
+
+    Beyond the table's widest gang for a model (``W``, 8 GPUs in the reference tables) the
+    rates come from a scaling model, so that a 16-, 32- or 64-GPU gang of a production trace
+    has a throughput: on a valid width ``g > W`` a model runs the batch sizes it runs on ``W``
+    at ``rate(W) * (g / W) ** e``, where ``e`` (:meth:`scaling_exponent`) is the model's
+    data-parallel scaling exponent fitted to the table itself: the least-squares slope of log
+    samples/s against log GPUs over every batch size the table has on two or more widths,
+    clipped to [0, 1] (the reference TACC table gives 0.48 for LM, 0.82 for ResNet-18, 0.85 for
+    Transformer and 0.97 for ResNet-50; 1 would be linear scaling). A model measured on one
+    width only (Recommendation) has no slope and so no rate beyond it. :attr:`rates` holds the
+    measured rates only.
     """
 
     rates: Mapping[tuple[str, int, int], float]
     gpu_type: str = "v100"
+    _exponents: Mapping[str, float] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    _widest: Mapping[str, int] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for (model, batch_size, gpus), rate in self.rates.items():
@@ -354,21 +369,48 @@ class ThroughputTable:
                     f"rates[{model}, {batch_size}, {gpus}]", f"must be positive, got {rate!r}"
                 )
         object.__setattr__(self, "rates", MappingProxyType(dict(sorted(self.rates.items()))))
+        widest: dict[str, int] = {}
+        for model, _, gpus in self.rates:
+            widest[model] = max(widest.get(model, 0), gpus)
+        object.__setattr__(self, "_widest", MappingProxyType(widest))
+        object.__setattr__(self, "_exponents", MappingProxyType(_scaling_exponents(self.rates)))
 
     @property
     def models(self) -> tuple[str, ...]:
         return tuple(sorted({model for model, _, _ in self.rates}))
 
     def scale_factors(self, model: str) -> tuple[int, ...]:
-        """GPU counts the table has any rate for, for ``model``, ascending."""
+        """GPU counts the table has a measured rate for, for ``model``, ascending."""
         return tuple(sorted({gpus for m, _, gpus in self.rates if m == model}))
+
+    def scaling_exponent(self, model: str) -> float | None:
+        """The model's fitted exponent ``e`` (class docstring); None when it has no slope."""
+        return self._exponents.get(model)
+
+    def _beyond(self, model: str, scale_factor: int) -> tuple[int, float] | None:
+        """``(W, factor)``: rates on ``scale_factor`` GPUs are those on the model's widest
+        measured width ``W`` times ``factor``; None when the scaling model does not apply."""
+        widest = self._widest.get(model)
+        exponent = self._exponents.get(model)
+        if widest is None or exponent is None or scale_factor <= widest:
+            return None
+        if not is_valid_width(scale_factor):
+            return None
+        return widest, (scale_factor / widest) ** exponent
 
     def batch_sizes(self, model: str, scale_factor: int) -> tuple[int, ...]:
         """Batch sizes with a rate for ``model`` on ``scale_factor`` GPUs, ascending."""
-        return tuple(bs for m, bs, gpus in self.rates if m == model and gpus == scale_factor)
+        beyond = self._beyond(model, scale_factor)
+        width = scale_factor if beyond is None else beyond[0]
+        return tuple(bs for m, bs, gpus in self.rates if m == model and gpus == width)
 
     def steps_per_second(self, model: str, batch_size: int, scale_factor: int) -> float | None:
-        return self.rates.get((model, batch_size, scale_factor))
+        beyond = self._beyond(model, scale_factor)
+        if beyond is None:
+            return self.rates.get((model, batch_size, scale_factor))
+        widest, factor = beyond
+        rate = self.rates.get((model, batch_size, widest))
+        return None if rate is None else rate * factor
 
     def epoch_seconds(
         self, model: str, batch_size: int, scale_factor: int, samples_per_epoch: int
@@ -379,12 +421,34 @@ class ThroughputTable:
 
     def profile(self, model: str, scale_factor: int) -> ThroughputProfile:
         """Samples per second (steps/s x batch size) at every batch size the table knows."""
-        return ThroughputProfile(
-            {
-                bs: self.rates[(model, bs, scale_factor)] * bs
-                for bs in self.batch_sizes(model, scale_factor)
-            }
+        rates: dict[int, float] = {}
+        for bs in self.batch_sizes(model, scale_factor):
+            rate = self.steps_per_second(model, bs, scale_factor)
+            if rate is not None:
+                rates[bs] = rate * bs
+        return ThroughputProfile(rates)
+
+
+def _scaling_exponents(rates: Mapping[tuple[str, int, int], float]) -> dict[str, float]:
+    """Per model, the slope of log samples/s on log GPUs, pooled over the batch sizes measured
+    on two or more widths (each batch size its own intercept), clipped to [0, 1]."""
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for (model, batch_size, gpus), rate in rates.items():
+        series.setdefault((model, batch_size), []).append(
+            (math.log(gpus), math.log(rate * batch_size))
         )
+    moments: dict[str, list[float]] = {}
+    for (model, _), points in series.items():
+        if len({x for x, _ in points}) < 2:
+            continue
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        sums = moments.setdefault(model, [0.0, 0.0])
+        sums[0] += sum((x - mean_x) * (y - mean_y) for x, y in points)
+        sums[1] += sum((x - mean_x) ** 2 for x, _ in points)
+    return {
+        model: min(1.0, max(0.0, cov / var)) for model, (cov, var) in moments.items() if var > 0
+    }
 
 
 def parse_throughputs(

@@ -102,7 +102,9 @@ def submit_command(
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant (admins only).")] = None,
-    gpus: Annotated[int | None, typer.Option(help="GPUs the job needs (1, 2, 4 or 8).")] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs the job needs (a power of two up to 1024).")
+    ] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs to train.")] = None,
     samples_per_epoch: Annotated[int | None, typer.Option(help="Samples in one epoch.")] = None,
     batch_size: Annotated[

@@ -2,7 +2,9 @@
 
 Commands: ``simulate`` (run policies on a trace or a generated workload, print a comparison
 table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs are options too),
-``generate`` (write a synthetic workload in the reference formats), ``predict-report`` (how well
+``generate`` (write a synthetic workload in the reference formats), ``import-trace`` (a
+production job log, CSV, in the reference formats: shockwave_cli/import_trace.py),
+``predict-report`` (how well
 the regime predictor knows each job's future, the paper's modeling-error figure) and
 ``policies`` (list the registered policies). ``api``, ``admin`` and ``jobs`` serve and use the
 REST API (shockwave_cli/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
@@ -55,6 +57,7 @@ from shockwave_cli import (
 from shockwave_cli.api_commands import admin_app, api_command
 from shockwave_cli.cluster_commands import cluster_command, nodes_app
 from shockwave_cli.html_report import write_html_report
+from shockwave_cli.import_trace import import_trace_command
 from shockwave_cli.inputs import (
     InputError,
     load_throughputs,
@@ -217,7 +220,8 @@ def simulate_command(
         ),
     ] = False,
     elastic_max_gpus: Annotated[
-        int, typer.Option(help="With --elastic: the most GPUs an elastic job may get (1/2/4/8).")
+        int,
+        typer.Option(help="With --elastic: the most GPUs an elastic job may get (a power of two)."),
     ] = 8,
     report: Annotated[
         bool,
@@ -574,6 +578,7 @@ def _fail(message: str) -> NoReturn:
 
 app.command("api")(api_command)
 app.command("replay")(replay_command)
+app.command("import-trace")(import_trace_command)
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")

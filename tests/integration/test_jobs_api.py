@@ -55,8 +55,22 @@ def test_submit_answers_201_with_location_and_the_stored_job(
     assert fetched.json() == job
 
 
+@pytest.mark.parametrize("gpus", [16, 32, 64])
+def test_a_gang_wider_than_a_node_is_accepted(
+    client: TestClient, tokens: Tokens, gpus: int
+) -> None:
+    response = client.post("/v1/jobs", json=job_body(gpus=gpus), headers=bearer(tokens.user_a))
+
+    assert response.status_code == 201, response.text
+    assert response.json()["gpus"] == gpus
+    fetched = client.get(response.headers["location"], headers=bearer(tokens.user_a))
+    assert fetched.json()["gpus"] == gpus
+
+
 INVALID_SUBMISSIONS = [
     pytest.param({"gpus": 3}, "gpus", id="gpus=3"),
+    pytest.param({"gpus": 48}, "gpus", id="gpus=48"),
+    pytest.param({"gpus": 2048}, "gpus", id="gpus=2048"),
     pytest.param({"epochs": 0}, "epochs", id="epochs=0"),
     pytest.param({"mode": "elastic"}, "mode", id="unknown-mode"),
     pytest.param({"budget": -1.0}, "budget", id="negative-budget"),

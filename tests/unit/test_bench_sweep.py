@@ -72,3 +72,49 @@ def test_shockwave_params_from_the_command_line() -> None:
     with pytest.raises(ValueError, match="KEY=VALUE"):
         sweep.parse_overrides(["packing_order"])
     assert sweep.main(["--shockwave-param", "no_such_knob=1", "--cells", "light-default-24"]) == 2
+
+
+def test_real_trace_verdicts_use_the_production_targets() -> None:
+    found = runs(
+        metrics(1000.0, 550.0, ftf=1.5, unfair=0.3),
+        gavel=metrics(1300.0, 600.0, ftf=1.6),
+        themis=metrics(1200.0, 560.0, ftf=2.0),
+        fifo=metrics(1100.0, 500.0, ftf=9.0),
+    )
+    (real,) = sweep.judge(found, frozenset({"c"}))
+    assert real.jct_over_best_fair == 550.0 / 560.0 and real.ftf_over_best_baseline == 1.5 / 1.6
+    assert real.met  # FTF above 1.2 and 30% unfair, but better than every baseline
+    (generated,) = sweep.judge(found)
+    assert not generated.met
+    worse = runs(metrics(1000.0, 570.0), gavel=metrics(1300.0, 600.0), themis=metrics(1200, 560))
+    assert not sweep.judge(worse, frozenset({"c"}))[0].met
+
+
+def test_a_real_trace_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    traces = tmp_path / "traces"
+    (traces / "itp").mkdir(parents=True)
+    day = 86400
+    rows = [(0, 600, 1), (100, 1800, 2), (200, 3600, 16), (300, 900, 1), (9 * day, 600, 1)]
+    (traces / "itp" / "tiny.csv").write_text(
+        "job_id,submission_time,duration,num_gpu\n"
+        + "".join(f"j{i},{a},{d},{g}\n" for i, (a, d, g) in enumerate(rows))
+    )
+    cell = sweep.Cell("itp-tiny-1.2x", 0, 0, 0.0, "real", "default", "itp/tiny.csv", 1.2)
+    monkeypatch.setattr(sweep, "REAL_GRID", (cell,))
+    monkeypatch.setattr(sweep, "BASELINES", ("gavel", "fifo"))
+    table = sweep.load_throughputs(REFERENCE / "throughputs" / "tacc_throughputs.json")
+    resolved = sweep.resolve(cell, traces, table)
+    # The busiest week holds the first four jobs; its demand is far below one node, and the
+    # 16-GPU job needs two nodes of 8.
+    assert (resolved.jobs, resolved.gpus) == (4, 16)
+    code = sweep.main(
+        [
+            *("--reference", str(REFERENCE), "--traces", str(traces), "--grid", "real"),
+            *("--seeds", "1", "--workers", "1", "--out", str(tmp_path / "out")),
+        ]
+    )
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert {r["policy"] for r in report["runs"]} == {"shockwave", "gavel", "fifo"}
+    assert all(r["metrics"]["jobs_completed"] == 4 for r in report["runs"])
+    (verdict,) = report["verdicts"]
+    assert verdict["real"] and code == (0 if report["all_met"] else 1)

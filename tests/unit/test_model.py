@@ -32,7 +32,8 @@ def spec(**overrides: Any) -> JobSpec:
     ("overrides", "field"),
     [
         ({"gpus": 3}, "gpus"),
-        ({"gpus": 16}, "gpus"),
+        ({"gpus": 12}, "gpus"),
+        ({"gpus": 2048}, "gpus"),
         ({"gpus": 0}, "gpus"),
         ({"gpus": True}, "gpus"),
         ({"epochs": 0}, "epochs"),

@@ -130,7 +130,7 @@ def round_trip(workload: Workload, table: ThroughputTable) -> Workload:
         (
             trace_line(scale_factor="3"),
             "scale_factor",
-            "field 7 (scale_factor) must be one of 1, 2, 4, 8, got '3'",
+            "field 7 (scale_factor) must be a power of two from 1 to 1024, got '3'",
         ),
         (
             trace_line(scale_factor="1.5"),
