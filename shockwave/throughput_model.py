@@ -145,8 +145,8 @@ class ThroughputModel:
         rates = {k: sums[k] / counts[k] for k in sums if counts[k]}
         # the same measurements give the same model object, so the predictions made with it
         # can be reused (shockwave.memo); the key keeps the rates' order, which the fits sum in
-        key = (tuple(rates.items()), declarations)
-        return _MODELS.get((params,), key, lambda: cls(rates, params, declarations))
+        content = (tuple(rates.items()), declarations)
+        return _MODELS.get((params,), content, lambda: cls(rates, params, declarations))
 
     def alpha(self, model: str) -> float:
         return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
