@@ -338,6 +338,9 @@ class Shockwave:
             outlooks = {job.job_id: look(job) for job in snapshot.jobs}
         else:
             outlooks = _LazyOutlooks(snapshot.jobs, look)
+            if params.planner.short_lane and _short_job_due(snapshot, state, params, outlooks):
+                due = True
+                outlooks = {job.job_id: outlooks[job.job_id] for job in snapshot.jobs}
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
         types, widths = state.plan_types, state.widths
@@ -780,6 +783,30 @@ def _replan_due(
     if active != state.job_set:
         return True
     return any(state.regimes_seen.get(j, -1) != n for j, n in regimes_seen.items())
+
+
+def _short_job_due(
+    snapshot: Snapshot,
+    state: ShockwaveState,
+    params: ShockwaveParams,
+    outlooks: Mapping[str, JobOutlook],
+) -> bool:
+    """Whether the cached plan holds back a job of the short-job lane
+    (:attr:`shockwave.planner.PlannerParams.short_lane`): planned, not running, not in this
+    round's column, done within one round and due before it ends. Such a job became due after
+    the plan was made (it was packed into a later column while it still had time); a re-plan
+    puts it in this round, where waiting for the plan's column would add rounds of lateness
+    to a run time under one round."""
+    offset = snapshot.round_index - state.planned_at_round
+    column = set(state.plan_rounds[offset]) if offset < len(state.plan_rounds) else set()
+    length = snapshot.round_seconds
+    for job in snapshot.jobs:
+        if job.running or job.job_id in column or state.counts.get(job.job_id, 0) <= 0:
+            continue
+        look = outlooks[job.job_id]
+        if look.remaining_s + params.restart_overhead_s <= length and look.deadline_s < length:
+            return True
+    return False
 
 
 def _has_elastic(snapshot: Snapshot) -> bool:
