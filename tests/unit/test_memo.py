@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shockwave.memo import IdentityMemo
 
 
@@ -32,7 +34,11 @@ def test_is_bounded() -> None:
     memo: IdentityMemo[int] = IdentityMemo(limit=3)
     boxes = [Box(i) for i in range(10)]
     for i, box in enumerate(boxes):
-        memo.get((box,), (), lambda i=i: i)
+        memo.get((box,), (), _constant(i))
     assert len(memo._entries) <= 3
     # a cleared entry is computed again
     assert memo.get((boxes[0],), (), lambda: -1) == -1
+
+
+def _constant(value: int) -> Callable[[], int]:
+    return lambda: value
