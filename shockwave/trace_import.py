@@ -146,8 +146,9 @@ class ImportOptions:
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """The imported workload (job ``i`` is ``kept[i]``), every dropped row, the rows read, the
-    seconds subtracted from the log's times, and each kept job's tenant ("" where none)."""
+    """The imported workload (job ``i`` is the row ``kept[i]``, its trace line ``trace[i]`` and
+    trajectory ``trajectories[i]``), every dropped row in line order, the data rows read, and
+    the seconds subtracted from the log's times (``offset_s``)."""
 
     workload: Workload
     kept: tuple[LogJob, ...]
@@ -217,15 +218,20 @@ def parse_job_log(text: str, source: str) -> tuple[list[LogJob], list[tuple[int,
     jobs: list[LogJob] = []
     bad: list[tuple[int, str]] = []
     rows = 0
-    for cells in reader:
-        line = reader.line_num
-        if not any(cell.strip() for cell in cells):
-            continue
-        rows += 1
-        try:
-            jobs.append(_row(cells, line, arrival, duration, gpus, job_id, optional))
-        except ValueError as error:
-            bad.append((line, str(error)))
+    try:
+        for cells in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in cells):
+                continue
+            rows += 1
+            try:
+                jobs.append(_row(cells, line, arrival, duration, gpus, job_id, optional))
+            except ValueError as error:
+                bad.append((line, str(error)))
+    except csv.Error as error:  # a NUL byte, an unterminated quote, an oversized field
+        raise FormatError(
+            source, f"line {reader.line_num}", f"is not CSV: {error}", field="rows"
+        ) from None
     return jobs, bad, rows
 
 

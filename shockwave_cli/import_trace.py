@@ -75,8 +75,9 @@ def import_trace_command(
     report: Annotated[
         Path | None,
         typer.Option(
-            help="Also write a JSON report: every dropped row and its reason, and the "
-            "log line, job id and tenant of every imported job."
+            help="Also write a JSON report: the rows read, kept and dropped, and every dropped "
+            "row's line, job id and reason (each imported job's log line, job id and tenant "
+            "are in the trajectory file)."
         ),
     ] = None,
 ) -> None:

@@ -80,8 +80,17 @@ def load_typed_workload(workload: Workload, path: Path, cluster: Cluster) -> Wor
         tables = {t: parse_throughputs(obj, str(path), gpu_type=t) for t in cluster.gpu_types}
     except ValidationError as error:
         raise InputError(f"--gpus: {_located(error, path)}") from None
+    # Every (model, width) the workload has, so a gang wider than the table's widths gets the
+    # type's scaled rates (ThroughputTable's scaling model) rather than the reference speed.
+    wanted = {(job.spec.model, job.spec.gpus) for job in workload.jobs}
     profiles = {
-        t: {(m, sf): table.profile(m, sf) for m in table.models for sf in table.scale_factors(m)}
+        t: {
+            (m, sf): table.profile(m, sf)
+            for m, sf in sorted(
+                wanted | {(m, sf) for m in table.models for sf in table.scale_factors(m)}
+            )
+            if table.batch_sizes(m, sf)
+        }
         for t, table in tables.items()
     }
     return typed_workload(workload, profiles, reference)

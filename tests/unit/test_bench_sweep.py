@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import sweep
+from shockwave_cli.inputs import load_throughputs
 
 REFERENCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "reference"
 
@@ -102,7 +103,7 @@ def test_a_real_trace_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.Monkey
     cell = sweep.Cell("itp-tiny-1.2x", 0, 0, 0.0, "real", "default", "itp/tiny.csv", 1.2)
     monkeypatch.setattr(sweep, "REAL_GRID", (cell,))
     monkeypatch.setattr(sweep, "BASELINES", ("gavel", "fifo"))
-    table = sweep.load_throughputs(REFERENCE / "throughputs" / "tacc_throughputs.json")
+    table = load_throughputs(REFERENCE / "throughputs" / "tacc_throughputs.json")
     resolved = sweep.resolve(cell, traces, table)
     # The busiest week holds the first four jobs; its demand is far below one node, and the
     # 16-GPU job needs two nodes of 8.

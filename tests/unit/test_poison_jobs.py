@@ -106,7 +106,7 @@ def extreme_jobs(draw: st.DrawFn, job_id: str) -> ActiveJob:
     mode = draw(st.sampled_from([AdaptationMode.STATIC, AdaptationMode.GNS]))
     spec = JobSpec(
         job_id=job_id,
-        gpus=draw(st.sampled_from(VALID_WIDTHS)),
+        gpus=draw(st.sampled_from([w for w in VALID_WIDTHS if w <= 8])),  # fits the cluster
         epochs=epochs,
         samples_per_epoch=samples,
         initial_batch_size=batch,

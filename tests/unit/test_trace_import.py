@@ -278,3 +278,9 @@ def test_import_trace_writes_nothing_when_one_output_cannot_be_written(
     assert "none written" in result.output
     assert (out / "x.trace").read_text() == "earlier\n"
     assert sorted(p.name for p in out.iterdir()) == ["x.trace"]
+
+
+def test_text_that_is_not_csv_names_its_line(table: ThroughputTable) -> None:
+    log = "arrival_s,duration_s,num_gpus\n1,600,1\n2,600," + "9" * 200_000 + "\n"
+    with pytest.raises(FormatError, match=r"^log.csv line 3: is not CSV: field larger"):
+        import_job_log(log, "log.csv", table, ImportOptions())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shockwave.heterogeneity import parse_typed_gpus
 from shockwave.model import VALID_WIDTHS, Cluster, JobSpec, ValidationError, is_valid_width
 from shockwave.placement import place, place_into
 from shockwave.policy import get_policy, make_params, policy_names
@@ -15,6 +16,7 @@ from shockwave.simulator import simulate
 from shockwave.trace_import import ImportOptions, import_job_log
 from shockwave.traces import ThroughputTable, parse_throughputs
 from shockwave.workload import Workload
+from shockwave_cli.inputs import load_typed_workload
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +97,18 @@ def test_every_policy_runs_16_and_32_gpu_gangs(table: ThroughputTable, name: str
             assert len(nodes_of(cluster, gpus)) >= widths[job_id] // 8, (name, job_id)
             ran.add(job_id)
     assert {j for j, w in widths.items() if w >= 16} <= ran
+
+
+def test_a_wide_gang_on_a_typed_cluster_gets_each_types_scaled_rates(
+    table: ThroughputTable, reference_dir: Path
+) -> None:
+    path = reference_dir / "throughputs" / "tacc_throughputs.json"
+    cluster = parse_typed_gpus("v100:32,p100:32", 8)
+    typed = load_typed_workload(wide_workload(table), path, cluster)
+    p100 = parse_throughputs(json.loads(path.read_text()), str(path), gpu_type="p100")
+    for job in typed.jobs:
+        if job.spec.gpus < 16:
+            continue
+        declared = job.spec.type_throughput["p100"]
+        assert declared == p100.profile(job.spec.model, job.spec.gpus)
+        assert declared.samples_per_second  # scaled from the p100 table's 8-GPU rates
