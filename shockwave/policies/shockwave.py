@@ -793,10 +793,12 @@ def _short_job_due(
 ) -> bool:
     """Whether the cached plan holds back a job of the short-job lane
     (:attr:`shockwave.planner.PlannerParams.short_lane`): planned, not running, not in this
-    round's column, done within one round and due before it ends. Such a job became due after
-    the plan was made (it was packed into a later column while it still had time); a re-plan
-    puts it in this round, where waiting for the plan's column would add rounds of lateness
-    to a run time under one round."""
+    round's column, done within one round and due before it ends, not before it starts. Such
+    a job became due after the plan was made (it was packed into a later column while it still
+    had time); a re-plan puts it in this round, where waiting for the plan's column would add
+    rounds of lateness to a run time under one round. A job already past its deadline does not
+    re-plan again: it was in the lane of the last plan or of this one (one re-plan per job,
+    not one per round where the lane could not fit it)."""
     offset = snapshot.round_index - state.planned_at_round
     column = set(state.plan_rounds[offset]) if offset < len(state.plan_rounds) else set()
     length = snapshot.round_seconds
@@ -804,7 +806,7 @@ def _short_job_due(
         if job.running or job.job_id in column or state.counts.get(job.job_id, 0) <= 0:
             continue
         look = outlooks[job.job_id]
-        if look.remaining_s + params.restart_overhead_s <= length and look.deadline_s < length:
+        if look.remaining_s + params.restart_overhead_s <= length and 0 <= look.deadline_s < length:
             return True
     return False
 

@@ -15,7 +15,8 @@ from tests.builders import active_job, snapshot
 @pytest.mark.parametrize(("lane", "runs_now"), [(True, True), (False, False)])
 def test_a_due_short_job_is_not_left_to_a_later_column(lane: bool, runs_now: bool) -> None:
     # Two long jobs hold both GPUs; the plan made when the short one arrived put it in its third
-    # column. Now its 1-second run is 100 s past its deadline and nothing else has changed.
+    # column. Its 100-second run now falls due before this round ends (arrival + N_avg P_hat,
+    # N_avg 1.5: 50 s from now) and nothing else has changed.
     now = 1200.0
     longs = [
         active_job(f"l{i}", epochs=1000, arrival=0.0, executed_last_round=120.0, gpus=1)
@@ -23,7 +24,7 @@ def test_a_due_short_job_is_not_left_to_a_later_column(lane: bool, runs_now: boo
     ]
     # each on its own GPU
     longs = [replace(job, progress=replace(job.progress, gpus=(i,))) for i, job in enumerate(longs)]
-    short = active_job("s", epochs=1, steps_per_second=100.0, arrival=now - 100.0)
+    short = active_job("s", epochs=1, steps_per_second=1.0, arrival=now - 100.0)
     jobs = [*longs, short]
     round_index = int(now // 120.0)
     state = ShockwaveState(
