@@ -45,6 +45,7 @@ A static job, or one already at its largest batch size, has one regime: the pape
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import OrderedDict
@@ -55,6 +56,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shockwave.memo import IdentityMemo
 from shockwave.model import AdaptationMode
 from shockwave.population import (
     EMPTY_PRIOR,
@@ -152,20 +154,19 @@ def predict_population(
     """The job's trajectory under the population prior updated by its own observations."""
     params = params or PredictorParams()
     population = population or PopulationParams()
-    paper = predict(job, params, throughput)
     spec = job.spec
     if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
-        return paper
+        return predict(job, params, throughput)
     observed = job.progress.observed_regimes
     prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
     start = float(sum(r.epochs for r in observed))
     left = spec.epochs - start
     if left <= _EPS:
-        return paper
+        return predict(job, params, throughput)
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    everyone = _groups(prior, job)
-    censoring = _censoring(job, everyone[0])
-    groups = _consulted(everyone, job, population, censoring)
+    censoring, groups = _GROUPS.get(
+        (prior, spec, population), (), lambda: _templates_for(prior, job, population)
+    )
     key = (
         spec.mode,
         spec.model,
@@ -179,24 +180,31 @@ def predict_population(
         len(groups[0]),
         _group_ids(groups),
     )
-    candidates = _CANDIDATES.get(key, groups)
-    if candidates is None:
+    cached = _CANDIDATES.get(key, groups)
+    if cached is None:
         unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
         candidates = (
             *_from_templates(job, groups, population, prefix, censoring),
             _from_paper(unrefined, population.prior_weight),
         )
-        _CANDIDATES.put(key, groups, candidates)
-    alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
-    static = population.static_weight
-    if censoring is not None and prefix[-1] in censoring.grown_from:
-        static = population.grown_static_weight
-    alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
-    signature = (key, tuple(len(a.weights) for a in alive))
-    decision = _DECISIONS.get(signature, groups)
+        cached = (candidates, _survival_thresholds(candidates))
+        _CANDIDATES.put(key, groups, cached)
+    candidates, thresholds = cached
+    # which candidates survive depends only on how many thresholds done_share has passed
+    passed = bisect.bisect_right(thresholds, done_share + _EPS)
+    decision = _SURVIVORS.get((key, passed), groups)
     if decision is None:
-        decision = _choose(alive, len(observed))
-        _DECISIONS.put(signature, groups, decision)
+        alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
+        static = population.static_weight
+        if censoring is not None and prefix[-1] in censoring.grown_from:
+            static = population.grown_static_weight
+        alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
+        signature = (key, tuple(len(a.weights) for a in alive))
+        decision = _DECISIONS.get(signature, groups)
+        if decision is None:
+            decision = _choose(alive, len(observed))
+            _DECISIONS.put(signature, groups, decision)
+        _SURVIVORS.put((key, passed), groups, decision)
     future, shares = decision
     regimes = [
         PredictedRegime(
@@ -221,6 +229,17 @@ def predict_population(
 _Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ...], ...], ...]]
 """(the job's own model's template groups, the other models' of its mode: one tuple of groups
 per model, by model name)."""
+
+
+def _templates_for(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams
+) -> tuple[_Censoring | None, _Groups]:
+    """The job's censoring and the template groups it consults: what it reads of the prior,
+    which depends on its spec alone (not on its progress), so it is memoized per
+    (prior, spec, params) in :data:`_GROUPS`."""
+    everyone = _groups(prior, job)
+    censoring = _censoring(job, everyone[0])
+    return censoring, _consulted(everyone, job, population, censoring)
 
 
 def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
@@ -380,6 +399,9 @@ class _Memo:
 _BLOCKS = _Memo(4096)
 _CANDIDATES = _Memo(8192)
 _DECISIONS = _Memo(16384)
+_SURVIVORS = _Memo(16384)
+_GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
+"""Per (prior, spec, params): :func:`_templates_for` (a new prior, after a finish, misses)."""
 
 
 def _blocks(
@@ -460,6 +482,14 @@ def _replayed(
         (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
         (*lengths[: peak + 1], *[share] * len(above), *lengths[peak + 1 :]),
     )
+
+
+def _survival_thresholds(candidates: Sequence[_Candidates]) -> tuple[float, ...]:
+    """The ongoing regime's shares of every candidate that has a future, sorted: a candidate
+    survives while ``done_share + eps`` is below its share (:func:`_surviving`), so the
+    survivors are fixed by how many of these ``done_share + eps`` has reached."""
+    shares = {float(x) for c in candidates if c.future for x in c.shares[:, 0]}
+    return tuple(sorted(shares))
 
 
 def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:

@@ -363,7 +363,7 @@ def simulate(
         decision = policy.decide(snapshot, params)
         spent = (timer() - started) if timer else 0.0
         state, solve = decision.state, decision.solve
-        _check_decision(decision, {r.job_id: r for r in run.active}, cluster)
+        _check_decision(decision, run.by_id, cluster)
         run.set_widths(decision)
         plans = [p for p in plans if p.base_round + len(p.rounds) > index]
         plans.append(
@@ -491,6 +491,7 @@ class _Run:
         self.pending = sorted(self.runs, key=lambda r: r.sim.spec.arrival_s)
         self.pending.reverse()
         self.active: list[_JobRun] = []
+        self.by_id: dict[str, _JobRun] = {}
         self.previous: dict[str, tuple[int, ...]] = {}
         self.prior: PopulationPrior = EMPTY_PRIOR
         self.version = 0
@@ -502,7 +503,9 @@ class _Run:
 
     def admit(self, now: float) -> None:
         while self.pending and self.pending[-1].sim.spec.arrival_s <= now + _EPS:
-            self.active.append(self.pending.pop())
+            r = self.pending.pop()
+            self.active.append(r)
+            self.by_id[r.job_id] = r
             self.version += 1
 
     def waiting_view(self) -> list[engine.Waiting]:
@@ -523,7 +526,7 @@ class _Run:
     ) -> float:
         """Run ``job_id`` on ``gpus`` from ``now`` to at most ``lease_end``; when its stretch
         ends (the job finishes then if it is done)."""
-        r = next(x for x in self.active if x.job_id == job_id)
+        r = self.by_id[job_id]
         r.gpu_type = self.cluster.type_of(gpus[0]) if self.cluster.is_typed and gpus else ""
         lease = lease_end - now
         needed = r.seconds_to_finish(len(gpus))
@@ -549,8 +552,7 @@ class _Run:
 
     def leases(self, held: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """The GPUs held now: every stretch of the round whose job is still active."""
-        active = {r.job_id for r in self.active}
-        return {j: g for j, g in held.items() if j in active}
+        return {j: g for j, g in held.items() if j in self.by_id}
 
     def events(self, now: float, lease_end: float) -> Iterator[float]:
         """Mid-round event times in order, after each has been applied (a finish frees the
@@ -564,7 +566,8 @@ class _Run:
                 return
             while self._ends and self._ends[0][0] <= t + _EPS:
                 _, _, job_id = heapq.heappop(self._ends)
-                self._retire([r for r in self.active if r.job_id == job_id])
+                done = self.by_id.get(job_id)
+                self._retire([done] if done is not None else [])
             self.admit(t)
             yield t
 
@@ -574,8 +577,9 @@ class _Run:
         if self.settings.learn_population:
             for r in sorted(done, key=lambda r: r.finish or 0.0):
                 self.prior = self.prior.learn(r.finished())
-        gone = {r.job_id for r in done}
-        self.active = [r for r in self.active if r.job_id not in gone]
+        for r in done:
+            del self.by_id[r.job_id]
+        self.active = [r for r in self.active if r.job_id in self.by_id]
         self.finished += len(done)
         self.version += 1
 

@@ -40,6 +40,7 @@ from typing import Literal
 
 import numpy as np
 
+from shockwave.memo import IdentityMemo
 from shockwave.population import (
     EMPTY_PRIOR,
     DeclarationErrors,
@@ -159,12 +160,12 @@ class ThroughputModel:
                     key = (job.spec.model, job.spec.gpus, batch_size)
                     sums[key] = sums.get(key, 0.0) + job.spec.samples_per_epoch / seconds
                     counts[key] = counts.get(key, 0) + 1
-        return cls(
-            {k: sums[k] / counts[k] for k in sums if counts[k]},
-            params,
-            declarations,
-            _speed_variance(jobs),
-        )
+        rates = {k: sums[k] / counts[k] for k in sums if counts[k]}
+        speed = _speed_variance(jobs)
+        # the same measurements give the same model object, so the predictions made with it
+        # can be reused (shockwave.memo); the key keeps the rates' order, which the fits sum in
+        content = (tuple(rates.items()), declarations, speed)
+        return _MODELS.get((params,), content, lambda: cls(rates, params, declarations, speed))
 
     def alpha(self, model: str) -> float:
         return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
@@ -256,6 +257,10 @@ class ThroughputModel:
         """Samples/s at (to_bs, to_gpus) over samples/s at (from_bs, from_gpus), by the laws."""
         batch = math.pow(to_bs / from_bs, self.alpha(model))
         return batch * math.pow(to_gpus / from_gpus, self.beta(model))
+
+
+_MODELS: IdentityMemo[ThroughputModel] = IdentityMemo(limit=64)
+"""Models by (params, rates, declaration errors): :meth:`ThroughputModel.build`."""
 
 
 def declared_or_blend(

@@ -471,7 +471,8 @@ def _policy_setups(
 def _run_all(
     workload: Workload, cluster: Cluster, setups: Sequence[PolicySetup]
 ) -> list[SimResult]:
-    """Simulate each policy in turn, with a progress bar per policy advancing on finished jobs."""
+    """Simulate each policy in turn, with a progress bar per policy advancing on finished jobs
+    (on stderr, only when it is a terminal: a log or a pipe gets the table alone)."""
     results: list[SimResult] = []
     columns = (
         TextColumn("[bold]{task.description:<14}"),
@@ -480,7 +481,7 @@ def _run_all(
         TextColumn("jobs  t={task.fields[now]:>9,.0f} s"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=errors) as progress:
+    with Progress(*columns, console=errors, disable=not errors.is_terminal) as progress:
         for setup in setups:
             task = progress.add_task(setup.policy.name, total=len(workload.jobs), now=0.0)
 

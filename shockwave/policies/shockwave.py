@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -38,6 +38,7 @@ import numpy as np
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
+from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
@@ -53,7 +54,7 @@ from shockwave.regime_predictors import (
     REGIME_PREDICTORS,
     check_regime_predictor,
 )
-from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
@@ -266,6 +267,65 @@ def rates_by_job(
     return rates
 
 
+class _LazyOutlooks(Mapping[str, JobOutlook]):
+    """Job id -> outlook, each computed when first read (the same value as computed at once:
+    an outlook depends on the snapshot alone)."""
+
+    def __init__(self, jobs: Sequence[ActiveJob], look: Callable[[ActiveJob], JobOutlook]):
+        self._jobs = {job.job_id: job for job in jobs}
+        self._look = look
+        self._seen: dict[str, JobOutlook] = {}
+
+    def __getitem__(self, job_id: str) -> JobOutlook:
+        seen = self._seen.get(job_id)
+        if seen is None:
+            seen = self._seen[job_id] = self._look(self._jobs[job_id])
+        return seen
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+_Predicted = tuple[Prediction, float, float, float, float, float]
+
+_PREDICTIONS: IdentityMemo[_Predicted] = IdentityMemo()
+"""Each job's prediction by (spec, prior, throughput model, params; progress, GPU speed)."""
+
+
+def _predicted(
+    job: ActiveJob,
+    snapshot: Snapshot,
+    params: ShockwaveParams,
+    rates: ThroughputModel,
+    speed: float,
+    revealed: RevealedTrajectory | None,
+) -> _Predicted:
+    """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
+    total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
+    from ``revealed`` in oracle experiments."""
+    if revealed is not None:
+        prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+    else:
+        predictor = REGIME_PREDICTORS[params.regime_predictor]
+        prediction = predictor(
+            job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
+        )
+    factor = _error_factor(job.job_id, params) / speed
+    remaining = prediction.remaining_seconds * factor
+    done = prediction.total_seconds - prediction.remaining_seconds
+    total = done / speed + remaining
+    cautious = (
+        predict_greedy(job, params.predictor, rates).remaining_seconds
+        * factor
+        * rates.unseen_factor(job)
+    )
+    soonest = _soonest_remaining(prediction) * factor
+    return prediction, remaining, total, factor, cautious, soonest
+
+
 def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
     """Whether ``job`` may be held back by the packing's Pareto rule
     (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
@@ -288,23 +348,34 @@ class Shockwave:
         contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
         rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
-        outlooks = {
-            job.job_id: self.outlook(
+
+        def look(job: ActiveJob) -> JobOutlook:
+            speed = mean_speed(job, snapshot.cluster) if typed else 1.0
+            return self.outlook(
                 snapshot,
                 job,
                 params,
                 contention_sum,
                 contention_rounds,
                 rates[job.job_id],
-                mean_speed(job, snapshot.cluster) if typed else 1.0,
+                speed,
                 shares.budgets[job.job_id],
             )
-            for job in snapshot.jobs
-        }
-        active = frozenset(outlooks)
+
+        active = frozenset(j.job_id for j in snapshot.jobs)
         regimes_seen = {j.job_id: len(j.progress.observed_regimes) for j in snapshot.jobs}
         offset = snapshot.round_index - state.planned_at_round
         due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
+        # a plan needs every job's outlook; following one needs only those of the jobs its
+        # column leaves waiting (the fill's order and their reasons), made when first read
+        outlooks: Mapping[str, JobOutlook]
+        if due or typed or _has_elastic(snapshot):
+            outlooks = {job.job_id: look(job) for job in snapshot.jobs}
+        else:
+            outlooks = _LazyOutlooks(snapshot.jobs, look)
+            if params.planner.short_lane and _short_job_due(snapshot, state, params, outlooks):
+                due = True
+                outlooks = {job.job_id: outlooks[job.job_id] for job in snapshot.jobs}
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
         types, widths = state.plan_types, state.widths
@@ -404,28 +475,22 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+            seen = _predicted(job, snapshot, params, rates, speed, revealed)
         else:
-            predictor = REGIME_PREDICTORS[params.regime_predictor]
-            prediction = predictor(
-                job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
+            # a job whose progress, prior and throughput model are as last round predicts as
+            # it did then (shockwave.memo): a waiting job costs nothing after its first round
+            seen = _PREDICTIONS.get(
+                (job.spec, snapshot.prior_of(job.job_id), rates, params),
+                (job.job_id, progress_key(job), speed),
+                lambda: _predicted(job, snapshot, params, rates, speed, None),
             )
-        factor = _error_factor(job.job_id, params) / speed
-        remaining = prediction.remaining_seconds * factor
-        done = prediction.total_seconds - prediction.remaining_seconds
-        total = done / speed + remaining
+        prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
         age = snapshot.now - job.spec.arrival_s
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
         deadline = job.spec.arrival_s + share * total - snapshot.now
-        cautious = (
-            predict_greedy(job, params.predictor, rates).remaining_seconds
-            * factor
-            * rates.unseen_factor(job)
-        )
-        soonest = _soonest_remaining(prediction) * factor
         return JobOutlook(
             prediction,
             remaining,
@@ -686,25 +751,29 @@ def _plan_job(
     cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
-    utility = [base]
-    remaining = [look.remaining_s]
-    overdue = [max(0.0, window * length + look.remaining_s - look.deadline_s)]
-    for n in range(1, cap + 1):
-        useful = max(0.0, n * length - overhead) * speed / look.error_factor
-        utility.append(min(1.0, base + look.prediction.epochs_after(useful) / epochs))
-        left = max(0.0, look.remaining_s - max(0.0, n * length - overhead) * speed)
-        remaining.append(left)
-        finish = n * length if left <= 0 else window * length + left
-        overdue.append(max(0.0, finish - look.deadline_s))
+    # progress is piecewise linear in the seconds run: epochs gained after each regime's
+    # cumulative seconds, interpolated (capped at the job's end), one array op per table
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    n = np.arange(cap + 1, dtype=float)
+    run = np.maximum(0.0, n * length - overhead) * speed
+    utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
+    utility[0] = base
+    remaining = np.maximum(0.0, look.remaining_s - run)
+    remaining[0] = look.remaining_s
+    finish = np.where(remaining <= 0, n * length, window * length + remaining)
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
     weight = look.budget * look.rho**params.fairness_exponent
     return PlanJob(
         job_id=job.job_id,
         gpus=job.spec.gpus,
         weight=weight,
-        utility=tuple(utility),
-        remaining=tuple(remaining),
+        utility=tuple(utility.tolist()),
+        remaining=tuple(remaining.tolist()),
         running=job.running and held == width,
-        overdue=tuple(overdue),
+        overdue=tuple(overdue.tolist()),
         critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
         soonest_remaining_s=look.soonest_remaining_s,
         latest_remaining_s=look.latest_remaining_s,
@@ -775,6 +844,32 @@ def _replan_due(
     if active != state.job_set:
         return True
     return any(state.regimes_seen.get(j, -1) != n for j, n in regimes_seen.items())
+
+
+def _short_job_due(
+    snapshot: Snapshot,
+    state: ShockwaveState,
+    params: ShockwaveParams,
+    outlooks: Mapping[str, JobOutlook],
+) -> bool:
+    """Whether the cached plan holds back a job of the short-job lane
+    (:attr:`shockwave.planner.PlannerParams.short_lane`): planned, not running, not in this
+    round's column, done within one round and due before it ends, not before it starts. Such
+    a job became due after the plan was made (it was packed into a later column while it still
+    had time); a re-plan puts it in this round, where waiting for the plan's column would add
+    rounds of lateness to a run time under one round. A job already past its deadline does not
+    re-plan again: it was in the lane of the last plan or of this one (one re-plan per job,
+    not one per round where the lane could not fit it)."""
+    offset = snapshot.round_index - state.planned_at_round
+    column = set(state.plan_rounds[offset]) if offset < len(state.plan_rounds) else set()
+    length = snapshot.round_seconds
+    for job in snapshot.jobs:
+        if job.running or job.job_id in column or state.counts.get(job.job_id, 0) <= 0:
+            continue
+        look = outlooks[job.job_id]
+        if look.remaining_s + params.restart_overhead_s <= length and 0 <= look.deadline_s < length:
+            return True
+    return False
 
 
 def _has_elastic(snapshot: Snapshot) -> bool:

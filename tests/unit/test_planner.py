@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -402,6 +402,37 @@ def test_packing_does_not_strand_a_late_gang_behind_full_window_jobs(
     assert unpacked == int(counts.sum()) - placed
     # The late gang takes round 0's room: two full-window jobs lose that round instead.
     assert unpacked == (2 if runs_now else 1)
+
+
+@pytest.mark.parametrize(
+    ("overdue_after_one", "running", "short_lane", "runs_now"),
+    [
+        pytest.param(30.0, False, True, True, id="short-and-due-takes-round-0"),
+        pytest.param(30.0, False, False, False, id="lane-off-waits-behind-full-window-jobs"),
+        pytest.param(0.0, False, True, False, id="short-but-not-due-keeps-its-place"),
+    ],
+)
+def test_short_job_lane(
+    overdue_after_one: float, running: bool, short_lane: bool, runs_now: bool
+) -> None:
+    # Four 1-GPU jobs planned for the whole window hold all 4 GPUs of every round; a 1-GPU job
+    # that one round finishes, due before that round ends (overdue after it), not yet past its
+    # deadline (negative priority), goes first only in the lane: else it waits behind them.
+    t, gpus = 3, 4
+    full = [plan_job(f"f{i}", [0.1, 0.4, 0.7, 0.9], running=True) for i in range(4)]
+    short = replace(
+        plan_job("short", [0.0, 1.0], running=running), overdue=(0.0, overdue_after_one)
+    )
+    problem = build_problem([*full, short], gpus, PlannerParams(rounds=t), ROUND)
+    counts = np.array([t, t, t, t, 1], dtype=np.int64)
+    priority = [1.0, 1.0, 1.0, 1.0, -5.0]
+    deadlines = [500.0, 600.0, 700.0, 800.0, 10.0]
+    rounds, _ = pack_rounds(problem, counts, priority, deadlines, short_lane=short_lane)
+    assert ("short" in rounds[0]) is runs_now
+    assert all(len(members) <= gpus for members in rounds)
+    if runs_now and not running:
+        # it displaced one full-window job from round 0 only
+        assert sum(f"f{i}" in rounds[0] for i in range(4)) == 3
 
 
 @pytest.mark.xfail(
