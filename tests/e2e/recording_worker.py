@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -85,9 +86,13 @@ def install(directory: Path, delay_s: float = 0.0) -> None:
         )
 
     def load_snapshot(
-        session: Session, cluster_id: str, round_index: int, now: datetime
+        session: Session,
+        cluster_id: str,
+        round_index: int,
+        now: datetime,
+        priority_classes: Mapping[str, float] | None = None,
     ) -> tuple[Snapshot, int]:
-        snapshot, version = load(session, cluster_id, round_index, now)
+        snapshot, version = load(session, cluster_id, round_index, now, priority_classes)
         versions[os.getpid()] = version
         return snapshot, version
 

@@ -142,7 +142,7 @@ class Service:
 def service(tmp_path: Path, jobs_dir: Path, runtime: str) -> Iterator[Service]:
     database = tmp_path / "shockwave.db"
     admin = create_token(database, "admin")
-    agent_token = create_token(database, "agent", "--node", NODE)
+    agent_token = create_token(database, "agent", "--node", NODE, "--gpus", "2")
     users = {t: create_token(database, "user", "--tenant", t) for t in TENANTS}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
