@@ -416,16 +416,7 @@ def limit_column(
         while used > total_gpus and front:  # guarantees over the cluster: the last ones wait
             used -= width[front.pop()]
         chosen = front + chosen
-    usage = TenantUsage(tenants)
-    kept: list[str] = []
-    refused: dict[str, str] = {}
-    for job in chosen:
-        if usage.fits(tenant_of[job], width[job]):
-            usage.add(tenant_of[job], width[job])
-            kept.append(job)
-        else:
-            refused[job] = AT_LIMIT
-    return kept, refused
+    return within_caps(chosen, {}, width, tenant_of, tenants)
 
 
 def within_caps(
