@@ -107,17 +107,7 @@ class ShockwaveClient:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """The decoded JSON body of a 2xx answer; :class:`ApiError` otherwise."""
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        try:
-            response = self._http.request(method, path, json=json, params=query, headers=headers)
-        except httpx.ConnectError as error:
-            raise ApiUnreachable(self.base_url, _reason(error, "connection refused")) from None
-        except httpx.TimeoutException:
-            raise ApiUnreachable(self.base_url, "timed out") from None
-        except httpx.TransportError as error:
-            raise ApiUnreachable(self.base_url, _reason(error, type(error).__name__)) from None
-        if response.is_error:
-            raise _error_of(response)
+        response = self._send(method, path, json=json, params=params, headers=headers)
         if not response.content:
             return None
         try:
@@ -129,9 +119,22 @@ class ShockwaveClient:
 
     def text(self, path: str, params: Mapping[str, Any], accept: str) -> str:
         """The body of a 2xx answer to GET ``path`` as text of the ``accept`` type (CSV)."""
-        query = {k: v for k, v in params.items() if v is not None}
+        return self._send("GET", path, params=params, headers={"Accept": accept}).text
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """A 2xx answer to ``method path`` (parameters that are None left out); an API that
+        does not answer is :class:`ApiUnreachable`, an error answer its :class:`ApiError`."""
+        query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._http.get(path, params=query, headers={"Accept": accept})
+            response = self._http.request(method, path, json=json, params=query, headers=headers)
         except httpx.ConnectError as error:
             raise ApiUnreachable(self.base_url, _reason(error, "connection refused")) from None
         except httpx.TimeoutException:
@@ -140,7 +143,7 @@ class ShockwaveClient:
             raise ApiUnreachable(self.base_url, _reason(error, type(error).__name__)) from None
         if response.is_error:
             raise _error_of(response)
-        return response.text
+        return response
 
     def submit_job(self, job: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
