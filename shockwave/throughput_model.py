@@ -148,7 +148,7 @@ class ThroughputModel:
         }
         counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
         declarations = prior.declarations
-        jobs = tuple(jobs)
+        active_logs: dict[RateKey, list[float]] = defaultdict(list)
         for job in jobs:
             declarations = declarations.add(
                 declaration_pairs(job.spec, job.progress.measured_epoch_seconds)
@@ -158,10 +158,12 @@ class ThroughputModel:
             for batch_size, seconds in job.progress.measured_epoch_seconds.items():
                 if seconds > 0 and math.isfinite(seconds):
                     key = (job.spec.model, job.spec.gpus, batch_size)
-                    sums[key] = sums.get(key, 0.0) + job.spec.samples_per_epoch / seconds
+                    rate = job.spec.samples_per_epoch / seconds
+                    sums[key] = sums.get(key, 0.0) + rate
                     counts[key] = counts.get(key, 0) + 1
+                    active_logs[key].append(math.log(rate))
         rates = {k: sums[k] / counts[k] for k in sums if counts[k]}
-        speed = _speed_variance(jobs)
+        speed = _speed_variance(active_logs)
         # the same measurements give the same model object, so the predictions made with it
         # can be reused (shockwave.memo); the key keeps the rates' order, which the fits sum in
         content = (tuple(rates.items()), declarations, speed)
@@ -316,18 +318,11 @@ def _fit_exponents(
     return fitted
 
 
-def _speed_variance(jobs: Iterable[ActiveJob]) -> float:
+def _speed_variance(logs: Mapping[RateKey, list[float]]) -> float:
     """The spread of speeds among jobs of one shape: the pooled variance of log(rate / mean
-    rate) over the (model, GPUs, batch size) that two or more active jobs measured (0 when
-    none did, or when they all measured the same)."""
-    logs: dict[RateKey, list[float]] = defaultdict(list)
-    for job in jobs:
-        if not job.spec.model:
-            continue
-        for batch_size, seconds in job.progress.measured_epoch_seconds.items():
-            if seconds > 0 and math.isfinite(seconds):
-                key = (job.spec.model, job.spec.gpus, batch_size)
-                logs[key].append(math.log(job.spec.samples_per_epoch / seconds))
+    rate) over the (model, GPUs, batch size) keys of ``logs`` (the log rates the active jobs
+    measured) that two or more jobs measured (0 when none did, or when they all measured the
+    same)."""
     sum_sq, dof = 0.0, 0
     for values in logs.values():
         if len(values) > 1:
