@@ -172,7 +172,7 @@ def decide_typed(snapshot: Snapshot, knobs: TimeFractionParams) -> Decision:
         snapshot.jobs, workers, speed, allocation, received, deficit, knobs
     )
     new_state = TypedPriorityState(
-        allocation=MappingProxyType({j: MappingProxyType(a) for j, a in allocation.items()}),
+        allocation=MappingProxyType({j: MappingProxyType(dict(a)) for j, a in allocation.items()}),
         recomputed_at=recomputed_at,
         recomputed_after_start=after_start,
         job_set=job_set,

@@ -265,3 +265,19 @@ def test_typed_gavel_counts_a_late_arrival_in_the_recompute_it_arrived_before() 
     assert "b" not in without_b.allocation
     assert late.allocation == pytest.approx(dict(with_b.allocation))
     assert got.deficit == want.deficit
+
+
+def test_typed_gavel_state_stays_flat_over_many_rounds_without_a_recompute() -> None:
+    """The allocation handed from round to round is copied, not wrapped again: thousands of
+    rounds between recomputes (a long job alone on the cluster) must not nest the state."""
+    gavel = get_policy("gavel")
+    params = make_params(gavel)
+    job = _two_type_job("a", 2.0, 0.5)
+    state: object | None = None
+    for index in range(1500):
+        decision = gavel.decide(_typed_round((job,), index, state), params)
+        state = decision.state
+    assert decision.jobs == ("a",)
+    assert isinstance(state, TypedPriorityState)
+    assert type(dict(state.allocation["a"])) is dict
+    assert state.allocation["a"].get("fast", 0.0) == pytest.approx(1.0)
