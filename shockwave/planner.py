@@ -82,7 +82,11 @@ class PlanJob:
     ``overdue[n]``: seconds the job would finish past its fairness deadline after n rounds
     (empty: no deadline). ``fair_share_s``: its fair completion time N_avg P_hat, which scales
     lateness to a relative figure. ``critical_remaining_s``: a cautious remaining time (no
-    speed-up counted on) for judging whether the job is on the critical path.
+    speed-up counted on) for judging whether the job is on the critical path. ``probe``: the
+    job's speed is unknown (it has measured nothing, and jobs of its shape differ): it gets a
+    floor of one round and takes round 0 ahead of the rest of the packing
+    (:func:`pack_rounds`), so that what it measures replaces the guess before the market and
+    the critical path rely on it.
     """
 
     job_id: str
@@ -96,6 +100,7 @@ class PlanJob:
     critical_remaining_s: float = 0.0
     soonest_remaining_s: float | None = None
     latest_remaining_s: float | None = None
+    probe: bool = False
 
     @property
     def remaining_range(self) -> tuple[float, float]:
@@ -297,7 +302,7 @@ class ObjectiveTerms:
         value -= penalty / self.z0
         window_s = t * self.round_seconds
         floor = critical_floor(job, self.path, window_s, self.round_seconds, cap)
-        return value, left, cap, floor
+        return value, left, cap, max(floor, min(cap, int(job.probe)))
 
     def rows(
         self, jobs: Sequence[PlanJob]
@@ -330,7 +335,10 @@ class ObjectiveTerms:
         window_s = t * self.round_seconds
         floors = np.array(
             [
-                critical_floor(j, self.path, window_s, self.round_seconds, int(c))
+                max(
+                    critical_floor(j, self.path, window_s, self.round_seconds, int(c)),
+                    min(int(c), int(j.probe)),
+                )
                 for j, c in zip(jobs, caps, strict=True)
             ],
             dtype=np.int64,
@@ -543,7 +551,7 @@ def pack_rounds(
     quick = {
         i for i in range(len(problem.jobs)) if short_lane and _short_and_due(problem, counts, i)
     }
-    first: set[int] = set()
+    first = {i for i, job in enumerate(problem.jobs) if job.probe and counts[i] > 0}
     later: set[int] = set()
     kept: tuple[list[list[str]], list[int]] | None = None
     displaced: set[int] = set()

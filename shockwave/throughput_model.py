@@ -51,6 +51,9 @@ from shockwave.population import (
 from shockwave.snapshot import ActiveJob
 
 _PRIOR_PRECISION = 1.0
+_SPREAD_RESOLUTION = 1e-6
+"""The least speed spread (standard deviation of log rates) taken for real: rates computed
+from equal epoch times differ in their last bits, and a spread of 1e-15 is not a spread."""
 
 Source = Literal["measured", "population", "declared", "scaled"]
 
@@ -322,11 +325,12 @@ def _speed_variance(logs: Mapping[RateKey, list[float]]) -> float:
     """The spread of speeds among jobs of one shape: the pooled variance of log(rate / mean
     rate) over the (model, GPUs, batch size) keys of ``logs`` (the log rates the active jobs
     measured) that two or more jobs measured (0 when none did, or when they all measured the
-    same)."""
+    same, to rounding: a spread under :data:`_SPREAD_RESOLUTION` is the floats' noise)."""
     sum_sq, dof = 0.0, 0
     for values in logs.values():
         if len(values) > 1:
             mean = sum(values) / len(values)
             sum_sq += sum((v - mean) ** 2 for v in values)
             dof += len(values) - 1
-    return sum_sq / dof if dof else 0.0
+    variance = sum_sq / dof if dof else 0.0
+    return variance if variance > _SPREAD_RESOLUTION**2 else 0.0

@@ -234,7 +234,11 @@ class ShockwaveState:
 @dataclass(frozen=True, slots=True)
 class JobOutlook:
     """Prediction and estimates of one job at this decision. ``budget``: the job's weight in
-    the market this round (B_j; with tenants, its part of its tenant's share)."""
+    the market this round (B_j; with tenants, its part of its tenant's share). ``probe``: the
+    job has measured no epoch time while jobs of one shape are known to run at different
+    speeds (:meth:`ThroughputModel.unseen_factor` > 1): its estimate is other jobs' typical
+    speed, so the plan runs it a round to measure its own
+    (:attr:`shockwave.planner.PlanJob.probe`)."""
 
     prediction: Prediction
     remaining_s: float
@@ -247,6 +251,7 @@ class JobOutlook:
     soonest_remaining_s: float
     latest_remaining_s: float
     budget: float = 1.0
+    probe: bool = False
 
     @property
     def laxity_s(self) -> float:
@@ -503,6 +508,7 @@ class Shockwave:
             min(soonest, remaining),
             max(cautious, remaining),
             job.spec.budget if budget is None else budget,
+            rates.unseen_factor(job) > 1.0,
         )
 
     def solve(
@@ -726,6 +732,7 @@ def _plan_variants(
             soonest_remaining_s=look.soonest_remaining_s,
             latest_remaining_s=look.latest_remaining_s,
             fair_share_s=max(1.0, look.fair_share_s),
+            probe=look.probe,
         )
     return variants
 
@@ -778,6 +785,7 @@ def _plan_job(
         soonest_remaining_s=look.soonest_remaining_s,
         latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
+        probe=look.probe,
     )
 
 

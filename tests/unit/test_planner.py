@@ -606,3 +606,20 @@ def test_patience_knob_is_checked(patience: float) -> None:
     assert ShockwaveParams().patience > 0
     with pytest.raises(ValueError, match="patience"):
         ShockwaveParams(patience=patience)
+
+
+def test_a_job_of_unknown_speed_is_planned_a_round_and_packed_into_round_0() -> None:
+    # Two running jobs fill the cluster and are worth far more to the market (its only term
+    # here) than a newcomer: without the probe the newcomer gets nothing in the window. A job
+    # whose speed is unknown
+    # (its estimate is other jobs' typical speed, and jobs of its shape differ) gets a floor
+    # of one round and takes round 0, so what it measures replaces the guess at once.
+    t, gpus = 3, 2
+    keep = [plan_job(f"run{i}", [0.1, 0.6, 0.8, 0.9], weight=100.0, running=True) for i in (0, 1)]
+    new = plan_job("new", [0.5, 0.5001, 0.5002, 0.5003], weight=1e-6)
+    for probe in (False, True):
+        jobs = [*keep, replace(new, probe=probe)]
+        market = PlannerParams(rounds=t, use_scip="never", makespan_weight=0, deadline_weight=0)
+        result = plan(jobs, gpus, market, ROUND)
+        assert (result.counts["new"] >= 1) is probe
+        assert ("new" in result.rounds[0]) is probe

@@ -230,3 +230,14 @@ def test_a_job_that_measured_nothing_is_judged_as_slow_as_the_spread_says() -> N
     assert cautious.unseen_factor(unseen) == 1.0
     with pytest.raises(ValueError, match="unseen_caution"):
         ThroughputModelParams(unseen_caution=-1.0)
+
+
+def test_rounding_noise_in_equal_rates_is_no_spread() -> None:
+    # Equal epoch times reach the rates through different sums, so their logs can differ in
+    # the last bits: a spread of 1e-15 must not make every unmeasured job a cautious guess.
+    seconds = 0.1 + 0.2
+    jobs = [_measuring("a", seconds), _measuring("b", 0.3), _measuring("c", 0.30000000000000004)]
+    rates = ThroughputModel.build(jobs=jobs)
+
+    assert rates.speed_variance == 0.0
+    assert rates.unseen_factor(adaptive_job("new", model="ResNet-18")) == 1.0
