@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
-from shockwave.estimators import contention_factor, finish_time_fairness
+from shockwave.estimators import contention_factor, finish_time_fairness, lifetime_contention
 from shockwave.heterogeneity import mean_speed
 from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
@@ -55,7 +55,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
-from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
+from shockwave.tenancy import TenantMarket, owed_after, share_order, share_quotas, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -360,6 +360,7 @@ class Shockwave:
                 rates[job.job_id],
                 speed,
                 shares.budgets[job.job_id],
+                None if shares.single else shares.contention[job.job_id],
             )
 
         active = frozenset(j.job_id for j in snapshot.jobs)
@@ -424,6 +425,7 @@ class Shockwave:
                 chosen_widths,
                 outlooks,
                 params.tenant_slack_rounds,
+                frozenset(j for j, n in counts.items() if n >= len(rounds)),
             )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -462,6 +464,7 @@ class Shockwave:
         rates: ThroughputModel | None = None,
         speed: float = 1.0,
         budget: float | None = None,
+        current_contention: float | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
@@ -487,6 +490,13 @@ class Shockwave:
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
+        if current_contention is not None:
+            contention = lifetime_contention(
+                contention_sum.get(job.job_id, 0.0),
+                rounds,
+                current_contention,
+                remaining / snapshot.round_seconds,
+            )
         age = snapshot.now - job.spec.arrival_s
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
@@ -938,6 +948,7 @@ def _share(
     chosen_widths: Mapping[str, int],
     outlooks: Mapping[str, JobOutlook],
     slack_rounds: float,
+    full_window: frozenset[str] = frozenset(),
 ) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
     """The round within the tenants' shares (:func:`shockwave.tenancy.share_round`): the plan
     runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
@@ -945,7 +956,13 @@ def _share(
     now (no restart), then the shortest remaining first (a job put in for one the share held
     back should finish soon, not hold the GPUs longest); GPUs no tenant with a share left can
     use are lent. The market's budgets make
-    the plan give each tenant about its share; this holds it to it, round by round."""
+    the plan give each tenant about its share; this holds it to it, round by round.
+
+    Where a tenant's share cannot hold all its planned jobs, they take it in the packing's
+    order of groups (:func:`shockwave.planner.pack_rounds`), judged now rather than when the
+    plan was made (a plan is followed for rounds): jobs running or planned for the whole
+    window (``full_window``) first, then jobs past their fairness deadline, earliest deadline
+    first, then the rest in the plan's order (:func:`shockwave.tenancy.share_order`)."""
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
@@ -953,8 +970,10 @@ def _share(
         (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
+    late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
+    order = [*share_order(chosen, running | full_window, late), *rest]
     quota = share_quotas(shares.entitled, owed, slack_rounds)
-    kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
+    kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
     new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
     new_reasons.update(held)
     new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
