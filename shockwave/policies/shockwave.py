@@ -229,6 +229,11 @@ class ShockwaveState:
     plan_types: Mapping[str, str] = field(default_factory=dict)
     widths: Mapping[str, int] = field(default_factory=dict)
     tenant_owed: Mapping[str, float] = field(default_factory=dict)
+    decided_round: int = -1
+    round_start: tuple[Mapping[str, float], Mapping[str, int], Mapping[str, float]] = ({}, {}, {})
+    """What :func:`_round_start` restores when the same round is decided again: the
+    contention sums, their rounds and the tenants' balances as they were before the first
+    decision of round ``decided_round``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +350,8 @@ class Shockwave:
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
         shares = snapshot.market()
-        contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
+        base = _round_start(state, snapshot.round_index)
+        contention_sum, contention_rounds = _update_contention(snapshot, base, shares)
         rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
 
@@ -414,7 +420,7 @@ class Shockwave:
                 widths,
                 params.restart_overhead_s,
             )
-        owed = state.tenant_owed
+        owed = base.tenant_owed
         if not shares.single and not typed:
             chosen, reasons, chosen_widths, owed = _share(
                 snapshot,
@@ -439,6 +445,8 @@ class Shockwave:
             plan_types=MappingProxyType(dict(types)),
             widths=MappingProxyType(dict(widths)),
             tenant_owed=MappingProxyType(dict(owed)),
+            decided_round=snapshot.round_index,
+            round_start=(base.contention_sum, base.contention_rounds, base.tenant_owed),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -814,6 +822,19 @@ def _soonest_remaining(prediction: Prediction) -> float:
     if left <= 0:
         return 0.0
     return left * min(r.epoch_seconds for r in prediction.regimes)
+
+
+def _round_start(state: ShockwaveState, round_index: int) -> ShockwaveState:
+    """``state`` with the per-round tallies (contention sums and rounds, tenant balances) as
+    they were before round ``round_index`` was first decided. A shell may decide a round
+    several times (the service plans the next round at each change during the current one);
+    each such decision counts the round once, as the simulator's single decision does."""
+    if state.decided_round != round_index:
+        return state
+    contention_sum, contention_rounds, owed = state.round_start
+    return replace(
+        state, contention_sum=contention_sum, contention_rounds=contention_rounds, tenant_owed=owed
+    )
 
 
 def _update_contention(

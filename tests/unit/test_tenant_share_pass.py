@@ -37,3 +37,22 @@ def test_a_job_past_its_deadline_takes_its_tenants_share_before_one_that_has_tim
     assert {"a_run", "a_late"} <= set(decision.jobs)
     assert "a_new" not in decision.jobs
     assert sorted(decision.jobs) == ["a_late", "a_run", "b0", "b1"]
+
+
+def test_deciding_a_round_again_counts_it_once() -> None:
+    # The service plans the next round at each change during the current one: the contention
+    # tallies and the tenants' balances must count the round once, as the simulator does.
+    jobs = [_of("a", active_job(f"a{i}", gpus=2)) for i in range(3)]
+    jobs += [_of("b", active_job("b0", gpus=4))]
+    policy, params = Shockwave(), ShockwaveParams()
+    first = policy.decide(snapshot(jobs, gpus=6, now=120.0), params).state
+    again = policy.decide(snapshot(jobs, gpus=6, now=130.0, state=first), params).state
+    assert isinstance(first, ShockwaveState) and isinstance(again, ShockwaveState)
+    assert dict(again.contention_rounds) == dict(first.contention_rounds) == dict.fromkeys(
+        ("a0", "a1", "a2", "b0"), 1
+    )
+    assert dict(again.tenant_owed) == dict(first.tenant_owed)
+    assert first.tenant_owed  # 3 GPUs each: b's 4-GPU gang cannot match its share, a balance is carried
+    after = policy.decide(snapshot(jobs, gpus=6, now=240.0, state=again), params).state
+    assert isinstance(after, ShockwaveState)
+    assert set(after.contention_rounds.values()) == {2}
