@@ -48,11 +48,14 @@ def test_deciding_a_round_again_counts_it_once() -> None:
     first = policy.decide(snapshot(jobs, gpus=6, now=120.0), params).state
     again = policy.decide(snapshot(jobs, gpus=6, now=130.0, state=first), params).state
     assert isinstance(first, ShockwaveState) and isinstance(again, ShockwaveState)
-    assert dict(again.contention_rounds) == dict(first.contention_rounds) == dict.fromkeys(
-        ("a0", "a1", "a2", "b0"), 1
+    assert (
+        dict(again.contention_rounds)
+        == dict(first.contention_rounds)
+        == dict.fromkeys(("a0", "a1", "a2", "b0"), 1)
     )
     assert dict(again.tenant_owed) == dict(first.tenant_owed)
-    assert first.tenant_owed  # 3 GPUs each: b's 4-GPU gang cannot match its share, a balance is carried
+    # 3 GPUs each: b's 4-GPU gang cannot match its share, so a balance is carried
+    assert first.tenant_owed
     after = policy.decide(snapshot(jobs, gpus=6, now=240.0, state=again), params).state
     assert isinstance(after, ShockwaveState)
     assert set(after.contention_rounds.values()) == {2}
