@@ -4,21 +4,24 @@ simulate`` (the core's engine on a virtual clock), same workload, cluster and po
 Usage::
 
     python -m bench.replay_parity --reference ../shared/data/reference
-        [--cases ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel]
+        [--cases ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel,flood-shockwave,...]
         [--modes embedded,distributed] [--time-scale 120] [--long-poll | --no-long-poll]
         [--out out/parity] [--json F]
 
 Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4; ``mixed-<policy>``:
 a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1) on mixed nodes
 ``--mixed-nodes``
-(default 2x8,3x4,2x2: 32 GPUs). Each replay runs the ``shockwave replay`` command in a
-process of its own (about 22,000 simulated seconds at 120x: three to four minutes), the
-simulation runs in this process. Per case it prints makespan, average JCT, worst FTF and the
-FTF>1 share of both, the differences, the replay's plan sources, fills, late boundaries and
-events, and whether the issue's bounds hold: makespan and average JCT within 3% (5% for the
-distributed mode), worst FTF within 0.1, FTF>1 share within 2 points, every job completed,
-no event lost or duplicated. ``--long-poll``/``--no-long-poll`` is handed to each replay
-(default: the replay's own default for the mode).
+(default 2x8,3x4,2x2: 32 GPUs); ``flood-<policy>`` and ``flood31-<policy>``: the reference
+trace with its jobs drawn into tenants ``a`` and ``b`` (``--tenants a:5,b:1``, seed 0: 94 jobs
+against 26) of weights 1:1 and 3:1, each job submitted by a user of its tenant. Each replay
+runs the ``shockwave replay`` command in a process of its own (about 22,000 simulated seconds
+at 120x: three to four minutes), the simulation runs in this process. Per case it prints
+makespan, average JCT, worst FTF and the FTF>1 share of both, the worst tenant's ratio, the
+differences, the replay's plan sources, fills, late boundaries and events, and whether the
+issue's bounds hold: makespan and average JCT within 3% (5% for the distributed mode), worst
+FTF within 0.1, FTF>1 share within 2 points, the worst tenant's ratio (``worst_tenant_ratio``)
+within 0.05, every job completed, no event lost or duplicated. ``--long-poll`` or
+``--no-long-poll`` is handed to each replay (default: the replay's own default for the mode).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from shockwave.metrics import RunMetrics, summarize
 from shockwave.model import Cluster
 from shockwave.policy import get_policy, make_params
 from shockwave.simulator import SimSettings, simulate
+from shockwave.tenant_workload import assign_tenants, parse_tenant_values, tenant_settings
 from shockwave.traces import format_trace, format_trajectories
 from shockwave.workload import Workload
 from shockwave_cli.inputs import load_throughputs, load_workload
@@ -47,6 +51,20 @@ from shockwave_cli.supervision import shockwave_argv
 
 REF_NAME = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 BOUNDS = {"embedded": 0.03, "distributed": 0.05}
+TENANT_RATIO_BOUND = 0.05
+FLOODS = {
+    "flood": ["--tenants", "a:5,b:1", "--tenant-weights", "a:1,b:1"],
+    "flood31": ["--tenants", "a:5,b:1", "--tenant-weights", "a:3,b:1"],
+}
+"""Case kind -> the tenant options of ``simulate`` and ``replay`` (seed 0, the default)."""
+
+
+def with_tenant_options(workload: Workload, options: list[str]) -> Workload:
+    """``workload`` with the tenants and weights that ``options`` (:data:`FLOODS`) give."""
+    named = dict(zip(options[::2], options[1::2], strict=True))
+    drawn = assign_tenants(workload, parse_tenant_values(named["--tenants"], "--tenants"), 0)
+    weights = parse_tenant_values(named["--tenant-weights"], "--tenant-weights")
+    return dataclasses.replace(drawn, tenants=tenant_settings(weights, {}, {}))
 
 
 def reference_files(reference: Path) -> tuple[Path, Path, Path]:
@@ -85,6 +103,7 @@ def replayed(
     time_scale: float,
     out: Path,
     long_poll: bool | None = None,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
     argv = [
         *shockwave_argv(),
@@ -107,6 +126,7 @@ def replayed(
         "--out",
         str(out),
     ]
+    argv += extra or []
     if long_poll is not None:
         argv.append("--long-poll" if long_poll else "--no-long-poll")
     began = time.perf_counter()
@@ -128,15 +148,24 @@ def compare(sim: RunMetrics, rep: dict[str, Any], mode: str) -> dict[str, Any]:
             "worst_ftf": sim.worst_ftf,
             "unfair_fraction": sim.unfair_fraction,
             "jobs_completed": sim.jobs_completed,
+            "worst_tenant_ratio": sim.worst_tenant_ratio,
         },
         "replay": {
             k: rep[k]
-            for k in ("makespan_s", "avg_jct_s", "worst_ftf", "unfair_fraction", "jobs_completed")
+            for k in (
+                "makespan_s",
+                "avg_jct_s",
+                "worst_ftf",
+                "unfair_fraction",
+                "jobs_completed",
+                "worst_tenant_ratio",
+            )
         },
         "makespan_diff": rep["makespan_s"] / sim.makespan_s - 1,
         "avg_jct_diff": rep["avg_jct_s"] / sim.avg_jct_s - 1,
         "worst_ftf_diff": rep["worst_ftf"] - sim.worst_ftf,
         "unfair_points_diff": 100 * (rep["unfair_fraction"] - sim.unfair_fraction),
+        "tenant_ratio_diff": rep["worst_tenant_ratio"] - sim.worst_tenant_ratio,
         "plan_sources": rep["replay"]["plan_sources"],
         "fills": rep["replay"]["fills"],
         "late_boundaries": rep["replay"]["late_boundaries"],
@@ -148,6 +177,7 @@ def compare(sim: RunMetrics, rep: dict[str, Any], mode: str) -> dict[str, Any]:
         and abs(row["avg_jct_diff"]) <= bound
         and abs(row["worst_ftf_diff"]) <= 0.1
         and abs(row["unfair_points_diff"]) <= 2.0
+        and abs(row["tenant_ratio_diff"]) <= TENANT_RATIO_BOUND
         and rep["jobs_completed"] == rep["jobs_total"]
         and events["lost"] == 0
         and events["duplicated"] == 0
@@ -158,7 +188,11 @@ def compare(sim: RunMetrics, rep: dict[str, Any], mode: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
-    parser.add_argument("--cases", default="ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel")
+    parser.add_argument(
+        "--cases",
+        default="ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel",
+        help="comma-separated: ref-, mixed-, flood- or flood31- followed by a policy",
+    )
     parser.add_argument("--modes", default="embedded")
     parser.add_argument("--time-scale", type=float, default=120.0)
     parser.add_argument("--mixed-nodes", default="2x8,3x4,2x2")
@@ -175,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for case in args.cases.split(","):
         kind, _, policy = case.partition("-")
-        if kind == "ref":
+        extra = FLOODS.get(kind, [])
+        if kind == "ref" or extra:
             files = (trace, trajectories)
             cluster, flags = Cluster.of_gpus(32, 4), ["--gpus", "32", "--gpus-per-node", "4"]
         elif kind == "mixed":
@@ -184,11 +219,21 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unknown case {case!r}")
         workload = load_workload(*files, table)
+        if extra:
+            workload = with_tenant_options(workload, extra)
         sim = simulated(workload, cluster, policy)
         for mode in args.modes.split(","):
             out = args.out / f"{case}-{mode}"
             rep = replayed(
-                *files, throughputs, flags, policy, mode, args.time_scale, out, args.long_poll
+                *files,
+                throughputs,
+                flags,
+                policy,
+                mode,
+                args.time_scale,
+                out,
+                args.long_poll,
+                extra,
             )
             row = {"case": case, "mode": mode, **compare(sim, rep, mode)}
             rows.append(row)
@@ -212,6 +257,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         "diff",
         "worst FTF sim/replay",
         "FTF>1 sim/replay",
+        "worst tenant sim/replay",
         "done",
         "sources plan/prev/greedy",
         "fills",
@@ -232,6 +278,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             f"{100 * r['avg_jct_diff']:+.1f}%",
             f"{s['worst_ftf']:.2f} / {p['worst_ftf']:.2f}",
             f"{100 * s['unfair_fraction']:.1f}% / {100 * p['unfair_fraction']:.1f}%",
+            f"{s['worst_tenant_ratio']:.2f} / {p['worst_tenant_ratio']:.2f}",
             f"{p['jobs_completed']}",
             f"{src.get('plan')}/{src.get('previous_plan')}/{src.get('greedy')}",
             f"{r['fills']}",

@@ -32,6 +32,22 @@ def finish_time_fairness(
     return (max(0.0, age_s) + max(0.0, remaining_s) * n) / (total_s * n)
 
 
+def lifetime_contention(
+    contention_sum: float, rounds: int, current: float, remaining_rounds: float
+) -> float:
+    """N over a job's whole life if each round it still needs runs at today's contention:
+    (sum of its rounds' contention so far + ``current`` x ``remaining_rounds``) / (its rounds
+    so far + ``remaining_rounds``), at least 1. Finish-time fairness divides by the mean over
+    the job's life, and the rounds it has yet to run are in that mean: where contention has
+    fallen since the job arrived, the mean of the past alone promises a later deadline than
+    the job will be held to."""
+    ahead = max(0.0, remaining_rounds)
+    total_rounds = rounds + ahead
+    if total_rounds <= 0:
+        return max(1.0, current)
+    return max(1.0, (contention_sum + max(1.0, current) * ahead) / total_rounds)
+
+
 def contention_factor(active_jobs: int, total_gpus: int) -> float:
     """Jobs requesting GPUs per GPU of the cluster, at least 1 (paper appendix)."""
     return max(1.0, active_jobs / total_gpus)

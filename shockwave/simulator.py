@@ -29,6 +29,9 @@ service's round driver applies, so a trace gets here what the service would give
 What the policy may learn from finished jobs: when a job finishes, its observed trajectory and
 measured epoch times join the population prior (:mod:`shockwave.population`) that the next
 snapshots carry, so a prediction only ever knows the jobs finished before it (no look-ahead).
+Where the jobs belong to more than one tenant, each tenant's jobs learn apart, as in the service
+(no tenant's jobs learn from another's): from their tenant's prior, learnt from its finished jobs,
+and from the measurements of their tenant's active jobs (``Snapshot.prior_groups``).
 
 Nothing here reads a clock: pass ``timer`` (e.g. ``time.perf_counter``) to measure how long the
 policy takes per decision.
@@ -350,6 +353,8 @@ def simulate(
             policy_state=state,
             revealed=_revealed(run.active) if settings.reveal_trajectories else {},
             population=run.prior,
+            prior_groups=run.prior_groups(),
+            priors=MappingProxyType(dict(run.priors)),
             tenants=workload.tenants,
             priority_classes=workload.priority_classes,
         )
@@ -494,12 +499,21 @@ class _Run:
         self.by_id: dict[str, _JobRun] = {}
         self.previous: dict[str, tuple[int, ...]] = {}
         self.prior: PopulationPrior = EMPTY_PRIOR
+        self.apart = len({r.sim.spec.tenant for r in self.runs}) > 1
+        self.priors: dict[str, PopulationPrior] = {}
         self.version = 0
         self.finished = 0
         self._busy = 0.0
         self._ends: list[tuple[float, int, str]] = []
         self._seq = 0
         self.ledger = TenantLedger(workload.tenants, cluster.total_gpus)
+
+    def prior_groups(self) -> Mapping[str, str]:
+        """Job id -> its learning group (its tenant) for the active jobs where the workload's
+        jobs belong to more than one tenant; empty (one group) otherwise."""
+        if not self.apart:
+            return {}
+        return MappingProxyType({r.job_id: r.sim.spec.tenant for r in self.active})
 
     def admit(self, now: float) -> None:
         while self.pending and self.pending[-1].sim.spec.arrival_s <= now + _EPS:
@@ -577,6 +591,9 @@ class _Run:
         if self.settings.learn_population:
             for r in sorted(done, key=lambda r: r.finish or 0.0):
                 self.prior = self.prior.learn(r.finished())
+                if self.apart:
+                    tenant = r.sim.spec.tenant
+                    self.priors[tenant] = self.priors.get(tenant, EMPTY_PRIOR).learn(r.finished())
         for r in done:
             del self.by_id[r.job_id]
         self.active = [r for r in self.active if r.job_id in self.by_id]

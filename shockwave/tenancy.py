@@ -22,7 +22,7 @@ Units: GPUs (fractions allowed: an entitlement is a share over time, not a gang)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -489,22 +489,26 @@ def share_round(
 
     ``order``: active job ids, the policy's preference first (its round, then its fillers,
     then the rest). First pass: a job runs when it fits the free GPUs and its tenant's GPUs stay
-    within ``quota`` (its entitlement plus what it is owed); second pass: the GPUs still free
-    go to jobs of any tenant in the same order (idle share is lent; the next round takes it
-    back). Returns the jobs in the order chosen and, for the others, :data:`AT_SHARE` where the
-    first pass held them back. A quota below 0 (a tenant that owes GPUs) holds all of its jobs
-    to the second pass.
+    within ``quota`` (its entitlement plus what it is owed), and no job of its tenant before it
+    in ``order`` was held back for the quota (a tenant's later jobs do not take its share ahead
+    of one that did not fit: they come after it in the second pass); second pass: the GPUs
+    still free go to jobs of any tenant in the same order (idle share is lent; the next round
+    takes it back). Returns the jobs in the order chosen and, for the others,
+    :data:`AT_SHARE` where the first pass held them back. A quota below 0 (a tenant that owes
+    GPUs) holds all of its jobs to the second pass.
     """
     free = total_gpus
     used: dict[str, float] = {}
     chosen: list[str] = []
     held_back: set[str] = set()
+    blocked: set[str] = set()
     for job in order:
         tenant = tenant_of[job]
         if width[job] > free:
             continue
-        if used.get(tenant, 0.0) + width[job] > quota.get(tenant, 0.0) + 1e-9:
+        if tenant in blocked or used.get(tenant, 0.0) + width[job] > quota.get(tenant, 0.0) + 1e-9:
             held_back.add(job)
+            blocked.add(tenant)
             continue
         chosen.append(job)
         used[tenant] = used.get(tenant, 0.0) + width[job]
@@ -516,6 +520,20 @@ def share_round(
             taken.add(job)
             free -= width[job]
     return chosen, {j: AT_SHARE for j in held_back if j not in taken}
+
+
+def share_order(
+    planned: Sequence[str], keep: Collection[str], late: Mapping[str, float]
+) -> list[str]:
+    """The order in which a round's ``planned`` jobs (the plan's order) take their tenants'
+    shares in :func:`share_round`: the jobs in ``keep`` first (running ones and those the plan
+    holds for its whole window), then the ``late`` ones (job id -> fairness deadline: past it
+    at full speed) by earliest deadline, then the rest, each group in the plan's order."""
+    first = [j for j in planned if j in keep]
+    taken = set(first)
+    first += sorted((j for j in planned if j in late and j not in taken), key=lambda j: late[j])
+    taken = set(first)
+    return first + [j for j in planned if j not in taken]
 
 
 def owed_after(

@@ -54,8 +54,10 @@ from agent.config import AgentConfig
 from api.settings import Settings
 from shockwave.engine import SOURCES
 from shockwave.metrics import RunMetrics, summarize
-from shockwave.model import Cluster
+from shockwave.model import DEFAULT_TENANT, Cluster
 from shockwave.simulator import JobOutcome, RoundRecord, SimResult, SimSettings
+from shockwave.tenancy import market
+from shockwave.tenant_ledger import TenantLedger
 from shockwave.workload import SimJob, Workload
 from shockwave_cli import wire
 from shockwave_cli.databases import POSTGRES_URL, REDIS_URL, throwaway_database
@@ -75,6 +77,10 @@ from store.principals import Role
 from store.tokens import create_token
 
 Mode = Literal["embedded", "distributed"]
+
+DEFAULT_BUDGET = 1.0
+"""A job's budget when it names none (:class:`shockwave.model.JobSpec`): the only one a user's
+token may submit (it sets none)."""
 
 START_TIMEOUT_S = 60.0
 HEARTBEAT_S = 5.0
@@ -258,6 +264,9 @@ class Service:
     agent_tokens: dict[str, str | None]
     database_url: str | None
     logs: Callable[[], str] = lambda: ""
+    tenant_tokens: dict[str, str] = field(default_factory=dict)
+    """Tenant path -> a user token of that tenant (empty at ``--api``: jobs are then
+    submitted by the admin token, naming their tenant)."""
 
 
 def node_names(cluster: Cluster) -> list[str]:
@@ -265,8 +274,11 @@ def node_names(cluster: Cluster) -> list[str]:
 
 
 @contextmanager
-def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
-    """The service of ``config.mode`` (or the one at ``config.api``), stopped at the end."""
+def start_service(
+    config: ReplayConfig, work: Path, tenants: Sequence[str] = ()
+) -> Iterator[Service]:
+    """The service of ``config.mode`` (or the one at ``config.api``), stopped at the end;
+    with a user token for each of ``tenants`` (paths) where the run owns the database."""
     nodes = node_names(config.cluster)
     if config.api is not None:
         token = config.token
@@ -296,7 +308,7 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
             database = work / "replay.db"
             url = f"sqlite:///{database.resolve()}"
             migrate.upgrade(url)
-            admin, agents = _tokens(url, nodes)
+            admin, agents, users = _tokens(url, nodes, tenants)
             processes = stack.enter_context(Supervisor(work, env))
             port = free_port()
             service = processes.shockwave(
@@ -318,7 +330,7 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
         else:
             url = stack.enter_context(throwaway_database("replay", config.postgres_url))
             migrate.upgrade(url)
-            admin, agents = _tokens(url, nodes)
+            admin, agents, users = _tokens(url, nodes, tenants)
             _set_policy(url, config.policy)
             queue = f"replay-{os.getpid()}-{secrets.token_hex(3)}"
             stack.callback(_drop_queue, config.redis_url, queue)
@@ -346,7 +358,7 @@ def start_service(config: ReplayConfig, work: Path) -> Iterator[Service]:
             processes.shockwave("driver", "driver", "--round-seconds", round_wall)
         base = f"http://{LOOPBACK}:{port}"
         wait_http(f"{base}/readyz", service, START_TIMEOUT_S, processes.logs)
-        yield Service(base, admin, dict(agents), url, processes.logs)
+        yield Service(base, admin, dict(agents), url, processes.logs, users)
 
 
 def _worker_ready(worker: Supervised) -> bool:
@@ -357,19 +369,25 @@ def _worker_ready(worker: Supervised) -> bool:
     return " ready." in worker.log_tail()
 
 
-def _tokens(url: str, nodes: Sequence[str]) -> tuple[str, dict[str, str]]:
-    """An admin token and one agent token per node, written straight to the database."""
+def _tokens(
+    url: str, nodes: Sequence[str], tenants: Sequence[str] = ()
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """An admin token, one agent token per node and one user token per tenant path, written
+    straight to the database."""
     engine = create_engine(url)
     try:
         with Session(engine) as session:
             admin = create_token(session, Role.ADMIN, name="replay")
             agents = {n: create_token(session, Role.AGENT, node=n, name=n) for n in nodes}
+            users = {
+                t: create_token(session, Role.USER, tenant=t, name=f"replay {t}") for t in tenants
+            }
             for n in nodes:  # the replay is the operator: its agents report what they run
                 approve_node(session, n, APPROVED_GPUS)
             session.commit()
     finally:
         engine.dispose()
-    return admin, agents
+    return admin, agents, users
 
 
 def _set_policy(url: str, policy: str) -> None:
@@ -412,7 +430,8 @@ def replay(
     work = config.out / "logs"
     work.mkdir(parents=True, exist_ok=True)
     began = time.time()
-    with start_service(config, work) as service:
+    tenants = sorted({job.spec.tenant for job in workload.jobs} - {DEFAULT_TENANT})
+    with start_service(config, work, tenants) as service:
         try:
             run = asyncio.run(_drive(workload, config, service, progress))
         except ReplayError as error:
@@ -519,9 +538,8 @@ async def _drive(
             now = time.time()
             while pending and t0 + pending[0].spec.arrival_s / scale <= now:
                 job = pending.pop(0)
-                answer = await client.request(
-                    "POST", "/v1/jobs", json=job_body(job, scale), headers=headers
-                )
+                body, as_who = _submission(job, scale, service, headers)
+                answer = await client.request("POST", "/v1/jobs", json=body, headers=as_who)
                 if answer.status_code != 201:
                     raise ReplayError(
                         f"submitting job {job.spec.job_id}: {answer.status_code} "
@@ -560,6 +578,21 @@ async def _drive(
     return DriveOutcome(
         t0, jobs, fleet.log.errors, fleet.log.latency, fleet.log.started, fleet.log.round_seen
     )
+
+
+def _submission(
+    job: SimJob, scale: float, service: Service, admin: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``POST /v1/jobs``'s body and headers for ``job``: as a user of its tenant where the run
+    has one's token and the job keeps the default budget (a budget is an admin's to set), the
+    tenant then being the token's; else as the admin, naming the tenant."""
+    body = job_body(job, scale)
+    token = service.tenant_tokens.get(job.spec.tenant)
+    if token is None or job.spec.budget != DEFAULT_BUDGET:
+        return body, dict(admin)
+    body.pop("tenant", None)
+    body.pop("budget", None)
+    return body, {"Authorization": f"Bearer {token}"}
 
 
 async def _configure_tenants(
@@ -820,7 +853,10 @@ def _stamp(value: Any) -> float:
 
 def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimResult:
     """The replay as the simulator would have reported it: every time in simulated seconds,
-    one round record per ``round_seconds`` window with the GPU-seconds trained in it."""
+    one round record per ``round_seconds`` window with the GPU-seconds trained in it; each
+    tenant's entitled and received GPU-seconds by hour (:class:`TenantLedger`, a window's
+    start as the boundary) and each job's contention inside its tenant's share, averaged over
+    its windows, as the simulator counts them."""
     scale, t0, length = config.time_scale, run.t0, config.round_seconds
     by_spec = {job.spec.job_id: program for job, program in run.jobs.values()}
 
@@ -831,6 +867,12 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
         spec_id: sim(p.finished_at) if p.finished_at is not None else None
         for spec_id, p in by_spec.items()
     }
+
+    def alive(job: SimJob, at: float) -> bool:
+        """Whether ``job`` had arrived and had not finished at ``at``."""
+        done = finish.get(job.spec.job_id)
+        return job.spec.arrival_s <= at and (done is None or done > at)
+
     ends = [f for f in finish.values() if f is not None]
     makespan = max(ends) if ends else 0.0
     rounds: list[RoundRecord] = []
@@ -848,11 +890,23 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
                 if overlap > 0:
                     busy[w] += overlap * gpus[spec_id]
                     held[w][spec_id] = ()
-    for job in workload.jobs:
-        done = finish.get(job.spec.job_id)
-        for w in range(windows):
-            if job.spec.arrival_s <= w * length and (done is None or done > w * length):
-                active[w] += 1
+    tenant_of = {job.spec.job_id: job.spec.tenant for job in workload.jobs}
+    ledger = TenantLedger(workload.tenants, config.cluster.total_gpus)
+    contention = dict.fromkeys(tenant_of, 0.0)
+    for w in range(windows):
+        live = [job.spec for job in workload.jobs if alive(job, w * length)]
+        active[w] = len(live)
+        ledger.boundary(w * length, {s.job_id: (s.tenant, s.gpus) for s in live})
+        shares = market(live, workload.tenants, workload.priority_classes, ledger.capacity)
+        for spec in live:
+            contention[spec.job_id] += shares.contention[spec.job_id]
+            done = finish.get(spec.job_id)
+            if done is not None and done <= (w + 1) * length:
+                ledger.finish(spec.job_id, done)
+    for spec_id, program in by_spec.items():
+        for start_w, end_w in program.spans:
+            ledger.hold(tenant_of[spec_id], sim(start_w), sim(end_w), gpus[spec_id])
+    ledger.advance(makespan)
     for w in range(windows):
         rounds.append(
             RoundRecord(
@@ -868,11 +922,7 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
     outcomes = []
     for job in workload.jobs:
         done = finish.get(job.spec.job_id)
-        life = [
-            active[w]
-            for w in range(windows)
-            if job.spec.arrival_s <= w * length and (done is None or done > w * length)
-        ]
+        life = [active[w] for w in range(windows) if alive(job, w * length)]
         ran = by_spec.get(job.spec.job_id)
         outcomes.append(
             JobOutcome(
@@ -884,6 +934,8 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
                 attained_s=sum(b - a for a, b in ran.spans) * scale if ran else 0.0,
                 restarts=ran.restarts if ran else 0,
                 mean_active_jobs=sum(life) / len(life) if life else 0.0,
+                tenant=job.spec.tenant,
+                mean_tenant_contention=contention[job.spec.job_id] / len(life) if life else 1.0,
             )
         )
     return SimResult(
@@ -897,4 +949,5 @@ def _result(workload: Workload, config: ReplayConfig, run: DriveOutcome) -> SimR
         lower_bound_s=workload.makespan_lower_bound(config.cluster.total_gpus),
         jobs=tuple(outcomes),
         rounds=tuple(rounds),
+        tenant_hours=ledger.hours(),
     )

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
-from shockwave.estimators import contention_factor, finish_time_fairness
+from shockwave.estimators import contention_factor, finish_time_fairness, lifetime_contention
 from shockwave.heterogeneity import mean_speed
 from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
@@ -55,7 +55,7 @@ from shockwave.regime_predictors import (
     check_regime_predictor,
 )
 from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
-from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
+from shockwave.tenancy import TenantMarket, owed_after, share_order, share_quotas, share_round
 from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
 
 PACKING_ORDERS = ("deadline", "laxity")
@@ -229,6 +229,11 @@ class ShockwaveState:
     plan_types: Mapping[str, str] = field(default_factory=dict)
     widths: Mapping[str, int] = field(default_factory=dict)
     tenant_owed: Mapping[str, float] = field(default_factory=dict)
+    decided_round: int = -1
+    round_start: tuple[Mapping[str, float], Mapping[str, int], Mapping[str, float]] = ({}, {}, {})
+    """What :func:`_round_start` restores when the same round is decided again: the
+    contention sums, their rounds and the tenants' balances as they were before the first
+    decision of round ``decided_round``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +355,8 @@ class Shockwave:
         if not isinstance(state, ShockwaveState):
             state = ShockwaveState()
         shares = snapshot.market()
-        contention_sum, contention_rounds = _update_contention(snapshot, state, shares)
+        base = _round_start(state, snapshot.round_index)
+        contention_sum, contention_rounds = _update_contention(snapshot, base, shares)
         rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
 
@@ -365,6 +371,7 @@ class Shockwave:
                 rates[job.job_id],
                 speed,
                 shares.budgets[job.job_id],
+                None if shares.single else shares.contention[job.job_id],
             )
 
         active = frozenset(j.job_id for j in snapshot.jobs)
@@ -418,7 +425,7 @@ class Shockwave:
                 widths,
                 params.restart_overhead_s,
             )
-        owed = state.tenant_owed
+        owed = base.tenant_owed
         if not shares.single and not typed:
             chosen, reasons, chosen_widths, owed = _share(
                 snapshot,
@@ -429,6 +436,7 @@ class Shockwave:
                 chosen_widths,
                 outlooks,
                 params.tenant_slack_rounds,
+                frozenset(j for j, n in counts.items() if n >= len(rounds)),
             )
         new_state = ShockwaveState(
             plan_rounds=rounds,
@@ -442,6 +450,8 @@ class Shockwave:
             plan_types=MappingProxyType(dict(types)),
             widths=MappingProxyType(dict(widths)),
             tenant_owed=MappingProxyType(dict(owed)),
+            decided_round=snapshot.round_index,
+            round_start=(base.contention_sum, base.contention_rounds, base.tenant_owed),
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -467,6 +477,7 @@ class Shockwave:
         rates: ThroughputModel | None = None,
         speed: float = 1.0,
         budget: float | None = None,
+        current_contention: float | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
@@ -492,6 +503,13 @@ class Shockwave:
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
+        if current_contention is not None:
+            contention = lifetime_contention(
+                contention_sum.get(job.job_id, 0.0),
+                rounds,
+                current_contention,
+                remaining / snapshot.round_seconds,
+            )
         age = snapshot.now - job.spec.arrival_s
         rho = finish_time_fairness(age, remaining, total, contention)
         share = params.deadline_contention or max(1.0, contention)
@@ -814,6 +832,19 @@ def _soonest_remaining(prediction: Prediction) -> float:
     return left * min(r.epoch_seconds for r in prediction.regimes)
 
 
+def _round_start(state: ShockwaveState, round_index: int) -> ShockwaveState:
+    """``state`` with the per-round tallies (contention sums and rounds, tenant balances) as
+    they were before round ``round_index`` was first decided. A shell may decide a round
+    several times (the service plans the next round at each change during the current one);
+    each such decision counts the round once, as the simulator's single decision does."""
+    if state.decided_round != round_index:
+        return state
+    contention_sum, contention_rounds, owed = state.round_start
+    return replace(
+        state, contention_sum=contention_sum, contention_rounds=contention_rounds, tenant_owed=owed
+    )
+
+
 def _update_contention(
     snapshot: Snapshot, state: ShockwaveState, shares: TenantMarket
 ) -> tuple[dict[str, float], dict[str, int]]:
@@ -946,6 +977,7 @@ def _share(
     chosen_widths: Mapping[str, int],
     outlooks: Mapping[str, JobOutlook],
     slack_rounds: float,
+    full_window: frozenset[str] = frozenset(),
 ) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
     """The round within the tenants' shares (:func:`shockwave.tenancy.share_round`): the plan
     runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
@@ -953,7 +985,13 @@ def _share(
     now (no restart), then the shortest remaining first (a job put in for one the share held
     back should finish soon, not hold the GPUs longest); GPUs no tenant with a share left can
     use are lent. The market's budgets make
-    the plan give each tenant about its share; this holds it to it, round by round."""
+    the plan give each tenant about its share; this holds it to it, round by round.
+
+    Where a tenant's share cannot hold all its planned jobs, they take it in the packing's
+    order of groups (:func:`shockwave.planner.pack_rounds`), judged now rather than when the
+    plan was made (a plan is followed for rounds): jobs running or planned for the whole
+    window (``full_window``) first, then jobs past their fairness deadline, earliest deadline
+    first, then the rest in the plan's order (:func:`shockwave.tenancy.share_order`)."""
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
@@ -961,8 +999,10 @@ def _share(
         (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
+    late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
+    order = [*share_order(chosen, running | full_window, late), *rest]
     quota = share_quotas(shares.entitled, owed, slack_rounds)
-    kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
+    kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
     new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
     new_reasons.update(held)
     new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}

@@ -101,9 +101,9 @@ def test_a_replay_through_the_embedded_service_matches_the_simulator(tmp_path: P
 
 
 def test_a_replay_runs_each_job_in_its_tenant_with_the_tenants_settings(tmp_path: Path) -> None:
-    """``--tenants`` and ``--tenant-max-gpus`` through the service: each job is submitted to
-    its drawn tenant and tenant ``a``'s limit is set through /v1/tenants before any arrives;
-    every job still finishes."""
+    """``--tenants`` and ``--tenant-max-gpus`` through the service: each job is submitted by a
+    user of its drawn tenant and tenant ``a``'s limit is set through /v1/tenants before any
+    arrives; every job still finishes, and metrics.json accounts for every tenant."""
     trace, trajectories = short_workload(tmp_path)
     out = tmp_path / "out"
     done = subprocess.run(
@@ -127,7 +127,15 @@ def test_a_replay_runs_each_job_in_its_tenant_with_the_tenants_settings(tmp_path
     try:
         tenants = {row[0] for row in database.execute("SELECT tenant FROM jobs")}
         limits = list(database.execute("SELECT path, max_gpus, version FROM tenants"))
+        users = dict(database.execute("SELECT tenant, last_used_at FROM tokens WHERE role='user'"))
     finally:
         database.close()
     assert tenants == {"a", "b"}
     assert limits == [("a", 2, 1)]
+    assert set(users) == {"a", "b"} and all(users.values())  # each tenant's user submitted
+    ledger = record["tenants"]
+    assert set(ledger) == {"a", "b"}
+    for name, figures in ledger.items():
+        assert figures["jobs"] >= 1, name
+        assert figures["received_gpu_s"] > 0 and figures["entitled_gpu_s"] > 0, name
+    assert 0 < record["worst_tenant_ratio"] <= 1

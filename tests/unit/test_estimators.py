@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shockwave.estimators import contention_factor, finish_time_fairness, makespan_lower_bound
+from shockwave.estimators import (
+    contention_factor,
+    finish_time_fairness,
+    lifetime_contention,
+    makespan_lower_bound,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,3 +71,12 @@ def test_makespan_lower_bound(remaining: list[float], gpus: int, bound: float) -
 
 def test_makespan_lower_bound_reads_any_iterable() -> None:
     assert makespan_lower_bound((r for r in [3.0, 5.0]), 1) == pytest.approx(8.0)
+
+
+def test_lifetime_contention_counts_the_rounds_still_to_run_at_todays_contention() -> None:
+    # 10 rounds at 3 so far, 10 still to run now that contention is 1: the job's N over its
+    # life will be 2, not the 3 of its past alone
+    assert lifetime_contention(30.0, 10, 1.0, 10.0) == 2.0
+    assert lifetime_contention(30.0, 10, 3.0, 10.0) == 3.0  # unchanged contention: the mean
+    assert lifetime_contention(30.0, 10, 1.0, 0.0) == 3.0  # nothing left to run: the past
+    assert lifetime_contention(0.0, 0, 0.5, 0.0) == 1.0  # floored at 1

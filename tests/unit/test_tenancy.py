@@ -18,6 +18,7 @@ from shockwave.tenancy import (
     limit_column,
     market,
     owed_after,
+    share_order,
     share_quotas,
     share_round,
     water_fill_floors,
@@ -308,3 +309,22 @@ def test_balances_carry_what_gangs_could_not_match_and_lending_is_free() -> None
     # a borrowed GPUs b could not use (b entitled to, and got, all its demand): a owes nothing
     owed = owed_after({}, {A: 4.0, B: 4.0}, ["a0", "a1", "b0"], width, tenant_of)
     assert owed == {A: 0.0, B: 0.0}
+
+
+def test_share_round_keeps_a_tenants_later_jobs_behind_one_its_share_held_back() -> None:
+    # a's share is 3: a0 (2) fits, a1 (2) does not; a2 (1) comes after a1 in the order and does
+    # not take the GPU a1 is next in line for. The GPUs left over are lent in the same order.
+    width = {"a0": 2, "a1": 2, "a2": 1, "b0": 1}
+    tenant_of = {j: j[0] for j in width}
+    kept, held = share_round(["a0", "a1", "a2", "b0"], width, tenant_of, {A: 3.0, B: 3.0}, 6)
+    assert kept == ["a0", "b0", "a1", "a2"] and not held
+    kept, held = share_round(["a0", "a1", "a2", "b0"], width, tenant_of, {A: 3.0, B: 3.0}, 4)
+    assert kept == ["a0", "b0", "a2"]
+    assert held == {"a1": AT_SHARE}
+
+
+def test_share_order_puts_kept_jobs_then_late_ones_by_deadline_then_the_plans_order() -> None:
+    planned = ["p0", "late_later", "p1", "run", "late_sooner"]
+    order = share_order(planned, {"run"}, {"late_later": 900.0, "late_sooner": 100.0})
+    assert order == ["run", "late_sooner", "late_later", "p0", "p1"]
+    assert share_order(planned, set(), {}) == planned

@@ -6,14 +6,16 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
 from shockwave.metrics import jain_index, summarize
 from shockwave.model import Cluster, ValidationError
-from shockwave.policy import get_policy, make_params
+from shockwave.policy import Decision, get_policy, make_params
 from shockwave.simulator import SimResult, simulate
+from shockwave.snapshot import Snapshot
 from shockwave.tenancy import Tenant
 from shockwave.tenant_ledger import TenantLedger
 from shockwave.tenant_workload import (
@@ -211,3 +213,38 @@ def test_simulate_reads_a_tenant_sidecar_and_names_bad_flags(
     assert bad.exit_code == INPUT_ERROR_EXIT and "--tenants" in bad.output
     both = runner.invoke(app, [*base, "--tenants", "a:1", "--tenant-file", str(sidecar)])
     assert both.exit_code == INPUT_ERROR_EXIT and "not both" in both.output
+
+
+class _Recording:
+    """A policy that records every snapshot and decides as ``inner`` does."""
+
+    name: ClassVar[str] = "recording"
+    Params: ClassVar[type[Any]] = type(None)
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seen: list[Snapshot] = []
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        self.seen.append(snapshot)
+        decision: Decision = self.inner.decide(snapshot, params)
+        return decision
+
+
+def test_each_tenants_jobs_learn_apart_as_in_the_service() -> None:
+    # Jobs of two tenants finish one after another on one GPU: every snapshot groups the jobs
+    # by tenant, and each tenant's prior has learnt from its own finished jobs only.
+    base = _workload(4, epochs=4, arrival_step=10.0)
+    workload = with_tenants(base, {"j0": "a", "j1": "b", "j2": "a", "j3": "b"})
+    fifo = get_policy("fifo")
+    apart = _Recording(fifo)
+    simulate(workload, Cluster.of_gpus(1, 1), apart, make_params(fifo))
+    assert all(
+        dict(s.prior_groups) == {j.job_id: j.spec.tenant for j in s.jobs} for s in apart.seen
+    )
+    last = apart.seen[-1]
+    assert {t: p.learnt for t, p in last.priors.items()} == {"a": 2, "b": 1}
+    assert last.population.learnt == 3  # the shared prior, as a single tenant's jobs use
+    together = _Recording(fifo)
+    simulate(base, Cluster.of_gpus(1, 1), together, make_params(fifo))
+    assert all(not s.prior_groups and not s.priors for s in together.seen)
