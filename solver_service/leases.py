@@ -35,10 +35,12 @@ import dataclasses
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple, TypeVar
 
-from sqlalchemy import update
+from sqlalchemy import insert, update
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
 from shockwave import engine
@@ -52,9 +54,12 @@ from store.plans import freshest_plan, newest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
+_T = TypeVar("_T")
+
 __all__ = [
     "SOURCES",
     "FillOutcome",
+    "KnownJobs",
     "LostNodes",
     "RoundOutcome",
     "fill_round",
@@ -142,10 +147,17 @@ def round_end(now: float, due: float | None, length: float, lead: float = 0.0) -
     return now + length
 
 
-def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0) -> RoundOutcome:
+def start_round(
+    session: Session,
+    cluster_id: str,
+    now: float,
+    lead: float = 0.0,
+    known: KnownJobs | None = None,
+) -> RoundOutcome:
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring).
     ``lead``: how early before the current round's end ``now`` may be (the round keeps its
-    cadence)."""
+    cadence). ``known``: what earlier boundaries and fills learnt of the jobs' fixed fields
+    (the driver keeps one; default: nothing, every active job's spec is read)."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -161,7 +173,7 @@ def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0
     r = cluster.current_round + 1
     due = cluster.round_ends_at.timestamp() if cluster.round_ends_at is not None else None
     started, ends = at(now), at(round_end(now, due, cluster.round_seconds, lead))
-    jobs = {row.id: row for row in _lock_active_jobs(session)}
+    jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
@@ -248,7 +260,12 @@ class FillOutcome:
     """The nodes whose leases it changed (None: it may have changed any node's)."""
 
 
-def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) -> FillOutcome:
+def fill_round(
+    session: Session,
+    cluster_id: str,
+    clock: Callable[[], float],
+    known: KnownJobs | None = None,
+) -> FillOutcome:
     """Start waiting jobs on the GPUs no live lease holds, with leases to the current round's
     end, and commit (module docstring). Nothing is written before the first round or once the
     current round's end has passed (the boundary is due).
@@ -256,7 +273,8 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     The leases are stamped ``clock()`` read once the jobs and live leases are locked, not a
     time read before: an exit report that committed while the fill waited for those locks
     freed the GPUs the fill takes, and its lease's ``updated_at`` must not be later than the
-    new lease's ``issued_at`` (the hand-over the chaos checker accepts)."""
+    new lease's ``issued_at`` (the hand-over the chaos checker accepts). ``known``: as for
+    :func:`start_round`."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
     )
@@ -264,7 +282,7 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
         return FillOutcome(-1, (), 0)
     r = cluster.current_round
     ends = cluster.round_ends_at
-    jobs = {row.id: row for row in _lock_active_jobs(session)}
+    jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     now = clock()
@@ -329,8 +347,8 @@ def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
 def _apply(
     session: Session,
     changes: engine.RoundChanges,
-    jobs: Mapping[str, JobRow],
-    live: Sequence[LeaseRow],
+    jobs: Mapping[str, ActiveJob],
+    live: Sequence[LiveLease],
     layout: GpuLayout | None,
     r: int,
     started: datetime,
@@ -339,64 +357,113 @@ def _apply(
 ) -> tuple[int, int, int, tuple[str, ...]]:
     """Write the engine's changes: the lease rows issued, extended and revoked, and the jobs
     actually suspended. At a boundary, a live lease the engine could not see (held off the
-    READY nodes) is revoked too. ``began``: when the issued leases' time counts from."""
-    leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
+    READY nodes) is revoked too. ``began``: when the issued leases' time counts from.
+
+    Written in bulk: the extended leases in one ``UPDATE`` a chunk, the issued ones in one
+    multi-row ``INSERT`` a chunk; only the few revoked and suspended go through the ORM (their
+    state machine and events)."""
+    leases_of: dict[str, list[LiveLease]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
-    issued = extended = revoked = 0
+    new: list[dict[str, object]] = []
+    extend: list[str] = []
+    revoke: list[tuple[list[LiveLease], str]] = []
     suspend: list[engine.Change] = []
     for change in changes.changes:
         if change.kind is engine.ChangeKind.REVOKE:
             moved = leases_of.pop(change.job_id, [])
-            _preempt(session, moved, f"preempted in round {r}: {change.reason}", started)
-            revoked += len(moved)
+            revoke.append((moved, f"preempted in round {r}: {change.reason}"))
         elif change.kind is engine.ChangeKind.EXTEND:
-            for lease in leases_of.pop(change.job_id, []):
-                _extend(session, lease, r, ends, started)
-                extended += 1
+            extend.extend(lease.id for lease in leases_of.pop(change.job_id, []))
         elif change.kind is engine.ChangeKind.ISSUE:
             assert layout is not None
             for node_id, local in layout.by_node(change.gpus).items():
-                session.add(
-                    LeaseRow(
-                        id=str(uuid.uuid4()),
-                        job_id=change.job_id,
-                        node_id=node_id,
-                        round_index=r,
-                        gpus=local,
-                        issued_at=started,
-                        ends_at=ends,
-                        updated_at=started,
-                        began_at=began,
-                        first_ends_at=ends,
-                    )
+                new.append(
+                    {
+                        "id": str(uuid.uuid4()),
+                        "job_id": change.job_id,
+                        "node_id": node_id,
+                        "round_index": r,
+                        "gpus": local,
+                        "state": LeaseState.ISSUED.value,
+                        "reason": "",
+                        "issued_at": started,
+                        "ends_at": ends,
+                        "updated_at": started,
+                        "began_at": began,
+                        "first_ends_at": ends,
+                    }
                 )
-                issued += 1
         else:
             suspend.append(change)
     if changes.source != "fill":
         for leftover in leases_of.values():
-            why = f"preempted in round {r}: its lease is off the READY nodes"
-            _preempt(session, leftover, why, started)
-            revoked += len(leftover)
+            revoke.append((leftover, f"preempted in round {r}: its lease is off the READY nodes"))
+    revoked = _revoke(session, revoke, started)
+    for chunk in _chunks(extend):
+        session.execute(
+            update(LeaseRow)
+            .where(col(LeaseRow.id).in_(chunk))
+            .values(round_index=r, ends_at=ends, updated_at=started),
+            execution_options={"synchronize_session": False},
+        )
+    for rows in _chunks(new):
+        session.execute(insert(LeaseRow), rows)
     session.flush()
     suspended = tuple(
         c.job_id
         for c in suspend
-        if c.job_id in jobs and stop_running(session, jobs[c.job_id], c.reason, except_attempt=None)
+        if c.job_id in jobs
+        and (row := session.get(JobRow, c.job_id)) is not None
+        and stop_running(session, row, c.reason, except_attempt=None)
     )
-    return issued, extended, revoked, suspended
+    return len(new), len(extend), revoked, suspended
 
 
-def _lock_live_leases(session: Session) -> list[LeaseRow]:
-    return list(
-        session.exec(
-            select(LeaseRow)
-            .where(col(LeaseRow.state).in_(LIVE_LEASES))
-            .order_by(col(LeaseRow.id))
-            .with_for_update()
-        ).all()
-    )
+BULK_ROWS = 1000
+"""Rows a bulk statement of the boundary writes at most (bound parameters stay well within
+every database's limit)."""
+
+
+def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), BULK_ROWS):
+        yield items[start : start + BULK_ROWS]
+
+
+def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now: datetime) -> int:
+    """Preempt each job's live leases in ``revoke`` for its reason (:func:`_preempt`), their
+    rows read in one statement (they are locked already); how many leases were revoked."""
+    ids = [lease.id for leases, _ in revoke for lease in leases]
+    if not ids:
+        return 0
+    rows: dict[str, LeaseRow] = {}
+    for chunk in _chunks(ids):
+        rows.update(
+            (row.id, row)
+            for row in session.exec(select(LeaseRow).where(col(LeaseRow.id).in_(chunk))).all()
+        )
+    for leases, reason in revoke:
+        _preempt(session, [rows[lease.id] for lease in leases], reason, now)
+    return len(ids)
+
+
+class LiveLease(NamedTuple):
+    """The columns of a live lease a boundary or a fill reads."""
+
+    id: str
+    job_id: str
+    node_id: str
+    gpus: list[int]
+
+
+def _lock_live_leases(session: Session) -> list[LiveLease]:
+    rows = session.execute(
+        sa_select(col(LeaseRow.id), col(LeaseRow.job_id), col(LeaseRow.node_id), col(LeaseRow.gpus))
+        .where(col(LeaseRow.state).in_(LIVE_LEASES))
+        .order_by(col(LeaseRow.id))
+        .with_for_update()
+    ).all()
+    return [LiveLease(*row) for row in rows]
 
 
 def _still_checkpointing(session: Session, layout: GpuLayout) -> tuple[int, ...]:
@@ -414,7 +481,7 @@ def _settling(session: Session) -> frozenset[str]:
 
 
 def _unconfirmed(
-    session: Session, jobs: Mapping[str, JobRow], held: Mapping[str, tuple[int, ...]], r: int
+    session: Session, jobs: Mapping[str, ActiveJob], held: Mapping[str, tuple[int, ...]], r: int
 ) -> tuple[str, ...]:
     """RUNNING jobs with no live lease whose last attempt ended before round ``r - 1`` (revoked
     a round ago, never confirmed a checkpoint)."""
@@ -497,7 +564,7 @@ def mark_lost_nodes(
     return LostNodes(nodes=lost, requeued=requeued, state_version=version)
 
 
-def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.Waiting]:
+def _waiting(rows: Iterable[ActiveJob], widths: Mapping[str, int]) -> list[engine.Waiting]:
     """The active jobs the engine may start, in arrival order: not a row the model now refuses
     (the planner leaves it out with a reason, :func:`store.snapshot.active_jobs`), so a stored
     poison job reaches neither the fallback order nor spare GPUs. Each on its requested count,
@@ -506,27 +573,73 @@ def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.W
     tenant, whose ``max_gpus`` the engine keeps it within."""
     waiting = []
     for row in rows:
-        try:
-            events.spec_of_row(row)
-        except ValidationError:
+        if not row.valid:
             continue
-        width = widths.get(row.id, row.gpus) if row.elastic is not None else row.gpus
+        width = widths.get(row.id, row.gpus) if row.elastic else row.gpus
         waiting.append(engine.Waiting(row.id, width, row.tenant))
     return waiting
 
 
-def _lock_active_jobs(session: Session) -> list[JobRow]:
-    return list(
-        session.exec(
-            select(JobRow)
-            .where(col(JobRow.state).in_(ACTIVE))
-            .order_by(col(JobRow.created_at), col(JobRow.id))
-            .with_for_update()
-        ).all()
-    )
+class ActiveJob(NamedTuple):
+    """What a boundary or a fill reads of an active job: its state and the fields fixed at
+    submission (``valid``: the model accepts its stored spec; ``elastic``: it has a range)."""
+
+    id: str
+    state: str
+    gpus: int
+    tenant: str
+    valid: bool
+    elastic: bool
 
 
-def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, tuple[int, ...]]:
+@dataclasses.dataclass
+class KnownJobs:
+    """The fields of jobs fixed at submission that boundaries need beyond the job's row's
+    state (whether the model accepts the spec, whether the job is elastic), by job id, kept
+    from one boundary to the next: a job's spec is read and checked once, not every round.
+    Only the active jobs are kept."""
+
+    fixed: dict[str, tuple[bool, bool]] = dataclasses.field(default_factory=dict)
+
+    def learn(self, session: Session, job_ids: Sequence[str]) -> None:
+        """Read and check the specs of ``job_ids`` not known yet."""
+        unknown = [j for j in job_ids if j not in self.fixed]
+        for chunk in _chunks(unknown):
+            for row in session.exec(select(JobRow).where(col(JobRow.id).in_(chunk))).all():
+                self.fixed[row.id] = (_accepted(row), row.elastic is not None)
+
+    def keep_only(self, job_ids: Iterable[str]) -> None:
+        kept = set(job_ids)
+        self.fixed = {j: facts for j, facts in self.fixed.items() if j in kept}
+
+
+def _accepted(row: JobRow) -> bool:
+    try:
+        events.spec_of_row(row)
+    except ValidationError:
+        return False
+    return True
+
+
+def _lock_active_jobs(session: Session, known: KnownJobs) -> dict[str, ActiveJob]:
+    """The active jobs in arrival order, their rows locked; each one's fixed fields from
+    ``known`` (read for the jobs it does not know yet)."""
+    rows = session.execute(
+        sa_select(col(JobRow.id), col(JobRow.state), col(JobRow.gpus), col(JobRow.tenant))
+        .where(col(JobRow.state).in_(ACTIVE))
+        .order_by(col(JobRow.created_at), col(JobRow.id))
+        .with_for_update()
+    ).all()
+    ids = [row[0] for row in rows]
+    known.learn(session, ids)
+    known.keep_only(ids)
+    return {
+        job_id: ActiveJob(job_id, state, gpus, tenant, *known.fixed[job_id])
+        for job_id, state, gpus, tenant in rows
+    }
+
+
+def _held_gpus(live: Sequence[LiveLease], layout: GpuLayout | None) -> dict[str, tuple[int, ...]]:
     """Each job's global GPUs from its live leases; a job with a lease off the READY layout
     (a lost node, a GPU past the homogeneous width) holds nothing placement can keep."""
     if layout is None:
@@ -539,13 +652,6 @@ def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, 
             broken.add(lease.job_id)
         held[lease.job_id] = held.get(lease.job_id, ()) + gpus
     return {job: tuple(sorted(gpus)) for job, gpus in held.items() if job not in broken}
-
-
-def _extend(session: Session, lease: LeaseRow, r: int, ends: datetime, now: datetime) -> None:
-    lease.round_index = r
-    lease.ends_at = ends
-    lease.updated_at = now
-    session.add(lease)
 
 
 def _ready_nodes(session: Session) -> list[NodeRow]:
