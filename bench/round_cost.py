@@ -3,15 +3,17 @@
 Usage::
 
     python -m bench.round_cost [--jobs 10000] [--nodes 1024] [--gpus-per-node 8]
-        [--rounds 3] [--shuffle 0.1] [--profile N] [--max-cpu-s S] [--json OUT]
+        [--rounds 3] [--shuffle 0.1] [--history N] [--profile N] [--max-cpu-s S] [--json OUT]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--nodes`` READY approved nodes
 and ``--jobs`` jobs of the reference trace (repeated past 900, as ``bench.scale`` submits them),
 then ``--rounds`` boundaries through :func:`solver_service.leases.start_round`, the driver's own
-code, in this process (with what it keeps from one boundary to the next). Round 1 issues a lease to every job that fits (first in, first out: no
-plan yet); each later round follows a stored plan that keeps the jobs of the round before but
-``--shuffle`` of them, which it swaps for waiting ones (so a boundary extends most leases,
-revokes some and issues as many). No agent runs: the leases stay ISSUED.
+code, in this process, with what the driver keeps from one boundary to the next. Round 1
+issues a lease to every job that fits (first in, first out: no plan yet); each later round
+follows a stored plan that keeps the jobs of the round before but ``--shuffle`` of them, which
+it swaps for waiting ones (so a boundary extends most leases, revokes some and issues as many).
+No agent runs: the leases stay ISSUED. ``--history`` stores that many finished attempts first
+(a cluster that has run for a while).
 
 Per round it prints the wall seconds of each phase (gather, engine, apply, commit), the
 driver's own CPU seconds (``time.process_time``) and the leases issued, extended and revoked.
@@ -29,13 +31,14 @@ import pstats
 import random
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, insert, text
 from sqlmodel import Session, col, select
 
 from bench.api import postgres_database
@@ -66,12 +69,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--max-cpu-s", type=float, default=None, help="bound on a round's driver CPU seconds"
     )
     parser.add_argument("--seed", type=int, default=0, help="the plans' random swaps")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="finished attempts (EXITED leases) stored before the first round, as a cluster "
+        "that has run for a while has",
+    )
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.nodes < 1 or args.rounds < 1 or args.gpus_per_node < 1:
         parser.error("--jobs, --nodes, --rounds and --gpus-per-node must be at least 1")
+    if args.history < 0:
+        parser.error("--history must be at least 0")
     if not 0 <= args.shuffle <= 1:
         parser.error("--shuffle must be between 0 and 1")
     return args
@@ -88,6 +100,36 @@ def add_nodes(database_url: str, count: int, gpus: int) -> None:
                 session.add(NodeRow(id=node, hostname=node, gpus=gpus, last_heartbeat_at=now))
             ensure_cluster(session)
             bump_state_version(session)
+            session.commit()
+    finally:
+        engine.dispose()
+
+
+def add_history(database_url: str, count: int, jobs: Sequence[str], nodes: int) -> None:
+    """``count`` finished attempts of ``jobs`` on the nodes, in one bulk insert a chunk."""
+    engine = create_engine(database_url)
+    stamp = datetime.now(UTC)
+    try:
+        with Session(engine) as session:
+            for start in range(0, count, 5000):
+                rows = [
+                    {
+                        "id": str(uuid.uuid4()),
+                        "job_id": jobs[i % len(jobs)],
+                        "node_id": f"node-{i % nodes:04d}",
+                        "round_index": 0,
+                        "gpus": [0],
+                        "state": "EXITED",
+                        "reason": "",
+                        "issued_at": stamp,
+                        "ends_at": stamp,
+                        "updated_at": stamp,
+                    }
+                    for i in range(start, min(count, start + 5000))
+                ]
+                session.execute(insert(LeaseRow), rows)
+            session.commit()
+            session.execute(text("ANALYZE leases"))
             session.commit()
     finally:
         engine.dispose()
@@ -133,6 +175,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         add_nodes(database_url, args.nodes, args.gpus_per_node)
         made = submit_direct(database_url, trace_jobs(args.reference, args.jobs))
         all_jobs = sorted(made)
+        add_history(database_url, args.history, all_jobs, args.nodes)
         engine = create_engine(database_url)
         known = KnownJobs()  # kept from one boundary to the next, as the driver keeps it
         try:

@@ -512,9 +512,9 @@ def mark_lost_nodes(
     which the servers were answering: an API slowed down (overloaded, paused) never makes
     live nodes LOST, while a node that stopped talking is LOST a TTL after the others'
     contacts moved past its last one."""
-    ready = _ready_nodes(session)
-    cutoff = at(answering_clock(ready, now, ttl_s) - ttl_s)
-    silent = sorted(n.id for n in ready if _silent(n, cutoff))
+    ready = _ready_contacts(session)
+    cutoff = at(answering_clock(list(ready.values()), now, ttl_s) - ttl_s)
+    silent = sorted(node for node, last in ready.items() if last < cutoff)
     if not silent:
         return None
     leases = session.exec(
@@ -654,17 +654,23 @@ def _held_gpus(live: Sequence[LiveLease], layout: GpuLayout | None) -> dict[str,
     return {job: tuple(sorted(gpus)) for job, gpus in held.items() if job not in broken}
 
 
-def _ready_nodes(session: Session) -> list[NodeRow]:
-    return list(session.exec(select(NodeRow).where(NodeRow.state == NodeState.READY)).all())
+def _ready_contacts(session: Session) -> dict[str, datetime]:
+    """Each READY node's last contact (its registration before its first heartbeat): three
+    columns a node, read every step of the driver."""
+    rows = session.execute(
+        sa_select(
+            col(NodeRow.id), col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at)
+        ).where(NodeRow.state == NodeState.READY)
+    ).all()
+    return {node: heartbeat or registered for node, heartbeat, registered in rows}
 
 
-def answering_clock(ready: Sequence[NodeRow], now: float, ttl_s: float) -> float:
-    """The time up to which the servers are known to have been answering: the newest
-    contact of any READY node (stamped at its request's arrival), or ``now`` with fewer than
-    two READY nodes (no other node to compare with). Never later than ``now``, never more
-    than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
+def answering_clock(contacts: Sequence[datetime], now: float, ttl_s: float) -> float:
+    """The time up to which the servers are known to have been answering: the newest of the
+    READY nodes' ``contacts`` (each stamped at its request's arrival), or ``now`` with fewer
+    than two READY nodes (no other node to compare with). Never later than ``now``, never
+    more than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
     down) is still LOST, at most a TTL later."""
-    contacts = [n.last_heartbeat_at or n.registered_at for n in ready]
     if len(contacts) < 2:
         return now
     newest = max(c.timestamp() for c in contacts)
