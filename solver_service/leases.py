@@ -45,7 +45,14 @@ from sqlmodel import Session, col, func, select
 
 from shockwave import engine
 from shockwave.engine import SOURCES
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.lifecycle import (
+    ACTIVE,
+    LIVE_LEASES,
+    JobState,
+    LeaseState,
+    NodeState,
+    lease_transition,
+)
 from shockwave.model import ValidationError
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
@@ -100,29 +107,6 @@ class LostNodes:
     nodes: tuple[str, ...]
     requeued: tuple[str, ...]
     state_version: int
-
-
-def _preempt(session: Session, leases: Sequence[LeaseRow], reason: str, now: datetime) -> None:
-    """Revoke a job's ``leases`` (one per node its gang spans) for ``reason``, and record one
-    ``preemption`` event on the job with it."""
-    for lease in leases:
-        move_lease(session, lease, LeaseState.REVOKED, now=now)
-        lease.reason = reason[:256]
-    if leases:
-        first = leases[0]
-        session.add(
-            JobEventRow(
-                job_id=first.job_id,
-                kind="preemption",
-                payload={
-                    "attempt_ids": [lease.id for lease in leases],
-                    "nodes": sorted({lease.node_id for lease in leases}),
-                    "round": first.round_index,
-                },
-                reason=reason[:256],
-                created_at=now,
-            )
-        )
 
 
 def at(now: float) -> datetime:
@@ -359,9 +343,10 @@ def _apply(
     actually suspended. At a boundary, a live lease the engine could not see (held off the
     READY nodes) is revoked too. ``began``: when the issued leases' time counts from.
 
-    Written in bulk: the extended leases in one ``UPDATE`` a chunk, the issued ones in one
-    multi-row ``INSERT`` a chunk; only the few revoked and suspended go through the ORM (their
-    state machine and events)."""
+    Written in bulk, a statement per chunk of :data:`BULK_ROWS`: the extended leases in one
+    ``UPDATE``, the revoked ones in one ``UPDATE`` a reason and their events in one ``INSERT``
+    (:func:`_revoke`), the issued ones in one ``INSERT``; only the few jobs suspended go
+    through the ORM (:func:`store.leases.stop_running`)."""
     leases_of: dict[str, list[LiveLease]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
@@ -431,20 +416,43 @@ def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
 
 
 def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now: datetime) -> int:
-    """Preempt each job's live leases in ``revoke`` for its reason (:func:`_preempt`), their
-    rows read in one statement (they are locked already); how many leases were revoked."""
-    ids = [lease.id for leases, _ in revoke for lease in leases]
-    if not ids:
-        return 0
-    rows: dict[str, LeaseRow] = {}
-    for chunk in _chunks(ids):
-        rows.update(
-            (row.id, row)
-            for row in session.exec(select(LeaseRow).where(col(LeaseRow.id).in_(chunk))).all()
-        )
+    """Revoke each job's live ``leases`` in ``revoke`` (one per node its gang spans) for its
+    reason, and record one ``preemption`` event on the job with it; how many leases were
+    revoked. In bulk: one ``UPDATE`` a reason and chunk (every live state may move to
+    REVOKED, :func:`shockwave.lifecycle.lease_transition`, and the rows are locked), one
+    multi-row ``INSERT`` of the events a chunk."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    events: list[dict[str, object]] = []
     for leases, reason in revoke:
-        _preempt(session, [rows[lease.id] for lease in leases], reason, now)
-    return len(ids)
+        if not leases:
+            continue
+        for lease in leases:
+            lease_transition(lease.state, LeaseState.REVOKED)
+        by_reason[reason[:256]].extend(lease.id for lease in leases)
+        events.append(
+            {
+                "job_id": leases[0].job_id,
+                "kind": "preemption",
+                "payload": {
+                    "attempt_ids": [lease.id for lease in leases],
+                    "nodes": sorted({lease.node_id for lease in leases}),
+                    "round": leases[0].round_index,
+                },
+                "reason": reason[:256],
+                "created_at": now,
+            }
+        )
+    for reason, ids in by_reason.items():
+        for chunk in _chunks(ids):
+            session.execute(
+                update(LeaseRow)
+                .where(col(LeaseRow.id).in_(chunk))
+                .values(state=LeaseState.REVOKED.value, reason=reason, updated_at=now),
+                execution_options={"synchronize_session": False},
+            )
+    for rows in _chunks(events):
+        session.execute(insert(JobEventRow), rows)
+    return sum(len(ids) for ids in by_reason.values())
 
 
 class LiveLease(NamedTuple):
@@ -454,16 +462,28 @@ class LiveLease(NamedTuple):
     job_id: str
     node_id: str
     gpus: list[int]
+    state: LeaseState
+    round_index: int
 
 
 def _lock_live_leases(session: Session) -> list[LiveLease]:
     rows = session.execute(
-        sa_select(col(LeaseRow.id), col(LeaseRow.job_id), col(LeaseRow.node_id), col(LeaseRow.gpus))
+        sa_select(
+            col(LeaseRow.id),
+            col(LeaseRow.job_id),
+            col(LeaseRow.node_id),
+            col(LeaseRow.gpus),
+            col(LeaseRow.state),
+            col(LeaseRow.round_index),
+        )
         .where(col(LeaseRow.state).in_(LIVE_LEASES))
         .order_by(col(LeaseRow.id))
         .with_for_update()
     ).all()
-    return [LiveLease(*row) for row in rows]
+    return [
+        LiveLease(lease, job, node, gpus, LeaseState(state), index)
+        for lease, job, node, gpus, state, index in rows
+    ]
 
 
 def _still_checkpointing(session: Session, layout: GpuLayout) -> tuple[int, ...]:
@@ -660,7 +680,7 @@ def _ready_contacts(session: Session) -> dict[str, datetime]:
     rows = session.execute(
         sa_select(
             col(NodeRow.id), col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at)
-        ).where(NodeRow.state == NodeState.READY)
+        ).where(col(NodeRow.state) == NodeState.READY)
     ).all()
     return {node: heartbeat or registered for node, heartbeat, registered in rows}
 
