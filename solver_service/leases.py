@@ -266,6 +266,9 @@ def fill_round(
         return FillOutcome(-1, (), 0)
     r = cluster.current_round
     ends = cluster.round_ends_at
+    if not _any_gpu_free(session):
+        session.rollback()
+        return FillOutcome(r, (), 0)
     jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
@@ -309,6 +312,23 @@ def fill_round(
         session.add(row)
     session.commit()
     return FillOutcome(r, tuple(changes.assignment), issued, nodes)
+
+
+def _any_gpu_free(session: Session) -> bool:
+    """Whether a READY node has a GPU that no live lease holds and no revoked attempt still
+    uses, read without locks: a fill can start nothing on a cluster that has none (at scale,
+    the common case), so it then locks no job. Every change that frees a GPU commits before
+    the version bump that asks for the fill, so this read sees it."""
+    layout = gpu_layout(session)
+    if layout is None:
+        return False
+    used = session.execute(
+        sa_select(col(LeaseRow.node_id), col(LeaseRow.gpus)).where(
+            col(LeaseRow.state).in_((*LIVE_LEASES, LeaseState.REVOKED))
+        )
+    ).all()
+    taken = {g for node_id, gpus in used for g in layout.global_gpus(node_id, gpus)}
+    return len(taken) < layout.cluster.total_gpus
 
 
 def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:

@@ -5,8 +5,11 @@ leaves the active set."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from solver_service import leases as round_leases
@@ -112,3 +115,32 @@ def test_the_driver_reads_a_jobs_fixed_fields_once_and_forgets_it_once_inactive(
                 select(LeaseRow.job_id).where(col(LeaseRow.state).in_(("ISSUED", "RUNNING")))
             ).all()
         assert jobs[2] not in live, "a job the model refuses is given no lease"
+
+
+def test_a_fill_on_a_cluster_with_no_gpu_free_locks_no_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Every GPU leased: a change (a job submitted) asks for a fill, which can start nothing,
+    so it takes no job's lock (on Postgres: an agent's poll holding one does not hold it up;
+    the fill would fail on its lock timeout if it waited)."""
+    register(client, tokens.agent)
+    busy = [submit(client, tokens.admin, gpus=2, name=f"b{i}") for i in range(2)]
+    store_plan(database, [busy])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        assert {lease.job_id for lease in leases(database)} == set(busy)
+        waiting = submit(client, tokens.admin, gpus=1, name="w")
+        with ExitStack() as stack:
+            session = stack.enter_context(Session(database.engine))
+            if database.kind == "postgres":  # SQLite has no row locks
+                holder = stack.enter_context(database.engine.connect())
+                stack.enter_context(holder.begin())
+                held = text("SELECT id FROM jobs WHERE id = :id FOR UPDATE")
+                holder.execute(held, {"id": busy[0]})
+                session.execute(text("SET LOCAL lock_timeout = '500ms'"))
+            fill = round_leases.fill_round(session, "default", now)
+        assert fill.jobs == () and fill.issued == 0
+        assert waiting not in {lease.job_id for lease in leases(database)}
+        assert not driver.step(t0 + ROUND_S * 0.1), "nothing to start: the fill does nothing"
+        assert driver.last_fill is None
