@@ -39,7 +39,8 @@ last agent seeing the round), the driver's own start delay and materialization t
 source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
 and GPUs in the round and jobs active. Over the run: request latency and rate per endpoint, the
 user's list latency, nodes declared LOST, the API's CPU per node-minute and per job-minute, and
-the database's rows read and written and commits per round (``pg_stat_database``). It exits 2
+the database's rows read and written and commits per round (``pg_stat_database``), and each
+table's scans and the rows they read per round (``pg_stat_user_tables``). It exits 2
 when a bound is missed (:func:`missed_bounds`): a late round (defined in
 ``bench/scale_report.py``: visible more than ``--late-after``, 1 s, after due, or not made from a
 fresh plan), a live node declared LOST, an agent request kind with p99 over ``--agent-p99-ms``
