@@ -59,7 +59,8 @@ def test_a_boundary_in_chunks_extends_issues_and_revokes_every_lease_whole(
         assert (lease.id, lease.node_id, lease.gpus) == (before.id, before.node_id, before.gpus)
         assert (lease.round_index, lease.ends_at) == (1, row.ends_at)
         assert lease.updated_at == row.started_at and lease.began_at == before.began_at
-        assert lease.first_ends_at == before.first_ends_at < lease.ends_at
+        assert lease.first_ends_at is not None and lease.first_ends_at == before.first_ends_at
+        assert lease.first_ends_at < lease.ends_at
     for job in joining:  # issued: every column written
         lease = second[job]
         assert lease.id not in {old.id for old in first.values()}
