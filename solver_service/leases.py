@@ -4,11 +4,12 @@
 
 1. **Gather** (locks in the order jobs, nodes, leases, cluster, the order the agent endpoints
    take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
-   (PENDING, RUNNING, SUSPENDED) in arrival order, the READY nodes with their real sizes
-   (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the freshest plan with a
-   column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest plan, whose last
-   column the engine repeats), and the RUNNING jobs whose last lease is older than round
-   ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
+   (PENDING, RUNNING, SUSPENDED) in arrival order, their ids and states only (the fields fixed
+   at submission are read once per job and kept, :class:`KnownJobs`), the READY nodes with
+   their real sizes (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the
+   freshest plan with a column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest
+   plan, whose last column the engine repeats), and the RUNNING jobs whose last lease is older
+   than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
    column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
    newest plan ends before ``r``), else first in, first out (``greedy``); placement over
@@ -18,7 +19,8 @@
    ``issue`` writes one new attempt per node the gang spans; a ``revoke`` revokes the live
    lease; a ``suspend`` sends the job back to the queue (see :mod:`store.leases`). The round
    is recorded (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts) and
-   the cluster's ``current_round`` and round times move, last.
+   the cluster's ``current_round`` and round times move, last. The writes are bulk
+   statements (:func:`_apply`): a boundary of thousands of leases is a few statements.
 
 :func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
@@ -26,7 +28,7 @@ that fit (first those the freshest plan stored by the round's start wants in the
 as in the simulator, then in arrival order), each with a lease of the current round (to its
 end); the round's record gains the jobs and the leases issued. The driver calls it whenever
 the cluster's state version moved (a job submitted, finished, failed or cancelled, a node
-joined).
+joined); on a cluster with no GPU free it returns after one read, locking nothing.
 """
 
 from __future__ import annotations
