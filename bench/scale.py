@@ -39,7 +39,8 @@ last agent seeing the round), the driver's own start delay and materialization t
 source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
 and GPUs in the round and jobs active. Over the run: request latency and rate per endpoint, the
 user's list latency, nodes declared LOST, the API's CPU per node-minute and per job-minute, and
-the database's rows read and written and commits per round (``pg_stat_database``). It exits 2
+the database's rows read and written and commits per round (``pg_stat_database``), and each
+table's scans and the rows they read per round (``pg_stat_user_tables``). It exits 2
 when a bound is missed (:func:`missed_bounds`): a late round (defined in
 ``bench/scale_report.py``: visible more than ``--late-after``, 1 s, after due, or not made from a
 fresh plan), a live node declared LOST, an agent request kind with p99 over ``--agent-p99-ms``
@@ -137,6 +138,36 @@ def db_stats(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         row = connection.execute(DB_STATS_SQL).fetchone()
     return dict(zip(DB_STATS, (int(v) for v in row or (0,) * len(DB_STATS)), strict=True))
+
+
+TABLE_STATS_SQL = (
+    "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0) "
+    "FROM pg_stat_user_tables"
+)
+TABLE_STATS = ("seq_scans", "seq_rows", "index_scans", "index_rows")
+
+
+def table_stats(dsn: str) -> dict[str, dict[str, int]]:
+    """Each table's scans and the rows they read (``pg_stat_user_tables``): which reads the
+    database's rows returned come from."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        rows = connection.execute(TABLE_STATS_SQL).fetchall()
+    return {
+        str(row[0]): dict(zip(TABLE_STATS, (int(v) for v in row[1:]), strict=True)) for row in rows
+    }
+
+
+def per_round(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], rounds: float
+) -> dict[str, dict[str, int]]:
+    """The tables' figures that moved, per round of the run."""
+    moved = {}
+    for table, figures in after.items():
+        was = before.get(table, {})
+        delta = {k: round((v - was.get(k, 0)) / rounds) for k, v in figures.items()}
+        if any(delta.values()):
+            moved[table] = delta
+    return moved
 
 
 ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
@@ -478,6 +509,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
         db_before = db_stats(dsn)
+        tables_before = table_stats(dsn)
         cpu_before = processes.cpu_seconds()
         wall_began = time.perf_counter()
         timeout = (args.rounds + 3) * args.round_seconds + 120
@@ -487,6 +519,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         probe.stop.set()
         time.sleep(1.0)  # the statistics collector's delay
         db_after = db_stats(dsn)
+        tables_after = table_stats(dsn)
         processes.stop_all()
         watcher.stop.set()
 
@@ -552,6 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "errors": dict(probe.errors),
             },
             "nodes_lost": lost,
+            "tables_per_round": per_round(tables_before, tables_after, wall / args.round_seconds),
             "db_per_round": {
                 k: round((db_after[k] - db_before[k]) / (wall / args.round_seconds))
                 for k in DB_STATS
@@ -646,6 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"round {f.index} late: {'; '.join(f.late_reasons)}", highlight=False)
     console.print(summary(record), highlight=False)
     console.print(f"agent requests: {record['agent_requests']}", highlight=False)
+    console.print(f"tables per round: {record.get('tables_per_round', {})}", highlight=False)
     console.print(
         f"user GET /v1/jobs: {record['user_jobs_list']}; nodes lost {record['nodes_lost']}; "
         f"API CPU {record['api_cpu_ms_per_node_minute']} ms per node-minute, "

@@ -270,6 +270,8 @@ class RoundDriver:
         self._leading = False
         self._requested_round: int | None = None
         self._filled_version: tuple[int, int] | None = None
+        self._known = leases.KnownJobs()
+        """The active jobs' fields fixed at submission, read once (not every boundary)."""
         self.last_round: RoundOutcome | None = None
         self.last_fill: leases.FillOutcome | None = None
         self.last_lost: LostNodes | None = None
@@ -411,7 +413,7 @@ class RoundDriver:
     def _start_round(self, now: float) -> RoundOutcome:
         with Session(self.engine) as session:
             outcome = leases.start_round(
-                session, self.cluster_id, now, self.settings.boundary_lead_s
+                session, self.cluster_id, now, self.settings.boundary_lead_s, self._known
             )
         self._announce_leases()
         self.last_round = outcome
@@ -422,7 +424,9 @@ class RoundDriver:
         # Stamped after the fill's locks are held (fill_round): an exit report may commit
         # while this step runs; never earlier than the step's own time.
         with Session(self.engine) as session:
-            fill = leases.fill_round(session, self.cluster_id, lambda: max(now, self._clock()))
+            fill = leases.fill_round(
+                session, self.cluster_id, lambda: max(now, self._clock()), self._known
+            )
         if not fill.jobs:
             return False
         self._announce_leases(fill.nodes)

@@ -4,11 +4,12 @@
 
 1. **Gather** (locks in the order jobs, nodes, leases, cluster, the order the agent endpoints
    take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
-   (PENDING, RUNNING, SUSPENDED) in arrival order, the READY nodes with their real sizes
-   (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the freshest plan with a
-   column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest plan, whose last
-   column the engine repeats), and the RUNNING jobs whose last lease is older than round
-   ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
+   (PENDING, RUNNING, SUSPENDED) in arrival order, their ids and states only (the fields fixed
+   at submission are read once per job and kept, :class:`KnownJobs`), the READY nodes with
+   their real sizes (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the
+   freshest plan with a column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest
+   plan, whose last column the engine repeats), and the RUNNING jobs whose last lease is older
+   than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
    column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
    newest plan ends before ``r``), else first in, first out (``greedy``); placement over
@@ -18,7 +19,8 @@
    ``issue`` writes one new attempt per node the gang spans; a ``revoke`` revokes the live
    lease; a ``suspend`` sends the job back to the queue (see :mod:`store.leases`). The round
    is recorded (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts) and
-   the cluster's ``current_round`` and round times move, last.
+   the cluster's ``current_round`` and round times move, last. The writes are bulk
+   statements (:func:`_apply`): a boundary of thousands of leases is a few statements.
 
 :func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
@@ -26,7 +28,7 @@ that fit (first those the freshest plan stored by the round's start wants in the
 as in the simulator, then in arrival order), each with a lease of the current round (to its
 end); the round's record gains the jobs and the leases issued. The driver calls it whenever
 the cluster's state version moved (a job submitted, finished, failed or cancelled, a node
-joined).
+joined); on a cluster with no GPU free it returns after one read, locking nothing.
 """
 
 from __future__ import annotations
@@ -35,15 +37,24 @@ import dataclasses
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple, TypeVar
 
-from sqlalchemy import update
+from sqlalchemy import insert, update
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
 from shockwave import engine
 from shockwave.engine import SOURCES
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.lifecycle import (
+    ACTIVE,
+    LIVE_LEASES,
+    JobState,
+    LeaseState,
+    NodeState,
+    lease_transition,
+)
 from shockwave.model import ValidationError
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
@@ -52,9 +63,12 @@ from store.plans import freshest_plan, newest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
+_T = TypeVar("_T")
+
 __all__ = [
     "SOURCES",
     "FillOutcome",
+    "KnownJobs",
     "LostNodes",
     "RoundOutcome",
     "fill_round",
@@ -97,29 +111,6 @@ class LostNodes:
     state_version: int
 
 
-def _preempt(session: Session, leases: Sequence[LeaseRow], reason: str, now: datetime) -> None:
-    """Revoke a job's ``leases`` (one per node its gang spans) for ``reason``, and record one
-    ``preemption`` event on the job with it."""
-    for lease in leases:
-        move_lease(session, lease, LeaseState.REVOKED, now=now)
-        lease.reason = reason[:256]
-    if leases:
-        first = leases[0]
-        session.add(
-            JobEventRow(
-                job_id=first.job_id,
-                kind="preemption",
-                payload={
-                    "attempt_ids": [lease.id for lease in leases],
-                    "nodes": sorted({lease.node_id for lease in leases}),
-                    "round": first.round_index,
-                },
-                reason=reason[:256],
-                created_at=now,
-            )
-        )
-
-
 def at(now: float) -> datetime:
     return datetime.fromtimestamp(now, UTC)
 
@@ -142,10 +133,17 @@ def round_end(now: float, due: float | None, length: float, lead: float = 0.0) -
     return now + length
 
 
-def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0) -> RoundOutcome:
+def start_round(
+    session: Session,
+    cluster_id: str,
+    now: float,
+    lead: float = 0.0,
+    known: KnownJobs | None = None,
+) -> RoundOutcome:
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring).
     ``lead``: how early before the current round's end ``now`` may be (the round keeps its
-    cadence)."""
+    cadence). ``known``: what earlier boundaries and fills learnt of the jobs' fixed fields
+    (the driver keeps one; default: nothing, every active job's spec is read)."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -161,7 +159,7 @@ def start_round(session: Session, cluster_id: str, now: float, lead: float = 0.0
     r = cluster.current_round + 1
     due = cluster.round_ends_at.timestamp() if cluster.round_ends_at is not None else None
     started, ends = at(now), at(round_end(now, due, cluster.round_seconds, lead))
-    jobs = {row.id: row for row in _lock_active_jobs(session)}
+    jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
@@ -248,7 +246,12 @@ class FillOutcome:
     """The nodes whose leases it changed (None: it may have changed any node's)."""
 
 
-def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) -> FillOutcome:
+def fill_round(
+    session: Session,
+    cluster_id: str,
+    clock: Callable[[], float],
+    known: KnownJobs | None = None,
+) -> FillOutcome:
     """Start waiting jobs on the GPUs no live lease holds, with leases to the current round's
     end, and commit (module docstring). Nothing is written before the first round or once the
     current round's end has passed (the boundary is due).
@@ -256,7 +259,8 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     The leases are stamped ``clock()`` read once the jobs and live leases are locked, not a
     time read before: an exit report that committed while the fill waited for those locks
     freed the GPUs the fill takes, and its lease's ``updated_at`` must not be later than the
-    new lease's ``issued_at`` (the hand-over the chaos checker accepts)."""
+    new lease's ``issued_at`` (the hand-over the chaos checker accepts). ``known``: as for
+    :func:`start_round`."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
     )
@@ -264,7 +268,10 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
         return FillOutcome(-1, (), 0)
     r = cluster.current_round
     ends = cluster.round_ends_at
-    jobs = {row.id: row for row in _lock_active_jobs(session)}
+    if not _any_gpu_free(session):
+        session.rollback()
+        return FillOutcome(r, (), 0)
+    jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     now = clock()
@@ -309,6 +316,23 @@ def fill_round(session: Session, cluster_id: str, clock: Callable[[], float]) ->
     return FillOutcome(r, tuple(changes.assignment), issued, nodes)
 
 
+def _any_gpu_free(session: Session) -> bool:
+    """Whether a READY node has a GPU that no live lease holds and no revoked attempt still
+    uses, read without locks: a fill can start nothing on a cluster that has none (at scale,
+    the common case), so it then locks no job. Every change that frees a GPU commits before
+    the version bump that asks for the fill, so this read sees it."""
+    layout = gpu_layout(session)
+    if layout is None:
+        return False
+    used = session.execute(
+        sa_select(col(LeaseRow.node_id), col(LeaseRow.gpus)).where(
+            col(LeaseRow.state).in_((*LIVE_LEASES, LeaseState.REVOKED))
+        )
+    ).all()
+    taken = {g for node_id, gpus in used for g in layout.global_gpus(node_id, gpus)}
+    return len(taken) < layout.cluster.total_gpus
+
+
 def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
     """The engine's view of a stored plan. ``now``: the boundary's time, stamped before its
     reads. A plan the boundary read is committed, so it is on hand: its ``usable_from`` is
@@ -329,8 +353,8 @@ def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
 def _apply(
     session: Session,
     changes: engine.RoundChanges,
-    jobs: Mapping[str, JobRow],
-    live: Sequence[LeaseRow],
+    jobs: Mapping[str, ActiveJob],
+    live: Sequence[LiveLease],
     layout: GpuLayout | None,
     r: int,
     started: datetime,
@@ -339,64 +363,149 @@ def _apply(
 ) -> tuple[int, int, int, tuple[str, ...]]:
     """Write the engine's changes: the lease rows issued, extended and revoked, and the jobs
     actually suspended. At a boundary, a live lease the engine could not see (held off the
-    READY nodes) is revoked too. ``began``: when the issued leases' time counts from."""
-    leases_of: dict[str, list[LeaseRow]] = defaultdict(list)
+    READY nodes) is revoked too. ``began``: when the issued leases' time counts from.
+
+    Written in bulk, a statement per chunk of :data:`BULK_ROWS`: the extended leases in one
+    ``UPDATE``, the revoked ones in one ``UPDATE`` a reason and their events in one ``INSERT``
+    (:func:`_revoke`), the issued ones in one ``INSERT``; only the few jobs suspended go
+    through the ORM (:func:`store.leases.stop_running`)."""
+    leases_of: dict[str, list[LiveLease]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
-    issued = extended = revoked = 0
+    new: list[dict[str, object]] = []
+    extend: list[str] = []
+    revoke: list[tuple[list[LiveLease], str]] = []
     suspend: list[engine.Change] = []
     for change in changes.changes:
         if change.kind is engine.ChangeKind.REVOKE:
             moved = leases_of.pop(change.job_id, [])
-            _preempt(session, moved, f"preempted in round {r}: {change.reason}", started)
-            revoked += len(moved)
+            revoke.append((moved, f"preempted in round {r}: {change.reason}"))
         elif change.kind is engine.ChangeKind.EXTEND:
-            for lease in leases_of.pop(change.job_id, []):
-                _extend(session, lease, r, ends, started)
-                extended += 1
+            extend.extend(lease.id for lease in leases_of.pop(change.job_id, []))
         elif change.kind is engine.ChangeKind.ISSUE:
             assert layout is not None
             for node_id, local in layout.by_node(change.gpus).items():
-                session.add(
-                    LeaseRow(
-                        id=str(uuid.uuid4()),
-                        job_id=change.job_id,
-                        node_id=node_id,
-                        round_index=r,
-                        gpus=local,
-                        issued_at=started,
-                        ends_at=ends,
-                        updated_at=started,
-                        began_at=began,
-                        first_ends_at=ends,
-                    )
+                new.append(
+                    {
+                        "id": str(uuid.uuid4()),
+                        "job_id": change.job_id,
+                        "node_id": node_id,
+                        "round_index": r,
+                        "gpus": local,
+                        "state": LeaseState.ISSUED.value,
+                        "reason": "",
+                        "issued_at": started,
+                        "ends_at": ends,
+                        "updated_at": started,
+                        "began_at": began,
+                        "first_ends_at": ends,
+                    }
                 )
-                issued += 1
         else:
             suspend.append(change)
     if changes.source != "fill":
         for leftover in leases_of.values():
-            why = f"preempted in round {r}: its lease is off the READY nodes"
-            _preempt(session, leftover, why, started)
-            revoked += len(leftover)
+            revoke.append((leftover, f"preempted in round {r}: its lease is off the READY nodes"))
+    revoked = _revoke(session, revoke, started)
+    for chunk in _chunks(extend):
+        session.execute(
+            update(LeaseRow)
+            .where(col(LeaseRow.id).in_(chunk))
+            .values(round_index=r, ends_at=ends, updated_at=started),
+            execution_options={"synchronize_session": False},
+        )
+    for rows in _chunks(new):
+        session.execute(insert(LeaseRow), rows)
     session.flush()
     suspended = tuple(
         c.job_id
         for c in suspend
-        if c.job_id in jobs and stop_running(session, jobs[c.job_id], c.reason, except_attempt=None)
+        if c.job_id in jobs
+        and (row := session.get(JobRow, c.job_id)) is not None
+        and stop_running(session, row, c.reason, except_attempt=None)
     )
-    return issued, extended, revoked, suspended
+    return len(new), len(extend), revoked, suspended
 
 
-def _lock_live_leases(session: Session) -> list[LeaseRow]:
-    return list(
-        session.exec(
-            select(LeaseRow)
-            .where(col(LeaseRow.state).in_(LIVE_LEASES))
-            .order_by(col(LeaseRow.id))
-            .with_for_update()
-        ).all()
-    )
+BULK_ROWS = 1000
+"""Rows a bulk statement of the boundary writes at most (bound parameters stay well within
+every database's limit)."""
+
+
+def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), BULK_ROWS):
+        yield items[start : start + BULK_ROWS]
+
+
+def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now: datetime) -> int:
+    """Revoke each job's live ``leases`` in ``revoke`` (one per node its gang spans) for its
+    reason, and record one ``preemption`` event on the job with it; how many leases were
+    revoked. In bulk: one ``UPDATE`` a reason and chunk (every live state may move to
+    REVOKED, :func:`shockwave.lifecycle.lease_transition`, and the rows are locked), one
+    multi-row ``INSERT`` of the events a chunk."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    events: list[dict[str, object]] = []
+    for leases, reason in revoke:
+        if not leases:
+            continue
+        for lease in leases:
+            lease_transition(lease.state, LeaseState.REVOKED)
+        by_reason[reason[:256]].extend(lease.id for lease in leases)
+        events.append(
+            {
+                "job_id": leases[0].job_id,
+                "kind": "preemption",
+                "payload": {
+                    "attempt_ids": [lease.id for lease in leases],
+                    "nodes": sorted({lease.node_id for lease in leases}),
+                    "round": leases[0].round_index,
+                },
+                "reason": reason[:256],
+                "created_at": now,
+            }
+        )
+    for reason, ids in by_reason.items():
+        for chunk in _chunks(ids):
+            session.execute(
+                update(LeaseRow)
+                .where(col(LeaseRow.id).in_(chunk))
+                .values(state=LeaseState.REVOKED.value, reason=reason, updated_at=now),
+                execution_options={"synchronize_session": False},
+            )
+    for rows in _chunks(events):
+        session.execute(insert(JobEventRow), rows)
+    return sum(len(ids) for ids in by_reason.values())
+
+
+class LiveLease(NamedTuple):
+    """The columns of a live lease a boundary or a fill reads."""
+
+    id: str
+    job_id: str
+    node_id: str
+    gpus: list[int]
+    state: LeaseState
+    round_index: int
+
+
+def _lock_live_leases(session: Session) -> list[LiveLease]:
+    rows = session.execute(
+        sa_select(
+            col(LeaseRow.id),
+            col(LeaseRow.job_id),
+            col(LeaseRow.node_id),
+            col(LeaseRow.gpus),
+            col(LeaseRow.state),
+            col(LeaseRow.round_index),
+        )
+        .where(col(LeaseRow.state).in_(LIVE_LEASES))
+        .order_by(col(LeaseRow.id))
+        .with_for_update()
+    ).all()
+    return [
+        LiveLease(lease, job, node, gpus, LeaseState(state), index)
+        for lease, job, node, gpus, state, index in rows
+    ]
 
 
 def _still_checkpointing(session: Session, layout: GpuLayout) -> tuple[int, ...]:
@@ -414,7 +523,7 @@ def _settling(session: Session) -> frozenset[str]:
 
 
 def _unconfirmed(
-    session: Session, jobs: Mapping[str, JobRow], held: Mapping[str, tuple[int, ...]], r: int
+    session: Session, jobs: Mapping[str, ActiveJob], held: Mapping[str, tuple[int, ...]], r: int
 ) -> tuple[str, ...]:
     """RUNNING jobs with no live lease whose last attempt ended before round ``r - 1`` (revoked
     a round ago, never confirmed a checkpoint)."""
@@ -445,9 +554,9 @@ def mark_lost_nodes(
     which the servers were answering: an API slowed down (overloaded, paused) never makes
     live nodes LOST, while a node that stopped talking is LOST a TTL after the others'
     contacts moved past its last one."""
-    ready = _ready_nodes(session)
-    cutoff = at(answering_clock(ready, now, ttl_s) - ttl_s)
-    silent = sorted(n.id for n in ready if _silent(n, cutoff))
+    ready = _ready_contacts(session)
+    cutoff = at(answering_clock(list(ready.values()), now, ttl_s) - ttl_s)
+    silent = sorted(node for node, last in ready.items() if last < cutoff)
     if not silent:
         return None
     leases = session.exec(
@@ -497,7 +606,7 @@ def mark_lost_nodes(
     return LostNodes(nodes=lost, requeued=requeued, state_version=version)
 
 
-def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.Waiting]:
+def _waiting(rows: Iterable[ActiveJob], widths: Mapping[str, int]) -> list[engine.Waiting]:
     """The active jobs the engine may start, in arrival order: not a row the model now refuses
     (the planner leaves it out with a reason, :func:`store.snapshot.active_jobs`), so a stored
     poison job reaches neither the fallback order nor spare GPUs. Each on its requested count,
@@ -506,27 +615,73 @@ def _waiting(rows: Iterable[JobRow], widths: Mapping[str, int]) -> list[engine.W
     tenant, whose ``max_gpus`` the engine keeps it within."""
     waiting = []
     for row in rows:
-        try:
-            events.spec_of_row(row)
-        except ValidationError:
+        if not row.valid:
             continue
-        width = widths.get(row.id, row.gpus) if row.elastic is not None else row.gpus
+        width = widths.get(row.id, row.gpus) if row.elastic else row.gpus
         waiting.append(engine.Waiting(row.id, width, row.tenant))
     return waiting
 
 
-def _lock_active_jobs(session: Session) -> list[JobRow]:
-    return list(
-        session.exec(
-            select(JobRow)
-            .where(col(JobRow.state).in_(ACTIVE))
-            .order_by(col(JobRow.created_at), col(JobRow.id))
-            .with_for_update()
-        ).all()
-    )
+class ActiveJob(NamedTuple):
+    """What a boundary or a fill reads of an active job: its state and the fields fixed at
+    submission (``valid``: the model accepts its stored spec; ``elastic``: it has a range)."""
+
+    id: str
+    state: str
+    gpus: int
+    tenant: str
+    valid: bool
+    elastic: bool
 
 
-def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, tuple[int, ...]]:
+@dataclasses.dataclass
+class KnownJobs:
+    """The fields of jobs fixed at submission that boundaries need beyond the job's row's
+    state (whether the model accepts the spec, whether the job is elastic), by job id, kept
+    from one boundary to the next: a job's spec is read and checked once, not every round.
+    Only the active jobs are kept."""
+
+    fixed: dict[str, tuple[bool, bool]] = dataclasses.field(default_factory=dict)
+
+    def learn(self, session: Session, job_ids: Sequence[str]) -> None:
+        """Read and check the specs of ``job_ids`` not known yet."""
+        unknown = [j for j in job_ids if j not in self.fixed]
+        for chunk in _chunks(unknown):
+            for row in session.exec(select(JobRow).where(col(JobRow.id).in_(chunk))).all():
+                self.fixed[row.id] = (_accepted(row), row.elastic is not None)
+
+    def keep_only(self, job_ids: Iterable[str]) -> None:
+        kept = set(job_ids)
+        self.fixed = {j: facts for j, facts in self.fixed.items() if j in kept}
+
+
+def _accepted(row: JobRow) -> bool:
+    try:
+        events.spec_of_row(row)
+    except ValidationError:
+        return False
+    return True
+
+
+def _lock_active_jobs(session: Session, known: KnownJobs) -> dict[str, ActiveJob]:
+    """The active jobs in arrival order, their rows locked; each one's fixed fields from
+    ``known`` (read for the jobs it does not know yet)."""
+    rows = session.execute(
+        sa_select(col(JobRow.id), col(JobRow.state), col(JobRow.gpus), col(JobRow.tenant))
+        .where(col(JobRow.state).in_(ACTIVE))
+        .order_by(col(JobRow.created_at), col(JobRow.id))
+        .with_for_update()
+    ).all()
+    ids = [row[0] for row in rows]
+    known.learn(session, ids)
+    known.keep_only(ids)
+    return {
+        job_id: ActiveJob(job_id, state, gpus, tenant, *known.fixed[job_id])
+        for job_id, state, gpus, tenant in rows
+    }
+
+
+def _held_gpus(live: Sequence[LiveLease], layout: GpuLayout | None) -> dict[str, tuple[int, ...]]:
     """Each job's global GPUs from its live leases; a job with a lease off the READY layout
     (a lost node, a GPU past the homogeneous width) holds nothing placement can keep."""
     if layout is None:
@@ -541,24 +696,23 @@ def _held_gpus(live: Sequence[LeaseRow], layout: GpuLayout | None) -> dict[str, 
     return {job: tuple(sorted(gpus)) for job, gpus in held.items() if job not in broken}
 
 
-def _extend(session: Session, lease: LeaseRow, r: int, ends: datetime, now: datetime) -> None:
-    lease.round_index = r
-    lease.ends_at = ends
-    lease.updated_at = now
-    session.add(lease)
+def _ready_contacts(session: Session) -> dict[str, datetime]:
+    """Each READY node's last contact (its registration before its first heartbeat): three
+    columns a node, read every step of the driver."""
+    rows = session.execute(
+        sa_select(
+            col(NodeRow.id), col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at)
+        ).where(col(NodeRow.state) == NodeState.READY)
+    ).all()
+    return {node: heartbeat or registered for node, heartbeat, registered in rows}
 
 
-def _ready_nodes(session: Session) -> list[NodeRow]:
-    return list(session.exec(select(NodeRow).where(NodeRow.state == NodeState.READY)).all())
-
-
-def answering_clock(ready: Sequence[NodeRow], now: float, ttl_s: float) -> float:
-    """The time up to which the servers are known to have been answering: the newest
-    contact of any READY node (stamped at its request's arrival), or ``now`` with fewer than
-    two READY nodes (no other node to compare with). Never later than ``now``, never more
-    than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
+def answering_clock(contacts: Sequence[datetime], now: float, ttl_s: float) -> float:
+    """The time up to which the servers are known to have been answering: the newest of the
+    READY nodes' ``contacts`` (each stamped at its request's arrival), or ``now`` with fewer
+    than two READY nodes (no other node to compare with). Never later than ``now``, never
+    more than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
     down) is still LOST, at most a TTL later."""
-    contacts = [n.last_heartbeat_at or n.registered_at for n in ready]
     if len(contacts) < 2:
         return now
     newest = max(c.timestamp() for c in contacts)

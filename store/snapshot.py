@@ -97,21 +97,29 @@ class GpuLayout:
     node_ids: tuple[str, ...]
     node_gpus: tuple[int, ...]
     node_types: tuple[str, ...] = ()
+    _cluster: Cluster = dataclasses.field(init=False, repr=False, compare=False)
+    _index: Mapping[str, int] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # built once: a boundary converts every live lease, and a cluster of 1,024 nodes
+        # costs milliseconds to build
+        kinds = tuple(t.strip().lower() or "unknown" for t in self.node_types)
+        typed = len(set(kinds)) > 1 and len(kinds) == len(self.node_gpus)
+        cluster = Cluster(self.node_gpus, kinds) if typed else Cluster(self.node_gpus)
+        object.__setattr__(self, "_cluster", cluster)
+        object.__setattr__(self, "_index", {node: n for n, node in enumerate(self.node_ids)})
 
     @property
     def cluster(self) -> Cluster:
-        kinds = tuple(t.strip().lower() or "unknown" for t in self.node_types)
-        if len(set(kinds)) > 1 and len(kinds) == len(self.node_gpus):
-            return Cluster(self.node_gpus, kinds)
-        return Cluster(self.node_gpus)
+        return self._cluster
 
     def global_gpus(self, node_id: str, local: Sequence[int]) -> tuple[int, ...]:
         """Global indices of ``local`` GPUs of ``node_id``; () if the node is not READY, and
         without local indices the node does not have."""
-        if node_id not in self.node_ids:
+        n = self._index.get(node_id)
+        if n is None:
             return ()
-        n = self.node_ids.index(node_id)
-        base = self.cluster.first_gpu(n)
+        base = self._cluster.first_gpu(n)
         return tuple(base + g for g in sorted(local) if 0 <= g < self.node_gpus[n])
 
     def by_node(self, gpus: Sequence[int]) -> dict[str, list[int]]:

@@ -141,7 +141,7 @@ class TokenRow(SQLModel, table=True):
     tenant: str | None = Field(default=None, max_length=64)
     node: str | None = Field(default=None, max_length=128)
     job_id: str | None = Field(default=None, max_length=36)
-    attempt_id: str | None = Field(default=None, max_length=36)
+    attempt_id: str | None = Field(default=None, index=True, max_length=36)
     name: str = Field(default="", max_length=128)
     created_at: datetime = _ts()
     expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -270,7 +270,10 @@ class LeaseRow(SQLModel, table=True):
     """
 
     __tablename__ = "leases"
-    __table_args__ = (Index("ix_leases_node_state", "node_id", "state"),)
+    __table_args__ = (
+        Index("ix_leases_node_state", "node_id", "state"),
+        Index("ix_leases_state", "state"),
+    )
 
     id: str = Field(primary_key=True, max_length=36)
     job_id: str = Field(foreign_key="jobs.id", index=True, max_length=36, ondelete="CASCADE")

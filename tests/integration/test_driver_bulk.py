@@ -1,0 +1,147 @@
+"""The round driver's bulk writes and what it keeps between boundaries, on Postgres and SQLite:
+a boundary's leases are extended, issued and revoked in chunks of statements with each
+attempt's rows whole, and the jobs' fixed fields are read once and forgotten when the job
+leaves the active set."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlmodel import Session, col, select
+
+from solver_service import leases as round_leases
+from store.tables import JobEventRow, JobRow, LeaseRow
+from tests.integration.api_calls import bearer
+from tests.integration.conftest import Database, Tokens
+from tests.integration.driving import (
+    ROUND_S,
+    agent_token,
+    driver_on,
+    leases,
+    now,
+    register,
+    round_row,
+    store_plan,
+    submit,
+)
+
+
+def gpus_held(database: Database) -> list[tuple[str, int]]:
+    return [(lease.node_id, g) for lease in leases(database) for g in lease.gpus]
+
+
+def test_a_boundary_in_chunks_extends_issues_and_revokes_every_lease_whole(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(round_leases, "BULK_ROWS", 3)  # 8 leases: chunks of 3, 3 and 2
+    register(client, tokens.agent)
+    register(client, agent_token(database, "node-2"))
+    jobs = [submit(client, tokens.admin, gpus=1, name=f"j{i}") for i in range(12)]
+    kept, dropped, joining = jobs[:4], jobs[4:8], jobs[8:]
+    store_plan(database, [kept + dropped, kept + joining])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        first = {lease.job_id: lease for lease in leases(database)}
+        assert sorted(first) == sorted(kept + dropped)
+        assert driver.step(t0 + ROUND_S)
+
+    second = {lease.job_id: lease for lease in leases(database)}
+    row = round_row(database, 1)
+    assert sorted(second) == sorted(kept + joining)
+    assert (row.leases_extended, row.leases_issued, row.leases_revoked) == (4, 4, 4)
+    for job in kept:  # extended: the same attempt on the same GPUs, moved to round 1
+        lease, before = second[job], first[job]
+        assert (lease.id, lease.node_id, lease.gpus) == (before.id, before.node_id, before.gpus)
+        assert (lease.round_index, lease.ends_at) == (1, row.ends_at)
+        assert lease.updated_at == row.started_at and lease.began_at == before.began_at
+        assert lease.first_ends_at is not None and lease.first_ends_at == before.first_ends_at
+        assert lease.first_ends_at < lease.ends_at
+    for job in joining:  # issued: every column written
+        lease = second[job]
+        assert lease.id not in {old.id for old in first.values()}
+        assert (lease.state, lease.round_index, lease.reason) == ("ISSUED", 1, "")
+        assert lease.issued_at == lease.updated_at == row.started_at
+        assert lease.ends_at == lease.first_ends_at == row.ends_at
+        assert lease.began_at is not None and len(lease.gpus) == 1
+    revoked = leases(database, states=("REVOKED",))
+    assert sorted(lease.job_id for lease in revoked) == sorted(dropped)
+    assert all(lease.reason.startswith("preempted in round 1") for lease in revoked)
+    with Session(database.engine) as session:
+        events = session.exec(
+            select(JobEventRow.job_id).where(JobEventRow.kind == "preemption")
+        ).all()
+    assert sorted(events) == sorted(dropped), "one preemption event a revoked job"
+    held = gpus_held(database)
+    assert len(held) == len(set(held)) == 8, "each GPU leased once"
+
+
+def test_the_driver_reads_a_jobs_fixed_fields_once_and_forgets_it_once_inactive(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    register(client, tokens.agent)
+    jobs = [submit(client, tokens.admin, gpus=2, name=f"k{i}") for i in range(3)]
+    store_plan(database, [jobs[:2]])
+
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        assert driver._known.fixed == {job: (True, False) for job in jobs}
+        # a stored spec is fixed at submission: what the first boundary read stands, so a
+        # row changed behind the API's back is not read again
+        with Session(database.engine) as session:
+            row = session.get(JobRow, jobs[2])
+            assert row is not None
+            row.samples_per_epoch, row.throughput = 2147483647, {"32": 1e-300}
+            session.add(row)
+            session.commit()
+        cancelled = client.post(f"/v1/jobs/{jobs[0]}/cancel", headers=bearer(tokens.admin))
+        assert cancelled.status_code == 200, cancelled.json()
+        assert driver.step(t0 + ROUND_S)
+        assert driver._known.fixed == {job: (True, False) for job in jobs[1:]}, (
+            "a cancelled job is forgotten"
+        )
+        assert {lease.job_id for lease in leases(database)} == set(jobs[1:])
+
+    # a new driver (a takeover) reads the stored specs afresh: the changed row is refused
+    with driver_on(database) as (driver, _):
+        driver.step(t0 + 2 * ROUND_S)
+        assert driver._known.fixed[jobs[2]] == (False, False)
+        with Session(database.engine) as session:
+            live = session.exec(
+                select(LeaseRow.job_id).where(col(LeaseRow.state).in_(("ISSUED", "RUNNING")))
+            ).all()
+        assert jobs[2] not in live, "a job the model refuses is given no lease"
+
+
+def test_a_fill_on_a_cluster_with_no_gpu_free_locks_no_job(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Every GPU leased: a change (a job submitted) asks for a fill, which can start nothing,
+    so it takes no job's lock (on Postgres: an agent's poll holding one does not hold it up;
+    the fill would fail on its lock timeout if it waited)."""
+    register(client, tokens.agent)
+    busy = [submit(client, tokens.admin, gpus=2, name=f"b{i}") for i in range(2)]
+    store_plan(database, [busy])
+    with driver_on(database) as (driver, _):
+        t0 = now()
+        driver.step(t0)
+        assert {lease.job_id for lease in leases(database)} == set(busy)
+        waiting = submit(client, tokens.admin, gpus=1, name="w")
+        with ExitStack() as stack:
+            session = stack.enter_context(Session(database.engine))
+            if database.kind == "postgres":  # SQLite has no row locks
+                holder = stack.enter_context(database.engine.connect())
+                stack.enter_context(holder.begin())
+                held = text("SELECT id FROM jobs WHERE id = :id FOR UPDATE")
+                holder.execute(held, {"id": busy[0]})
+                session.execute(text("SET LOCAL lock_timeout = '500ms'"))
+            fill = round_leases.fill_round(session, "default", now)
+        assert fill.jobs == () and fill.issued == 0
+        assert waiting not in {lease.job_id for lease in leases(database)}
+        assert not driver.step(t0 + ROUND_S * 0.1), "nothing to start: the fill does nothing"
+        assert driver.last_fill is None
