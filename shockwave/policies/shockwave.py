@@ -27,8 +27,9 @@ The plan and the contention history live in :class:`ShockwaveState`, handed back
 from __future__ import annotations
 
 import math
+import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -38,10 +39,11 @@ import numpy as np
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
-from shockwave.memo import IdentityMemo, progress_key
+from shockwave.memo import progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
+from shockwave.population import PopulationPrior
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import (
     Prediction,
@@ -53,10 +55,17 @@ from shockwave.regime_predictors import (
     DEFAULT_REGIME_PREDICTOR,
     REGIME_PREDICTORS,
     check_regime_predictor,
+    prior_read,
 )
 from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.tenancy import TenantMarket, owed_after, share_quotas, share_round
-from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
+from shockwave.throughput_model import (
+    Read,
+    RecordingModel,
+    ThroughputModel,
+    ThroughputModelParams,
+    answers_alike,
+)
 
 PACKING_ORDERS = ("deadline", "laxity")
 """How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
@@ -291,13 +300,102 @@ class _LazyOutlooks(Mapping[str, JobOutlook]):
 
 _Predicted = tuple[Prediction, float, float, float, float, float]
 
-_PREDICTIONS: IdentityMemo[_Predicted] = IdentityMemo()
-"""Each job's prediction by (spec, prior, throughput model, params; progress, GPU speed)."""
+
+@dataclass(slots=True)
+class _Seen:
+    """A memo entry of :class:`_PredictionMemo`: the prediction and what it was made from."""
+
+    spec: object
+    params: ShockwaveParams
+    progress: Hashable
+    speed: float
+    prior: PopulationPrior
+    prior_read: tuple[object, ...]
+    rates: ThroughputModel
+    rates_read: Sequence[Read]
+    value: _Predicted
+
+
+class _PredictionMemo:
+    """Each job's last prediction, reused while nothing it was made from has changed: the same
+    spec and params, equal progress (:func:`shockwave.memo.progress_key`) and GPU speed, and
+    a prior and throughput model that are the very same objects or, where new (a job finished,
+    one measured an epoch), give the job the same answers: the same template groups
+    (:func:`shockwave.regime_predictors.prior_read`) and the same estimate for every question
+    the prediction asked of the model (:func:`shockwave.throughput_model.answers_alike`).
+    A waiting job costs a check after its first round however often jobs finish or start.
+
+    Bounded (cleared whole when full) and guarded by a lock: the service may decide for
+    several clusters from threads; an entry is keyed by the identities of the job's spec and
+    params and holds them, so clusters never share one."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._entries: dict[tuple[str, int, int], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        speed: float,
+        compute: Callable[[ThroughputModel], _Predicted],
+    ) -> _Predicted:
+        """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
+        the model it is given, which records the questions)."""
+        key = (job.job_id, id(job.spec), id(params))
+        progress = progress_key(job)
+        with self._lock:
+            seen = self._entries.get(key)
+        if (
+            seen is not None
+            and seen.spec is job.spec
+            and seen.params is params
+            and seen.progress == progress
+            and seen.speed == speed
+        ):
+            same_prior = seen.prior is prior
+            if not same_prior:
+                read = prior_read(params.regime_predictor, prior, job)
+                same_prior = len(read) == len(seen.prior_read) and all(
+                    a is b for a, b in zip(read, seen.prior_read, strict=True)
+                )
+            if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
+                seen.prior, seen.rates = prior, rates
+                return seen.value
+        recording = RecordingModel(rates)
+        value = compute(recording)
+        entry = _Seen(
+            job.spec,
+            params,
+            progress,
+            speed,
+            prior,
+            prior_read(params.regime_predictor, prior, job),
+            rates,
+            tuple(recording.reads),
+            value,
+        )
+        with self._lock:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = entry
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_PREDICTIONS = _PredictionMemo()
+"""Each job's last prediction (:class:`_PredictionMemo`)."""
 
 
 def _predicted(
     job: ActiveJob,
-    snapshot: Snapshot,
+    prior: PopulationPrior,
     params: ShockwaveParams,
     rates: ThroughputModel,
     speed: float,
@@ -310,9 +408,7 @@ def _predicted(
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
-        prediction = predictor(
-            job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
-        )
+        prediction = predictor(job, prior, rates, params.predictor, params.population)
     factor = _error_factor(job.job_id, params) / speed
     remaining = prediction.remaining_seconds * factor
     done = prediction.total_seconds - prediction.remaining_seconds
@@ -475,14 +571,18 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            seen = _predicted(job, snapshot, params, rates, speed, revealed)
+            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)
         else:
-            # a job whose progress, prior and throughput model are as last round predicts as
-            # it did then (shockwave.memo): a waiting job costs nothing after its first round
+            # a job whose progress is as last round and whose prior and throughput model give
+            # it the same answers predicts as it did then (_PredictionMemo)
+            prior = snapshot.prior_of(job.job_id)
             seen = _PREDICTIONS.get(
-                (job.spec, snapshot.prior_of(job.job_id), rates, params),
-                (job.job_id, progress_key(job), speed),
-                lambda: _predicted(job, snapshot, params, rates, speed, None),
+                job,
+                params,
+                prior,
+                rates,
+                speed,
+                lambda model: _predicted(job, prior, params, model, speed, None),
             )
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
