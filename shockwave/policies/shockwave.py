@@ -39,7 +39,7 @@ import numpy as np
 from shockwave.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.estimators import contention_factor, finish_time_fairness
 from shockwave.heterogeneity import mean_speed
-from shockwave.memo import progress_key
+from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
@@ -848,9 +848,52 @@ def _plan_job(
         speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
     held = len(job.progress.gpus) if job.spec.elastic is not None else width
     overhead = 0.0 if job.running and held == width else params.restart_overhead_s
-    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
+    # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
+    # only the deadline and the weight move with the clock
+    utility, remaining, finish = _TABLES.get(
+        (look.prediction,),
+        (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length),
+        lambda: _plan_tables(look, base, epochs, overhead, speed, window, length),
+    )
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+    weight = look.budget * look.rho**params.fairness_exponent
+    return PlanJob(
+        job_id=job.job_id,
+        gpus=job.spec.gpus,
+        weight=weight,
+        utility=utility,
+        remaining=remaining,
+        running=job.running and held == width,
+        overdue=tuple(overdue.tolist()),
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
+        fair_share_s=max(1.0, look.fair_share_s),
+    )
+
+
+_Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
+
+_TABLES: IdentityMemo[_Tables] = IdentityMemo()
+""":func:`_plan_tables` by (prediction; what else it reads)."""
+
+
+def _plan_tables(
+    look: JobOutlook,
+    base: float,
+    epochs: int,
+    overhead: float,
+    speed: float,
+    window: int,
+    length: float,
+) -> _Tables:
+    """A job's utility and remaining time after n = 0..cap rounds of the window, and when it
+    would finish (in the window where n rounds finish it, else after it), for
+    :func:`_plan_job`."""
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     # progress is piecewise linear in the seconds run: epochs gained after each regime's
     # cumulative seconds, interpolated (capped at the job's end), one array op per table
     left_regimes = look.prediction.remaining_regimes()
@@ -863,22 +906,8 @@ def _plan_job(
     remaining = np.maximum(0.0, look.remaining_s - run)
     remaining[0] = look.remaining_s
     finish = np.where(remaining <= 0, n * length, window * length + remaining)
-    overdue = np.maximum(0.0, finish - look.deadline_s)
-    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
-    weight = look.budget * look.rho**params.fairness_exponent
-    return PlanJob(
-        job_id=job.job_id,
-        gpus=job.spec.gpus,
-        weight=weight,
-        utility=tuple(utility.tolist()),
-        remaining=tuple(remaining.tolist()),
-        running=job.running and held == width,
-        overdue=tuple(overdue.tolist()),
-        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
-        soonest_remaining_s=look.soonest_remaining_s,
-        latest_remaining_s=look.latest_remaining_s,
-        fair_share_s=max(1.0, look.fair_share_s),
-    )
+    finish.setflags(write=False)
+    return tuple(utility.tolist()), tuple(remaining.tolist()), finish
 
 
 def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
