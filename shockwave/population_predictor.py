@@ -376,15 +376,20 @@ def _censoring(job: ActiveJob, own: Sequence[tuple[Template, ...]]) -> _Censorin
     spec = job.spec
     if spec.mode is not AdaptationMode.GNS:
         return None
-    grown_from = frozenset(
+    grown_from = _GROWN_FROM.get(tuple(own), (), lambda: _grown_from(own))
+    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
+    return _Censoring(spec.epochs, tuple(climb), grown_from)
+
+
+def _grown_from(own: Sequence[tuple[Template, ...]]) -> frozenset[int]:
+    """The batch sizes some template of the groups ``own`` grew from."""
+    return frozenset(
         small
         for group in own
         for template in group
         for small, large in zip(template.batch_sizes, template.batch_sizes[1:], strict=False)
         if large > small
     )
-    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
-    return _Censoring(spec.epochs, tuple(climb), grown_from)
 
 
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
@@ -425,6 +430,8 @@ _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
 """Per (spec, params, template groups): :func:`_templates_for`."""
+_GROWN_FROM: IdentityMemo[frozenset[int]] = IdentityMemo(limit=4096)
+"""Per model's template groups (the very objects): :func:`_grown_from`."""
 _GROUPS_OF: IdentityMemo[_Groups] = IdentityMemo(limit=4096)
 """Per (prior, mode, model[, initial batch size of a custom job]): :func:`_groups`."""
 
