@@ -305,7 +305,7 @@ _Predicted = tuple[Prediction, float, float, float, float, float]
 class _Seen:
     """A memo entry of :class:`_PredictionMemo`: the prediction and what it was made from."""
 
-    spec: object
+    job: ActiveJob
     params: ShockwaveParams
     progress: Hashable
     speed: float
@@ -346,12 +346,13 @@ class _PredictionMemo:
         """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
         the model it is given, which records the questions)."""
         key = (job.job_id, id(job.spec), id(params))
-        progress = progress_key(job)
         with self._lock:
             seen = self._entries.get(key)
+        # a view is immutable: the very same one has the same progress
+        progress = seen.progress if seen is not None and seen.job is job else progress_key(job)
         if (
             seen is not None
-            and seen.spec is job.spec
+            and seen.job.spec is job.spec
             and seen.params is params
             and seen.progress == progress
             and seen.speed == speed
@@ -363,12 +364,12 @@ class _PredictionMemo:
                     a is b for a, b in zip(read, seen.prior_read, strict=True)
                 )
             if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
-                seen.prior, seen.rates = prior, rates
+                seen.job, seen.prior, seen.rates = job, prior, rates
                 return seen.value
         recording = RecordingModel(rates)
         value = compute(recording)
         entry = _Seen(
-            job.spec,
+            job,
             params,
             progress,
             speed,
@@ -1036,8 +1037,9 @@ def _fill(
             if width != by_id[job_id].spec.gpus:
                 chosen_widths[job_id] = width
     reasons: dict[str, str] = {}
+    planned_now = set(chosen)
     waiting = sorted(
-        (j for j in snapshot.jobs if j.job_id not in set(chosen)),
+        (j for j in snapshot.jobs if j.job_id not in planned_now),
         key=lambda j: -outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
@@ -1078,15 +1080,17 @@ def _share(
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
+    picked = set(chosen)
     rest = sorted(
-        (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
+        (j.job_id for j in snapshot.jobs if j.job_id not in picked),
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
     quota = share_quotas(shares.entitled, owed, slack_rounds)
     kept, held = share_round([*chosen, *rest], width, tenant_of, quota, snapshot.cluster.total_gpus)
-    new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
+    running_now = set(kept)
+    new_reasons = {j: why for j, why in reasons.items() if j not in running_now}
     new_reasons.update(held)
-    new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
+    new_widths = {j: w for j, w in chosen_widths.items() if j in running_now}
     balance = owed_after(owed, shares.entitled, kept, width, tenant_of, slack_rounds)
     return kept, new_reasons, new_widths, balance
 
