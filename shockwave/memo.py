@@ -21,9 +21,10 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from shockwave.snapshot import ActiveJob
+if TYPE_CHECKING:
+    from shockwave.snapshot import ActiveJob
 
 V = TypeVar("V")
 
