@@ -18,11 +18,13 @@ entry.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from shockwave.snapshot import ActiveJob
+if TYPE_CHECKING:
+    from shockwave.snapshot import ActiveJob
 
 V = TypeVar("V")
 
@@ -56,10 +58,11 @@ class IdentityMemo(Generic[V]):
         self._lock = threading.Lock()
 
     def get(self, objects: Sequence[object], key: Hashable, compute: Callable[[], V]) -> V:
-        full = (tuple(id(o) for o in objects), key)
+        full = (tuple(map(id, objects)), key)
         with self._lock:
             hit = self._entries.get(full)
-        if hit is not None and all(a is b for a, b in zip(hit[0], objects, strict=True)):
+        # equal ids of as many objects: each the very object while the entry holds it
+        if hit is not None and all(map(operator.is_, hit[0], objects)):
             return hit[1]
         value = compute()
         with self._lock:

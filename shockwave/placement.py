@@ -20,6 +20,7 @@ Pure: standard library only, no I/O, deterministic for a given input.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -186,10 +187,18 @@ def _renew_leases(
 
 
 def _lease_holds(cluster: Cluster, gpus: tuple[int, ...], width: int, free: _FreeGpus) -> bool:
-    valid = all(
-        isinstance(g, int) and not isinstance(g, bool) and 0 <= g < cluster.total_gpus for g in gpus
-    )
-    return valid and len(gpus) == width and len(set(gpus)) == width and free.all_free(gpus)
+    """Whether ``gpus`` are ``width`` distinct GPU indices of ``cluster``, all free."""
+    if len(gpus) != width:
+        return False
+    if set(map(type, gpus)) != {int}:  # plain ints pass at C speed; anything else is checked
+        valid = all(
+            isinstance(g, int) and not isinstance(g, bool) and 0 <= g < cluster.total_gpus
+            for g in gpus
+        )
+        if not valid:
+            return False
+    # free GPUs are in-range plain ints: all free implies each is a GPU of the cluster
+    return len(set(gpus)) == width and free.all_free(gpus)
 
 
 def _choose_gpus(free: _FreeGpus, width: int) -> list[int]:
@@ -241,20 +250,20 @@ def _fewest_nodes(free: _FreeGpus, width: int) -> list[int]:
 
 
 class _FreeGpus:
-    """The free GPUs of a cluster, by node, while one placement is being built."""
+    """The free GPUs of a cluster, by node and in all, while one placement is being built."""
 
-    __slots__ = ("_by_node", "_cluster", "largest", "nodes")
+    __slots__ = ("_all", "_by_node", "_cluster", "largest", "nodes")
 
     def __init__(self, cluster: Cluster, busy: Iterable[int] = ()) -> None:
         self._cluster = cluster
         self.nodes = cluster.nodes
         self.largest = cluster.largest_node
-        self._by_node: list[set[int]] = [
-            set(range(cluster.first_gpu(n), cluster.first_gpu(n) + size))
-            for n, size in enumerate(cluster.node_gpus)
-        ]
+        self._by_node: list[set[int]] = [set(gpus) for gpus in _node_sets(cluster.node_gpus)]
+        self._all: set[int] = set(range(cluster.total_gpus))
+        node_of = cluster.node_of
         for g in busy:
-            self._by_node[cluster.node_of(g)].discard(g)
+            self._by_node[node_of(g)].discard(g)
+            self._all.discard(g)
 
     def size(self, node: int) -> int:
         return self._cluster.node_gpus[node]
@@ -263,7 +272,7 @@ class _FreeGpus:
         return len(self._by_node[node])
 
     def total(self) -> int:
-        return sum(len(gpus) for gpus in self._by_node)
+        return len(self._all)
 
     def lowest(self, node: int, k: int) -> list[int]:
         """The ``k`` lowest free GPU indices on ``node``."""
@@ -275,10 +284,28 @@ class _FreeGpus:
         return min(fits, key=lambda n: (self.count(n), n)) if fits else None
 
     def all_free(self, gpus: Sequence[int]) -> bool:
-        return all(g in self._by_node[self._cluster.node_of(g)] for g in gpus)
+        return self._all.issuperset(gpus)
 
     def take(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """Mark ``gpus`` as used and return them as a sorted tuple."""
+        node_of = self._cluster.node_of
         for g in gpus:
-            self._by_node[self._cluster.node_of(g)].remove(g)
+            self._by_node[node_of(g)].remove(g)
+            self._all.remove(g)
         return tuple(sorted(gpus))
+
+
+_NODE_SETS: dict[tuple[int, ...], tuple[frozenset[int], ...]] = {}
+"""Each node's GPU indices by node sizes (a handful of clusters per process)."""
+
+
+def _node_sets(node_gpus: tuple[int, ...]) -> tuple[frozenset[int], ...]:
+    """The GPU indices of each node of a cluster of ``node_gpus``, in order."""
+    sets = _NODE_SETS.get(node_gpus)
+    if sets is None:
+        first = [0, *itertools.accumulate(node_gpus)]
+        sets = tuple(frozenset(range(first[n], first[n + 1])) for n in range(len(node_gpus)))
+        if len(_NODE_SETS) >= 64:
+            _NODE_SETS.clear()
+        _NODE_SETS[node_gpus] = sets
+    return sets

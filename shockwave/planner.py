@@ -424,19 +424,20 @@ def fit_floors(
 def concave_slopes(values: FloatArray, cap: int) -> FloatArray:
     """Per-increment slopes of the upper concave envelope of values[0..cap] (length T)."""
     t = len(values) - 1
-    slopes = np.zeros(t)
+    slopes = [0.0] * t
+    v = values.tolist()  # Python floats: the same double arithmetic, without numpy scalars
     hull = [0]
     for n in range(1, cap + 1):
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
-            if (values[b] - values[a]) * (n - a) <= (values[n] - values[a]) * (b - a):
+            if (v[b] - v[a]) * (n - a) <= (v[n] - v[a]) * (b - a):
                 hull.pop()
             else:
                 break
         hull.append(n)
     for a, b in itertools.pairwise(hull):
-        slopes[a:b] = (values[b] - values[a]) / (b - a)
-    return slopes
+        slopes[a:b] = [(v[b] - v[a]) / (b - a)] * (b - a)
+    return np.array(slopes)
 
 
 def _is_concave(values: FloatArray, cap: int) -> bool:

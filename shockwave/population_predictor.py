@@ -164,8 +164,12 @@ def predict_population(
     if left <= _EPS:
         return predict(job, params, throughput)
     done_share = max(0.0, job.progress.epochs_done - start) / left
+    everyone = _groups_of(prior, job)
+    own, others = everyone
     censoring, groups = _GROUPS.get(
-        (prior, spec, population), (), lambda: _templates_for(prior, job, population)
+        (spec, population, *own, *(g for model in others for g in model)),
+        (len(own), tuple(len(model) for model in others)),
+        lambda: _templates_for(everyone, job, population),
     )
     key = (
         spec.mode,
@@ -232,14 +236,33 @@ per model, by model name)."""
 
 
 def _templates_for(
-    prior: PopulationPrior, job: ActiveJob, population: PopulationParams
+    everyone: _Groups, job: ActiveJob, population: PopulationParams
 ) -> tuple[_Censoring | None, _Groups]:
-    """The job's censoring and the template groups it consults: what it reads of the prior,
-    which depends on its spec alone (not on its progress), so it is memoized per
-    (prior, spec, params) in :data:`_GROUPS`."""
-    everyone = _groups(prior, job)
+    """The job's censoring and the template groups it consults of ``everyone`` (its
+    :func:`_groups`), which depend on its spec alone (not on its progress), so they are
+    memoized per (spec, params, the very group objects) in :data:`_GROUPS`: a prior after a
+    finish shares every group but the finished job's with the prior before it."""
     censoring = _censoring(job, everyone[0])
     return censoring, _consulted(everyone, job, population, censoring)
+
+
+def prior_reads(prior: PopulationPrior, job: ActiveJob) -> tuple[tuple[Template, ...], ...]:
+    """The template groups of ``prior`` that a population prediction of ``job`` may read, in
+    order (none for a job that cannot change batch size): two priors whose reads are the very
+    same group objects predict the job alike."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return ()
+    own, others = _groups_of(prior, job)
+    return (*own, *(g for model in others for g in model))
+
+
+def _groups_of(prior: PopulationPrior, job: ActiveJob) -> _Groups:
+    """:func:`_groups`, memoized per prior and what of the spec it reads."""
+    spec = job.spec
+    custom = spec.mode is AdaptationMode.CUSTOM
+    key = (spec.mode, spec.model, spec.initial_batch_size if custom else None)
+    return _GROUPS_OF.get((prior,), key, lambda: _groups(prior, job))
 
 
 def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
@@ -353,15 +376,20 @@ def _censoring(job: ActiveJob, own: Sequence[tuple[Template, ...]]) -> _Censorin
     spec = job.spec
     if spec.mode is not AdaptationMode.GNS:
         return None
-    grown_from = frozenset(
+    grown_from = _GROWN_FROM.get(tuple(own), (), lambda: _grown_from(own))
+    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
+    return _Censoring(spec.epochs, tuple(climb), grown_from)
+
+
+def _grown_from(own: Sequence[tuple[Template, ...]]) -> frozenset[int]:
+    """The batch sizes some template of the groups ``own`` grew from."""
+    return frozenset(
         small
         for group in own
         for template in group
         for small, large in zip(template.batch_sizes, template.batch_sizes[1:], strict=False)
         if large > small
     )
-    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
-    return _Censoring(spec.epochs, tuple(climb), grown_from)
 
 
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
@@ -401,7 +429,11 @@ _CANDIDATES = _Memo(8192)
 _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
-"""Per (prior, spec, params): :func:`_templates_for` (a new prior, after a finish, misses)."""
+"""Per (spec, params, template groups): :func:`_templates_for`."""
+_GROWN_FROM: IdentityMemo[frozenset[int]] = IdentityMemo(limit=4096)
+"""Per model's template groups (the very objects): :func:`_grown_from`."""
+_GROUPS_OF: IdentityMemo[_Groups] = IdentityMemo(limit=4096)
+"""Per (prior, mode, model[, initial batch size of a custom job]): :func:`_groups`."""
 
 
 def _blocks(

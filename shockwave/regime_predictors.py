@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from shockwave.population import PopulationPrior
-from shockwave.population_predictor import PopulationParams, predict_population
+from shockwave.population_predictor import PopulationParams, predict_population, prior_reads
 from shockwave.predictor import Prediction, PredictorParams, predict, predict_greedy
 from shockwave.snapshot import ActiveJob
 from shockwave.throughput_model import ThroughputModel
@@ -40,6 +40,13 @@ REGIME_PREDICTORS: Mapping[str, RegimePredictor] = MappingProxyType(
 )
 
 DEFAULT_REGIME_PREDICTOR = "population"
+
+
+def prior_read(name: str, prior: PopulationPrior, job: ActiveJob) -> tuple[object, ...]:
+    """The parts of ``prior`` (the very objects) that the regime predictor ``name`` reads to
+    predict ``job``: the population predictor's template groups
+    (:func:`shockwave.population_predictor.prior_reads`); the others read none."""
+    return prior_reads(prior, job) if name == "population" else ()
 
 
 def check_regime_predictor(name: str) -> str:

@@ -40,8 +40,9 @@ policy takes per decision.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -181,6 +182,9 @@ class _JobRun:
     """Mutable true state of one job inside a run (never shown to the policy as such)."""
 
     __slots__ = (
+        "_before",
+        "_measures",
+        "_view",
         "active_rounds",
         "active_sum",
         "attained",
@@ -216,6 +220,10 @@ class _JobRun:
         self.scalings: list[tuple[float, int]] = []
         self.width = sim.spec.gpus
         self.tenant_contention = 0.0
+        # epochs of the trajectory before each regime, and the last view with what it showed
+        self._before = [0, *itertools.accumulate(r.epochs for r in sim.trajectory)]
+        self._measures = 0
+        self._view: tuple[Hashable, ActiveJob] | None = None
 
     @property
     def job_id(self) -> str:
@@ -230,7 +238,7 @@ class _JobRun:
         return self.regime_index >= len(self.sim.trajectory)
 
     def epochs_done(self) -> float:
-        before = sum(r.epochs for r in self.sim.trajectory[: self.regime_index])
+        before = self._before[min(self.regime_index, len(self.sim.trajectory))]
         return float(min(self.sim.spec.epochs, before + self.regime_done))
 
     def _type_epoch_seconds(self, batch_size: int) -> float:
@@ -268,6 +276,7 @@ class _JobRun:
         while seconds > _EPS and not self.done:
             regime = self.sim.trajectory[self.regime_index]
             per_epoch = self.epoch_seconds(regime.batch_size, gpus)
+            self._measures += 1
             if self.gpu_type in self.sim.epoch_seconds_by_type:
                 self.measured_by_type.setdefault(self.gpu_type, {})[regime.batch_size] = (
                     self._type_epoch_seconds(regime.batch_size)
@@ -291,6 +300,18 @@ class _JobRun:
         return FinishedJob(self.sim.spec, self.sim.trajectory, self.measured)
 
     def view(self) -> ActiveJob:
+        """The job as the scheduler sees it now (the same object as last time while nothing
+        it shows has changed: a waiting job's)."""
+        shown = (
+            self.regime_index,
+            self.regime_done,
+            self.attained,
+            self.executed_last,
+            self.gpus,
+            self._measures,
+        )
+        if self._view is not None and self._view[0] == shown:
+            return self._view[1]
         progress = JobProgress(
             batch_size=self.regime.batch_size,
             epochs_done=self.epochs_done(),
@@ -301,7 +322,9 @@ class _JobRun:
             gpus=self.gpus,
             measured_by_type=self.measured_by_type,
         )
-        return ActiveJob(spec=self.sim.spec, progress=progress)
+        job = ActiveJob(spec=self.sim.spec, progress=progress)
+        self._view = (shown, job)
+        return job
 
 
 RoundCallback = Callable[[float, int, int], None]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from shockwave.memo import IdentityMemo
 from shockwave.model import Cluster, JobSpec, Regime
 from shockwave.population import EMPTY_PRIOR, PopulationPrior
 from shockwave.stints import Stint
@@ -212,11 +213,13 @@ class Snapshot:
     def market(self) -> TenantMarket:
         """The round's market by tenant (:func:`shockwave.tenancy.market`): each tenant's
         water-filled share of the cluster, each job's budget and finish-time contention."""
-        return market(
-            (j.spec for j in self.jobs),
-            self.tenants,
-            self.priority_classes,
+        specs = [j.spec for j in self.jobs]
+        # a function of the specs (the very objects), tenants and capacity: the simulator and
+        # the policy ask for it with each snapshot, and it holds while no job comes or goes
+        return _MARKETS.get(
+            (self.tenants, self.priority_classes, *specs),
             self.cluster.total_gpus,
+            lambda: market(specs, self.tenants, self.priority_classes, self.cluster.total_gpus),
         )
 
     def prior_of(self, job_id: str) -> PopulationPrior:
@@ -240,3 +243,7 @@ class Snapshot:
             if job.job_id == job_id:
                 return job
         raise KeyError(job_id)
+
+
+_MARKETS: IdentityMemo[TenantMarket] = IdentityMemo(limit=16)
+""":meth:`Snapshot.market` by (tenants, priority classes, the jobs' specs; capacity)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -262,6 +262,45 @@ class ThroughputModel:
         """Samples/s at (to_bs, to_gpus) over samples/s at (from_bs, from_gpus), by the laws."""
         batch = math.pow(to_bs / from_bs, self.alpha(model))
         return batch * math.pow(to_gpus / from_gpus, self.beta(model))
+
+
+Read = tuple[int | None, int | None, EpochTime | float | None]
+"""One answer a model gave about a job: (batch size, GPUs, its :meth:`ThroughputModel.epoch_time`)
+or (None, None, its :meth:`ThroughputModel.unseen_factor`)."""
+
+
+class RecordingModel(ThroughputModel):
+    """A throughput model that notes every answer it gives (:attr:`reads`), so that a result
+    computed with it about one job can be reused with another model that gives that job the
+    same answers (:func:`answers_alike`). It shares ``model``'s state and answers as it does."""
+
+    def __init__(self, model: ThroughputModel) -> None:
+        self.__dict__.update(model.__dict__)
+        self.reads: list[Read] = []
+
+    def epoch_time(
+        self, job: ActiveJob, batch_size: int, gpus: int | None = None
+    ) -> EpochTime | None:
+        answer = super().epoch_time(job, batch_size, gpus)
+        self.reads.append((batch_size, gpus, answer))
+        return answer
+
+    def unseen_factor(self, job: ActiveJob) -> float:
+        answer = super().unseen_factor(job)
+        self.reads.append((None, None, answer))
+        return answer
+
+
+def answers_alike(model: ThroughputModel, job: ActiveJob, reads: Sequence[Read]) -> bool:
+    """Whether ``model`` gives ``job`` each answer of ``reads`` (a :class:`RecordingModel`'s,
+    about the same job with the same progress)."""
+    for batch_size, gpus, answer in reads:
+        if batch_size is None:
+            if model.unseen_factor(job) != answer:
+                return False
+        elif model.epoch_time(job, batch_size, gpus) != answer:
+            return False
+    return True
 
 
 _MODELS: IdentityMemo[ThroughputModel] = IdentityMemo(limit=64)

@@ -27,8 +27,9 @@ The plan and the contention history live in :class:`ShockwaveState`, handed back
 from __future__ import annotations
 
 import math
+import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -42,6 +43,7 @@ from shockwave.memo import IdentityMemo, progress_key
 from shockwave.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.shockwave_typed import fill_typed, plan_typed
 from shockwave.policy import REPLAN_MODES, Decision, SolveSummary
+from shockwave.population import PopulationPrior
 from shockwave.population_predictor import PopulationParams
 from shockwave.predictor import (
     Prediction,
@@ -53,10 +55,17 @@ from shockwave.regime_predictors import (
     DEFAULT_REGIME_PREDICTOR,
     REGIME_PREDICTORS,
     check_regime_predictor,
+    prior_read,
 )
 from shockwave.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.tenancy import TenantMarket, owed_after, share_order, share_quotas, share_round
-from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
+from shockwave.throughput_model import (
+    Read,
+    RecordingModel,
+    ThroughputModel,
+    ThroughputModelParams,
+    answers_alike,
+)
 
 PACKING_ORDERS = ("deadline", "laxity")
 """How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
@@ -301,13 +310,103 @@ class _LazyOutlooks(Mapping[str, JobOutlook]):
 
 _Predicted = tuple[Prediction, float, float, float, float, float]
 
-_PREDICTIONS: IdentityMemo[_Predicted] = IdentityMemo()
-"""Each job's prediction by (spec, prior, throughput model, params; progress, GPU speed)."""
+
+@dataclass(slots=True)
+class _Seen:
+    """A memo entry of :class:`_PredictionMemo`: the prediction and what it was made from."""
+
+    job: ActiveJob
+    params: ShockwaveParams
+    progress: Hashable
+    speed: float
+    prior: PopulationPrior
+    prior_read: tuple[object, ...]
+    rates: ThroughputModel
+    rates_read: Sequence[Read]
+    value: _Predicted
+
+
+class _PredictionMemo:
+    """Each job's last prediction, reused while nothing it was made from has changed: the same
+    spec and params, equal progress (:func:`shockwave.memo.progress_key`) and GPU speed, and
+    a prior and throughput model that are the very same objects or, where new (a job finished,
+    one measured an epoch), give the job the same answers: the same template groups
+    (:func:`shockwave.regime_predictors.prior_read`) and the same estimate for every question
+    the prediction asked of the model (:func:`shockwave.throughput_model.answers_alike`).
+    A waiting job costs a check after its first round however often jobs finish or start.
+
+    Bounded (cleared whole when full) and guarded by a lock: the service may decide for
+    several clusters from threads; an entry is keyed by the identities of the job's spec and
+    params and holds them, so clusters never share one."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._entries: dict[tuple[str, int, int], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        speed: float,
+        compute: Callable[[ThroughputModel], _Predicted],
+    ) -> _Predicted:
+        """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
+        the model it is given, which records the questions)."""
+        key = (job.job_id, id(job.spec), id(params))
+        with self._lock:
+            seen = self._entries.get(key)
+        # a view is immutable: the very same one has the same progress
+        progress = seen.progress if seen is not None and seen.job is job else progress_key(job)
+        if (
+            seen is not None
+            and seen.job.spec is job.spec
+            and seen.params is params
+            and seen.progress == progress
+            and seen.speed == speed
+        ):
+            same_prior = seen.prior is prior
+            if not same_prior:
+                read = prior_read(params.regime_predictor, prior, job)
+                same_prior = len(read) == len(seen.prior_read) and all(
+                    a is b for a, b in zip(read, seen.prior_read, strict=True)
+                )
+            if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
+                seen.job, seen.prior, seen.rates = job, prior, rates
+                return seen.value
+        recording = RecordingModel(rates)
+        value = compute(recording)
+        entry = _Seen(
+            job,
+            params,
+            progress,
+            speed,
+            prior,
+            prior_read(params.regime_predictor, prior, job),
+            rates,
+            tuple(recording.reads),
+            value,
+        )
+        with self._lock:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = entry
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_PREDICTIONS = _PredictionMemo()
+"""Each job's last prediction (:class:`_PredictionMemo`)."""
 
 
 def _predicted(
     job: ActiveJob,
-    snapshot: Snapshot,
+    prior: PopulationPrior,
     params: ShockwaveParams,
     rates: ThroughputModel,
     speed: float,
@@ -320,9 +419,7 @@ def _predicted(
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
-        prediction = predictor(
-            job, snapshot.prior_of(job.job_id), rates, params.predictor, params.population
-        )
+        prediction = predictor(job, prior, rates, params.predictor, params.population)
     factor = _error_factor(job.job_id, params) / speed
     remaining = prediction.remaining_seconds * factor
     done = prediction.total_seconds - prediction.remaining_seconds
@@ -491,14 +588,18 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            seen = _predicted(job, snapshot, params, rates, speed, revealed)
+            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)
         else:
-            # a job whose progress, prior and throughput model are as last round predicts as
-            # it did then (shockwave.memo): a waiting job costs nothing after its first round
+            # a job whose progress is as last round and whose prior and throughput model give
+            # it the same answers predicts as it did then (_PredictionMemo)
+            prior = snapshot.prior_of(job.job_id)
             seen = _PREDICTIONS.get(
-                (job.spec, snapshot.prior_of(job.job_id), rates, params),
-                (job.job_id, progress_key(job), speed),
-                lambda: _predicted(job, snapshot, params, rates, speed, None),
+                job,
+                params,
+                prior,
+                rates,
+                speed,
+                lambda model: _predicted(job, prior, params, model, speed, None),
             )
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
@@ -773,9 +874,53 @@ def _plan_job(
         speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
     held = len(job.progress.gpus) if job.spec.elastic is not None else width
     overhead = 0.0 if job.running and held == width else params.restart_overhead_s
-    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     epochs = job.spec.epochs
     base = min(1.0, job.progress.epochs_done / epochs)
+    # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
+    # only the deadline and the weight move with the clock
+    utility, remaining, finish = _TABLES.get(
+        (look.prediction,),
+        (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length),
+        lambda: _plan_tables(look, base, epochs, overhead, speed, window, length),
+    )
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+    weight = look.budget * look.rho**params.fairness_exponent
+    return PlanJob(
+        job_id=job.job_id,
+        gpus=job.spec.gpus,
+        weight=weight,
+        utility=utility,
+        remaining=remaining,
+        running=job.running and held == width,
+        overdue=tuple(overdue.tolist()),
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
+        fair_share_s=max(1.0, look.fair_share_s),
+        probe=look.probe,
+    )
+
+
+_Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
+
+_TABLES: IdentityMemo[_Tables] = IdentityMemo()
+""":func:`_plan_tables` by (prediction; what else it reads)."""
+
+
+def _plan_tables(
+    look: JobOutlook,
+    base: float,
+    epochs: int,
+    overhead: float,
+    speed: float,
+    window: int,
+    length: float,
+) -> _Tables:
+    """A job's utility and remaining time after n = 0..cap rounds of the window, and when it
+    would finish (in the window where n rounds finish it, else after it), for
+    :func:`_plan_job`."""
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
     # progress is piecewise linear in the seconds run: epochs gained after each regime's
     # cumulative seconds, interpolated (capped at the job's end), one array op per table
     left_regimes = look.prediction.remaining_regimes()
@@ -788,23 +933,8 @@ def _plan_job(
     remaining = np.maximum(0.0, look.remaining_s - run)
     remaining[0] = look.remaining_s
     finish = np.where(remaining <= 0, n * length, window * length + remaining)
-    overdue = np.maximum(0.0, finish - look.deadline_s)
-    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
-    weight = look.budget * look.rho**params.fairness_exponent
-    return PlanJob(
-        job_id=job.job_id,
-        gpus=job.spec.gpus,
-        weight=weight,
-        utility=tuple(utility.tolist()),
-        remaining=tuple(remaining.tolist()),
-        running=job.running and held == width,
-        overdue=tuple(overdue.tolist()),
-        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
-        soonest_remaining_s=look.soonest_remaining_s,
-        latest_remaining_s=look.latest_remaining_s,
-        fair_share_s=max(1.0, look.fair_share_s),
-        probe=look.probe,
-    )
+    finish.setflags(write=False)
+    return tuple(utility.tolist()), tuple(remaining.tolist()), finish
 
 
 def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
@@ -946,8 +1076,9 @@ def _fill(
             if width != by_id[job_id].spec.gpus:
                 chosen_widths[job_id] = width
     reasons: dict[str, str] = {}
+    planned_now = set(chosen)
     waiting = sorted(
-        (j for j in snapshot.jobs if j.job_id not in set(chosen)),
+        (j for j in snapshot.jobs if j.job_id not in planned_now),
         key=lambda j: -outlooks[j.job_id].remaining_s,
     )
     for job in waiting:
@@ -995,17 +1126,19 @@ def _share(
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
+    picked = set(chosen)
     rest = sorted(
-        (j.job_id for j in snapshot.jobs if j.job_id not in set(chosen)),
+        (j.job_id for j in snapshot.jobs if j.job_id not in picked),
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
     late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
     order = [*share_order(chosen, running | full_window, late), *rest]
     quota = share_quotas(shares.entitled, owed, slack_rounds)
     kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
-    new_reasons = {j: why for j, why in reasons.items() if j not in set(kept)}
+    running_now = set(kept)
+    new_reasons = {j: why for j, why in reasons.items() if j not in running_now}
     new_reasons.update(held)
-    new_widths = {j: w for j, w in chosen_widths.items() if j in set(kept)}
+    new_widths = {j: w for j, w in chosen_widths.items() if j in running_now}
     balance = owed_after(owed, shares.entitled, kept, width, tenant_of, slack_rounds)
     return kept, new_reasons, new_widths, balance
 
