@@ -4,24 +4,33 @@ simulate`` (the core's engine on a virtual clock), same workload, cluster and po
 Usage::
 
     python -m bench.replay_parity --reference ../shared/data/reference
-        [--cases ref-shockwave,ref-gavel,mixed-shockwave,mixed-gavel,flood-shockwave,...]
+        [--cases ref-shockwave,ref-gavel,mixed-shockwave,flood-shockwave,itp-shockwave,...]
         [--modes embedded,distributed] [--time-scale 120] [--long-poll | --no-long-poll]
-        [--out out/parity] [--json F]
+        [--traces ../shared/data/public-traces] [--itp-cluster 06] [--itp-window 78000:84000]
+        [--itp-gpus 160] [--out out/parity] [--json F]
 
-Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4; ``mixed-<policy>``:
-a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1) on mixed nodes
-``--mixed-nodes``
-(default 2x8,3x4,2x2: 32 GPUs); ``flood-<policy>`` and ``flood31-<policy>``: the reference
-trace with its jobs drawn into tenants ``a`` and ``b`` (``--tenants a:5,b:1``, seed 0: 94 jobs
-against 26) of weights 1:1 and 3:1, each job submitted by a user of its tenant. Each replay
-runs the ``shockwave replay`` command in a process of its own (about 22,000 simulated seconds
-at 120x: three to four minutes), the simulation runs in this process. Per case it prints
-makespan, average JCT, worst FTF and the FTF>1 share of both, the worst tenant's ratio, the
-differences, the replay's plan sources, fills, late boundaries and events, and whether the
-issue's bounds hold: makespan and average JCT within 3% (5% for the distributed mode), worst
-FTF within 0.1, FTF>1 share within 2 points, the worst tenant's ratio (``worst_tenant_ratio``)
-within 0.05, every job completed, no event lost or duplicated. ``--long-poll`` or
-``--no-long-poll`` is handed to each replay (default: the replay's own default for the mode).
+Cases: ``ref-<policy>``: the 120-job reference trace on 32 GPUs in nodes of 4;
+``mixed-<policy>``: a generated workload of small jobs (``--mixed-jobs``, default 30, seed 1)
+on mixed nodes ``--mixed-nodes`` (default 2x8,3x4,2x2: 32 GPUs); ``flood-<policy>`` and
+``flood31-<policy>``: the reference trace with its jobs drawn into tenants ``a`` and ``b``
+(``--tenants a:5,b:1``, seed 0: 94 jobs against 26) of weights 1:1 and 3:1, each job submitted
+by a user of its tenant; ``itp-<policy>``: a window of a production week with gangs wider than
+a node, imported by ``shockwave import-trace`` (default rule, seed 0) from
+``<traces>/itp/cluster<NN>.csv``: the jobs arriving in ``--itp-window`` START:END seconds from
+the start of the cluster's busiest week (the week of the ``bench.sweep --grid real`` cells), on
+``--itp-gpus`` GPUs in nodes of 8. The default is the smallest busiest week with such gangs,
+cluster06's (312 jobs), and the 6 hours from 78,000 s into it: 14 jobs, nine 32-GPU gangs and
+five of 4 GPUs, on the 160 GPUs of that week's 0.8x cell (about 17,000 simulated seconds).
+
+Each replay runs the ``shockwave replay`` command in a process of its own (the reference trace
+is about 22,000 simulated seconds, at 120x three to four minutes), the simulation runs in this
+process. Per case it prints makespan, average JCT, worst FTF and the FTF>1 share of both, the
+worst tenant's ratio, the differences, the replay's plan sources, fills, late boundaries and
+events, and whether the issue's bounds hold: makespan and average JCT within 3% (5% for the
+distributed mode), worst FTF within 0.1, FTF>1 share within 2 points, the worst tenant's ratio
+(``worst_tenant_ratio``) within 0.05, every job completed, no event lost or duplicated.
+``--long-poll``/``--no-long-poll`` is handed to each replay (default: the replay's own default
+for the mode).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from shockwave.model import Cluster
 from shockwave.policy import get_policy, make_params
 from shockwave.simulator import SimSettings, simulate
 from shockwave.tenant_workload import assign_tenants, parse_tenant_values, tenant_settings
+from shockwave.trace_import import WEEK_S, busiest_window, parse_job_log
 from shockwave.traces import format_trace, format_trajectories
 from shockwave.workload import Workload
 from shockwave_cli.inputs import load_throughputs, load_workload
@@ -85,6 +95,43 @@ def mixed_files(out: Path, throughputs: Path, jobs: int, seed: int) -> tuple[Pat
     trace, trajectories = out / "mixed.trace", out / "mixed.trajectories.json"
     trace.write_text(format_trace(workload), encoding="utf-8")
     trajectories.write_text(json.dumps(format_trajectories(workload)), encoding="utf-8")
+    return trace, trajectories
+
+
+def itp_files(
+    traces: Path, cluster: str, window: str, throughputs: Path, out: Path
+) -> tuple[Path, Path]:
+    """``shockwave import-trace`` of the jobs arriving in ``window`` (``START:END`` seconds
+    from the start of the cluster's busiest week), rebased to 0, in the trace formats."""
+    csv = traces / "itp" / f"cluster{cluster}.csv"
+    start_s, _, end_s = window.partition(":")
+    start, end = float(start_s), float(end_s)
+    if not 0 <= start < end <= WEEK_S:
+        raise ValueError(f"--itp-window must be START:END with 0 <= START < END <= {WEEK_S:g}")
+    jobs, _, _ = parse_job_log(csv.read_text(encoding="utf-8"), str(csv))
+    week_start, _ = busiest_window(jobs, WEEK_S)
+    trace, trajectories = out / f"itp{cluster}.trace", out / f"itp{cluster}.trajectories.json"
+    argv = [
+        *shockwave_argv(),
+        "import-trace",
+        "--csv",
+        str(csv),
+        "--throughputs",
+        str(throughputs),
+        "--out-trace",
+        str(trace),
+        "--out-trajectories",
+        str(trajectories),
+        "--since",
+        f"{week_start + start:.0f}",
+        "--until",
+        f"{week_start + end:.0f}",
+        "--seed",
+        "0",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return trace, trajectories
 
 
@@ -198,6 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed-nodes", default="2x8,3x4,2x2")
     parser.add_argument("--mixed-jobs", type=int, default=30)
     parser.add_argument("--mixed-seed", type=int, default=1)
+    parser.add_argument("--traces", type=Path, default=Path("../shared/data/public-traces"))
+    parser.add_argument("--itp-cluster", default="06", help="the ITP cluster of itp cases")
+    parser.add_argument(
+        "--itp-window",
+        default="78000:84000",
+        help="itp cases: START:END seconds from the start of the cluster's busiest week",
+    )
+    parser.add_argument("--itp-gpus", type=int, default=160, help="itp cases: GPUs, nodes of 8")
     parser.add_argument("--out", type=Path, default=Path("out/parity"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--long-poll", action=argparse.BooleanOptionalAction, default=None)
@@ -216,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "mixed":
             files = mixed_files(args.out, throughputs, args.mixed_jobs, args.mixed_seed)
             cluster, flags = Cluster.parse(args.mixed_nodes), ["--nodes", args.mixed_nodes]
+        elif kind == "itp":
+            try:
+                files = itp_files(
+                    args.traces, args.itp_cluster, args.itp_window, throughputs, args.out
+                )
+            except ValueError as error:
+                parser.error(str(error))
+            cluster = Cluster.of_gpus(args.itp_gpus, 8)
+            flags = ["--gpus", str(args.itp_gpus), "--gpus-per-node", "8"]
         else:
             parser.error(f"unknown case {case!r}")
         workload = load_workload(*files, table)

@@ -28,7 +28,8 @@ FTF.
 
 A cell meets the targets when every seed does. It prints a table per cell (the worst seed's
 figures), writes every run's metrics and the verdicts to ``<out>/sweep.json`` and a plot to
-``<out>/sweep.png``, and exits 1 when a cell misses. Per-job FTF lists are left out of the JSON.
+``<out>/sweep.png``, and exits 1 when a cell misses; each run is also appended to
+``<out>/runs.jsonl`` as it finishes. Per-job FTF lists are left out of the JSON.
 """
 
 from __future__ import annotations
@@ -460,6 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     started = time.perf_counter()
     runs: list[Run] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    # Each run as it finishes, so that a sweep stopped early keeps what it measured.
+    partial = args.out / "runs.jsonl"
+    partial.write_text("", encoding="utf-8")
     with (
         ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool,
         Progress(console=console, transient=True) as progress,
@@ -479,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for future in as_completed(futures):
             runs.append(future.result())
+            with partial.open("a", encoding="utf-8") as lines:
+                lines.write(json.dumps(asdict(runs[-1])) + "\n")
             progress.advance(bar)
     wall = time.perf_counter() - started
     verdicts = judge(runs, frozenset(c.name for c in cells if c.trace))
@@ -491,7 +498,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({platform.processor() or platform.machine()}, load average {load:.1f} at the end); "
         + ("every cell meets the targets" if met else "[red]some cells miss the targets[/red]")
     )
-    args.out.mkdir(parents=True, exist_ok=True)
     out_json = args.json or args.out / "sweep.json"
     out_json.write_text(
         json.dumps(

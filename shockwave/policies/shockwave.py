@@ -139,6 +139,9 @@ class ShockwaveParams:
     ``tenant_slack_rounds``: with more than one tenant, how many rounds of its share a tenant's
     jobs may run ahead of it before the round holds the tenant to its share
     (:func:`shockwave.tenancy.share_quotas`; 0: every round, the balance evening out gangs).
+    ``level_deadlines``: with the deadline order, jobs already late take round 0 by earliest
+    deadline at the worst predicted finish-time fairness among them rather than by their
+    fairness deadlines (:func:`_level_deadlines`; docs/policy.md, "Packing into rounds").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -169,6 +172,7 @@ class ShockwaveParams:
     wait_for_ends: bool = True
     patience: float = 0.5
     tenant_slack_rounds: float = 0.0
+    level_deadlines: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -182,6 +186,8 @@ class ShockwaveParams:
         check_regime_predictor(self.regime_predictor)
         if not isinstance(self.wait_for_ends, (bool, int)):
             raise ValueError("wait_for_ends must be a bool")
+        if not isinstance(self.level_deadlines, (bool, int)):
+            raise ValueError("level_deadlines must be a bool")
         if not (math.isfinite(self.patience) and self.patience >= 0):
             raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
@@ -433,6 +439,28 @@ def _predicted(
     return prediction, remaining, total, factor, cautious, soonest
 
 
+def _level_deadlines(looks: Sequence[JobOutlook], level: bool) -> list[float]:
+    """Each job's deadline in the packing order (seconds from now; below 0: late). Without
+    ``level``, its fairness deadline. With it, the jobs already late are ranked among
+    themselves by the time by which each must finish for its finish-time fairness to stay at
+    S, the worst predicted now among them (S = max(1, max rho_hat); the deadline at S is
+    arrival + S N P_hat), and stay ahead of every job not late. By their fairness deadlines
+    alone (S = 1) late jobs rank by how long ago they fell due, which puts a job of days that
+    fell due hours ago ahead of a job of minutes that fell due a minute ago, though every
+    round of waiting costs the short job far more of its fairness; earliest deadline first at
+    S is the order that keeps every late job at or below S where any order can."""
+    deadlines = [look.deadline_s for look in looks]
+    late = [i for i, deadline in enumerate(deadlines) if deadline < 0]
+    if not level or len(late) < 2:
+        return deadlines
+    stretch = max(1.0, max(looks[i].rho for i in late)) - 1.0
+    leveled = {i: deadlines[i] + stretch * looks[i].fair_share_s for i in late}
+    shift = max(leveled.values()) + 1.0 if max(leveled.values()) >= 0 else 0.0
+    for i, deadline in leveled.items():
+        deadlines[i] = deadline - shift
+    return deadlines
+
+
 def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
     """Whether ``job`` may be held back by the packing's Pareto rule
     (:func:`shockwave.planner.pack_rounds`): its observed contention is at most 1 (its fairness
@@ -644,7 +672,9 @@ class Shockwave:
         deadlines = None
         patient = None
         if params.packing_order == "deadline":
-            deadlines = [outlooks[job.job_id].deadline_s for job in snapshot.jobs]
+            deadlines = _level_deadlines(
+                [outlooks[job.job_id] for job in snapshot.jobs], params.level_deadlines
+            )
             if params.patience > 0 and len(snapshot.jobs) <= snapshot.cluster.total_gpus:
                 patient = [
                     _patient(job, outlooks[job.job_id], snapshot.now, params.patience)

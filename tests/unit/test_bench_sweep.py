@@ -117,5 +117,7 @@ def test_a_real_trace_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.Monkey
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert {r["policy"] for r in report["runs"]} == {"shockwave", "gavel", "fifo"}
     assert all(r["metrics"]["jobs_completed"] == 4 for r in report["runs"])
+    lines = (tmp_path / "out" / "runs.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["policy"] for line in lines) == ["fifo", "gavel", "shockwave"]
     (verdict,) = report["verdicts"]
     assert verdict["real"] and code == (0 if report["all_met"] else 1)
