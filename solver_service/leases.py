@@ -9,8 +9,8 @@
    column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest plan, whose last
    column the engine repeats), and the RUNNING jobs whose last lease is older than round
    ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
-2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
-   column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
+2. **Engine** (:func:`shockwave.rounds.engine.boundary`, the same rule the simulator runs): the
+   plan's column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
    newest plan ends before ``r``), else first in, first out (``greedy``); placement over
    nodes of any size; GPUs the column leaves free go to waiting jobs that fit (work
    conservation); the changes with their reasons.
@@ -20,7 +20,7 @@
    is recorded (:class:`~store.tables.RoundRow`, with the plan's age and the lease counts) and
    the cluster's ``current_round`` and round times move, last.
 
-:func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
+:func:`fill_round` is work conservation between boundaries (:func:`shockwave.rounds.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
 that fit (first those the freshest plan stored by the round's start wants in the next round,
 as in the simulator, then in arrival order), each with a lease of the current round (to its
@@ -41,10 +41,10 @@ from datetime import UTC, datetime
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
-from shockwave import engine
-from shockwave.engine import SOURCES
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
-from shockwave.model import ValidationError
+from shockwave.domain.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.domain.model import ValidationError
+from shockwave.rounds import engine
+from shockwave.rounds.engine import SOURCES
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running

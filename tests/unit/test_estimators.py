@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from shockwave.estimators import contention_factor, finish_time_fairness, makespan_lower_bound
+from shockwave.market.estimators import (
+    contention_factor,
+    finish_time_fairness,
+    makespan_lower_bound,
+)
 
 
 @pytest.mark.parametrize(
