@@ -28,7 +28,7 @@ FROM_IMPORT = re.compile(rf"\bfrom\s+((?:{_ROOTS})(?:\.\w+)*)\s+import\s+(\([^)]
 
 
 def pages() -> list[Path]:
-    found = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    found = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
     found += sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in (".md", ".py"))
     return found
 
