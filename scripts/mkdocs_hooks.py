@@ -1,6 +1,6 @@
 """MkDocs hook (mkdocs.yml, ``hooks``): adds the reference pages rendered from the code.
 
-:func:`shockwave_cli.reports.reference.pages` renders the command line, the settings and the REST
+:func:`shockwave_cli.reference.pages` renders the command line, the settings and the REST
 API; a command, option, setting or operation without a description stops the build with the names.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-from shockwave_cli.reports.reference import pages
+from shockwave_cli.reference import pages
 
 
 def on_files(files: Files, config: Any) -> Files:

@@ -13,8 +13,8 @@ import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.settings import Settings
+from shockwave_cli import reference
 from shockwave_cli.main import app
-from shockwave_cli.reports import reference
 from solver_service.driver import DriverSettings
 from solver_service.settings import SolverSettings
 from store.settings import DatabaseSettings
