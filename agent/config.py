@@ -38,7 +38,7 @@ class ContainerLimits:
     --memory`` size (None: no limit); ``pids``: the most processes and threads in one
     container; ``tmp_size``: the size of its private ``/tmp``; ``allowed_images``: the images
     jobs may name (empty: any image reference; see
-    :func:`shockwave.image_reference.image_allowed`)."""
+    :func:`shockwave.domain.image_reference.image_allowed`)."""
 
     network: str = "bridge"
     memory: str | None = None

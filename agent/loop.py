@@ -68,7 +68,7 @@ from agent.state import (
     save,
 )
 from agent.wrap import Watch
-from shockwave.lifecycle import reports_per_poll
+from shockwave.domain.lifecycle import reports_per_poll
 
 log = logging.getLogger(__name__)
 

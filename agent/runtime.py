@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from agent import wrap
 from agent.config import ContainerLimits, RuntimeKind, safe_name
 from agent.isolation import owner_of
-from shockwave.image_reference import image_allowed, is_image_reference
+from shockwave.domain.image_reference import image_allowed, is_image_reference
 
 DOCKER_TIMEOUT_S = 30.0
 NO_SUCH_CONTAINER = ("no such object", "no such container")
@@ -329,8 +329,8 @@ class DockerRuntime:
     """Jobs as Docker containers named ``shockwave-<attempt>`` and labelled
     ``shockwave.attempt``. What a container may do is the agent's to set, never the job's:
 
-    - the image must be a Docker image reference (:mod:`shockwave.image_reference`) and, where
-      the operator lists images (``limits.allowed_images``), one they allow; it is the last
+    - the image must be a Docker image reference (:mod:`shockwave.domain.image_reference`) and,
+      where the operator lists images (``limits.allowed_images``), one they allow; it is the last
       word before the job's command, and no reference can read as an option, so nothing the
       job names ever reaches ``docker run`` as one;
     - it runs as the launch's ``uid`` (its group the same; else the agent's own user), with

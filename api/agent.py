@@ -30,7 +30,7 @@ from api.agent_schemas import (
     PollAnswer,
     ReportAnswer,
 )
-from shockwave.lifecycle import (
+from shockwave.domain.lifecycle import (
     LIVE_LEASES,
     TAKEN_BACK,
     JobEffect,
@@ -42,7 +42,7 @@ from shockwave.lifecycle import (
     reports_per_poll,
     transition,
 )
-from shockwave.observed import ClientEvent
+from shockwave.domain.observed import ClientEvent
 from store import cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
@@ -359,7 +359,7 @@ def poll(
     """One contact of an agent, in one request (``POST /v1/agent/poll``) and one transaction:
 
     1. the reports, in order, each answered as :func:`report_status` would answer it alone
-       (:func:`_apply_reports`); at most :func:`~shockwave.lifecycle.reports_per_poll` of the
+       (:func:`_apply_reports`); at most :func:`~shockwave.domain.lifecycle.reports_per_poll` of the
        node's GPUs (more is a 422 naming ``reports``, as are more log tails: ``logs``), so
        the server's work per request is bounded by what the node can run;
     2. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
@@ -737,8 +737,8 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
 
 
 def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
-    """Apply ``report`` as the lease lifecycle says (:func:`shockwave.lifecycle.report_effect`);
-    the reason it is refused, or None."""
+    """Apply ``report`` as the lease lifecycle says
+    (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None."""
     reported = Report(report.state)
     revoked = lease.state == LeaseState.REVOKED.value
     effect = report_effect(

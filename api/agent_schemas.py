@@ -14,7 +14,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
 from api.schemas import NodeId, ProgressEventCreate, ScalingEventCreate
-from shockwave.lifecycle import JobState, LeaseState, NodeState
+from shockwave.domain.lifecycle import JobState, LeaseState, NodeState
 from store.tables import INT4_MAX
 
 Label = Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]

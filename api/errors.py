@@ -19,8 +19,8 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shockwave.lifecycle import IllegalTransition
-from shockwave.model import ValidationError
+from shockwave.domain.lifecycle import IllegalTransition
+from shockwave.domain.model import ValidationError
 from store.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 
 log = logging.getLogger("shockwave.api")

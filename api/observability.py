@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shockwave.lifecycle import NodeState
+from shockwave.domain.lifecycle import NodeState
 from store import cluster, tenants, usage
 from store.principals import OPEN
 

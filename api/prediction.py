@@ -1,8 +1,8 @@
 """ "Why am I waiting": a job's predicted trajectory, remaining time and fairness, from the core.
 
 The shell gathers the job's row, its client events and the cluster's load, builds the same
-:class:`~shockwave.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one the
-Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
+:class:`~shockwave.domain.snapshot.ActiveJob` a policy sees, and calls the core's predictor (the one
+the Shockwave policy plans with: the paper's rule updated by the population prior learnt from the
 job's tenant's jobs that succeeded, :mod:`store.population`; epoch times at unseen batch sizes
 from the throughput model of the tenant's measured rates) and finish-time-fairness estimator
 (paper appendix). Two simplifications, stated so nobody reads more into the numbers than there
@@ -13,7 +13,8 @@ is:
 - ``planned_rounds`` are the rounds the freshest stored plan (highest state version, then
   newest) gives the job from the current round on; with no plan stored yet it is empty: this
   endpoint does not invent a schedule. ``cause`` and ``reason`` say why the job does not run
-  now, by the core's one rule (:mod:`shockwave.waiting`: no READY node comes before "no plan").
+  now, by the core's one rule (:mod:`shockwave.domain.waiting`: no READY node comes before "no
+  plan").
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from typing import Literal
 from sqlmodel import Session
 
 from api.schemas import PredictionPublic, QueueEntry, RegimePublic
-from shockwave.estimators import finish_time_fairness
-from shockwave.lifecycle import JobState
-from shockwave.population import PopulationPrior
-from shockwave.population_predictor import PopulationParams
-from shockwave.predictor import PredictorParams
-from shockwave.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
-from shockwave.snapshot import ActiveJob
-from shockwave.throughput_model import ThroughputModel
-from shockwave.waiting import Gpus, PlanView, why_waiting
+from shockwave.domain.lifecycle import JobState
+from shockwave.domain.population import PopulationPrior
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.domain.waiting import Gpus, PlanView, why_waiting
+from shockwave.market.estimators import finish_time_fairness
+from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.predictor import PredictorParams
+from shockwave.prediction.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
+from shockwave.prediction.throughput_model import ThroughputModel
 from store import cluster, events, plans, population, views
 from store.cluster_version import DEFAULT_CLUSTER
 from store.principals import Principal

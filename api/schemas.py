@@ -15,10 +15,10 @@ from fastapi import Path
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 from pydantic.config import JsonDict
 
-from shockwave.image_reference import IMAGE_MAX_LENGTH, IMAGE_PATTERN
-from shockwave.lifecycle import JobState, NodeState
-from shockwave.model import VALID_WIDTHS, AdaptationMode
-from shockwave.waiting import Cause
+from shockwave.domain.image_reference import IMAGE_MAX_LENGTH, IMAGE_PATTERN
+from shockwave.domain.lifecycle import JobState, NodeState
+from shockwave.domain.model import VALID_WIDTHS, AdaptationMode
+from shockwave.domain.waiting import Cause
 from store.tables import INT4_MAX
 from store.tenants import MAX_PATH, PATH_PATTERN
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from bench.api import api_server, postgres_database, quantile, wait_ready
-from shockwave_cli.supervision import free_port
+from shockwave_cli.runtime.supervision import free_port
 
 HOST = "127.0.0.1"
 SWAGGER = "/static/docs/swagger-ui-bundle.js"

@@ -48,7 +48,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from shockwave_cli.supervision import (
+from shockwave_cli.runtime.supervision import (
     Supervised,
     free_port,
     group_cpu_seconds,

@@ -3,8 +3,8 @@ end-to-end tests).
 
 :func:`deployment` gives a migrated throwaway Postgres database, the environment every process
 shares (database, broker, ``celery`` solver mode), an admin token, and a
-:class:`~shockwave_cli.supervision.Supervisor` that stops every process it started. Runs then
-start the API, solver workers and round drivers they need, their agents, and read the outcome
+:class:`~shockwave_cli.runtime.supervision.Supervisor` that stops every process it started. Runs
+then start the API, solver workers and round drivers they need, their agents, and read the outcome
 from the database with the helpers below.
 """
 
@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.servers import REDIS_URL, database_engine, require_shared_redis, throwaway_database
-from shockwave_cli.supervision import (
+from shockwave_cli.runtime.supervision import (
     LOOPBACK,
     Supervisor,
     free_port,
@@ -57,7 +57,8 @@ class Deployment:
     def api(self, name: str = "api", *, port: int | None = None) -> str:
         """Start ``shockwave api`` on ``port`` (default a free loopback port); its base URL once
         it answers. A fixed port lets a run restart a killed API where its clients expect it
-        (``services.named(name).start()``, then :func:`~shockwave_cli.supervision.wait_http`)."""
+        (``services.named(name).start()``, then
+        :func:`~shockwave_cli.runtime.supervision.wait_http`)."""
         port = port or free_port()
         process = self.services.shockwave(
             name, "api", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"

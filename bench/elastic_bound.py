@@ -43,10 +43,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shockwave.elastic import make_elastic
-from shockwave.model import VALID_WIDTHS
-from shockwave.workload import Workload
-from shockwave_cli.inputs import InputError, load_throughputs, load_workload
+from shockwave.domain.model import VALID_WIDTHS
+from shockwave.market.elastic import make_elastic
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import InputError, load_throughputs, load_workload
 
 WIDTHS = VALID_WIDTHS
 

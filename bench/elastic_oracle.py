@@ -14,13 +14,14 @@ Why: elastic Shockwave is asked for an average JCT 1.5x better than rigid Shockw
 (5,219 s on the 120-job trace). ``bench/elastic_bound.py`` bounds what any schedule can reach
 by relaxations (no restarts, fractional GPUs, a job's best rate in every regime); this script
 builds a real schedule that knows everything a policy cannot (every job's true trajectory and
-its true speed at every count) and runs it through ``shockwave.simulator.simulate``, so the
-20 s restarts, whole GPUs, placement in nodes and each regime's own rate are charged. If even
+its true speed at every count) and runs it through ``shockwave.simulation.simulator.simulate``, so
+the 20 s restarts, whole GPUs, placement in nodes and each regime's own rate are charged. If even
 this schedule stays above the target, the target is out of reach of any practical policy; if
 it gets below, what it does is what the elastic planner would have to learn.
 
-The schedule (``OraclePolicy``, a throwaway :class:`~shockwave.policy.Policy`; not registered,
-not a production policy) decides every round from the truth (``SimSettings.reveal_trajectories``):
+The schedule (``OraclePolicy``, a throwaway :class:`~shockwave.policies.policy.Policy`; not
+registered, not a production policy) decides every round from the truth
+(``SimSettings.reveal_trajectories``):
 
 - *Order*: shortest remaining area first, the area ``min_g g R_j(g)`` with ``R_j(g)`` the job's
   true remaining seconds on g GPUs (a running job's area less ``restart_s`` GPU-seconds, so
@@ -65,13 +66,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.elastic_bound import add_elastic_inputs, load_elastic
-from shockwave import heterogeneity
-from shockwave.metrics import summarize
-from shockwave.model import Cluster, JobSpec, Regime
-from shockwave.policy import Decision
-from shockwave.simulator import SimSettings, simulate
-from shockwave.snapshot import ActiveJob, Snapshot
-from shockwave.workload import Workload
+from shockwave.domain.model import Cluster, JobSpec, Regime
+from shockwave.domain.snapshot import ActiveJob, Snapshot
+from shockwave.market import heterogeneity
+from shockwave.policies.policy import Decision
+from shockwave.simulation.metrics import summarize
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ What runs (see docs/reliability.md, "Load"):
   the agents have registered, so leases really exist, are extended and revoked. With ``--solver
   none`` no solver consumes the plan requests and every round comes from the driver's greedy
   fallback; ``--solver inline`` plans inside the driver process;
-- ``--procs`` load-generator processes (uvloop + shockwave_cli/wire.py's lean keep-alive client:
+- ``--procs`` load-generator processes (uvloop + shockwave_fleet/wire.py's lean keep-alive client:
   httpx cost the generator more CPU than the servers spent) sharing the work:
   ``--agents`` agents, each doing what agent/loop.py does per contact, one ``--interval``
   (+-10 % jitter) after its previous contact began: one ``POST /v1/agent/poll`` (the reports
@@ -64,8 +64,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.api import SHOCKWAVE, postgres_database, quantile
-from shockwave_cli import wire
-from shockwave_cli.supervision import Supervised, free_port, group_cpu_seconds, wait_http
+from shockwave_cli.runtime.supervision import Supervised, free_port, group_cpu_seconds, wait_http
+from shockwave_fleet import wire
 
 HOST = "127.0.0.1"
 REQUEST_TIMEOUT_S = 10.0

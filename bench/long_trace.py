@@ -8,8 +8,8 @@ Usage::
         [--json FILE]
 
 The log (15,802 jobs of 1 to 64 GPUs) is imported by ``shockwave import-trace``'s rule with
-seed 0 (:func:`shockwave.trace_import.import_job_log`), the first ``--days`` days of it, on
-``--gpus`` GPUs in nodes of 8; each policy is simulated once with the simulator's default
+seed 0 (:func:`shockwave.workloads.trace_import.import_job_log`), the first ``--days`` days of it,
+on ``--gpus`` GPUs in nodes of 8; each policy is simulated once with the simulator's default
 settings. Printed per policy: wall and CPU seconds of the simulation (the import and the
 reading of files are not timed), rounds, makespan against its lower bound, average JCT and
 worst FTF, and the mean 1-minute load average over the run. A progress bar (jobs finished,
@@ -42,12 +42,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from shockwave.metrics import summarize
-from shockwave.model import Cluster
-from shockwave.simulator import simulate
-from shockwave.trace_import import ImportOptions, import_job_log
-from shockwave.workload import Workload
-from shockwave_cli.inputs import InputError, load_throughputs, policy_params, resolve_policies
+from shockwave.domain.model import Cluster
+from shockwave.simulation.metrics import summarize
+from shockwave.simulation.simulator import simulate
+from shockwave.workloads.trace_import import ImportOptions, import_job_log
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import (
+    InputError,
+    load_throughputs,
+    policy_params,
+    resolve_policies,
+)
 
 CLUSTER_LOG = "itp/cluster04.csv"
 GPUS_PER_NODE = 8

@@ -47,17 +47,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.generator import SIZE_CLASSES, generate_workload
-from shockwave.metrics import RunMetrics, summarize
-from shockwave.model import Cluster
-from shockwave.policy import get_policy, make_params
-from shockwave.simulator import SimSettings, simulate
-from shockwave.tenant_workload import assign_tenants, parse_tenant_values, tenant_settings
-from shockwave.trace_import import WEEK_S, busiest_window, parse_job_log
-from shockwave.traces import format_trace, format_trajectories
-from shockwave.workload import Workload
-from shockwave_cli.inputs import load_throughputs, load_workload
-from shockwave_cli.supervision import shockwave_argv
+from shockwave.domain.model import Cluster
+from shockwave.policies.policy import get_policy, make_params
+from shockwave.simulation.metrics import RunMetrics, summarize
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.generator import SIZE_CLASSES, generate_workload
+from shockwave.workloads.tenant_workload import assign_tenants, parse_tenant_values, tenant_settings
+from shockwave.workloads.trace_import import WEEK_S, busiest_window, parse_job_log
+from shockwave.workloads.traces import format_trace, format_trajectories
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import load_throughputs, load_workload
+from shockwave_cli.runtime.supervision import shockwave_argv
 
 REF_NAME = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 BOUNDS = {"embedded": 0.03, "distributed": 0.05}

@@ -37,7 +37,7 @@ from bench.load import (
     started,
     wait_ready,
 )
-from shockwave_cli.supervision import free_port, group_cpu_seconds
+from shockwave_cli.runtime.supervision import free_port, group_cpu_seconds
 
 WARMUP = 10
 

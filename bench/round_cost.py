@@ -43,7 +43,7 @@ from sqlmodel import Session, col, select
 
 from bench.api import postgres_database
 from bench.scale import submit_direct, trace_jobs
-from shockwave.lifecycle import LIVE_LEASES
+from shockwave.domain.lifecycle import LIVE_LEASES
 from solver_service.leases import KnownJobs, start_round
 from store import migrate
 from store.cluster import approve_node

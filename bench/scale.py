@@ -10,9 +10,9 @@ What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shoc
 processes (each node, and each job's attempt, talks to one of them, chosen by its token),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
-with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_cli/fleet.py``: one asyncio
-loop in this process multiplexes them all, the agent protocol at the real agent's default poll
-and heartbeat intervals, training at each job's true pace from the reference trajectory).
+with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_fleet/fleet.py``: one
+asyncio loop in this process multiplexes them all, the agent protocol at the real agent's default
+poll and heartbeat intervals, training at each job's true pace from the reference trajectory).
 From 256 nodes the agents long-poll (``--wait-seconds``, 10 s: an idle node costs a request
 per 10 s, and a new round reaches every node as soon as the driver commits it); each job's
 progress and scaling events ride in its node's polls (``--event-posts``: one request each, with
@@ -89,10 +89,10 @@ from bench.scale_report import (
     read_log,
     round_figures,
 )
-from shockwave.workload import SimJob
-from shockwave_cli.fleet import Fleet, TrainingJob, job_body, training_job
-from shockwave_cli.inputs import load_throughputs, load_workload
-from shockwave_cli.supervision import Supervisor, free_port, wait_http
+from shockwave.workloads.workload import SimJob
+from shockwave_cli.commands.inputs import load_throughputs, load_workload
+from shockwave_cli.runtime.supervision import Supervisor, free_port, wait_http
+from shockwave_fleet.fleet import Fleet, TrainingJob, job_body, training_job
 from store import migrate
 from store.cluster import approve_node
 from store.cluster_version import bump_state_version

@@ -24,13 +24,13 @@ from urllib.parse import urlsplit
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
-from shockwave_cli.databases import (
+from shockwave_cli.runtime.databases import (
     POSTGRES_URL,
     REDIS_URL,
     ServerUnavailable,
     throwaway_database,
 )
-from shockwave_cli.supervision import LOOPBACK, STOP_GRACE_S, free_port, wait_until
+from shockwave_cli.runtime.supervision import LOOPBACK, STOP_GRACE_S, free_port, wait_until
 
 __all__ = ["POSTGRES_URL", "REDIS_URL", "ServerUnavailable", "throwaway_database"]
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.model import Cluster
+from shockwave.domain.model import Cluster
 from shockwave.policies import BASELINES
-from shockwave.policy import Policy
-from shockwave.simulator import SimSettings, simulate
-from shockwave.workload import Workload
-from shockwave_cli.inputs import (
+from shockwave.policies.policy import Policy
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import (
     InputError,
     load_throughputs,
     load_workload,

@@ -26,10 +26,10 @@ first); ``plain_gap`` is (bound - objective) / |objective|. ``policy_seconds`` t
 seconds null when SCIP hits the limit). The table shows the median over seeds of each size.
 
 ``--elastic MAX`` makes every job elastic from 1 GPU to MAX (speed-ups from the WISR table, as
-``shockwave simulate --elastic`` does) and times the elastic planner (:mod:`shockwave.elastic`)
-as ``Shockwave.solve_widths`` runs it: ``build_seconds`` the outlooks and every width's
-PlanJobs, ``solve_seconds`` the rows, the envelopes, the greedy and the packing; ``gain_gap``
-its certified gap (docs/elastic.md).
+``shockwave simulate --elastic`` does) and times the elastic planner
+(:mod:`shockwave.market.elastic`) as ``Shockwave.solve_widths`` runs it: ``build_seconds`` the
+outlooks and every width's PlanJobs, ``solve_seconds`` the rows, the envelopes, the greedy and the
+packing; ``gain_gap`` its certified gap (docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -51,18 +51,24 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from shockwave.elastic import make_elastic
-from shockwave.estimators import contention_factor
-from shockwave.generator import generate_workload
-from shockwave.model import Cluster
-from shockwave.planner import PlannerParams, Problem, build_problem, is_concave_job, solve_counts
-from shockwave.planner_scip import solve_with_scip
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams, _plan_job
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from shockwave.throughput_model import ThroughputModel
-from shockwave.traces import ThroughputTable
-from shockwave.workload import SimJob, Workload
-from shockwave_cli.inputs import InputError, load_throughputs, load_workload
+from shockwave.domain.model import Cluster
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.market.elastic import make_elastic
+from shockwave.market.estimators import contention_factor
+from shockwave.market.planner import (
+    PlannerParams,
+    Problem,
+    build_problem,
+    is_concave_job,
+    solve_counts,
+)
+from shockwave.market.planner_scip import solve_with_scip
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams, _plan_job
+from shockwave.prediction.throughput_model import ThroughputModel
+from shockwave.workloads.generator import generate_workload
+from shockwave.workloads.traces import ThroughputTable
+from shockwave.workloads.workload import SimJob, Workload
+from shockwave_cli.commands.inputs import InputError, load_throughputs, load_workload
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "reference"
 TRACE_NAME = "900_0.2_5_100_5_15_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"

@@ -14,7 +14,7 @@ did when it planned from the progress reported half a round before the boundary;
 the simulator's own) and ``--progress`` (``exact``: fractional epochs, the simulator's own;
 ``whole``: only the epochs a job has finished, what a shell that knows only the programs'
 per-epoch reports sees: the service did until it credited a running job with the time since
-its last report, :meth:`shockwave.snapshot.ActiveJob.trained_for`; ``attempt``: the finished
+its last report, :meth:`shockwave.domain.snapshot.ActiveJob.trained_for`; ``attempt``: the finished
 epochs plus, while a job runs, what it trained of its next epoch in its current attempt only:
 the service until it carried what a stopped attempt had trained, ``jobs.carried_s``). Prints
 makespan, average JCT, worst FTF, the jobs' starts, and the times the ``--watch`` job was
@@ -45,13 +45,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.replay_parity import reference_files
-from shockwave.metrics import summarize
-from shockwave.model import Cluster
-from shockwave.policy import Decision, Policy, get_policy, make_params, policy_names
-from shockwave.simulator import SimSettings, simulate
-from shockwave.snapshot import PART_OF_NEXT_EPOCH, ActiveJob, Snapshot
-from shockwave.workload import Workload
-from shockwave_cli.inputs import InputError, load_throughputs, load_workload
+from shockwave.domain.model import Cluster
+from shockwave.domain.snapshot import PART_OF_NEXT_EPOCH, ActiveJob, Snapshot
+from shockwave.policies.policy import Decision, Policy, get_policy, make_params, policy_names
+from shockwave.simulation.metrics import summarize
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import InputError, load_throughputs, load_workload
 
 PROGRESS_VIEWS = ("exact", "whole", "attempt")
 JITTER_S = 3.0
@@ -83,7 +83,7 @@ def this_attempt(snapshot: Snapshot, started: dict[str, float]) -> Snapshot:
     job at its finished epochs plus, while it runs, the part of its next epoch trained since
     its attempt started (``started``: job -> the decision time at which it was first seen
     running, kept up to date here: a job that holds no GPU loses its entry), under
-    :data:`~shockwave.snapshot.PART_OF_NEXT_EPOCH`. What it trained of that epoch before it
+    :data:`~shockwave.domain.snapshot.PART_OF_NEXT_EPOCH`. What it trained of that epoch before it
     was stopped is not seen."""
     jobs = []
     for job in snapshot.jobs:

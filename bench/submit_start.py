@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from bench.deployment import ROOT, base_env
-from shockwave_cli.supervision import Supervisor, free_port, wait_until
+from shockwave_cli.runtime.supervision import Supervisor, free_port, wait_until
 
 NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://127.0.0.1:1/0")
 BUSY_JOB_S = 3.0

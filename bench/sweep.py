@@ -6,7 +6,7 @@ Usage::
         [--grid generated|real|all] [--cells NAME,...] [--out out/sweep] [--json PATH]
         [--traces ../shared/data/public-traces]
 
-Each cell is a generated workload shape (:mod:`shockwave.generator`): a load (mean seconds
+Each cell is a generated workload shape (:mod:`shockwave.workloads.generator`): a load (mean seconds
 between arrivals), a job-length mix (the generator's default, the reference traces' shorter mix,
 a long-tailed mix with a few very long jobs), a cluster size (nodes of 4 GPUs), an adaptation-mode
 mix and a number of jobs. For every seed of every cell it runs Shockwave and every baseline
@@ -51,13 +51,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from shockwave.generator import MODE_MIX, SIZE_CLASSES, SizeClass, generate_workload
-from shockwave.metrics import summarize
-from shockwave.model import AdaptationMode, Cluster
+from shockwave.domain.model import AdaptationMode, Cluster
 from shockwave.policies import BASELINES
-from shockwave.policy import get_policy, make_params
-from shockwave.simulator import SimSettings, simulate
-from shockwave.trace_import import (
+from shockwave.policies.policy import get_policy, make_params
+from shockwave.simulation.metrics import summarize
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.generator import MODE_MIX, SIZE_CLASSES, SizeClass, generate_workload
+from shockwave.workloads.trace_import import (
     WEEK_S,
     ImportOptions,
     busiest_window,
@@ -65,9 +65,9 @@ from shockwave.trace_import import (
     mean_demand_gpus,
     parse_job_log,
 )
-from shockwave.traces import ThroughputTable
-from shockwave.workload import Workload
-from shockwave_cli.inputs import load_throughputs
+from shockwave.workloads.traces import ThroughputTable
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import load_throughputs
 
 GPUS_PER_NODE = 4
 REAL_GPUS_PER_NODE = 8
@@ -190,7 +190,7 @@ def run_one(
 ) -> Run:
     """Generate the cell's workload for ``seed`` (a real-trace cell: import its busiest week
     from ``traces`` with the seed) and simulate ``policy_name`` on it, with ``overrides`` of
-    its params (:func:`shockwave.policy.make_params`)."""
+    its params (:func:`shockwave.policies.policy.make_params`)."""
     table = load_throughputs(Path(throughputs_path))
     if cell.trace:
         workload, gpus = real_week(cell, Path(traces), table, seed)

@@ -1,7 +1,7 @@
 """MkDocs hook (mkdocs.yml, ``hooks``): adds the reference pages rendered from the code.
 
-:func:`shockwave_cli.reference.pages` renders the command line, the settings and the REST API;
-a command, option, setting or operation without a description stops the build with the names.
+:func:`shockwave_cli.reference.pages` renders the command line, the settings and the REST
+API; a command, option, setting or operation without a description stops the build with the names.
 """
 
 from __future__ import annotations

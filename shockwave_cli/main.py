@@ -3,12 +3,12 @@
 Commands: ``simulate`` (run policies on a trace or a generated workload, print a comparison
 table, write metrics.json, per-job CSVs and plots; the Shockwave policy's knobs are options too),
 ``generate`` (write a synthetic workload in the reference formats), ``import-trace`` (a
-production job log, CSV, in the reference formats: shockwave_cli/import_trace.py),
+production job log, CSV, in the reference formats: shockwave_cli/commands/import_trace.py),
 ``predict-report`` (how well
 the regime predictor knows each job's future, the paper's modeling-error figure) and
 ``policies`` (list the registered policies). ``api``, ``admin`` and ``jobs`` serve and use the
-REST API (shockwave_cli/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
-(shockwave_cli/service_commands.py).
+REST API (shockwave_cli/commands/api_commands.py, jobs_commands.py); ``worker`` runs a solver worker
+(shockwave_cli/commands/service_commands.py).
 
 Input the user can fix (a missing file, a malformed trace line, an unknown policy) is reported as
 one red line naming the file, line or option, with exit code 2 and no traceback.
@@ -37,31 +37,32 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from shockwave.elastic import make_elastic
-from shockwave.generator import MODE_MIX, generate_workload
-from shockwave.heterogeneity import check_fits_typed, makespan_lower_bound
-from shockwave.metrics import RunMetrics, summarize
-from shockwave.model import AdaptationMode, Cluster, ValidationError
+from shockwave.domain.model import AdaptationMode, Cluster, ValidationError
+from shockwave.market.elastic import make_elastic
+from shockwave.market.heterogeneity import check_fits_typed, makespan_lower_bound
 from shockwave.policies import BASELINES
-from shockwave.policies.shockwave import ShockwaveParams
-from shockwave.policy import Policy, get_policy, policy_names
-from shockwave.prediction_report import held_out_as_dict, prediction_report
-from shockwave.prediction_report import leave_one_model_out as leave_one_model_out_reports
-from shockwave.simulator import SimResult, SimSettings, simulate
-from shockwave.throughput_knowledge import apply_knowledge
-from shockwave.traces import TRACE_MODES, format_trace, format_trajectories
-from shockwave.variation import apply_variation
-from shockwave.workload import Workload
-from shockwave_cli import (
+from shockwave.policies.policy import Policy, get_policy, policy_names
+from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
+from shockwave.simulation.metrics import RunMetrics, summarize
+from shockwave.simulation.prediction_report import held_out_as_dict, prediction_report
+from shockwave.simulation.prediction_report import (
+    leave_one_model_out as leave_one_model_out_reports,
+)
+from shockwave.simulation.simulator import SimResult, SimSettings, simulate
+from shockwave.workloads.generator import MODE_MIX, generate_workload
+from shockwave.workloads.throughput_knowledge import apply_knowledge
+from shockwave.workloads.traces import TRACE_MODES, format_trace, format_trajectories
+from shockwave.workloads.variation import apply_variation
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands import (
     knobs,
     tenant_options,
     token_commands,  # noqa: F401  (registers the admin token commands)
 )
-from shockwave_cli.api_commands import admin_app, api_command
-from shockwave_cli.cluster_commands import cluster_command, nodes_app
-from shockwave_cli.html_report import write_html_report
-from shockwave_cli.import_trace import import_trace_command
-from shockwave_cli.inputs import (
+from shockwave_cli.commands.api_commands import admin_app, api_command
+from shockwave_cli.commands.cluster_commands import cluster_command, nodes_app
+from shockwave_cli.commands.import_trace import import_trace_command
+from shockwave_cli.commands.inputs import (
     InputError,
     load_throughputs,
     load_typed_workload,
@@ -71,17 +72,25 @@ from shockwave_cli.inputs import (
     policy_params,
     resolve_policies,
 )
-from shockwave_cli.jobs_commands import jobs_app
-from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
-from shockwave_cli.plots import (
+from shockwave_cli.commands.jobs_commands import jobs_app
+from shockwave_cli.commands.knobs import ShockwaveKnobs, apply_knobs
+from shockwave_cli.commands.replay_command import replay_command
+from shockwave_cli.commands.service_commands import (
+    agent_command,
+    driver_command,
+    up_command,
+    worker_command,
+)
+from shockwave_cli.commands.tenant_commands import tenants_app, usage_command
+from shockwave_cli.reports.html_report import write_html_report
+from shockwave_cli.reports.plots import (
     plot_ftf_cdf,
     plot_gantt,
     plot_gantts,
     plot_prediction,
     plot_utilization,
 )
-from shockwave_cli.replay_command import replay_command
-from shockwave_cli.report import (
+from shockwave_cli.reports.report import (
     comparison_table,
     held_out_table,
     prediction_table,
@@ -90,13 +99,6 @@ from shockwave_cli.report import (
     write_jobs_csv,
     write_json,
 )
-from shockwave_cli.service_commands import (
-    agent_command,
-    driver_command,
-    up_command,
-    worker_command,
-)
-from shockwave_cli.tenant_commands import tenants_app, usage_command
 
 app = typer.Typer(
     help="Shockwave GPU-cluster scheduler: trace-driven simulator, REST API and its CLI.",

@@ -148,7 +148,7 @@ class ScalingDecision:
 def next_rung(batch_size: int, max_batch_size: int, ladder: Sequence[int] = ()) -> int:
     """The size a GNS doubling moves to: the smallest declared size at least twice the current
     one (``2 * batch_size`` when none is declared), never above ``max_batch_size``. Matches the
-    predictor's ladder (``shockwave.predictor``)."""
+    predictor's ladder (``shockwave.prediction.predictor``)."""
     target = 2 * batch_size
     declared = sorted(b for b in ladder if target <= b <= max_batch_size)
     return min(declared[0] if declared else target, max_batch_size)

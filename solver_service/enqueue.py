@@ -149,7 +149,7 @@ def _start_child(settings: dict[str, object], level: int) -> None:
 def _warm_child() -> None:
     """Import what a plan needs (the planning module, every policy) in the child."""
     import solver_service.planning  # noqa: F401  (the import is the point)
-    from shockwave.policy import policy_names
+    from shockwave.policies.policy import policy_names
 
     policy_names()  # loads the built-in policies
 

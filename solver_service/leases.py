@@ -10,8 +10,8 @@
    freshest plan with a column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest
    plan, whose last column the engine repeats), and the RUNNING jobs whose last lease is older
    than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
-2. **Engine** (:func:`shockwave.engine.boundary`, the same rule the simulator runs): the plan's
-   column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
+2. **Engine** (:func:`shockwave.rounds.engine.boundary`, the same rule the simulator runs): the
+   plan's column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
    newest plan ends before ``r``), else first in, first out (``greedy``); placement over
    nodes of any size; GPUs the column leaves free go to waiting jobs that fit (work
    conservation); the changes with their reasons.
@@ -22,7 +22,7 @@
    the cluster's ``current_round`` and round times move, last. The writes are bulk
    statements (:func:`_apply`): a boundary of thousands of leases is a few statements.
 
-:func:`fill_round` is work conservation between boundaries (:func:`shockwave.engine.fill`):
+:func:`fill_round` is work conservation between boundaries (:func:`shockwave.rounds.engine.fill`):
 GPUs that no live lease holds and no revoked attempt still uses go at once to waiting jobs
 that fit (first those the freshest plan stored by the round's start wants in the next round,
 as in the simulator, then in arrival order), each with a lease of the current round (to its
@@ -45,9 +45,7 @@ from sqlalchemy import insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, func, select
 
-from shockwave import engine
-from shockwave.engine import SOURCES
-from shockwave.lifecycle import (
+from shockwave.domain.lifecycle import (
     ACTIVE,
     LIVE_LEASES,
     JobState,
@@ -55,7 +53,9 @@ from shockwave.lifecycle import (
     NodeState,
     lease_transition,
 )
-from shockwave.model import ValidationError
+from shockwave.domain.model import ValidationError
+from shockwave.rounds import engine
+from shockwave.rounds.engine import SOURCES
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
@@ -441,7 +441,7 @@ def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now
     """Revoke each job's live ``leases`` in ``revoke`` (one per node its gang spans) for its
     reason, and record one ``preemption`` event on the job with it; how many leases were
     revoked. In bulk: one ``UPDATE`` a reason and chunk (every live state may move to
-    REVOKED, :func:`shockwave.lifecycle.lease_transition`, and the rows are locked), one
+    REVOKED, :func:`shockwave.domain.lifecycle.lease_transition`, and the rows are locked), one
     multi-row ``INSERT`` of the events a chunk."""
     by_reason: dict[str, list[str]] = defaultdict(list)
     events: list[dict[str, object]] = []

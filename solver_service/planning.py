@@ -10,7 +10,7 @@ request ``(cluster, state_version)``. In order:
    the read transaction, so no lock or connection is held while the policy runs.
 3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
    timed with the injected ``timer``; a job the policy cannot model is left out of the plan
-   and told why (``shockwave.policy.decide_isolating``; an ``excluded`` event on the job).
+   and told why (``shockwave.policies.policy.decide_isolating``; an ``excluded`` event on the job).
 4. Store the plan, holding the cluster row (``SELECT ... FOR UPDATE`` on Postgres; SQLite has
    one writer at a time): if another worker stored the same plan meanwhile, keep theirs. The
    policy's new memory is saved on the cluster row unless a plan made at a later state (a
@@ -44,8 +44,8 @@ from sqlalchemy import and_, or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shockwave import state_codec
-from shockwave.policy import SolveSummary, decide_isolating, get_policy, service_params
+from shockwave.domain import state_codec
+from shockwave.policies.policy import SolveSummary, decide_isolating, get_policy, service_params
 from store.events import record_exclusions
 from store.plans import plan_at
 from store.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot

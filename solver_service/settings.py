@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shockwave.planner import PlannerParams
+from shockwave.market.planner import PlannerParams
 from store.settings import DatabaseSettings
 
 SolverMode = Literal["celery", "inline", "process"]
@@ -28,7 +28,7 @@ class SolverSettings(DatabaseSettings):
     answers meanwhile, so this bounds what an unreachable Redis adds to a request).
     ``time_scale``: the workload runs this many times faster than real time (``shockwave
     replay --time-scale``; 1 in production): the policy's duration knobs are divided by it
-    (:func:`shockwave.policy.time_scaled`)."""
+    (:func:`shockwave.policies.policy.time_scaled`)."""
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     solver_mode: SolverMode = "celery"

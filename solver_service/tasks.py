@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
-from shockwave.policy import UnknownPolicyError
+from shockwave.policies.policy import UnknownPolicyError
 from solver_service.celery_app import PLAN_TASK, app
 from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings

@@ -17,9 +17,9 @@ from sqlalchemy import case, func
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
-from shockwave.estimators import contention_factor
-from shockwave.lifecycle import ACTIVE, JobState, NodeState
-from shockwave.waiting import Gpus
+from shockwave.domain.lifecycle import ACTIVE, JobState, NodeState
+from shockwave.domain.waiting import Gpus
+from shockwave.market.estimators import contention_factor
 from store.errors import Conflict
 from store.paging import cut, page_key
 from store.principals import Principal, Role
@@ -69,7 +69,7 @@ def capacity(session: Session) -> Capacity:
 
 def gpus_by_kind(session: Session) -> Gpus:
     """GPUs by ``gpu_type``: of every registered node and of the READY ones (for
-    :func:`shockwave.waiting.why_waiting`)."""
+    :func:`shockwave.domain.waiting.why_waiting`)."""
     rows = session.exec(
         _approved(
             select(NodeRow.gpu_type, NodeRow.state, func.coalesce(func.sum(usable_gpus()), 0))

@@ -7,7 +7,7 @@ reordering are harmless:
 - a duplicate (same seq, same body) replays the stored event; the same seq with another body is
   a conflict;
 - a new event is folded into the job's observed state, stored on its row, with the core's one
-  rule (:func:`shockwave.observed.fold`: constant work per event, the same state whatever
+  rule (:func:`shockwave.domain.observed.fold`: constant work per event, the same state whatever
   order the events arrive in); the planner's snapshot reads that state back
   (:func:`observed_of`), never the events.
 
@@ -32,10 +32,10 @@ from typing import Any, Literal
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import JobState
-from shockwave.model import JobSpec
-from shockwave.observed import ClientEvent, Observed, fold
-from shockwave.snapshot import ActiveJob
+from shockwave.domain.lifecycle import JobState
+from shockwave.domain.model import JobSpec
+from shockwave.domain.observed import ClientEvent, Observed, fold
+from shockwave.domain.snapshot import ActiveJob
 from store import jobs
 from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason

@@ -18,8 +18,8 @@ from sqlalchemy import and_, or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import JobState, transition
-from shockwave.model import AdaptationMode, ElasticRange, JobSpec, ThroughputProfile
+from shockwave.domain.lifecycle import JobState, transition
+from shockwave.domain.model import AdaptationMode, ElasticRange, JobSpec, ThroughputProfile
 from store import tenants
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.paging import MALFORMED, cut, page_key
@@ -142,7 +142,7 @@ def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
     """Before ``row`` changes at ``now``: bank the seconds a RUNNING job has trained since its
     row last changed (its last event, or its start) into ``carried_s``, the training since its
     last reported epoch that the planner's snapshot credits it with
-    (:meth:`shockwave.snapshot.ActiveJob.trained_for`). ``kept=False``: what it trained since
+    (:meth:`shockwave.domain.snapshot.ActiveJob.trained_for`). ``kept=False``: what it trained since
     that report is lost (it goes back to the queue with no checkpoint and starts over), so
     nothing is carried. A reported epoch clears the carry (``store.events``)."""
     if kept:
@@ -187,7 +187,7 @@ def create_job(
     the tenant has ``max_jobs`` jobs queued and running already.
 
     The job's weight inside its tenant's share is its ``budget`` (an admin's, else 1) times
-    its priority class's multiplier, which the planner applies (:mod:`shockwave.tenancy`)."""
+    its priority class's multiplier, which the planner applies (:mod:`shockwave.domain.tenancy`)."""
     if principal.role not in (Role.ADMIN, Role.USER):
         raise Forbidden("only users and admins submit jobs")
     if principal.role is Role.USER:

@@ -1,7 +1,7 @@
 """Leases in the database, as both the agent endpoints and the round driver see them.
 
-The lease state machine is the core's (:mod:`shockwave.lifecycle`): its states, the sets of them
-the rules below use, and the legal moves, which :func:`move_lease` enforces on every write.
+The lease state machine is the core's (:mod:`shockwave.domain.lifecycle`): its states, the sets of
+them the rules below use, and the legal moves, which :func:`move_lease` enforces on every write.
 
 An attempt that must no longer act for its job is fenced (:func:`fenced_reason`): the agent's
 reports on it are answered with ``stop`` and its process's events are refused
@@ -20,7 +20,7 @@ from datetime import datetime
 
 from sqlmodel import Session, col, func, select
 
-from shockwave.lifecycle import (
+from shockwave.domain.lifecycle import (
     LIVE_LEASES,
     STARTED_LEASES,
     STOPPED_LEASES,
@@ -40,7 +40,7 @@ def move_lease(
     now: datetime | None = None,
     exit_code: int | None = None,
 ) -> None:
-    """Move ``lease`` to ``target`` (:class:`~shockwave.lifecycle.IllegalTransition` if the
+    """Move ``lease`` to ``target`` (:class:`~shockwave.domain.lifecycle.IllegalTransition` if the
     lease state machine forbids it), stamped ``now`` (default: the clock); an ``EXITED`` lease
     records ``exit_code``, a ``CHECKPOINTED`` one clears it."""
     lease.state = lease_transition(LeaseState(lease.state), target).value

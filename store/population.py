@@ -1,7 +1,7 @@
 """Each tenant's population prior in the database: learnt online from its jobs that succeed.
 
-The predictor the Shockwave policy plans with (:mod:`shockwave.population_predictor`) starts each
-job from what the jobs that finished before it did. Here that knowledge lives in one
+The predictor the Shockwave policy plans with (:mod:`shockwave.prediction.population_predictor`)
+starts each job from what the jobs that finished before it did. Here that knowledge lives in one
 ``population_priors`` row per cluster and tenant. Per tenant because a job's epochs are its own
 process's reports (self-reported, unverified): a shared prior would tell one tenant another's
 model names and speeds, and let a tenant skew another's predictions with made-up epochs. A
@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from shockwave.model import Regime
-from shockwave.observed import Observed
-from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
+from shockwave.domain.model import Regime
+from shockwave.domain.observed import Observed
+from shockwave.domain.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
 from store import events
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
 from store.tables import JobRow, PopulationRow, utcnow

@@ -1,4 +1,4 @@
-"""The core's :class:`~shockwave.snapshot.Snapshot` of a cluster, read from the database.
+"""The core's :class:`~shockwave.domain.snapshot.Snapshot` of a cluster, read from the database.
 
 What the snapshot for planning round ``r`` holds, and where it comes from:
 
@@ -6,28 +6,28 @@ What the snapshot for planning round ``r`` holds, and where it comes from:
   with its spec and the progress its client events show (:func:`store.events.active_job`, the
   same view the prediction endpoint uses). ``spec.arrival_s`` and ``now`` are seconds since the
   Unix epoch, so ages and deadlines are real wall-clock spans. The progress is the state every
-  recorded event was folded into on the job's row (:mod:`shockwave.observed`); no event is
+  recorded event was folded into on the job's row (:mod:`shockwave.domain.observed`); no event is
   read, so the snapshot grows with the cluster's size, not with its history.
 - ``progress.epochs_done``: its reported epochs plus the part of the next one it has trained
   since: what its earlier attempts trained after that report (``carried_s``, banked when an
   attempt stopped: a program stopped mid-epoch resumes from its checkpoint) and, for a RUNNING
   job that holds GPUs, the time since its row last changed (its last event, or its start), at
-  its epoch time (:meth:`shockwave.snapshot.ActiveJob.trained_for`): the simulator's policy
+  its epoch time (:meth:`shockwave.domain.snapshot.ActiveJob.trained_for`): the simulator's policy
   sees fractional progress, and whole epochs alone hide up to an epoch of a job.
 - ``progress.stints``: its stints on GPUs from its leases (:func:`stints_of`), the service it
   held, which Gavel-style policies rank by (reports lag; leases do not).
 - ``progress.gpus``: for a RUNNING job, the global indices of the GPUs its live lease of round
   ``r - 1`` (the round now out) holds; empty otherwise, so the policy sees it as not running.
 - ``cluster``: the READY nodes in id order, each with its real GPU count (the core's
-  :class:`~shockwave.model.Cluster` is a list of node sizes): global GPUs are numbered node
+  :class:`~shockwave.domain.model.Cluster` is a list of node sizes): global GPUs are numbered node
   after node, so node ``n``'s local GPU ``i`` is global GPU ``cluster.first_gpu(n) + i``
   (:class:`GpuLayout` converts both ways).
-- ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.state_codec`) come from
-  the cluster's row; ``round_start_s``, when the planned round starts, is the row's
+- ``round_seconds`` and ``policy_state`` (decoded with :mod:`shockwave.domain.state_codec`) come
+  from the cluster's row; ``round_start_s``, when the planned round starts, is the row's
   ``round_ends_at`` (the end of the round out) for the next round.
 - ``tenants``: the configured tenants (:mod:`store.tenants`; one without a row has weight 1
   and no limits) and ``priority_classes``, the setting every process shares: the market by
-  tenant (:mod:`shockwave.tenancy`) plans with them.
+  tenant (:mod:`shockwave.domain.tenancy`) plans with them.
 - ``priors`` / ``prior_groups``: each tenant's prior, learnt from its jobs that succeeded
   (:mod:`store.population`), and each job's tenant; with the measured epoch times of the
   tenant's active jobs it is all the predictor knows beyond each job itself (no tenant's jobs
@@ -52,13 +52,13 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
 
-from shockwave import state_codec
-from shockwave.engine import unfit_reason
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
-from shockwave.model import Cluster, ValidationError
-from shockwave.snapshot import ActiveJob, Snapshot
-from shockwave.stints import Stint
-from shockwave.tenancy import AT_LIMIT, TenantUsage
+from shockwave.domain import state_codec
+from shockwave.domain.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
+from shockwave.domain.model import Cluster, ValidationError
+from shockwave.domain.snapshot import ActiveJob, Snapshot
+from shockwave.domain.stints import Stint
+from shockwave.domain.tenancy import AT_LIMIT, TenantUsage
+from shockwave.rounds.engine import unfit_reason
 from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
@@ -90,7 +90,7 @@ class NoCapacity(RuntimeError):
 class GpuLayout:
     """The READY nodes in id order, each one's GPU count and GPU type: the core's inventory.
 
-    The cluster is typed (:mod:`shockwave.heterogeneity`: each gang on one type) when the
+    The cluster is typed (:mod:`shockwave.market.heterogeneity`: each gang on one type) when the
     nodes report two or more GPU types (the agents' ``gpu_type``, lower-cased); with one type
     it is the untyped cluster, so a homogeneous service plans exactly as before."""
 
@@ -297,9 +297,9 @@ def waiting_reason(
     usage: TenantHold | Unread | None = UNREAD,
 ) -> str | None:
     """Why a queued (PENDING or SUSPENDED) job cannot run now whatever the plan says, or None:
-    wider than all the READY nodes together (:func:`shockwave.engine.unfit_reason`), or its
+    wider than all the READY nodes together (:func:`shockwave.rounds.engine.unfit_reason`), or its
     gang would put its tenant (or one above it) over ``max_gpus``
-    (:data:`shockwave.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
+    (:data:`shockwave.domain.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
     READY (nothing can run then, and the prediction says there is no plan yet). ``layout``,
     ``usage``: the READY nodes and :func:`tenant_usage` when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):

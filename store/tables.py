@@ -1,7 +1,7 @@
 """Tables (SQLModel). The schema changes only through the Alembic migrations in migrations/.
 
 - ``jobs``: one row per submitted job: its spec, tenant, state and observed progress (the
-  state its client events are folded into, :mod:`shockwave.observed`: ``epochs_done``,
+  state its client events are folded into, :mod:`shockwave.domain.observed`: ``epochs_done``,
   ``batch_size``, ``attained_s``, ``last_seq``, ``epoch_seconds`` (per batch size: total
   seconds, count), ``scalings`` (sorted ``[epoch, seq, batch size]``), and the means derived
   from them, ``measured_epoch_seconds``), and ``carried_s``: the seconds its earlier attempts
@@ -18,7 +18,7 @@
 - ``node_approvals``: the GPUs an operator approved for a node (count, and type where set);
   a node gets leases only once approved, and never for more GPUs than approved.
 - ``population_priors``: per cluster and tenant, what the tenant's jobs that succeeded teach
-  the predictor (:mod:`shockwave.population`), learnt as each one succeeds.
+  the predictor (:mod:`shockwave.domain.population`), learnt as each one succeeds.
 - ``tenants``: the configured tenants of the tree (shares and limits, :mod:`store.tenants`);
   ``tenant_changes``: every change to one, with its time.
 """
@@ -32,7 +32,7 @@ from sqlalchemy import JSON, CheckConstraint, Column, DateTime, Index, Text, Uni
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
-from shockwave.lifecycle import LeaseState, NodeState
+from shockwave.domain.lifecycle import LeaseState, NodeState
 
 INT4_MAX = 2**31 - 1
 """The largest value of an integer column (Postgres ``integer``): ids, sequence numbers."""
@@ -189,7 +189,7 @@ class ClusterRow(SQLModel, table=True):
 
     ``state_version`` is bumped by every change a plan depends on (a job arrives or finishes,
     a scaling event, a node joins or is lost); a plan made at an older version is stale.
-    ``policy_state`` is the policy's memory between solves (shockwave.state_codec JSON).
+    ``policy_state`` is the policy's memory between solves (shockwave.domain.state_codec JSON).
     ``current_round`` is the round whose leases are out, -1 before the first.
     """
 
@@ -307,7 +307,7 @@ class NodeApprovalRow(SQLModel, table=True):
 
 class PopulationRow(SQLModel, table=True):
     """A tenant's population prior on a cluster
-    (:meth:`shockwave.population.PopulationPrior.as_json`), learnt from ``learnt`` of the
+    (:meth:`shockwave.domain.population.PopulationPrior.as_json`), learnt from ``learnt`` of the
     tenant's jobs that succeeded; updated in the transaction that ends each."""
 
     __tablename__ = "population_priors"

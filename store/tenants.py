@@ -24,9 +24,9 @@ from typing import Any
 from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import ACTIVE, LIVE_LEASES, NodeState
-from shockwave.model import ValidationError
-from shockwave.tenancy import Tenant, entitlements
+from shockwave.domain.lifecycle import ACTIVE, LIVE_LEASES, NodeState
+from shockwave.domain.model import ValidationError
+from shockwave.domain.tenancy import Tenant, entitlements
 from store.errors import Conflict, Forbidden, InvalidInput, NotFound
 from store.principals import Principal, Role
 from store.tables import JobRow, LeaseRow, NodeRow, TenantChangeRow, TenantRow, utcnow
@@ -285,8 +285,8 @@ def configured(session: Session) -> list[TenantSettings]:
 
 
 def core_tenants(session: Session) -> dict[str, Tenant]:
-    """The configured tenants as the core's :class:`~shockwave.tenancy.Tenant` by path, for the
-    snapshot; a row the core refuses (it cannot be written through the API) is left out, with
+    """The configured tenants as the core's :class:`~shockwave.domain.tenancy.Tenant` by path, for
+    the snapshot; a row the core refuses (it cannot be written through the API) is left out, with
     the defaults in its place, rather than stopping every plan."""
     found: dict[str, Tenant] = {}
     for settings in configured(session):
@@ -317,7 +317,7 @@ def children(tenants: Sequence[TenantSettings]) -> dict[str, list[str]]:
 @dataclass(frozen=True, slots=True)
 class Share:
     """A tenant's place in the cluster now: ``entitled_gpus``, its water-filled share of the
-    READY GPUs given every tenant's demand (:func:`shockwave.tenancy.entitlements`; an inner
+    READY GPUs given every tenant's demand (:func:`shockwave.domain.tenancy.entitlements`; an inner
     tenant's is its subtree's), ``held_gpus``, the GPUs its jobs' live leases hold, and
     ``active_jobs``, its jobs queued and running (both of its subtree)."""
 

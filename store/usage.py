@@ -32,7 +32,7 @@ from sqlalchemy import ColumnElement, and_, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import ACTIVE, JobState
+from shockwave.domain.lifecycle import ACTIVE, JobState
 from store.errors import InvalidInput, NotFound
 from store.principals import Principal, Role
 from store.snapshot import held_until, stints_of

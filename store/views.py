@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import JobState
+from shockwave.domain.lifecycle import JobState
 from store import jobs
 from store.plans import newest_plan
 from store.principals import Principal, Role, require

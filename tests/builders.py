@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from shockwave.model import (
+from shockwave.domain.model import (
     AdaptationMode,
     Cluster,
     ElasticRange,
@@ -13,9 +13,9 @@ from shockwave.model import (
     Regime,
     ThroughputProfile,
 )
-from shockwave.planner import PlanJob
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from shockwave.workload import SimJob, Workload
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.market.planner import PlanJob
+from shockwave.workloads.workload import SimJob, Workload
 
 SAMPLES = 1000
 

@@ -27,7 +27,7 @@ from api.schemas import (
     RoundsPublic,
     SchedulePublic,
 )
-from shockwave.lifecycle import NodeState
+from shockwave.domain.lifecycle import NodeState
 from store import cluster, cluster_version, views
 from store.principals import Role, require
 

@@ -13,7 +13,7 @@ from api.errors import openapi_problems
 from api.observability import MetricsDep
 from api.routes.jobs import IdempotencyKey
 from api.schemas import EventCreate, EventPublic, JobIdPath, Page
-from shockwave.observed import ClientEvent
+from shockwave.domain.observed import ClientEvent
 from store import cluster_version, events, jobs
 from store.tables import INT4_MAX, JobEventRow
 

@@ -11,7 +11,7 @@ from sqlmodel import Session
 from api.auth import ANY, DENIED, HIDDEN, OWN, SEE_ONLY, access
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.schemas import AttemptPublic, JobCreate, JobIdPath, JobPublic, JobSummary, Page
-from shockwave.lifecycle import JobState
+from shockwave.domain.lifecycle import JobState
 from store import cluster_version, jobs, views
 from store.snapshot import (
     UNREAD,

@@ -34,7 +34,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from bench.chaos.client import RoundRobin, Unavailable
-from shockwave.lifecycle import LeaseState
+from shockwave.domain.lifecycle import LeaseState
 
 TICK_S = 0.3
 HEARTBEAT_EVERY_S = 1.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.deployment import Deployment, deployment, driver_metrics
 from bench.servers import PostgresServer, RedisServer, private_postgres, private_redis
-from shockwave_cli.supervision import LOOPBACK, Supervised, free_port, wait_http, wait_until
+from shockwave_cli.runtime.supervision import LOOPBACK, Supervised, free_port, wait_http, wait_until
 
 AGENT_MODULE = "bench.chaos.agent"
 GPUS_PER_NODE = 2

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.workload import Acknowledged
-from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState, LeaseState
+from shockwave.domain.lifecycle import LIVE_LEASES, TERMINAL, JobState, LeaseState
 from store.tables import JobEventRow, JobRow, LeaseRow, PlanRow, RoundRow
 
 ROUND_SLACK_S = 0.01

@@ -1,7 +1,7 @@
 """jobs.epoch_seconds and jobs.scalings: the state a job's client events are folded into
 
 Each new event is folded into the job's row with constant work instead of re-reading all of
-the job's events (shockwave.observed): ``epoch_seconds`` holds, per batch size, the total
+the job's events (shockwave.domain.observed): ``epoch_seconds`` holds, per batch size, the total
 seconds and the count of the progress events measured at it (the mean needs both), and
 ``scalings`` the job's scaling events as sorted ``[epoch, seq, batch size]`` triples (the
 regimes are cut from them). Existing jobs get both from their stored events.

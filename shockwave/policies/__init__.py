@@ -1,15 +1,15 @@
 """Built-in policies. Importing this package registers each of them by name."""
 
-from shockwave.policies.allox import Allox
 from shockwave.policies.fifo import Fifo
-from shockwave.policies.gandiva_fair import GandivaFair
-from shockwave.policies.gavel import MaxMinFairness
-from shockwave.policies.mst import MaxSumThroughput
-from shockwave.policies.ossp import Ossp
+from shockwave.policies.gavel_family.allox import Allox
+from shockwave.policies.gavel_family.gandiva_fair import GandivaFair
+from shockwave.policies.gavel_family.gavel import MaxMinFairness
+from shockwave.policies.gavel_family.mst import MaxSumThroughput
+from shockwave.policies.gavel_family.ossp import Ossp
+from shockwave.policies.gavel_family.themis import Themis
+from shockwave.policies.policy import register
 from shockwave.policies.pollux import Pollux
-from shockwave.policies.shockwave import Shockwave
-from shockwave.policies.themis import Themis
-from shockwave.policy import register
+from shockwave.policies.shockwave_market.shockwave import Shockwave
 
 BASELINES = ("fifo", "gavel", "mst", "themis", "allox", "gandiva_fair", "ossp")
 """The paper's baselines (plus FIFO), in the order tables list them."""

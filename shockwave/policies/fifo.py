@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from shockwave.policy import Decision
-from shockwave.snapshot import Snapshot
+from shockwave.domain.snapshot import Snapshot
+from shockwave.policies.policy import Decision
 
 
 @dataclass(frozen=True, slots=True)

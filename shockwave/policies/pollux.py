@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from shockwave.policy import Decision
-from shockwave.snapshot import ActiveJob, Snapshot
+from shockwave.domain.snapshot import ActiveJob, Snapshot
+from shockwave.policies.policy import Decision
 
 
 @dataclass(frozen=True, slots=True)

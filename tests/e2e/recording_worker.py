@@ -5,7 +5,7 @@ same inputs. A plan row does not keep the snapshot it was made from (``now``, th
 and the policy's memory have all moved on by the time the test reads it), so this wrapper runs
 the real worker command in-process with one change: the policy that
 :func:`solver_service.planning.plan_cluster` looks up is wrapped so that each ``decide`` writes
-``{state_version, snapshot, params, jobs}`` (shockwave.state_codec JSON) to a file in
+``{state_version, snapshot, params, jobs}`` (shockwave.domain.state_codec JSON) to a file in
 ``SHOCKWAVE_E2E_RECORD_DIR``. The test then decides again, in its own process, from each recorded
 snapshot and params, and compares with the stored plans and rounds.
 
@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 from sqlmodel import Session
 
 from bench.deployment import Deployment
-from shockwave import state_codec
-from shockwave.policy import Decision, Policy
-from shockwave.snapshot import Snapshot
+from shockwave.domain import state_codec
+from shockwave.domain.snapshot import Snapshot
+from shockwave.policies.policy import Decision, Policy
 
 RECORD_DIR_ENV = "SHOCKWAVE_E2E_RECORD_DIR"
 DELAY_ENV = "SHOCKWAVE_E2E_DECIDE_DELAY_S"
@@ -74,7 +74,7 @@ class RecordingPolicy:
 
 def install(directory: Path, delay_s: float = 0.0) -> None:
     """Wrap the policy lookup and snapshot loading of :mod:`solver_service.planning`."""
-    from shockwave.policy import get_policy as lookup
+    from shockwave.policies.policy import get_policy as lookup
     from solver_service import planning
     from store.snapshot import load_snapshot as load
 

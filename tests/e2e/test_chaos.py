@@ -22,7 +22,7 @@ from bench.chaos.run import Config, run
 from bench.chaos.workload import Acknowledged
 from bench.deployment import deployment, plans
 from bench.servers import private_redis
-from shockwave_cli.supervision import wait_until
+from shockwave_cli.runtime.supervision import wait_until
 from store.tables import JobEventRow, JobRow, LeaseRow, RoundRow
 from tests.e2e import recording_worker
 from tests.e2e.agents import register_fleet, submit_job

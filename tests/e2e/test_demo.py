@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench.deployment import base_env
-from shockwave_cli.demo import DEMO_JOBS
-from shockwave_cli.supervision import free_port, shockwave_argv
+from shockwave_cli.runtime.demo import DEMO_JOBS
+from shockwave_cli.runtime.supervision import free_port, shockwave_argv
 
 NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://127.0.0.1:1/0")
 TIMEOUT_S = 180

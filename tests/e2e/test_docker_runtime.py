@@ -33,8 +33,8 @@ from sqlmodel import Session
 
 from agent.config import safe_name
 from bench.deployment import job_states
-from shockwave.lifecycle import LIVE_LEASES
-from shockwave_cli.supervision import wait_until
+from shockwave.domain.lifecycle import LIVE_LEASES
+from shockwave_cli.runtime.supervision import wait_until
 from store.tables import NodeRow
 from tests.e2e.engine import containers, docker, remove
 from tests.e2e.test_training_e2e import (

@@ -26,7 +26,7 @@ from typer.testing import CliRunner, Result
 
 from bench.deployment import ROOT, base_env
 from shockwave_cli.main import app
-from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
+from shockwave_cli.runtime.supervision import Supervised, free_port, shockwave_argv, wait_until
 
 NOWHERE_ENV = base_env("postgresql+psycopg://nobody@127.0.0.1:1/none", "redis://127.0.0.1:1/0")
 runner = CliRunner()

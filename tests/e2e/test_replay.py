@@ -15,14 +15,14 @@ import subprocess
 from pathlib import Path
 
 from bench.deployment import ROOT
-from shockwave.generator import generate_workload
-from shockwave.metrics import summarize
-from shockwave.model import Cluster
-from shockwave.policy import get_policy, make_params
-from shockwave.simulator import SimSettings, simulate
-from shockwave.traces import format_trace, format_trajectories
-from shockwave_cli.inputs import load_throughputs, load_workload
-from shockwave_cli.supervision import shockwave_argv
+from shockwave.domain.model import Cluster
+from shockwave.policies.policy import get_policy, make_params
+from shockwave.simulation.metrics import summarize
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.generator import generate_workload
+from shockwave.workloads.traces import format_trace, format_trajectories
+from shockwave_cli.commands.inputs import load_throughputs, load_workload
+from shockwave_cli.runtime.supervision import shockwave_argv
 
 REFERENCE = ROOT.parent / "shared" / "data" / "reference"
 THROUGHPUTS = REFERENCE / "throughputs" / "tacc_throughputs.json"

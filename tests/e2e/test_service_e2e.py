@@ -30,9 +30,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from bench.deployment import ROUND_SECONDS, deployment, job_states, plans, rounds
-from shockwave import state_codec
-from shockwave.lifecycle import LIVE_LEASES, LeaseState
-from shockwave.policy import get_policy
+from shockwave.domain import state_codec
+from shockwave.domain.lifecycle import LIVE_LEASES, LeaseState
+from shockwave.policies.policy import get_policy
 from store.tables import PlanRow
 from tests.e2e import recording_worker
 from tests.e2e.agents import Fleet, register_fleet, submit_job

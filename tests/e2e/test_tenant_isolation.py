@@ -36,7 +36,7 @@ import httpx
 
 from agent.config import safe_name
 from bench.deployment import ROOT
-from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
+from shockwave_cli.runtime.supervision import Supervised, free_port, shockwave_argv, wait_until
 from tests.e2e.engine import containers, remove
 from tests.integration.test_agent_process import clean_env, create_token
 from tests.job_python import job_python

@@ -55,8 +55,8 @@ import pytest
 from sqlmodel import Session, col, select
 
 from bench.deployment import ROOT, Deployment, deployment, job_states, rounds
-from shockwave.lifecycle import LIVE_LEASES, TERMINAL, JobState
-from shockwave_cli.supervision import Supervised, stop_together, wait_until
+from shockwave.domain.lifecycle import LIVE_LEASES, TERMINAL, JobState
+from shockwave_cli.runtime.supervision import Supervised, stop_together, wait_until
 from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 
 EXAMPLE = ROOT / "examples" / "numpy_linear.py"

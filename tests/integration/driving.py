@@ -11,7 +11,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import LIVE_LEASES
+from shockwave.domain.lifecycle import LIVE_LEASES
 from solver_service.driver import DriverSettings, RoundDriver
 from store.cluster import approve_node
 from store.principals import Role

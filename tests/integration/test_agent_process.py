@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from bench.deployment import ROOT
-from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_until
+from shockwave_cli.runtime.supervision import Supervised, free_port, shockwave_argv, wait_until
 from tests.job_python import job_python
 
 FAKE_JOB = Path(__file__).with_name("agent_fake_job.py")

@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from api import agent
 from api.agent_schemas import AgentPoll
-from shockwave.lifecycle import reports_per_poll
+from shockwave.domain.lifecycle import reports_per_poll
 from store.principals import Principal, Role
 from store.tables import NodeRow
 from tests.integration.api_calls import assert_problem, bearer, job_body

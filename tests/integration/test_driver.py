@@ -20,8 +20,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from bench.chaos.invariants import handed_over
-from shockwave.stints import received_seconds
-from shockwave_cli.supervision import Supervised, shockwave_argv, wait_until
+from shockwave.domain.stints import received_seconds
+from shockwave_cli.runtime.supervision import Supervised, shockwave_argv, wait_until
 from solver_service.driver import DriverSettings, RoundDriver, lock_key
 from solver_service.leases import at
 from store.snapshot import stints_of

@@ -1,6 +1,6 @@
 """A job's ``image`` is a Docker image reference or nothing: anything a ``docker run`` could read
 as an option, or that would split into two arguments, is a 422 problem naming ``image``, and
-nothing is stored (the rule is the core's, :mod:`shockwave.image_reference`)."""
+nothing is stored (the rule is the core's, :mod:`shockwave.domain.image_reference`)."""
 
 from __future__ import annotations
 

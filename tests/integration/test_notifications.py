@@ -25,7 +25,7 @@ from sqlmodel import Session
 
 from api.app import create_app
 from api.settings import Settings
-from shockwave_cli.supervision import Supervised
+from shockwave_cli.runtime.supervision import Supervised
 from store import lease_signal
 from store.db import make_engine
 from store.lease_signal import CLUSTER, LEASES, Listener

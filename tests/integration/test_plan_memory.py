@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from shockwave import state_codec
-from shockwave.policies.shockwave import ShockwaveState
+from shockwave.domain import state_codec
+from shockwave.policies.shockwave_market.shockwave import ShockwaveState
 from solver_service.planning import plan_cluster
 from store.cluster_version import DEFAULT_CLUSTER, bump_state_version
 from store.tables import ClusterRow, PlanRow

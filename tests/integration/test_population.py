@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from shockwave.model import AdaptationMode
+from shockwave.domain.model import AdaptationMode
 from store import population
 from store.cluster_version import DEFAULT_CLUSTER
 from store.snapshot import load_snapshot

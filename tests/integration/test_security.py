@@ -46,7 +46,7 @@ from api.app import create_app
 from api.auth import Access
 from api.ratelimit import RateLimiter
 from api.settings import Settings
-from shockwave_cli.supervision import Supervised, free_port, wait_http
+from shockwave_cli.runtime.supervision import Supervised, free_port, wait_http
 from store.cluster import approve_node
 from store.db import make_engine
 from store.principals import Role

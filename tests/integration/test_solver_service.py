@@ -23,9 +23,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import JobState
-from shockwave.policy import get_policy, service_params
-from shockwave_cli.supervision import Supervised
+from shockwave.domain.lifecycle import JobState
+from shockwave.policies.policy import get_policy, service_params
+from shockwave_cli.runtime.supervision import Supervised
 from solver_service import enqueue
 from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings

@@ -7,8 +7,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
-from shockwave.lifecycle import LIVE_LEASES
-from shockwave.tenancy import AT_LIMIT
+from shockwave.domain.lifecycle import LIVE_LEASES
+from shockwave.domain.tenancy import AT_LIMIT
 from store.tables import JobRow, LeaseRow
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import NODE, TENANT_A, TENANT_B, Database, Tokens

@@ -28,7 +28,7 @@ from agent.isolation import (
 )
 from agent.loop import Agent
 from agent.runtime import DockerRuntime, Launch, ProcessRuntime, inherited_env
-from shockwave.image_reference import image_allowed, is_image_reference, repository
+from shockwave.domain.image_reference import image_allowed, is_image_reference, repository
 from tests.job_python import job_python
 from tests.unit.test_agent import (
     Clock,

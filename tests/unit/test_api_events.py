@@ -25,8 +25,8 @@ from sqlmodel import Session
 from api.app import create_app
 from api.routes.prediction import get_now
 from api.settings import Settings
-from shockwave.model import Regime
-from shockwave.observed import ClientEvent, Observed, fold, observe, regimes_of
+from shockwave.domain.model import Regime
+from shockwave.domain.observed import ClientEvent, Observed, fold, observe, regimes_of
 from store import events as progress_module
 from store import migrate
 from store.paging import page_token

@@ -12,9 +12,9 @@ from bench.elastic_bound import (
     lp_bound,
     srpt_bound,
 )
-from shockwave.policy import get_policy, make_params
-from shockwave.simulator import SimSettings, simulate
-from shockwave.workload import SimJob
+from shockwave.policies.policy import get_policy, make_params
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.workload import SimJob
 from tests.builders import cluster, workload
 from tests.builders import elastic_sim_job as elastic_job
 

@@ -6,7 +6,7 @@ import pytest
 
 from bench.elastic_bound import bounds
 from bench.elastic_oracle import OracleParams, choose_widths, deadlines, run_oracle
-from shockwave.workload import SimJob
+from shockwave.workloads.workload import SimJob
 from tests.builders import cluster, elastic_sim_job, workload
 
 # 8 GPUs at 7x (efficient), 2 GPUs at 1.9x

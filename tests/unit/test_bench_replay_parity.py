@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import replay_parity
-from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave_cli.commands.inputs import load_throughputs, load_workload
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 THROUGHPUTS = SHARED / "reference" / "throughputs" / "tacc_throughputs.json"

@@ -18,8 +18,8 @@ from bench.start_cost import (
     this_attempt,
     views_list,
 )
-from shockwave.snapshot import ActiveJob
-from shockwave.workload import Workload
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.workloads.workload import Workload
 from tests.builders import active_job, sim_job, snapshot
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench import sweep
-from shockwave_cli.inputs import load_throughputs
+from shockwave_cli.commands.inputs import load_throughputs
 
 REFERENCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "reference"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from shockwave.model import Cluster
+from shockwave.domain.model import Cluster
 from shockwave.policies import BASELINES
-from shockwave.policies.shockwave import ShockwaveParams
-from shockwave.traces import TRACE_FIELDS
+from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
+from shockwave.workloads.traces import TRACE_FIELDS
 from shockwave_cli.main import INPUT_ERROR_EXIT, app
 
 runner = CliRunner()
@@ -170,10 +170,10 @@ def test_simulate_report_writes_one_page_with_the_table_and_every_plot(
 def test_every_policys_gantt_shares_one_time_axis_and_marks_batch_size_changes(
     generated: tuple[Path, Path], throughputs: Path, tmp_path: Path
 ) -> None:
-    from shockwave.policy import get_policy, make_params
-    from shockwave.simulator import SimSettings, simulate
-    from shockwave_cli.inputs import load_throughputs, load_workload
-    from shockwave_cli.plots import moving_average, plot_gantts, time_weighted_mean
+    from shockwave.policies.policy import get_policy, make_params
+    from shockwave.simulation.simulator import SimSettings, simulate
+    from shockwave_cli.commands.inputs import load_throughputs, load_workload
+    from shockwave_cli.reports.plots import moving_average, plot_gantts, time_weighted_mean
 
     work = load_workload(*generated, load_throughputs(throughputs))
     results = [
@@ -609,7 +609,7 @@ def test_predict_report_without_dynamic_jobs_is_an_error(throughputs: Path, tmp_
 def test_user_text_is_printed_inert_control_characters_escaped_and_no_markup() -> None:
     from rich.console import Console
 
-    from shockwave_cli.jobs_render import events_table, jobs_table
+    from shockwave_cli.client.jobs_render import events_table, jobs_table
 
     hostile = "x\x1b[2J\x9b[bold]y[/bold]"
     console = Console(record=True, width=200, color_system=None)
@@ -621,7 +621,7 @@ def test_user_text_is_printed_inert_control_characters_escaped_and_no_markup() -
 
 
 def test_jobs_logs_follow_prints_only_what_the_new_tail_adds() -> None:
-    from shockwave_cli.jobs_commands import new_output
+    from shockwave_cli.commands.jobs_commands import new_output
 
     assert new_output("", "a\nb\n") == "a\nb\n"
     assert new_output("a\nb\n", "a\nb\nc\n") == "c\n"

@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner, Result
 
 from shockwave_cli.main import app
-from shockwave_cli.supervision import Supervised, free_port, shockwave_argv, wait_http
+from shockwave_cli.runtime.supervision import Supervised, free_port, shockwave_argv, wait_http
 
 runner = CliRunner()
 START_TIMEOUT_S = 20.0

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from shockwave.planner import (
+from shockwave.market.planner import (
     PlanJob,
     PlannerParams,
     build_problem,
@@ -19,10 +19,10 @@ from shockwave.planner import (
     fit_floors,
     plan,
 )
-from shockwave.policies import shockwave as policy
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams
-from shockwave_cli.inputs import InputError
-from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
+from shockwave.policies.shockwave_market import shockwave as policy
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
+from shockwave_cli.commands.inputs import InputError
+from shockwave_cli.commands.knobs import ShockwaveKnobs, apply_knobs
 from tests.builders import plan_job, snapshot
 
 ROUND = 60.0

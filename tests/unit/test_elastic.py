@@ -8,16 +8,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-from shockwave.elastic import elastic_range, make_elastic, plan_elastic
-from shockwave.model import ELASTIC_GUESS_EXPONENT, ElasticRange, ValidationError
-from shockwave.planner import PlannerParams, SolveStatus
+from shockwave.domain.model import ELASTIC_GUESS_EXPONENT, ElasticRange, ValidationError
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.market.elastic import elastic_range, make_elastic, plan_elastic
+from shockwave.market.planner import PlannerParams, SolveStatus
+from shockwave.policies.policy import Decision, get_policy, make_params, service_params
 from shockwave.policies.pollux import Pollux, PolluxParams
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams
-from shockwave.policy import Decision, get_policy, make_params, service_params
-from shockwave.simulator import PolicyContractError, SimSettings, simulate
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from shockwave.traces import ThroughputTable
-from shockwave_cli.knobs import ShockwaveKnobs, apply_knobs
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
+from shockwave.simulation.simulator import PolicyContractError, SimSettings, simulate
+from shockwave.workloads.traces import ThroughputTable
+from shockwave_cli.commands.knobs import ShockwaveKnobs, apply_knobs
 from shockwave_sdk import CheckpointStore, InvalidEnvironment, JobEnvironment, world_size_change
 from tests.builders import active_job, cluster, sim_job, snapshot, workload
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shockwave.engine import (
+from shockwave.domain.model import Cluster, ValidationError
+from shockwave.rounds.engine import (
     ChangeKind,
     Plan,
     RoundChanges,
@@ -15,7 +16,6 @@ from shockwave.engine import (
     fill,
     unfit_reason,
 )
-from shockwave.model import Cluster, ValidationError
 
 MIXED = Cluster.parse("2x8,3x4,2x2")
 

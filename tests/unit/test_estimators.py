@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shockwave.estimators import (
+from shockwave.market.estimators import (
     contention_factor,
     finish_time_fairness,
     lifetime_contention,

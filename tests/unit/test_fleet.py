@@ -1,4 +1,4 @@
-"""The simulated agents of replay and the scale bench (shockwave_cli/fleet.py) speak the poll
+"""The simulated agents of replay and the scale bench (shockwave_fleet/fleet.py) speak the poll
 protocol as the real agent does: these check what a node does with a poll's answer and what
 its training owes, with the HTTP calls recorded instead of sent."""
 
@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from shockwave.model import Cluster, Regime
-from shockwave_cli.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
-from shockwave_cli.replay import (
+from shockwave.domain.model import Cluster, Regime
+from shockwave_cli.runtime.replay import (
     LEASE_SLACK_S,
     ReplayConfig,
     fill_jobs,
     first_arrival_at,
     round_start_at,
 )
+from shockwave_fleet.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"

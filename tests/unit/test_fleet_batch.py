@@ -3,7 +3,7 @@ waits at a time (the latest epoch), scaling events keep their place and order.""
 
 from __future__ import annotations
 
-from shockwave_cli.fleet import Node
+from shockwave_fleet.fleet import Node
 
 
 def progress(attempt: str, seq: int, epoch: int) -> dict[str, object]:

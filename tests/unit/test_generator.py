@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shockwave.generator import (
+from shockwave.domain.model import VALID_WIDTHS, AdaptationMode, ValidationError
+from shockwave.workloads.generator import (
     MODE_MIX,
     SIZE_CLASSES,
     WIDTH_MIX,
     generate_workload,
     size_class_of,
 )
-from shockwave.model import VALID_WIDTHS, AdaptationMode, ValidationError
-from shockwave.traces import (
+from shockwave.workloads.traces import (
     ThroughputTable,
     build_workload,
     format_trace,
@@ -27,7 +27,7 @@ from shockwave.traces import (
     parse_trace,
     parse_trajectories,
 )
-from shockwave.workload import SimJob, Workload
+from shockwave.workloads.workload import SimJob, Workload
 
 
 def literal_table() -> ThroughputTable:

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from shockwave import heterogeneity as het
-from shockwave.model import Cluster, ThroughputProfile, ValidationError
-from shockwave.placement import place, place_into
-from shockwave.policies.gavel_typed import TypedPriorityState, max_min_fairness_perf
-from shockwave.policies.shockwave_typed import assign_types
-from shockwave.policy import get_policy, make_params
-from shockwave.simulator import SimSettings, simulate
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
-from shockwave.workload import Workload
+from shockwave.domain.model import Cluster, ThroughputProfile, ValidationError
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.market import heterogeneity as het
+from shockwave.policies.gavel_family.gavel_typed import TypedPriorityState, max_min_fairness_perf
+from shockwave.policies.policy import get_policy, make_params
+from shockwave.policies.shockwave_market.shockwave_typed import assign_types
+from shockwave.rounds.placement import place, place_into
+from shockwave.simulation.simulator import SimSettings, simulate
+from shockwave.workloads.workload import Workload
 from tests.builders import SAMPLES, sim_job, workload
 
 TYPED = Cluster((4, 4, 2, 2), ("fast", "fast", "slow", "slow"))
@@ -187,7 +187,7 @@ def test_agnostic_view_forgets_types() -> None:
 def test_perf_with_equal_throughputs_is_the_agnostic_equal_gpu_share() -> None:
     """Published Gavel's ``max_min_fairness`` is ``max_min_fairness_perf`` with every
     throughput 1: an equal GPU share, which the untyped ``gavel`` computes by water-filling."""
-    from shockwave.policies.gavel import water_fill
+    from shockwave.policies.gavel_family.gavel import water_fill
 
     widths = {"a": 1, "b": 2, "c": 1, "d": 4}
     ones = {j: {"x": 1.0, "y": 1.0} for j in widths}

@@ -3,8 +3,8 @@ predicted finish-time fairness among them, not at their fairness deadlines."""
 
 from __future__ import annotations
 
-from shockwave.policies.shockwave import JobOutlook, _level_deadlines
-from shockwave.predictor import Prediction
+from shockwave.policies.shockwave_market.shockwave import JobOutlook, _level_deadlines
+from shockwave.prediction.predictor import Prediction
 
 
 def look(deadline_s: float, total_s: float, rho: float) -> JobOutlook:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from shockwave.lifecycle import (
+from shockwave.domain.lifecycle import (
     LEASE_ALLOWED,
     LIVE_LEASES,
     IllegalTransition,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shockwave.memo import IdentityMemo
+from shockwave.domain.memo import IdentityMemo
 
 
 class Box:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shockwave.model import (
+from shockwave.domain.model import (
     AdaptationMode,
     Cluster,
     JobSpec,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shockwave.model import Cluster
-from shockwave.placement import JobRequest, Placement, place
+from shockwave.domain.model import Cluster
+from shockwave.rounds.placement import JobRequest, Placement, place
 
 Lease = Mapping[str, tuple[int, ...]]
 

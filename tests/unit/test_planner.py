@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shockwave.planner import (
+from shockwave.market.planner import (
     Plan,
     PlanJob,
     PlannerParams,
@@ -25,7 +25,7 @@ from shockwave.planner import (
     pack_rounds,
     plan,
 )
-from shockwave.policies.shockwave import PACKING_ORDERS, ShockwaveParams
+from shockwave.policies.shockwave_market.shockwave import PACKING_ORDERS, ShockwaveParams
 from tests.builders import plan_job
 
 ROUND = 60.0

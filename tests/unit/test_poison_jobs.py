@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shockwave.model import (
+from shockwave.domain.model import (
     MAX_RATE,
     MAX_RUN_SECONDS,
     MAX_TOTAL_SAMPLES,
@@ -19,9 +19,9 @@ from shockwave.model import (
     ThroughputProfile,
     ValidationError,
 )
-from shockwave.planner import PlannerParams
-from shockwave.policy import decide_isolating, get_policy, make_params, policy_names
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.market.planner import PlannerParams
+from shockwave.policies.policy import decide_isolating, get_policy, make_params, policy_names
 from tests.builders import active_job, snapshot
 
 FAST = {"shockwave": {"planner": PlannerParams(rounds=10, time_limit_s=1.0)}}

@@ -11,16 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shockwave.policies.allox import Allox, AlloxParams
+from shockwave.domain.snapshot import ActiveJob, JobProgress, Snapshot
 from shockwave.policies.fifo import Fifo, FifoParams
-from shockwave.policies.gandiva_fair import GandivaFair, GandivaFairParams
-from shockwave.policies.gavel import MaxMinFairness, MaxMinFairnessParams, water_fill
-from shockwave.policies.mst import MaxSumThroughput, MaxSumThroughputParams
-from shockwave.policies.ossp import Ossp, OsspParams, min_common_deadline
-from shockwave.policies.themis import Themis, ThemisParams, min_max_ftf_shares
-from shockwave.policies.time_fraction import AllocationJob
-from shockwave.policy import Decision, UnknownPolicyError, get_policy, make_params, policy_names
-from shockwave.snapshot import ActiveJob, JobProgress, Snapshot
+from shockwave.policies.gavel_family.allox import Allox, AlloxParams
+from shockwave.policies.gavel_family.gandiva_fair import GandivaFair, GandivaFairParams
+from shockwave.policies.gavel_family.gavel import MaxMinFairness, MaxMinFairnessParams, water_fill
+from shockwave.policies.gavel_family.mst import MaxSumThroughput, MaxSumThroughputParams
+from shockwave.policies.gavel_family.ossp import Ossp, OsspParams, min_common_deadline
+from shockwave.policies.gavel_family.themis import Themis, ThemisParams, min_max_ftf_shares
+from shockwave.policies.gavel_family.time_fraction import AllocationJob
+from shockwave.policies.policy import (
+    Decision,
+    UnknownPolicyError,
+    get_policy,
+    make_params,
+    policy_names,
+)
 from tests.builders import active_job, snapshot
 
 # (job_id, gpus, steps per second, remaining seconds, age in seconds)

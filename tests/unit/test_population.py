@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from shockwave.model import AdaptationMode, JobSpec, Regime
-from shockwave.population import (
+from shockwave.domain.model import AdaptationMode, JobSpec, Regime
+from shockwave.domain.population import (
     EMPTY_PRIOR,
     TOP,
     FinishedJob,
@@ -17,9 +17,9 @@ from shockwave.population import (
     size_of,
     symbol_of,
 )
-from shockwave.population_predictor import PopulationParams, predict_population
-from shockwave.predictor import Prediction, predict
-from shockwave.snapshot import ActiveJob
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.prediction.population_predictor import PopulationParams, predict_population
+from shockwave.prediction.predictor import Prediction, predict
 from tests.builders import adaptive_job
 
 ACCORDION = AdaptationMode.ACCORDION

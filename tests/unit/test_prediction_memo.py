@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from shockwave.model import Cluster
-from shockwave.policies import shockwave as policy_module
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams
-from shockwave.population import EMPTY_PRIOR, PopulationPrior
-from shockwave.simulator import SimResult, simulate
-from shockwave.snapshot import ActiveJob, JobProgress
-from shockwave.throughput_model import RecordingModel, ThroughputModel, answers_alike
-from shockwave.workload import SimJob
-from shockwave_cli.inputs import load_throughputs, load_workload
+from shockwave.domain.model import Cluster
+from shockwave.domain.population import EMPTY_PRIOR, PopulationPrior
+from shockwave.domain.snapshot import ActiveJob, JobProgress
+from shockwave.policies.shockwave_market import shockwave as policy_module
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
+from shockwave.prediction.throughput_model import RecordingModel, ThroughputModel, answers_alike
+from shockwave.simulation.simulator import SimResult, simulate
+from shockwave.workloads.workload import SimJob
+from shockwave_cli.commands.inputs import load_throughputs, load_workload
 
 Predicted = policy_module._Predicted
 

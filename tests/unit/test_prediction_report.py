@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from shockwave.generator import generate_workload
-from shockwave.model import VALID_WIDTHS, AdaptationMode, Regime, ThroughputProfile
-from shockwave.population import EMPTY_PRIOR, DeclarationErrors
-from shockwave.prediction_report import (
+from shockwave.domain.model import VALID_WIDTHS, AdaptationMode, Regime, ThroughputProfile
+from shockwave.domain.population import EMPTY_PRIOR, DeclarationErrors
+from shockwave.prediction.throughput_model import ThroughputModel
+from shockwave.simulation.prediction_report import (
     POLICY_PREDICTOR,
     PROGRESS_PERCENTS,
     Knowledge,
@@ -25,10 +25,10 @@ from shockwave.prediction_report import (
     runtime_accuracy,
     score_job,
 )
-from shockwave.throughput_knowledge import ThroughputKnowledge, apply_knowledge
-from shockwave.throughput_model import ThroughputModel
-from shockwave.traces import ThroughputTable
-from shockwave.workload import SimJob
+from shockwave.workloads.generator import generate_workload
+from shockwave.workloads.throughput_knowledge import ThroughputKnowledge, apply_knowledge
+from shockwave.workloads.traces import ThroughputTable
+from shockwave.workloads.workload import SimJob
 from tests.builders import SAMPLES, sim_job, workload
 
 ACCORDION = AdaptationMode.ACCORDION

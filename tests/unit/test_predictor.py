@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shockwave.model import AdaptationMode, Regime
-from shockwave.predictor import (
+from shockwave.domain.model import AdaptationMode, Regime
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.prediction.predictor import (
     PredictedRegime,
     Prediction,
     PredictorParams,
@@ -21,7 +22,6 @@ from shockwave.predictor import (
     predict_greedy,
     restate,
 )
-from shockwave.snapshot import ActiveJob
 from tests.builders import adaptive_job
 
 ACCORDION = AdaptationMode.ACCORDION

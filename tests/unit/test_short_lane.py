@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from shockwave.planner import PlannerParams
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams, ShockwaveState
+from shockwave.market.planner import PlannerParams
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams, ShockwaveState
 from tests.builders import active_job, snapshot
 
 

@@ -6,11 +6,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from shockwave.metrics import contention_ftf, reference_ftf, summarize
-from shockwave.model import AdaptationMode, Cluster
-from shockwave.policy import Decision, get_policy, make_params
-from shockwave.simulator import PolicyContractError, SimSettings, simulate
-from shockwave.snapshot import Snapshot
+from shockwave.domain.model import AdaptationMode, Cluster
+from shockwave.domain.snapshot import Snapshot
+from shockwave.policies.policy import Decision, get_policy, make_params
+from shockwave.simulation.metrics import contention_ftf, reference_ftf, summarize
+from shockwave.simulation.simulator import PolicyContractError, SimSettings, simulate
 from tests.builders import cluster, sim_job, workload
 
 

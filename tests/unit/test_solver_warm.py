@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shockwave_cli import embedded
+from shockwave_cli.runtime import embedded
 from solver_service import enqueue
 from solver_service.settings import SolverSettings
 from store import migrate

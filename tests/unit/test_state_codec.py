@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from shockwave.policy import Decision, Policy, get_policy, make_params
-from shockwave.simulator import simulate
-from shockwave.snapshot import Snapshot
-from shockwave.state_codec import StateCodecError, decode, encode
+from shockwave.domain.snapshot import Snapshot
+from shockwave.domain.state_codec import StateCodecError, decode, encode
+from shockwave.policies.policy import Decision, Policy, get_policy, make_params
+from shockwave.simulation.simulator import simulate
 from tests.builders import cluster, sim_job, workload
 
 
@@ -76,7 +76,7 @@ def test_unencodable_values_are_refused() -> None:
 
 
 def test_a_cluster_of_mixed_nodes_goes_through_json_and_rebuilds_its_numbering() -> None:
-    from shockwave.model import Cluster
+    from shockwave.domain.model import Cluster
 
     mixed = Cluster.parse("2x8,1x4,1x2")
     back = decode(json.loads(json.dumps(encode(mixed))))
@@ -85,9 +85,9 @@ def test_a_cluster_of_mixed_nodes_goes_through_json_and_rebuilds_its_numbering()
 
 @pytest.mark.parametrize("name", ["shockwave", "gavel"])
 def test_typed_policy_state_goes_through_json(name: str) -> None:
-    from shockwave.heterogeneity import typed_job
-    from shockwave.model import Cluster, ThroughputProfile
-    from shockwave.workload import Workload
+    from shockwave.domain.model import Cluster, ThroughputProfile
+    from shockwave.market.heterogeneity import typed_job
+    from shockwave.workloads.workload import Workload
 
     typed = Cluster((4, 4), ("fast", "slow"))
     jobs = tuple(

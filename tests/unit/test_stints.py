@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shockwave.stints import Stint, received_seconds, useful_seconds
+from shockwave.domain.stints import Stint, received_seconds, useful_seconds
 
 RESTORE, GUARD = 20.0, 5.0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shockwave_cli.supervision import NotReady, Supervisor, wait_until
+from shockwave_cli.runtime.supervision import NotReady, Supervisor, wait_until
 
 
 def test_a_callable_message_is_read_only_when_the_wait_gives_up() -> None:

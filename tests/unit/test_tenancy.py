@@ -6,10 +6,8 @@ import math
 
 import pytest
 
-from shockwave import engine
-from shockwave.engine import Plan, Waiting
-from shockwave.model import Cluster, JobSpec, ValidationError
-from shockwave.tenancy import (
+from shockwave.domain.model import Cluster, JobSpec, ValidationError
+from shockwave.domain.tenancy import (
     AT_LIMIT,
     AT_SHARE,
     Tenant,
@@ -24,6 +22,8 @@ from shockwave.tenancy import (
     water_fill_floors,
     within_caps,
 )
+from shockwave.rounds import engine
+from shockwave.rounds.engine import Plan, Waiting
 
 A, B, C = "a", "b", "c"
 

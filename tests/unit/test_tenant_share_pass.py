@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams, ShockwaveState
-from shockwave.snapshot import ActiveJob
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams, ShockwaveState
 from tests.builders import active_job, snapshot
 
 

@@ -11,20 +11,20 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from shockwave.metrics import jain_index, summarize
-from shockwave.model import Cluster, ValidationError
-from shockwave.policy import Decision, get_policy, make_params
-from shockwave.simulator import SimResult, simulate
-from shockwave.snapshot import Snapshot
-from shockwave.tenancy import Tenant
-from shockwave.tenant_ledger import TenantLedger
-from shockwave.tenant_workload import (
+from shockwave.domain.model import Cluster, ValidationError
+from shockwave.domain.snapshot import Snapshot
+from shockwave.domain.tenancy import Tenant
+from shockwave.policies.policy import Decision, get_policy, make_params
+from shockwave.simulation.metrics import jain_index, summarize
+from shockwave.simulation.simulator import SimResult, simulate
+from shockwave.simulation.tenant_ledger import TenantLedger
+from shockwave.workloads.tenant_workload import (
     assign_tenants,
     parse_tenant_values,
     tenant_settings,
     with_tenants,
 )
-from shockwave.workload import Workload
+from shockwave.workloads.workload import Workload
 from shockwave_cli.main import INPUT_ERROR_EXIT, app
 from tests.builders import sim_job
 

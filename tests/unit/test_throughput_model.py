@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from shockwave.model import AdaptationMode
-from shockwave.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
-from shockwave.snapshot import ActiveJob
-from shockwave.throughput_knowledge import ThroughputKnowledge, apply_knowledge
-from shockwave.throughput_model import ThroughputModel, ThroughputModelParams
+from shockwave.domain.model import AdaptationMode
+from shockwave.domain.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.prediction.throughput_model import ThroughputModel, ThroughputModelParams
+from shockwave.workloads.throughput_knowledge import ThroughputKnowledge, apply_knowledge
 from tests.builders import SAMPLES, adaptive_job, sim_job, workload
 
 LADDER = (32, 64, 256)

@@ -10,16 +10,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-from shockwave.policies.gavel import MaxMinFairness, MaxMinFairnessParams
-from shockwave.policies.time_fraction import (
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.domain.stints import Stint
+from shockwave.policies.gavel_family.gavel import MaxMinFairness, MaxMinFairnessParams
+from shockwave.policies.gavel_family.time_fraction import (
     AllocationJob,
     PriorityState,
     TimeFractionParams,
     TimeFractionPolicy,
 )
-from shockwave.policy import Decision
-from shockwave.snapshot import ActiveJob
-from shockwave.stints import Stint
+from shockwave.policies.policy import Decision
 from tests.builders import active_job, snapshot
 
 EPOCH_S = 100.0

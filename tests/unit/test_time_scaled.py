@@ -1,9 +1,9 @@
-"""shockwave.policy.time_scaled: a policy run on a clock X times faster gets its duration knobs
-divided by X (``shockwave replay``), the solver's wall-clock limit excepted."""
+"""shockwave.policies.policy.time_scaled: a policy run on a clock X times faster gets its duration
+knobs divided by X (``shockwave replay``), the solver's wall-clock limit excepted."""
 
 from __future__ import annotations
 
-from shockwave.policy import get_policy, make_params, service_params, time_scaled
+from shockwave.policies.policy import get_policy, make_params, service_params, time_scaled
 
 
 def test_every_duration_knob_is_divided_and_nothing_else() -> None:

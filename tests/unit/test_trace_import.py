@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shockwave.model import AdaptationMode, ValidationError
-from shockwave.trace_import import (
+from shockwave.domain.model import AdaptationMode, ValidationError
+from shockwave.workloads.trace_import import (
     ImportOptions,
     LogFormatError,
     busiest_window,
@@ -19,7 +19,7 @@ from shockwave.trace_import import (
     parse_job_log,
     parse_time,
 )
-from shockwave.traces import (
+from shockwave.workloads.traces import (
     FormatError,
     ThroughputTable,
     build_workload,

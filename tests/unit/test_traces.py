@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shockwave.model import AdaptationMode, Regime, ValidationError
-from shockwave.traces import (
+from shockwave.domain.model import AdaptationMode, Regime, ValidationError
+from shockwave.workloads.traces import (
     TRACE_FIELDS,
     FormatError,
     ThroughputTable,
@@ -22,7 +22,7 @@ from shockwave.traces import (
     parse_trace,
     parse_trajectories,
 )
-from shockwave.workload import SimJob, Workload
+from shockwave.workloads.workload import SimJob, Workload
 
 # ---------------------------------------------------------------------------------- builders
 

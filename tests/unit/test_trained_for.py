@@ -1,13 +1,13 @@
 """A running job as it stands some seconds after its last report
-(:meth:`shockwave.snapshot.ActiveJob.trained_for`): the service's policy sees what the
+(:meth:`shockwave.domain.snapshot.ActiveJob.trained_for`): the service's policy sees what the
 simulator's sees (fractional progress) from whole-epoch reports and the time since."""
 
 from __future__ import annotations
 
 import pytest
 
-from shockwave.model import ElasticRange, JobSpec, ThroughputProfile
-from shockwave.snapshot import PART_OF_NEXT_EPOCH, ActiveJob, JobProgress
+from shockwave.domain.model import ElasticRange, JobSpec, ThroughputProfile
+from shockwave.domain.snapshot import PART_OF_NEXT_EPOCH, ActiveJob, JobProgress
 
 SAMPLES = 1000
 RATE = 10.0

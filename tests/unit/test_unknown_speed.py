@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from shockwave.policies.shockwave import Shockwave, ShockwaveParams
-from shockwave.snapshot import ActiveJob
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
 from tests.builders import adaptive_job, snapshot
 
 NOW = 1200.0

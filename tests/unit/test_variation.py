@@ -8,14 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from shockwave.model import AdaptationMode
-from shockwave.variation import (
-    Variation,
-    apply_variation,
-    speed_factor,
-    varied_lengths,
-)
-from shockwave.workload import SimJob
+from shockwave.domain.model import AdaptationMode
+from shockwave.workloads.variation import Variation, apply_variation, speed_factor, varied_lengths
+from shockwave.workloads.workload import SimJob
 from tests.builders import sim_job, workload
 
 ACCORDION = AdaptationMode.ACCORDION

@@ -1,11 +1,11 @@
-"""shockwave.waiting: the one cause a job does not run, most basic first."""
+"""shockwave.domain.waiting: the one cause a job does not run, most basic first."""
 
 from __future__ import annotations
 
 import pytest
 
-from shockwave.lifecycle import JobState
-from shockwave.waiting import Cause, Gpus, PlanView, why_waiting
+from shockwave.domain.lifecycle import JobState
+from shockwave.domain.waiting import Cause, Gpus, PlanView, why_waiting
 
 NONE = Gpus(total={}, ready={})
 TWO_READY = Gpus(total={"a100": 2}, ready={"a100": 2})

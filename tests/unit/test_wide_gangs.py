@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from shockwave.heterogeneity import parse_typed_gpus
-from shockwave.model import VALID_WIDTHS, Cluster, JobSpec, ValidationError, is_valid_width
-from shockwave.placement import place, place_into
-from shockwave.policy import get_policy, make_params, policy_names
-from shockwave.simulator import simulate
-from shockwave.trace_import import ImportOptions, import_job_log
-from shockwave.traces import ThroughputTable, parse_throughputs
-from shockwave.workload import Workload
-from shockwave_cli.inputs import load_typed_workload
+from shockwave.domain.model import VALID_WIDTHS, Cluster, JobSpec, ValidationError, is_valid_width
+from shockwave.market.heterogeneity import parse_typed_gpus
+from shockwave.policies.policy import get_policy, make_params, policy_names
+from shockwave.rounds.placement import place, place_into
+from shockwave.simulation.simulator import simulate
+from shockwave.workloads.trace_import import ImportOptions, import_job_log
+from shockwave.workloads.traces import ThroughputTable, parse_throughputs
+from shockwave.workloads.workload import Workload
+from shockwave_cli.commands.inputs import load_typed_workload
 
 
 @pytest.fixture(scope="module")

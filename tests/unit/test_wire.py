@@ -1,4 +1,4 @@
-"""shockwave_cli/wire.py, the fleet's and the load generators' HTTP client, against a small
+"""shockwave_fleet/wire.py, the fleet's and the load generators' HTTP client, against a small
 asyncio server: bodies by length and chunked, keep-alive reuse, a kept-alive connection the
 server closed, timeouts."""
 
@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from shockwave_cli import wire
+from shockwave_fleet import wire
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 """Answers one request (its head and body); whether to keep the connection open."""

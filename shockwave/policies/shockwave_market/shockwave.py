@@ -1,0 +1,1231 @@
+"""Shockwave (``shockwave``): a volatile Fisher market planned over a window of rounds.
+
+Each decision, in order:
+
+1. Contention: add this round's requested GPUs per GPU to every active job's running average.
+2. Predict: each job's trajectory with the regime predictor named in the params
+   (:mod:`shockwave.prediction.regime_predictors`; by default the population predictor: the paper's
+   posterior updated by what the jobs finished so far did, ``snapshot.population``), epoch
+   times from what has been measured (:mod:`shockwave.prediction.throughput_model`), or the truth in
+   oracle experiments; optionally perturbed by +/- p% (the paper's resilience experiment).
+3. Estimate: finish-time fairness rho_hat, remaining time (:mod:`shockwave.market.estimators`) and
+   the fairness deadline arrival + N_avg P_hat (where rho_hat would reach 1).
+4. Re-plan when due (reactive: a job arrived, finished or changed batch size, or the plan ran
+   out or is ``replan_every_rounds`` old; lazy: only the last two), else follow the cached plan.
+   A plan maximizes the generalized Nash social welfare with the makespan and deadline
+   regularizers (:mod:`shockwave.market.planner`).
+5. Take the plan's next round and fill idle GPUs with waiting jobs, most predicted work first
+   (work conservation).
+
+On a typed cluster (GPU types, :mod:`shockwave.market.heterogeneity`) the estimates of step 3 are on
+the cluster's average GPU, and steps 4-5 run per type: prices assign each job a type and a market
+per type plans it (:mod:`shockwave.policies.shockwave_market.shockwave_typed`).
+
+The plan and the contention history live in :class:`ShockwaveState`, handed back each round.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zlib
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shockwave.domain.memo import IdentityMemo, progress_key
+from shockwave.domain.population import PopulationPrior
+from shockwave.domain.snapshot import ActiveJob, RevealedTrajectory, Snapshot
+from shockwave.domain.tenancy import (
+    TenantMarket,
+    owed_after,
+    share_order,
+    share_quotas,
+    share_round,
+)
+from shockwave.market.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
+from shockwave.market.estimators import contention_factor, finish_time_fairness, lifetime_contention
+from shockwave.market.heterogeneity import mean_speed
+from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
+from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
+from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
+from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.predictor import (
+    Prediction,
+    PredictorParams,
+    predict_from_truth,
+    predict_greedy,
+)
+from shockwave.prediction.regime_predictors import (
+    DEFAULT_REGIME_PREDICTOR,
+    REGIME_PREDICTORS,
+    check_regime_predictor,
+    prior_read,
+)
+from shockwave.prediction.throughput_model import (
+    Read,
+    RecordingModel,
+    ThroughputModel,
+    ThroughputModelParams,
+    answers_alike,
+)
+
+PACKING_ORDERS = ("deadline", "laxity")
+"""How the running and late jobs of a plan are ordered for round 0. ``deadline`` (the default):
+earliest fairness deadline first. ``laxity``: least laxity first (deadline minus predicted
+remainder). Earliest deadline cannot thrash: a running job's
+deadline does not move, where a waiting job's laxity falls by a round each round until it
+overtakes the running one's, and they swap back and forth."""
+
+ELASTIC_ORDERS = ("srpt", "srpt-all", "laxity")
+"""How an elastic plan's jobs are ordered into its rounds (docs/elastic.md, "Packing order").
+``srpt``: jobs past their fairness deadline first by lateness, the rest shortest remaining
+first. ``srpt-all``: every job shortest remaining first (fairness is left to the counts).
+``laxity``: least laxity first."""
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShockwaveParams:
+    """Every knob of the policy, with its default.
+
+    ``planner``: window T, lambda, solver limits (see PlannerParams). ``fairness_exponent``: k in
+    w_j = B_j rho_hat^k. ``replan``: "reactive" or "lazy". ``replan_every_rounds``: re-plan at
+    least this often. ``restart_overhead_s``: what the planner expects a start or resume to cost.
+    ``deadline_contention``: N in each job's fairness deadline arrival + N P_hat; None (default)
+    uses the job's observed contention factor N_avg, as rho_hat does.
+    ``regime_predictor``: which predictor plans (:data:`REGIME_PREDICTORS`: population,
+    restatement, greedy), with ``population`` its knobs; ``throughput``: the priors of the
+    throughput model's scaling laws.
+    ``oracle``: predict from the true trajectories (simulator only). ``prediction_error``: p, the
+    relative error injected into predicted run times (0.3 = +/-30%), drawn per job from
+    ``error_seed``.
+    Elastic jobs (docs/elastic.md, :mod:`shockwave.market.elastic`): ``completion_weight`` kappa of
+    the predicted-finish term (0: off); ``elastic_order`` the packing order
+    (:data:`ELASTIC_ORDERS`); ``elastic_critical_at_widest`` judge the critical
+    path at each job's widest count; ``elastic_floor_progress`` a critical-path floor also asks
+    for its rounds' progress on the requested count; ``elastic_long_margin`` the share of the
+    makespan bound from which a job may not run narrower than it asked (0: off);
+    ``elastic_long_runs`` the share of the makespan bound that makes the path along which
+    long jobs must run (0: off); ``elastic_path_at_widest`` judge that path on each job's
+    remainder at its widest count, against max(work bound, longest such remainder), rather
+    than on requested counts and only while the longest remainder outlasts the work bound;
+    ``elastic_critical_gate`` the planner's critical-path gate on elastic plans
+    (:attr:`shockwave.market.planner.PlannerParams.critical_path_gate`; None: theta_c, the gate the
+    elastic rules were measured with: they judge their own path against max(W, L) already,
+    and the rigid gate on top cost the 120-job elastic run 4.7% of average JCT);
+    ``elastic_running_credit_s`` the lateness credit a running job past its deadline has over
+    waiting ones in the packing order (0: off); ``elastic_replan`` the re-plan mode while any
+    job is elastic (None: ``replan``): lazy, because every re-plan re-chooses widths and
+    rounds and each change is a restart; ``elastic_widen_load`` no job is planned wider than
+    it asked while the active jobs ask for this many times the cluster's GPUs or more (0:
+    off): a crowded cluster runs most work per GPU on narrow counts.
+    ``packing_order``: the order in which the plan's running and late jobs take round 0
+    (:data:`PACKING_ORDERS`): ``deadline`` (earliest fairness deadline first, the default) or
+    ``laxity`` (least laxity first; docs/policy.md, "Packing into rounds").
+    ``wait_for_ends``: a job that is not running does not take round 0 from a running one when a
+    job of round 0 ends inside it with GPUs enough for it (it starts on them then, mid-round;
+    :func:`shockwave.market.planner.pack_rounds`): a restart costs more than the part of a round
+    the job would wait.
+    ``patience``: with the deadline order, while the active jobs are no more than the GPUs, a
+    job that is not running, whose observed contention is at most 1 and that has been in the
+    system less than ``patience`` times its predicted run time takes round 0 from a running one
+    only when it is both due earlier and smaller in remaining GPU-seconds (Smith's rule): a
+    preemption costs a restart, so it must help fairness and average JCT both; otherwise by
+    deadline alone, so the rule adds at most that share of its run time to a job's wait (0:
+    off; :func:`_patient`, :func:`shockwave.market.planner.pack_rounds`).
+    ``tenant_slack_rounds``: with more than one tenant, how many rounds of its share a tenant's
+    jobs may run ahead of it before the round holds the tenant to its share
+    (:func:`shockwave.domain.tenancy.share_quotas`; 0: every round, the balance evening out gangs).
+    ``level_deadlines``: with the deadline order, jobs already late take round 0 by earliest
+    deadline at the worst predicted finish-time fairness among them rather than by their
+    fairness deadlines (:func:`_level_deadlines`; docs/policy.md, "Packing into rounds").
+    """
+
+    planner: PlannerParams = field(default_factory=PlannerParams)
+    predictor: PredictorParams = field(default_factory=PredictorParams)
+    regime_predictor: str = DEFAULT_REGIME_PREDICTOR
+    population: PopulationParams = field(default_factory=PopulationParams)
+    throughput: ThroughputModelParams = field(default_factory=ThroughputModelParams)
+    fairness_exponent: float = 5.0
+    replan: str = "reactive"
+    replan_every_rounds: int = 8
+    restart_overhead_s: float = 20.0
+    deadline_contention: float | None = None
+    oracle: bool = False
+    prediction_error: float = 0.0
+    error_seed: int = 0
+    completion_weight: float = 0.0
+    elastic_order: str = "srpt"
+    elastic_critical_at_widest: bool = False
+    elastic_floor_progress: bool = True
+    elastic_long_margin: float = 0.5
+    elastic_long_runs: float = 0.75
+    elastic_path_at_widest: bool = True
+    elastic_critical_gate: float | None = None
+    elastic_running_credit_s: float = 120.0
+    elastic_replan: str | None = "lazy"
+    elastic_widen_load: float = 1.0
+    packing_order: str = "deadline"
+    wait_for_ends: bool = True
+    patience: float = 0.5
+    tenant_slack_rounds: float = 0.0
+    level_deadlines: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
+        if self.replan not in REPLAN_MODES:
+            raise ValueError(f"replan must be reactive or lazy, got {self.replan!r}")
+        _check_choice("elastic_order", self.elastic_order, ELASTIC_ORDERS)
+        if self.elastic_replan is not None and self.elastic_replan not in REPLAN_MODES:
+            raise ValueError(
+                f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
+            )
+        check_regime_predictor(self.regime_predictor)
+        if not isinstance(self.wait_for_ends, (bool, int)):
+            raise ValueError("wait_for_ends must be a bool")
+        if not isinstance(self.level_deadlines, (bool, int)):
+            raise ValueError("level_deadlines must be a bool")
+        if not (math.isfinite(self.patience) and self.patience >= 0):
+            raise ValueError("patience must be a finite number >= 0 (0: off)")
+        if self.replan_every_rounds <= 0:
+            raise ValueError("replan_every_rounds must be > 0")
+        if not 0 <= self.prediction_error < 1:
+            raise ValueError("prediction_error must be in [0, 1)")
+        if not (math.isfinite(self.fairness_exponent) and self.fairness_exponent >= 0):
+            raise ValueError("fairness_exponent must be a finite number >= 0")
+        if not (math.isfinite(self.restart_overhead_s) and self.restart_overhead_s >= 0):
+            raise ValueError("restart_overhead_s must be a finite number >= 0")
+        gate = self.elastic_critical_gate
+        if gate is not None and not (math.isfinite(gate) and 0 < gate <= 1):
+            raise ValueError("elastic_critical_gate must be in (0, 1] or None (theta_c)")
+        if not (math.isfinite(self.elastic_widen_load) and self.elastic_widen_load >= 0):
+            raise ValueError("elastic_widen_load must be a finite number >= 0 (0: off)")
+        if self.deadline_contention is not None and not self.deadline_contention >= 1:
+            raise ValueError("deadline_contention must be >= 1 (or None for the observed one)")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSummary:
+    """What the last solve reported, for metrics and explanations."""
+
+    objective: float = 0.0
+    bound: float = 0.0
+    gain_gap: float = 0.0
+    gap: float = 0.0
+    status: str = "empty"
+    solver: str = "none"
+    solves: int = 0
+
+    def summary(self) -> SolveSummary:
+        return SolveSummary(
+            status=self.status,
+            solver=self.solver,
+            objective=self.objective,
+            bound=self.bound,
+            gain_gap=self.gain_gap,
+            gap=self.gap,
+            solves=self.solves,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShockwaveState:
+    plan_rounds: tuple[tuple[str, ...], ...] = ()
+    planned_at_round: int = 0
+    job_set: frozenset[str] = frozenset()
+    regimes_seen: Mapping[str, int] = field(default_factory=dict)
+    contention_sum: Mapping[str, float] = field(default_factory=dict)
+    contention_rounds: Mapping[str, int] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    last: PlanSummary = field(default_factory=PlanSummary)
+    plan_types: Mapping[str, str] = field(default_factory=dict)
+    widths: Mapping[str, int] = field(default_factory=dict)
+    tenant_owed: Mapping[str, float] = field(default_factory=dict)
+    decided_round: int = -1
+    round_start: tuple[Mapping[str, float], Mapping[str, int], Mapping[str, float]] = ({}, {}, {})
+    """What :func:`_round_start` restores when the same round is decided again: the
+    contention sums, their rounds and the tenants' balances as they were before the first
+    decision of round ``decided_round``."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutlook:
+    """Prediction and estimates of one job at this decision. ``budget``: the job's weight in
+    the market this round (B_j; with tenants, its part of its tenant's share). ``probe``: the
+    job has measured no epoch time while jobs of one shape are known to run at different
+    speeds (:meth:`ThroughputModel.unseen_factor` > 1): its estimate is other jobs' typical
+    speed, so the plan runs it a round to measure its own
+    (:attr:`shockwave.market.planner.PlanJob.probe`)."""
+
+    prediction: Prediction
+    remaining_s: float
+    total_s: float
+    rho: float
+    error_factor: float
+    deadline_s: float
+    fair_share_s: float
+    cautious_remaining_s: float
+    soonest_remaining_s: float
+    latest_remaining_s: float
+    budget: float = 1.0
+    probe: bool = False
+
+    @property
+    def laxity_s(self) -> float:
+        """Seconds to spare before the job misses its fairness deadline at full speed."""
+        return self.deadline_s - self.remaining_s
+
+
+def rates_by_job(
+    snapshot: Snapshot, params: ThroughputModelParams | None = None
+) -> dict[str, ThroughputModel]:
+    """Each job's throughput model: built from its learning group's prior and the
+    measurements of its group's active jobs only (:meth:`Snapshot.learning_groups`), so a job
+    never plans with rates another group reported."""
+    rates: dict[str, ThroughputModel] = {}
+    for prior, jobs in snapshot.learning_groups():
+        model = ThroughputModel.build(prior, jobs, params)
+        rates.update((job.job_id, model) for job in jobs)
+    return rates
+
+
+class _LazyOutlooks(Mapping[str, JobOutlook]):
+    """Job id -> outlook, each computed when first read (the same value as computed at once:
+    an outlook depends on the snapshot alone)."""
+
+    def __init__(self, jobs: Sequence[ActiveJob], look: Callable[[ActiveJob], JobOutlook]):
+        self._jobs = {job.job_id: job for job in jobs}
+        self._look = look
+        self._seen: dict[str, JobOutlook] = {}
+
+    def __getitem__(self, job_id: str) -> JobOutlook:
+        seen = self._seen.get(job_id)
+        if seen is None:
+            seen = self._seen[job_id] = self._look(self._jobs[job_id])
+        return seen
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+_Predicted = tuple[Prediction, float, float, float, float, float]
+
+
+@dataclass(slots=True)
+class _Seen:
+    """A memo entry of :class:`_PredictionMemo`: the prediction and what it was made from."""
+
+    job: ActiveJob
+    params: ShockwaveParams
+    progress: Hashable
+    speed: float
+    prior: PopulationPrior
+    prior_read: tuple[object, ...]
+    rates: ThroughputModel
+    rates_read: Sequence[Read]
+    value: _Predicted
+
+
+class _PredictionMemo:
+    """Each job's last prediction, reused while nothing it was made from has changed: the same
+    spec and params, equal progress (:func:`shockwave.domain.memo.progress_key`) and GPU speed,
+    and a prior and throughput model that are the very same objects or, where new (a job finished,
+    one measured an epoch), give the job the same answers: the same template groups
+    (:func:`shockwave.prediction.regime_predictors.prior_read`) and the same estimate for every
+    question the prediction asked of the model
+    (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
+    its first round however often jobs finish or start.
+
+    Bounded (cleared whole when full) and guarded by a lock: the service may decide for
+    several clusters from threads; an entry is keyed by the identities of the job's spec and
+    params and holds them, so clusters never share one."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._entries: dict[tuple[str, int, int], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        speed: float,
+        compute: Callable[[ThroughputModel], _Predicted],
+    ) -> _Predicted:
+        """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
+        the model it is given, which records the questions)."""
+        key = (job.job_id, id(job.spec), id(params))
+        with self._lock:
+            seen = self._entries.get(key)
+        # a view is immutable: the very same one has the same progress
+        progress = seen.progress if seen is not None and seen.job is job else progress_key(job)
+        if (
+            seen is not None
+            and seen.job.spec is job.spec
+            and seen.params is params
+            and seen.progress == progress
+            and seen.speed == speed
+        ):
+            same_prior = seen.prior is prior
+            if not same_prior:
+                read = prior_read(params.regime_predictor, prior, job)
+                same_prior = len(read) == len(seen.prior_read) and all(
+                    a is b for a, b in zip(read, seen.prior_read, strict=True)
+                )
+            if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
+                seen.job, seen.prior, seen.rates = job, prior, rates
+                return seen.value
+        recording = RecordingModel(rates)
+        value = compute(recording)
+        entry = _Seen(
+            job,
+            params,
+            progress,
+            speed,
+            prior,
+            prior_read(params.regime_predictor, prior, job),
+            rates,
+            tuple(recording.reads),
+            value,
+        )
+        with self._lock:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = entry
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_PREDICTIONS = _PredictionMemo()
+"""Each job's last prediction (:class:`_PredictionMemo`)."""
+
+
+def _predicted(
+    job: ActiveJob,
+    prior: PopulationPrior,
+    params: ShockwaveParams,
+    rates: ThroughputModel,
+    speed: float,
+    revealed: RevealedTrajectory | None,
+) -> _Predicted:
+    """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
+    total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
+    from ``revealed`` in oracle experiments."""
+    if revealed is not None:
+        prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+    else:
+        predictor = REGIME_PREDICTORS[params.regime_predictor]
+        prediction = predictor(job, prior, rates, params.predictor, params.population)
+    factor = _error_factor(job.job_id, params) / speed
+    remaining = prediction.remaining_seconds * factor
+    done = prediction.total_seconds - prediction.remaining_seconds
+    total = done / speed + remaining
+    cautious = (
+        predict_greedy(job, params.predictor, rates).remaining_seconds
+        * factor
+        * rates.unseen_factor(job)
+    )
+    soonest = _soonest_remaining(prediction) * factor
+    return prediction, remaining, total, factor, cautious, soonest
+
+
+def _level_deadlines(looks: Sequence[JobOutlook], level: bool) -> list[float]:
+    """Each job's deadline in the packing order (seconds from now; below 0: late). Without
+    ``level``, its fairness deadline. With it, the jobs already late are ranked among
+    themselves by the time by which each must finish for its finish-time fairness to stay at
+    S, the worst predicted now among them (S = max(1, max rho_hat); the deadline at S is
+    arrival + S N P_hat), and stay ahead of every job not late. By their fairness deadlines
+    alone (S = 1) late jobs rank by how long ago they fell due, which puts a job of days that
+    fell due hours ago ahead of a job of minutes that fell due a minute ago, though every
+    round of waiting costs the short job far more of its fairness; earliest deadline first at
+    S is the order that keeps every late job at or below S where any order can."""
+    deadlines = [look.deadline_s for look in looks]
+    late = [i for i, deadline in enumerate(deadlines) if deadline < 0]
+    if not level or len(late) < 2:
+        return deadlines
+    stretch = max(1.0, max(looks[i].rho for i in late)) - 1.0
+    leveled = {i: deadlines[i] + stretch * looks[i].fair_share_s for i in late}
+    shift = max(leveled.values()) + 1.0 if max(leveled.values()) >= 0 else 0.0
+    for i, deadline in leveled.items():
+        deadlines[i] = deadline - shift
+    return deadlines
+
+
+def _patient(job: ActiveJob, look: JobOutlook, now: float, patience: float) -> bool:
+    """Whether ``job`` may be held back by the packing's Pareto rule
+    (:func:`shockwave.market.planner.pack_rounds`): its observed contention is at most 1 (its
+    fairness deadline is arrival + its own run time, so any wait at all makes it late and the
+    deadline order alone swaps jobs on noise) and it has been in the system less than ``patience``
+    times its predicted run time (which bounds what the rule adds to its wait)."""
+    uncontended = look.fair_share_s <= look.total_s
+    return uncontended and now - job.spec.arrival_s < patience * look.total_s
+
+
+class Shockwave:
+    name: ClassVar[str] = "shockwave"
+    Params: ClassVar[type[Any]] = ShockwaveParams
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        state = snapshot.policy_state
+        if not isinstance(state, ShockwaveState):
+            state = ShockwaveState()
+        shares = snapshot.market()
+        base = _round_start(state, snapshot.round_index)
+        contention_sum, contention_rounds = _update_contention(snapshot, base, shares)
+        rates = rates_by_job(snapshot, params.throughput)
+        typed = snapshot.cluster.is_typed
+
+        def look(job: ActiveJob) -> JobOutlook:
+            speed = mean_speed(job, snapshot.cluster) if typed else 1.0
+            return self.outlook(
+                snapshot,
+                job,
+                params,
+                contention_sum,
+                contention_rounds,
+                rates[job.job_id],
+                speed,
+                shares.budgets[job.job_id],
+                None if shares.single else shares.contention[job.job_id],
+            )
+
+        active = frozenset(j.job_id for j in snapshot.jobs)
+        regimes_seen = {j.job_id: len(j.progress.observed_regimes) for j in snapshot.jobs}
+        offset = snapshot.round_index - state.planned_at_round
+        due = _replan_due(snapshot, state, params, active, regimes_seen, offset)
+        # a plan needs every job's outlook; following one needs only those of the jobs its
+        # column leaves waiting (the fill's order and their reasons), made when first read
+        outlooks: Mapping[str, JobOutlook]
+        if due or typed or _has_elastic(snapshot):
+            outlooks = {job.job_id: look(job) for job in snapshot.jobs}
+        else:
+            outlooks = _LazyOutlooks(snapshot.jobs, look)
+            if params.planner.short_lane and _short_job_due(snapshot, state, params, outlooks):
+                due = True
+                outlooks = {job.job_id: outlooks[job.job_id] for job in snapshot.jobs}
+        rounds, counts, last = state.plan_rounds, state.counts, state.last
+        planned_at = state.planned_at_round
+        types, widths = state.plan_types, state.widths
+        if due:
+            if typed:
+                solved, types = plan_typed(snapshot, params, outlooks, _plan_job)
+            else:
+                solved, widths = self.solve_widths(snapshot, params, outlooks)
+            rounds, counts, planned_at, offset = (
+                solved.rounds,
+                solved.counts,
+                snapshot.round_index,
+                0,
+            )
+            last = PlanSummary(
+                objective=solved.objective,
+                bound=solved.bound,
+                gain_gap=solved.gain_gap,
+                gap=solved.gap,
+                status=solved.status.value,
+                solver=solved.solver,
+                solves=state.last.solves + 1,
+            )
+        column = rounds[offset] if offset < len(rounds) else ()
+        if typed:
+            chosen, reasons, types = fill_typed(
+                snapshot, [j for j in column if j in active], outlooks, types
+            )
+            chosen_widths: Mapping[str, int] = {}
+        else:
+            chosen, reasons, chosen_widths = _fill(
+                snapshot,
+                [j for j in column if j in active],
+                outlooks,
+                widths,
+                params.restart_overhead_s,
+            )
+        owed = base.tenant_owed
+        if not shares.single and not typed:
+            chosen, reasons, chosen_widths, owed = _share(
+                snapshot,
+                shares,
+                owed,
+                chosen,
+                reasons,
+                chosen_widths,
+                outlooks,
+                params.tenant_slack_rounds,
+                frozenset(j for j, n in counts.items() if n >= len(rounds)),
+            )
+        new_state = ShockwaveState(
+            plan_rounds=rounds,
+            planned_at_round=planned_at,
+            job_set=active if due else state.job_set,
+            regimes_seen=MappingProxyType(regimes_seen) if due else state.regimes_seen,
+            contention_sum=MappingProxyType(contention_sum),
+            contention_rounds=MappingProxyType(contention_rounds),
+            counts=MappingProxyType(dict(counts)),
+            last=last,
+            plan_types=MappingProxyType(dict(types)),
+            widths=MappingProxyType(dict(widths)),
+            tenant_owed=MappingProxyType(dict(owed)),
+            decided_round=snapshot.round_index,
+            round_start=(base.contention_sum, base.contention_rounds, base.tenant_owed),
+        )
+        window = max(1, len(rounds))
+        allocation = {j: counts.get(j, 0) / window for j in active}
+        planned = tuple(tuple(j for j in column if j in active) for column in rounds[offset + 1 :])
+        return Decision(
+            jobs=tuple(chosen),
+            state=new_state,
+            allocation=allocation,
+            reasons=reasons,
+            planned=planned,
+            solve=last.summary(),
+            types=types,
+            widths=chosen_widths,
+        )
+
+    def outlook(
+        self,
+        snapshot: Snapshot,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        contention_sum: Mapping[str, float],
+        contention_rounds: Mapping[str, int],
+        rates: ThroughputModel | None = None,
+        speed: float = 1.0,
+        budget: float | None = None,
+        current_contention: float | None = None,
+    ) -> JobOutlook:
+        """What the policy expects of ``job``; ``rates``: the throughput model of the
+        snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
+        job's reference type (on a typed cluster, the average GPU's:
+        :func:`shockwave.market.heterogeneity.mean_speed`), dividing every time estimate.
+        ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
+        own ``budget``."""
+        if rates is None:
+            rates = rates_by_job(snapshot, params.throughput)[job.job_id]
+        revealed = snapshot.revealed.get(job.job_id)
+        if params.oracle:
+            if revealed is None:
+                raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
+            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)
+        else:
+            # a job whose progress is as last round and whose prior and throughput model give
+            # it the same answers predicts as it did then (_PredictionMemo)
+            prior = snapshot.prior_of(job.job_id)
+            seen = _PREDICTIONS.get(
+                job,
+                params,
+                prior,
+                rates,
+                speed,
+                lambda model: _predicted(job, prior, params, model, speed, None),
+            )
+        prediction, remaining, total, factor, cautious, soonest = seen
+        rounds = contention_rounds.get(job.job_id, 0)
+        contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
+        if current_contention is not None:
+            contention = lifetime_contention(
+                contention_sum.get(job.job_id, 0.0),
+                rounds,
+                current_contention,
+                remaining / snapshot.round_seconds,
+            )
+        age = snapshot.now - job.spec.arrival_s
+        rho = finish_time_fairness(age, remaining, total, contention)
+        share = params.deadline_contention or max(1.0, contention)
+        deadline = job.spec.arrival_s + share * total - snapshot.now
+        return JobOutlook(
+            prediction,
+            remaining,
+            total,
+            rho,
+            factor,
+            deadline,
+            share * total,
+            cautious,
+            min(soonest, remaining),
+            max(cautious, remaining),
+            job.spec.budget if budget is None else budget,
+            rates.unseen_factor(job) > 1.0,
+        )
+
+    def solve(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> Plan:
+        window = params.planner.rounds
+        length = snapshot.round_seconds
+        jobs = []
+        priority = []
+        for job in snapshot.jobs:
+            look = outlooks[job.job_id]
+            jobs.append(_plan_job(job, look, params, window, length))
+            priority.append(-look.laxity_s)
+        deadlines = None
+        patient = None
+        if params.packing_order == "deadline":
+            deadlines = _level_deadlines(
+                [outlooks[job.job_id] for job in snapshot.jobs], params.level_deadlines
+            )
+            if params.patience > 0 and len(snapshot.jobs) <= snapshot.cluster.total_gpus:
+                patient = [
+                    _patient(job, outlooks[job.job_id], snapshot.now, params.patience)
+                    for job in snapshot.jobs
+                ]
+        return plan(
+            jobs,
+            snapshot.cluster.total_gpus,
+            params.planner,
+            length,
+            priority,
+            deadlines,
+            bool(params.wait_for_ends),
+            patient,
+        )
+
+    def solve_widths(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[Plan, Mapping[str, int]]:
+        """:meth:`solve`, or with elastic jobs in the snapshot the elastic planner
+        (:mod:`shockwave.market.elastic`): the plan and the GPU count of each planned job."""
+        if not _has_elastic(snapshot):
+            return self.solve(snapshot, params, outlooks), {}
+        jobs, priority = self.elastic_jobs(snapshot, params, outlooks)
+        solved = self.plan_elastic_jobs(snapshot, params, jobs, priority)
+        return solved.plan, solved.widths
+
+    @staticmethod
+    def plan_elastic_jobs(
+        snapshot: Snapshot,
+        params: ShockwaveParams,
+        jobs: Sequence[ElasticPlanJob],
+        priority: Sequence[float],
+    ) -> ElasticPlan:
+        """The elastic planner on :meth:`elastic_jobs`' tables, with the policy's knobs (one
+        call for the policy and for ``bench/solver.py --elastic``, so both time the same)."""
+        planner = replace(params.planner, critical_path_gate=params.elastic_critical_gate)
+        return plan_elastic(
+            jobs,
+            snapshot.cluster.total_gpus,
+            planner,
+            snapshot.round_seconds,
+            priority,
+            params.completion_weight,
+            params.elastic_floor_progress,
+        )
+
+    def elastic_jobs(
+        self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+    ) -> tuple[list[ElasticPlanJob], list[float]]:
+        """Every job's tables on each of its widths, and the packing priorities."""
+        window = params.planner.rounds
+        length = snapshot.round_seconds
+        jobs = []
+        priority = []
+        long_s, must_s = _long_job_s(snapshot, params, outlooks)
+        crowded = _crowded(snapshot, params.elastic_widen_load)
+        for job in snapshot.jobs:
+            look = outlooks[job.job_id]
+            variants = _plan_variants(job, look, params, window, length)
+            is_elastic = job.spec.elastic is not None
+            long = is_elastic and look.remaining_s >= long_s
+            if params.elastic_path_at_widest:
+                # On widest counts the path rule stands alone: a job whose fastest finish
+                # cannot sit out the window runs it, not narrower than it asked.
+                must_run = is_elastic and _widest_remaining_s(job, look) >= must_s
+            else:
+                must_run = long and look.remaining_s >= must_s
+            if long or must_run:
+                variants = {w: v for w, v in variants.items() if w >= job.spec.gpus}
+            elif crowded:
+                variants = {w: v for w, v in variants.items() if w <= job.spec.gpus}
+            base = variants[job.spec.gpus]
+            top = 1.0
+            if job.spec.elastic is not None and params.elastic_critical_at_widest:
+                bs = job.progress.batch_size
+                top = max(job.spec.elastic.factor(w, job.spec.gpus, bs) for w in variants)
+                top = max(1.0, top)
+                base = replace(
+                    base,
+                    critical_remaining_s=base.critical_remaining_s / top,
+                    soonest_remaining_s=look.soonest_remaining_s / top,
+                    latest_remaining_s=look.latest_remaining_s / top,
+                )
+            jobs.append(ElasticPlanJob(base, variants, top, must_run))
+            late_running = job.running and look.laxity_s < 0
+            credit = params.elastic_running_credit_s if late_running else 0.0
+            priority.append(_elastic_priority(look, params) + credit)
+        return jobs, priority
+
+
+def _crowded(snapshot: Snapshot, load: float) -> bool:
+    """Whether the active jobs' requested GPUs are ``load`` times the cluster's or more
+    (``elastic_widen_load``; 0: never): then no job is planned wider than it asked.
+
+    Why: the deadline term prices a late job's finish, and a job that ends inside the window
+    on 8 GPUs ends sooner than on its request, so the market widened late jobs at a fraction
+    of the work per GPU they do narrow. The window cannot see that the GPU-rounds this costs
+    delay the jobs waiting behind it: on the 900-job trace, with 300-600 jobs waiting for
+    256 GPUs, 44% of all GPU-rounds ran 8 wide and the work took 11% more GPU time than on
+    the requested counts (Pollux, which widens only idle GPUs, took 1% less). Narrowing
+    stays open; idle GPUs still widen jobs (work conservation's scale-up)."""
+    if load <= 0:
+        return False
+    asked = sum(job.spec.gpus for job in snapshot.jobs)
+    return asked >= load * snapshot.cluster.total_gpus
+
+
+def _long_job_s(
+    snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
+) -> tuple[float, float]:
+    """(guard, must-run): the remaining times from which an elastic job may not run narrower
+    than it asked, and from which it runs every round of the window (inf: no such rule).
+
+    Guard: ``elastic_long_margin`` of the makespan bound H = max(work over GPUs W, longest
+    remainder L): such a job's remainder is most of what is left of the makespan; on fewer GPUs
+    it would become the makespan. Must-run: a job that could not sit out the window and still
+    end inside P = ``elastic_long_runs`` x H (remainder > P - T D): under the NSW objective a
+    wide job competes per GPU-round with jobs shrunk to one GPU, whose log-utility gains per
+    GPU are far larger, and would wait until the path had slid past the bound.
+
+    With ``elastic_path_at_widest`` (default) L is the longest remainder at each job's widest
+    count and a job's must-run test is on its own widest remainder
+    (:func:`_widest_remaining_s`), whatever W is: judged on requested counts, a 1-GPU job
+    that could end 6x faster on 8 GPUs set L, and the path rule held only while 0.75 L > W,
+    so an 8-GPU job that cannot run faster waited 6,000 s while W bound the makespan (the
+    900-job trace). Otherwise: L on requested counts, and must-run only while P > W (as
+    :func:`shockwave.market.planner.critical_path_s` judges it), for guarded jobs."""
+    if not snapshot.jobs:
+        return math.inf, math.inf
+    work = sum(outlooks[j.job_id].remaining_s * j.spec.gpus for j in snapshot.jobs)
+    work /= snapshot.cluster.total_gpus
+    if params.elastic_path_at_widest:
+        longest = max(_widest_remaining_s(j, outlooks[j.job_id]) for j in snapshot.jobs)
+    else:
+        longest = max(look.remaining_s for look in outlooks.values())
+    margin = params.elastic_long_margin
+    guard = margin * max(work, longest) if margin > 0 else math.inf
+    window_s = params.planner.rounds * snapshot.round_seconds
+    if params.elastic_long_runs <= 0:
+        return guard, math.inf
+    if params.elastic_path_at_widest:
+        return guard, params.elastic_long_runs * max(work, longest) - window_s
+    path = params.elastic_long_runs * longest
+    must = max(guard, path - window_s) if path > work else math.inf
+    return guard, must
+
+
+def _widest_remaining_s(job: ActiveJob, look: JobOutlook) -> float:
+    """The job's predicted remaining run time on its widest count (its requested count's
+    remainder over that count's speed-up at its batch size; a rigid job's own remainder):
+    the soonest it can end, which is what a makespan path through it is made of."""
+    elastic = job.spec.elastic
+    if elastic is None:
+        return look.remaining_s
+    bs = job.progress.batch_size
+    top = max(elastic.factor(w, job.spec.gpus, bs) for w in elastic.widths)
+    return look.remaining_s / max(1.0, top)
+
+
+def _plan_variants(
+    job: ActiveJob, look: JobOutlook, params: ShockwaveParams, window: int, length: float
+) -> dict[int, PlanJob]:
+    """:func:`_plan_job` for each of the job's widths at once (its requested count always):
+    progress on ``width`` GPUs is the predicted trajectory's, piecewise linear in the seconds
+    run, at ``speed`` times the requested count's pace."""
+    gpus = job.spec.gpus
+    widths = job.spec.elastic.widths if job.spec.elastic is not None else (gpus,)
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    epochs = job.spec.epochs
+    base = min(1.0, job.progress.epochs_done / epochs)
+    weight = look.budget * look.rho**params.fairness_exponent
+    held = len(job.progress.gpus)
+    variants: dict[int, PlanJob] = {}
+    for width in dict.fromkeys((gpus, *widths)):
+        speed = 1.0
+        if job.spec.elastic is not None:
+            speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+        running = job.running and held == width
+        overhead = 0.0 if running else params.restart_overhead_s
+        cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
+        n = np.arange(cap + 1, dtype=float)
+        work = np.maximum(0.0, n * length - overhead) * speed
+        work[0] = 0.0
+        utility = np.minimum(
+            1.0, base + np.interp(work / look.error_factor, seconds, gained) / epochs
+        )
+        utility[0] = base
+        left = np.maximum(0.0, look.remaining_s - work)
+        finish = np.where(left <= 0, n * length, window * length + left)
+        overdue = np.maximum(0.0, finish - look.deadline_s)
+        overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+        variants[width] = PlanJob(
+            job_id=job.job_id,
+            gpus=gpus,
+            weight=weight,
+            utility=tuple(utility.tolist()),
+            remaining=tuple(left.tolist()),
+            running=running,
+            overdue=tuple(overdue.tolist()),
+            critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+            soonest_remaining_s=look.soonest_remaining_s,
+            latest_remaining_s=look.latest_remaining_s,
+            fair_share_s=max(1.0, look.fair_share_s),
+            probe=look.probe,
+        )
+    return variants
+
+
+def _plan_job(
+    job: ActiveJob,
+    look: JobOutlook,
+    params: ShockwaveParams,
+    window: int,
+    length: float,
+    width: int | None = None,
+) -> PlanJob:
+    """Utility and remaining time of ``job`` after n = 0..cap rounds of the window; on
+    ``width`` GPUs for an elastic job (a round there trains as ``speed`` rounds on its
+    requested count; remaining time stays counted on the requested count)."""
+    gpus = job.spec.gpus
+    width = gpus if width is None else width
+    speed = 1.0
+    if job.spec.elastic is not None:
+        speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+    held = len(job.progress.gpus) if job.spec.elastic is not None else width
+    overhead = 0.0 if job.running and held == width else params.restart_overhead_s
+    epochs = job.spec.epochs
+    base = min(1.0, job.progress.epochs_done / epochs)
+    # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
+    # only the deadline and the weight move with the clock
+    utility, remaining, finish = _TABLES.get(
+        (look.prediction,),
+        (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length),
+        lambda: _plan_tables(look, base, epochs, overhead, speed, window, length),
+    )
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
+    weight = look.budget * look.rho**params.fairness_exponent
+    return PlanJob(
+        job_id=job.job_id,
+        gpus=job.spec.gpus,
+        weight=weight,
+        utility=utility,
+        remaining=remaining,
+        running=job.running and held == width,
+        overdue=tuple(overdue.tolist()),
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
+        fair_share_s=max(1.0, look.fair_share_s),
+        probe=look.probe,
+    )
+
+
+_Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
+
+_TABLES: IdentityMemo[_Tables] = IdentityMemo()
+""":func:`_plan_tables` by (prediction; what else it reads)."""
+
+
+def _plan_tables(
+    look: JobOutlook,
+    base: float,
+    epochs: int,
+    overhead: float,
+    speed: float,
+    window: int,
+    length: float,
+) -> _Tables:
+    """A job's utility and remaining time after n = 0..cap rounds of the window, and when it
+    would finish (in the window where n rounds finish it, else after it), for
+    :func:`_plan_job`."""
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
+    # progress is piecewise linear in the seconds run: epochs gained after each regime's
+    # cumulative seconds, interpolated (capped at the job's end), one array op per table
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    n = np.arange(cap + 1, dtype=float)
+    run = np.maximum(0.0, n * length - overhead) * speed
+    utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
+    utility[0] = base
+    remaining = np.maximum(0.0, look.remaining_s - run)
+    remaining[0] = look.remaining_s
+    finish = np.where(remaining <= 0, n * length, window * length + remaining)
+    finish.setflags(write=False)
+    return tuple(utility.tolist()), tuple(remaining.tolist()), finish
+
+
+def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
+    """Packing priority of the elastic plan: a job past its fairness deadline by its
+    lateness (> 0, first), else, with ``params.elastic_order`` ``"srpt"``, shortest remaining
+    time first (the counts fix what each job gets in the window, not when; finishing the short
+    ones first cuts completion times at no cost to the objective), else by laxity.
+    ``"srpt-all"``: every job shortest remaining first, late or not (the estimator's deadlines
+    count contention from the jobs active so far, so on a busy trace most jobs are "late" and
+    lateness, not length, would order nearly every round)."""
+    if params.elastic_order == "srpt-all":
+        return -look.remaining_s
+    if look.laxity_s < 0 or params.elastic_order != "srpt":
+        return -look.laxity_s
+    return -look.remaining_s
+
+
+def _soonest_remaining(prediction: Prediction) -> float:
+    """The job's remaining epochs all at the fastest epoch time of its trajectory (the regimes
+    it ran and those predicted): the soonest it could finish running alone, whatever the
+    lengths of its regimes turn out to be."""
+    left = sum(r.epochs for r in prediction.remaining_regimes())
+    if left <= 0:
+        return 0.0
+    return left * min(r.epoch_seconds for r in prediction.regimes)
+
+
+def _round_start(state: ShockwaveState, round_index: int) -> ShockwaveState:
+    """``state`` with the per-round tallies (contention sums and rounds, tenant balances) as
+    they were before round ``round_index`` was first decided. A shell may decide a round
+    several times (the service plans the next round at each change during the current one);
+    each such decision counts the round once, as the simulator's single decision does."""
+    if state.decided_round != round_index:
+        return state
+    contention_sum, contention_rounds, owed = state.round_start
+    return replace(
+        state, contention_sum=contention_sum, contention_rounds=contention_rounds, tenant_owed=owed
+    )
+
+
+def _update_contention(
+    snapshot: Snapshot, state: ShockwaveState, shares: TenantMarket
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Each job's contention summed over its rounds, and its rounds: the cluster's jobs per GPU
+    (paper appendix, N_avg) with a single tenant; with tenants, the jobs per GPU of the job's
+    fair share inside its tenant's share (:attr:`TenantMarket.contention`), so finish-time
+    fairness is measured against that share."""
+    factor = contention_factor(len(snapshot.jobs), snapshot.cluster.total_gpus)
+    per_job = {j.job_id: factor for j in snapshot.jobs}
+    if not shares.single:
+        per_job = dict(shares.contention)
+    sums = {
+        j.job_id: state.contention_sum.get(j.job_id, 0.0) + per_job[j.job_id] for j in snapshot.jobs
+    }
+    counts = {j.job_id: state.contention_rounds.get(j.job_id, 0) + 1 for j in snapshot.jobs}
+    return sums, counts
+
+
+def _replan_due(
+    snapshot: Snapshot,
+    state: ShockwaveState,
+    params: ShockwaveParams,
+    active: frozenset[str],
+    regimes_seen: Mapping[str, int],
+    offset: int,
+) -> bool:
+    if not state.plan_rounds or offset >= len(state.plan_rounds):
+        return True
+    if offset >= params.replan_every_rounds:
+        return True
+    mode = params.replan
+    if params.elastic_replan is not None and _has_elastic(snapshot):
+        mode = params.elastic_replan
+    if mode == "lazy":
+        return False
+    if active != state.job_set:
+        return True
+    return any(state.regimes_seen.get(j, -1) != n for j, n in regimes_seen.items())
+
+
+def _short_job_due(
+    snapshot: Snapshot,
+    state: ShockwaveState,
+    params: ShockwaveParams,
+    outlooks: Mapping[str, JobOutlook],
+) -> bool:
+    """Whether the cached plan holds back a job of the short-job lane
+    (:attr:`shockwave.market.planner.PlannerParams.short_lane`): planned, not running, not in this
+    round's column, done within one round and due before it ends, not before it starts. Such
+    a job became due after the plan was made (it was packed into a later column while it still
+    had time); a re-plan puts it in this round, where waiting for the plan's column would add
+    rounds of lateness to a run time under one round. A job already past its deadline does not
+    re-plan again: it was in the lane of the last plan or of this one (one re-plan per job,
+    not one per round where the lane could not fit it)."""
+    offset = snapshot.round_index - state.planned_at_round
+    column = set(state.plan_rounds[offset]) if offset < len(state.plan_rounds) else set()
+    length = snapshot.round_seconds
+    for job in snapshot.jobs:
+        if job.running or job.job_id in column or state.counts.get(job.job_id, 0) <= 0:
+            continue
+        look = outlooks[job.job_id]
+        if look.remaining_s + params.restart_overhead_s <= length and 0 <= look.deadline_s < length:
+            return True
+    return False
+
+
+def _has_elastic(snapshot: Snapshot) -> bool:
+    """Whether any job of the snapshot is elastic (the elastic planner and re-plan mode)."""
+    return any(job.spec.elastic is not None for job in snapshot.jobs)
+
+
+def _fill(
+    snapshot: Snapshot,
+    planned: Sequence[str],
+    outlooks: Mapping[str, JobOutlook],
+    widths: Mapping[str, int] | None = None,
+    restart_overhead_s: float = 0.0,
+) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """The planned round, then idle GPUs filled with the jobs that have most work left; and
+    the GPU count of each chosen elastic job that runs on other than its request (its planned
+    one, a filler the widest of its counts up to its plan or request that fits)."""
+    by_id = {j.job_id: j for j in snapshot.jobs}
+    widths = widths or {}
+    free = snapshot.cluster.total_gpus
+    chosen: list[str] = []
+    chosen_widths: dict[str, int] = {}
+
+    def fit(job: ActiveJob) -> int:
+        want = widths.get(job.job_id, job.spec.gpus)
+        if job.spec.elastic is None:
+            return want
+        return max((w for w in job.spec.elastic.widths if w <= min(want, free)), default=want)
+
+    for job_id in planned:
+        width = fit(by_id[job_id])
+        if width <= free:
+            chosen.append(job_id)
+            free -= width
+            if width != by_id[job_id].spec.gpus:
+                chosen_widths[job_id] = width
+    reasons: dict[str, str] = {}
+    planned_now = set(chosen)
+    waiting = sorted(
+        (j for j in snapshot.jobs if j.job_id not in planned_now),
+        key=lambda j: -outlooks[j.job_id].remaining_s,
+    )
+    for job in waiting:
+        width = fit(job)
+        if width <= free:
+            chosen.append(job.job_id)
+            free -= width
+            if width != job.spec.gpus:
+                chosen_widths[job.job_id] = width
+        else:
+            look = outlooks[job.job_id]
+            reasons[job.job_id] = (
+                f"not planned for this round (predicted FTF {look.rho:.2f}, "
+                f"{look.remaining_s:.0f} s left); no idle GPUs to fill"
+            )
+    if free > 0:
+        _scale_up(snapshot, chosen, chosen_widths, outlooks, free, restart_overhead_s)
+    return chosen, reasons, chosen_widths
+
+
+def _share(
+    snapshot: Snapshot,
+    shares: TenantMarket,
+    owed: Mapping[str, float],
+    chosen: Sequence[str],
+    reasons: Mapping[str, str],
+    chosen_widths: Mapping[str, int],
+    outlooks: Mapping[str, JobOutlook],
+    slack_rounds: float,
+    full_window: frozenset[str] = frozenset(),
+) -> tuple[list[str], dict[str, str], dict[str, int], Mapping[str, float]]:
+    """The round within the tenants' shares (:func:`shockwave.domain.tenancy.share_round`): the plan
+    runs inside each tenant's entitlement (plus the share it is owed from earlier rounds,
+    :func:`shockwave.domain.tenancy.owed_after`), its own jobs first, then the others: those running
+    now (no restart), then the shortest remaining first (a job put in for one the share held
+    back should finish soon, not hold the GPUs longest); GPUs no tenant with a share left can
+    use are lent. The market's budgets make
+    the plan give each tenant about its share; this holds it to it, round by round.
+
+    Where a tenant's share cannot hold all its planned jobs, they take it in the packing's
+    order of groups (:func:`shockwave.market.planner.pack_rounds`), judged now rather than when the
+    plan was made (a plan is followed for rounds): jobs running or planned for the whole
+    window (``full_window``) first, then jobs past their fairness deadline, earliest deadline
+    first, then the rest in the plan's order (:func:`shockwave.domain.tenancy.share_order`)."""
+    width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
+    tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
+    running = {j.job_id for j in snapshot.jobs if j.running}
+    picked = set(chosen)
+    rest = sorted(
+        (j.job_id for j in snapshot.jobs if j.job_id not in picked),
+        key=lambda j: (j not in running, outlooks[j].remaining_s),
+    )
+    late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
+    order = [*share_order(chosen, running | full_window, late), *rest]
+    quota = share_quotas(shares.entitled, owed, slack_rounds)
+    kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
+    running_now = set(kept)
+    new_reasons = {j: why for j, why in reasons.items() if j not in running_now}
+    new_reasons.update(held)
+    new_widths = {j: w for j, w in chosen_widths.items() if j in running_now}
+    balance = owed_after(owed, shares.entitled, kept, width, tenant_of, slack_rounds)
+    return kept, new_reasons, new_widths, balance
+
+
+def _scale_up(
+    snapshot: Snapshot,
+    chosen: Sequence[str],
+    widths: dict[str, int],
+    outlooks: Mapping[str, JobOutlook],
+    free: int,
+    restart_overhead_s: float,
+) -> None:
+    """Work conservation for elastic jobs: GPUs no waiting job can use go, one step at a time,
+    to the chosen elastic job whose next count saves the most of its run time per GPU added
+    in this round (net of the restart a change of count costs). Updates ``widths``."""
+    by_id = {j.job_id: j for j in snapshot.jobs}
+    length = snapshot.round_seconds
+    while free > 0:
+        best: tuple[float, str, int] | None = None
+        for job_id in chosen:
+            job = by_id[job_id]
+            elastic = job.spec.elastic
+            if elastic is None:
+                continue
+            g = widths.get(job_id, job.spec.gpus)
+            bs = job.progress.batch_size
+            now = elastic.factor(g, job.spec.gpus, bs)
+            left = outlooks[job_id].remaining_s
+            held = len(job.progress.gpus)
+            for w in elastic.widths:
+                if not g < w <= g + free:
+                    continue
+                overhead = 0.0 if held == w else restart_overhead_s
+                speed = elastic.factor(w, job.spec.gpus, bs)
+                work = min(left / now, length)
+                gain = (work * (speed / now - 1.0) - overhead * speed / now) / (w - g)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, job_id, w)
+        if best is None:
+            return
+        _, job_id, w = best
+        free -= w - widths.get(job_id, by_id[job_id].spec.gpus)
+        widths[job_id] = w if w != by_id[job_id].spec.gpus else widths.pop(job_id, w)
+        if w == by_id[job_id].spec.gpus:
+            widths.pop(job_id, None)
+
+
+def _error_factor(job_id: str, params: ShockwaveParams) -> float:
+    """1 + e, e uniform in [-p, p], fixed per job and seed (no global random state)."""
+    if params.prediction_error <= 0:
+        return 1.0
+    rng = np.random.default_rng([params.error_seed, zlib.crc32(job_id.encode())])
+    return 1.0 + float(rng.uniform(-params.prediction_error, params.prediction_error))

@@ -1,0 +1,598 @@
+"""Regime prediction from the population prior: empirical Bayes over finished jobs.
+
+The paper's restatement rule (:func:`shockwave.prediction.predictor.predict`) gives every job the
+same uninformed prior: K regimes splitting the epochs evenly. Many jobs that declare Accordion or
+GNS never change batch size, and those that do split their epochs in ways a scheduler can learn
+from the jobs that finished before them. Here the prior of a job is the empirical distribution of
+the finished trajectories in its group (:mod:`shockwave.domain.population`), shrunk towards the
+paper's prior, and the job's own observations update it the restatement way:
+
+1. **Candidates.** The templates of the job's mode and model, replayed on the job's own ladder
+   by their symbols (a template of another initial size replays as that size's rungs would on
+   this job's). While they hold fewer than ``backoff_jobs`` jobs of a similar length, templates
+   of other models of the mode join at weight ``mode_weight``, each model's together at most
+   ``model_weight`` (models within the mode, jobs within a model: a hierarchical pool). Two
+   pseudo-templates stand for the prior before data: the paper's posterior mean (weight
+   ``prior_weight``) and the static guess, no further change (weight ``static_weight``); equal,
+   so a job is as likely to adapt as not until finished jobs say otherwise. Custom jobs consult
+   only their own (mode, model, initial size) group: their declared list is their own.
+   A GNS job reads its model's templates the way GNS behaves: where a finished job
+   of its model has grown from a batch size, a shorter template that ended there was censored
+   (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
+   dropped (weight ``grown_static_weight``) while the job is at such a size.
+2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
+   job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
+   of ten epochs, a noise scale that grows by epoch) replay faithfully on jobs of similar length,
+   and rules tied to fractions lose nothing.
+3. **Restatement update.** The regimes the job has finished are kept as observed. A template
+   speaks for the rest: from the start of the ongoing regime, its regimes split the job's
+   remaining epochs in its own proportions (the Dirichlet's neutrality: given the finished
+   shares, the rest split as the prior's). A template whose batch sizes so far differ from the
+   job's, or whose ongoing regime would already have ended, is ruled out (the paper's
+   pseudo-template too, taken without its restatement of an overlong ongoing regime: a job that
+   has outrun every switch point left is predicted static).
+4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5). Each
+   distinct continuation of batch sizes proposes the weighted mean and the weighted median of its
+   candidates' shares; the proposal with the least expected regime-length error under all the
+   candidates' weights is the prediction: the Bayes point estimate for the error the paper
+   reports.
+
+The work of steps 1 and 4 is memoized per (template groups, job shape, surviving candidates), so a
+round repeats none of it for a job whose candidates no finished job has changed.
+
+A static job, or one already at its largest batch size, has one regime: the paper's rule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shockwave.domain.memo import IdentityMemo
+from shockwave.domain.model import AdaptationMode
+from shockwave.domain.population import EMPTY_PRIOR, PopulationPrior, Template, ladder_of, size_of
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.prediction.predictor import (
+    PredictedRegime,
+    Prediction,
+    PredictorParams,
+    epoch_seconds,
+    gns_ladder,
+    predict,
+)
+from shockwave.prediction.throughput_model import ThroughputModel
+
+_EPS = 1e-9
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class PopulationParams:
+    """Knobs of the population predictor (see the module docstring).
+
+    ``length_bandwidth``: h of the length kernel, in ln epochs (1: a job twice as long weighs
+    0.79, ten times as long 0.07). ``prior_weight`` and ``static_weight``: the paper's rule and
+    the static guess (the job never changes batch size again) as that many pseudo-jobs; equal,
+    so before any data a job is as likely to adapt as not, and together worth less than one
+    finished job. ``mode_weight``: the weight of a template from another model of the same mode
+    (models differ: one adapts where another never does); ``model_weight``: the most the
+    templates of one other model weigh together (a model is one unit of the mode's pool: a
+    mode of many jobs of few models says little of a model never seen). ``backoff_jobs``: below
+    this weight of similar-length jobs of its own model, a job consults the other models.
+    ``grown_static_weight``: the static guess's weight for a GNS job at a batch size a finished
+    job of its model grew from (the static guess stands for a model that may never adapt; step
+    4's loss would let it outvote finished jobs that all climbed).
+    """
+
+    length_bandwidth: float = 1.0
+    prior_weight: float = 0.3
+    static_weight: float = 0.3
+    mode_weight: float = 0.05
+    model_weight: float = 0.1
+    backoff_jobs: float = 3.0
+    grown_static_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
+            raise ValueError("length_bandwidth must be > 0")
+        for name in (
+            "prior_weight",
+            "static_weight",
+            "grown_static_weight",
+            "mode_weight",
+            "model_weight",
+            "backoff_jobs",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Templates that share one sequence of batch sizes (as replayed on the job's ladder):
+    ``epochs[i]`` the i-th one's length, ``lengths[i, r]`` the epochs of its regime r."""
+
+    sizes: tuple[int, ...]
+    epochs: FloatArray
+    lengths: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Trajectories the job may follow from its ongoing regime on, all with one ``future``
+    (batch sizes after the ongoing regime): ``weights[i]`` and ``shares[i, r]``, the share of
+    the remaining epochs (from the ongoing regime's start) of the ongoing regime (r = 0) and
+    each future one."""
+
+    future: tuple[int, ...]
+    weights: FloatArray
+    shares: FloatArray
+
+
+def predict_population(
+    job: ActiveJob,
+    prior: PopulationPrior = EMPTY_PRIOR,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+    population: PopulationParams | None = None,
+) -> Prediction:
+    """The job's trajectory under the population prior updated by its own observations."""
+    params = params or PredictorParams()
+    population = population or PopulationParams()
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return predict(job, params, throughput)
+    observed = job.progress.observed_regimes
+    prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
+    start = float(sum(r.epochs for r in observed))
+    left = spec.epochs - start
+    if left <= _EPS:
+        return predict(job, params, throughput)
+    done_share = max(0.0, job.progress.epochs_done - start) / left
+    everyone = _groups_of(prior, job)
+    own, others = everyone
+    censoring, groups = _GROUPS.get(
+        (spec, population, *own, *(g for model in others for g in model)),
+        (len(own), tuple(len(model) for model in others)),
+        lambda: _templates_for(everyone, job, population),
+    )
+    key = (
+        spec.mode,
+        spec.model,
+        spec.initial_batch_size,
+        ladder_of(spec),
+        spec.epochs,
+        observed,
+        prefix[-1],
+        population,
+        params.accordion_regimes,
+        len(groups[0]),
+        _group_ids(groups),
+    )
+    cached = _CANDIDATES.get(key, groups)
+    if cached is None:
+        unrefined = predict(job, replace(params, restate_ongoing=False), throughput)
+        candidates = (
+            *_from_templates(job, groups, population, prefix, censoring),
+            _from_paper(unrefined, population.prior_weight),
+        )
+        cached = (candidates, _survival_thresholds(candidates))
+        _CANDIDATES.put(key, groups, cached)
+    candidates, thresholds = cached
+    # which candidates survive depends only on how many thresholds done_share has passed
+    passed = bisect.bisect_right(thresholds, done_share + _EPS)
+    decision = _SURVIVORS.get((key, passed), groups)
+    if decision is None:
+        alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
+        static = population.static_weight
+        if censoring is not None and prefix[-1] in censoring.grown_from:
+            static = population.grown_static_weight
+        alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
+        signature = (key, tuple(len(a.weights) for a in alive))
+        decision = _DECISIONS.get(signature, groups)
+        if decision is None:
+            decision = _choose(alive, len(observed))
+            _DECISIONS.put(signature, groups, decision)
+        _SURVIVORS.put((key, passed), groups, decision)
+    future, shares = decision
+    regimes = [
+        PredictedRegime(
+            r.batch_size, float(r.epochs), epoch_seconds(job, r.batch_size, params, throughput)
+        )
+        for r in observed
+    ]
+    for batch_size, share in zip((prefix[-1], *future), shares, strict=True):
+        regimes.append(
+            PredictedRegime(
+                batch_size, left * share, epoch_seconds(job, batch_size, params, throughput)
+            )
+        )
+    return Prediction(
+        regimes=tuple(regimes),
+        current=len(observed),
+        epochs_done=job.progress.epochs_done,
+        total_epochs=spec.epochs,
+    )
+
+
+_Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ...], ...], ...]]
+"""(the job's own model's template groups, the other models' of its mode: one tuple of groups
+per model, by model name)."""
+
+
+def _templates_for(
+    everyone: _Groups, job: ActiveJob, population: PopulationParams
+) -> tuple[_Censoring | None, _Groups]:
+    """The job's censoring and the template groups it consults of ``everyone`` (its
+    :func:`_groups`), which depend on its spec alone (not on its progress), so they are
+    memoized per (spec, params, the very group objects) in :data:`_GROUPS`: a prior after a
+    finish shares every group but the finished job's with the prior before it."""
+    censoring = _censoring(job, everyone[0])
+    return censoring, _consulted(everyone, job, population, censoring)
+
+
+def prior_reads(prior: PopulationPrior, job: ActiveJob) -> tuple[tuple[Template, ...], ...]:
+    """The template groups of ``prior`` that a population prediction of ``job`` may read, in
+    order (none for a job that cannot change batch size): two priors whose reads are the very
+    same group objects predict the job alike."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return ()
+    own, others = _groups_of(prior, job)
+    return (*own, *(g for model in others for g in model))
+
+
+def _groups_of(prior: PopulationPrior, job: ActiveJob) -> _Groups:
+    """:func:`_groups`, memoized per prior and what of the spec it reads."""
+    spec = job.spec
+    custom = spec.mode is AdaptationMode.CUSTOM
+    key = (spec.mode, spec.model, spec.initial_batch_size if custom else None)
+    return _GROUPS_OF.get((prior,), key, lambda: _groups(prior, job))
+
+
+def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
+    """The template groups that speak for ``job``: (its own model's, other models' of its
+    mode, by model); a custom job only its own group, its declared list being its own."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.CUSTOM:
+        return (prior.group((spec.mode, spec.model, spec.initial_batch_size)),), ()
+    same_model: list[tuple[Template, ...]] = []
+    other_models: dict[str, list[tuple[Template, ...]]] = {}
+    for key, group in prior.templates.items():
+        if key[0] is spec.mode:
+            if key[1] == spec.model:
+                same_model.append(group)
+            else:
+                other_models.setdefault(key[1], []).append(group)
+    return tuple(same_model), tuple(tuple(other_models[m]) for m in sorted(other_models))
+
+
+def _group_ids(groups: _Groups) -> tuple[int, ...]:
+    """The identities of every template group in ``groups`` (a memo key)."""
+    own, others = groups
+    return (*(id(g) for g in own), -1, *(id(g) for model in others for g in model))
+
+
+def _consulted(
+    groups: _Groups, job: ActiveJob, population: PopulationParams, censoring: _Censoring | None
+) -> _Groups:
+    """``groups`` without the other models' when the job's own model holds enough jobs of a
+    similar length (they would not be consulted); ``censoring``: the job's, from its own
+    model's groups (:func:`_censoring`)."""
+    own, others = groups
+    if not others:
+        return groups
+    spec = job.spec
+    ladder = ladder_of(spec)
+    replay = spec.mode is not AdaptationMode.CUSTOM
+    support = sum(
+        float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
+        for group in own
+        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+    )
+    return (own, ()) if support >= population.backoff_jobs else groups
+
+
+def _from_templates(
+    job: ActiveJob,
+    groups: _Groups,
+    population: PopulationParams,
+    prefix: Sequence[int],
+    censoring: _Censoring | None,
+) -> Iterator[_Candidates]:
+    """Candidates from the job's own model, backing off to other models while it is thin;
+    ``censoring`` as in :func:`_consulted`.
+
+    The back-off is hierarchical: jobs within a model, models within the mode. Another
+    model's templates weigh ``mode_weight`` each but at most ``model_weight`` together, so
+    the mode speaks as a handful of models, not as their many jobs: for a model never seen,
+    the paper's rule and the static guess keep a say against a pattern that the other models
+    share only because they are other models."""
+    spec = job.spec
+    ladder = ladder_of(spec)
+    replay = spec.mode is not AdaptationMode.CUSTOM
+    own, others = groups
+    k = len(prefix) - 1
+
+    def candidates(
+        blocks: Sequence[_Block], weights: Sequence[FloatArray]
+    ) -> Iterator[_Candidates]:
+        for block, weight in zip(blocks, weights, strict=True):
+            if len(block.sizes) <= k or block.sizes[: k + 1] != tuple(prefix):
+                continue
+            rest = block.lengths[:, k:]
+            yield _Candidates(block.sizes[k + 1 :], weight, rest / rest.sum(axis=1, keepdims=True))
+
+    support = 0.0
+    for group in own:
+        blocks = _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+        kernels = [_kernel(spec.epochs, b.epochs, population.length_bandwidth) for b in blocks]
+        support += sum(float(w.sum()) for w in kernels)
+        yield from candidates(blocks, kernels)
+    if support >= population.backoff_jobs or population.mode_weight <= 0:
+        return
+    for model in others:
+        blocks = tuple(
+            b for g in model for b in _blocks(g, spec.initial_batch_size, ladder, replay, censoring)
+        )
+        kernels = [_kernel(spec.epochs, b.epochs, population.length_bandwidth) for b in blocks]
+        total = sum(float(w.sum()) for w in kernels)
+        if total <= 0:
+            continue
+        scale = min(population.mode_weight, population.model_weight / total)
+        yield from candidates(blocks, [scale * w for w in kernels])
+
+
+@dataclass(frozen=True, slots=True)
+class _Censoring:
+    """What a GNS job needs to read a shorter template as censored (:func:`_replayed`): its
+    ``epochs``, the ``climb`` of batch sizes it goes up
+    (:func:`shockwave.prediction.predictor.gns_ladder`) and the batch sizes its model has been seen
+    to grow from (``grown_from``: a finished job of its model left each of them for a larger
+    one)."""
+
+    epochs: int
+    climb: tuple[int, ...]
+    grown_from: frozenset[int]
+
+
+def _censoring(job: ActiveJob, own: Sequence[tuple[Template, ...]]) -> _Censoring | None:
+    """:class:`_Censoring` for a GNS job, from its model's groups ``own``; None for other
+    modes (an Accordion job goes back down; a custom job follows its own list)."""
+    spec = job.spec
+    if spec.mode is not AdaptationMode.GNS:
+        return None
+    grown_from = _GROWN_FROM.get(tuple(own), (), lambda: _grown_from(own))
+    climb = gns_ladder(spec.initial_batch_size, spec.max_batch_size, spec.batch_sizes)
+    return _Censoring(spec.epochs, tuple(climb), grown_from)
+
+
+def _grown_from(own: Sequence[tuple[Template, ...]]) -> frozenset[int]:
+    """The batch sizes some template of the groups ``own`` grew from."""
+    return frozenset(
+        small
+        for group in own
+        for template in group
+        for small, large in zip(template.batch_sizes, template.batch_sizes[1:], strict=False)
+        if large > small
+    )
+
+
+def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
+    z = np.log(epochs / template_epochs) / bandwidth
+    weights: FloatArray = np.exp(-0.5 * z * z)
+    return weights
+
+
+class _Memo:
+    """A bounded, thread-safe memo whose entries hold the template groups they were computed
+    from: a hit needs the very same group objects (a prior shares the groups a new finished
+    job did not change with the prior before it), so a key built from their ids is never
+    stale. Results only, no state: the predictor stays a pure function."""
+
+    def __init__(self, size: int) -> None:
+        self._entries: OrderedDict[Hashable, tuple[object, Any]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, owner: object) -> Any:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None or (hit[0] is not owner and hit[0] != owner):
+                return None
+            self._entries.move_to_end(key)
+            return hit[1]
+
+    def put(self, key: Hashable, owner: object, value: Any) -> None:
+        with self._lock:
+            self._entries[key] = (owner, value)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+_BLOCKS = _Memo(4096)
+_CANDIDATES = _Memo(8192)
+_DECISIONS = _Memo(16384)
+_SURVIVORS = _Memo(16384)
+_GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
+"""Per (spec, params, template groups): :func:`_templates_for`."""
+_GROWN_FROM: IdentityMemo[frozenset[int]] = IdentityMemo(limit=4096)
+"""Per model's template groups (the very objects): :func:`_grown_from`."""
+_GROUPS_OF: IdentityMemo[_Groups] = IdentityMemo(limit=4096)
+"""Per (prior, mode, model[, initial batch size of a custom job]): :func:`_groups`."""
+
+
+def _blocks(
+    group: tuple[Template, ...],
+    initial: int,
+    ladder: tuple[int, ...],
+    replay: bool,
+    censoring: _Censoring | None = None,
+) -> tuple[_Block, ...]:
+    """The group's templates as blocks of one batch-size sequence each, replayed on the job's
+    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_replayed`;
+    memoized: most groups outlive many priors)."""
+    key = (id(group), initial, ladder, replay, censoring)
+    cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
+    if cached is not None:
+        return cached
+    by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
+    for template in group:
+        sizes, lengths = (
+            _replayed(template, initial, ladder, censoring)
+            if replay
+            else (template.batch_sizes, tuple(float(x) for x in template.lengths))
+        )
+        by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
+    blocks = tuple(
+        _Block(
+            sizes,
+            np.array([e for e, _ in rows], dtype=float),
+            np.array([lengths for _, lengths in rows], dtype=float),
+        )
+        for sizes, rows in by_sizes.items()
+    )
+    _BLOCKS.put(key, group, blocks)
+    return blocks
+
+
+def _replayed(
+    template: Template,
+    initial: int,
+    ladder: Sequence[int],
+    censoring: _Censoring | None = None,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The template's regimes on another job's ladder, regimes that land on one size merged.
+
+    ``censoring`` (a GNS job of E epochs): a GNS job's batch size grows with its gradient noise
+    scale, which grows as it trains, so a template of E' < E epochs that ended below its largest
+    size, at a size its model has been seen to grow from, was *censored*: it stopped climbing
+    because it ended, and says nothing of its epochs after E'. It replays in epochs up to E',
+    and the E - E' epochs it never saw follow the paper's prior from its highest size on: that
+    size and each larger one on the job's climb take an even share (its regimes after its
+    highest one, a final drop, stay at the end). Any other template (as long as the job, at the
+    largest size, or stopped at a size its model never grew from: a model whose GNS jobs do not
+    climb) replays in proportion.
+    """
+    sizes: list[int] = []
+    lengths: list[float] = []
+    for symbol, length in zip(template.symbols, template.lengths, strict=True):
+        size = size_of(symbol, initial, ladder)
+        if sizes and sizes[-1] == size:
+            lengths[-1] += length
+        else:
+            sizes.append(size)
+            lengths.append(float(length))
+    if (
+        censoring is None
+        or template.epochs >= censoring.epochs
+        or max(template.batch_sizes) not in censoring.grown_from
+    ):
+        return tuple(sizes), tuple(lengths)
+    highest = max(sizes)
+    above = [bs for bs in censoring.climb if bs > highest]
+    if not above:
+        return tuple(sizes), tuple(lengths)
+    peak = len(sizes) - 1 - sizes[::-1].index(highest)
+    share = (censoring.epochs - template.epochs) / (len(above) + 1)
+    lengths[peak] += share
+    return (
+        (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
+        (*lengths[: peak + 1], *[share] * len(above), *lengths[peak + 1 :]),
+    )
+
+
+def _survival_thresholds(candidates: Sequence[_Candidates]) -> tuple[float, ...]:
+    """The ongoing regime's shares of every candidate that has a future, sorted: a candidate
+    survives while ``done_share + eps`` is below its share (:func:`_surviving`), so the
+    survivors are fixed by how many of these ``done_share + eps`` has reached."""
+    shares = {float(x) for c in candidates if c.future for x in c.shares[:, 0]}
+    return tuple(sorted(shares))
+
+
+def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:
+    """The candidates whose ongoing regime outlasts what the job has run of it (all of them
+    when it is their last regime); None when none is left."""
+    if not candidates.future:
+        return candidates
+    alive = candidates.shares[:, 0] > done_share + _EPS
+    if not alive.any():
+        return None
+    return _Candidates(candidates.future, candidates.weights[alive], candidates.shares[alive])
+
+
+def _from_paper(paper: Prediction, weight: float) -> _Candidates:
+    """The paper's posterior mean as a pseudo-template."""
+    rest = paper.regimes[paper.current :]
+    total = sum(r.epochs for r in rest) or 1.0
+    return _Candidates(
+        tuple(r.batch_size for r in rest[1:]),
+        np.array([weight]),
+        np.array([[r.epochs / total for r in rest]]),
+    )
+
+
+def _choose(
+    candidates: Sequence[_Candidates], observed: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The continuation (batch sizes after the ongoing regime) and shares to predict.
+
+    Each distinct continuation proposes the weighted mean, and the weighted median, of the
+    shares of the candidates that follow it; the proposal with the least expected
+    regime-length error under all candidates' weights wins (the Bayes point estimate for that
+    loss). ``observed``: regimes the job has finished, which count in each candidate's number
+    of regimes but carry no error.
+    """
+    width = max(c.shares.shape[1] for c in candidates)
+    total = sum(len(c.weights) for c in candidates)
+    shares = np.zeros((total, width))
+    counts = np.zeros(total)
+    by_future: dict[tuple[int, ...], list[int]] = {}
+    row = 0
+    for c in candidates:
+        rows, regimes = c.shares.shape
+        shares[row : row + rows, :regimes] = c.shares
+        counts[row : row + rows] = regimes
+        by_future.setdefault(c.future, []).extend(range(row, row + rows))
+        row += rows
+    weights = np.concatenate([c.weights for c in candidates])
+    if weights.sum() <= 0:
+        weights = np.ones(total)
+    in_truth = np.arange(width)[None, :] < counts[:, None]
+    per_regime = weights / (observed + counts) / weights.sum()
+    best: tuple[float, tuple[int, ...], FloatArray] | None = None
+    for future, rows in by_future.items():
+        w = weights[rows]
+        if w.sum() <= 0:
+            continue
+        members = shares[rows]
+        for proposal in (w @ members / w.sum(), _weighted_median(members, w)):
+            errors = (np.abs(shares - proposal[None, :]) * in_truth).sum(axis=1)
+            loss = float(per_regime @ errors)
+            if best is None or loss < best[0] - _EPS:
+                best = (loss, future, proposal)
+    if best is None:
+        return (), (1.0,)
+    _, future, proposal = best
+    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+
+
+def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
+    """Column-wise weighted median of ``values`` (rows weighted by ``weights``), rescaled so
+    the shares sum to 1: the point that minimizes the expected absolute error per regime."""
+    order = np.argsort(values, axis=0)
+    sorted_values = np.take_along_axis(values, order, axis=0)
+    cumulative = np.cumsum(weights[order], axis=0)
+    index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
+    median: FloatArray = sorted_values[index, np.arange(values.shape[1])]
+    total = float(median.sum())
+    return median / total if total > 0 else median
