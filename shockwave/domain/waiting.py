@@ -76,27 +76,9 @@ def why_waiting(
         return Waiting(Cause.FINISHED, f"the job is {state.value}: nothing left to plan")
     if state is JobState.RUNNING:
         return Waiting(Cause.RUNNING, "running: it holds its GPUs this round")
-    total = sum(gpus.total.values())
-    ready = sum(gpus.ready.values())
-    if total and total < gpus_needed:
-        return Waiting(
-            Cause.UNSCHEDULABLE,
-            f"unschedulable: it needs {gpus_needed} GPUs and the cluster has "
-            f"{_kinds(gpus.total)} in all",
-        )
-    if ready == 0:
-        lost = f" ({total} GPUs registered, none READY)" if total else ""
-        return Waiting(
-            Cause.NO_READY_NODE,
-            f"no node is READY{lost}: start a node agent (`shockwave agent`) or wait for one "
-            "to heartbeat again",
-        )
-    if ready < gpus_needed:
-        return Waiting(
-            Cause.NOT_ENOUGH_GPUS,
-            f"not enough READY GPUs: it needs {gpus_needed}, the READY nodes have "
-            f"{_kinds(gpus.ready)}",
-        )
+    short = short_of_gpus(gpus_needed, gpus.ready, gpus.total)
+    if short is not None:
+        return short
     if tenant_at_limit:
         return Waiting(
             Cause.TENANT_AT_LIMIT,
@@ -116,6 +98,37 @@ def why_waiting(
         f"waiting for its share: the plan (rounds {plan.first} to {plan.last}) gives the GPUs "
         "to jobs further behind their fair finish time",
     )
+
+
+def short_of_gpus(
+    gpus_needed: int, ready: Mapping[str, int], total: Mapping[str, int] | None = None
+) -> Waiting | None:
+    """The capacity rule, the one the round engine and "why am I waiting" both apply: a gang
+    wider than every registered GPU together (``total``) can never run; with no READY GPU
+    nothing runs; a gang wider than the READY GPUs (``ready``, by kind) waits for nodes to join.
+    None when the READY GPUs can hold it. ``total`` None: only the READY nodes are known (the
+    round engine's view)."""
+    registered = sum(total.values()) if total is not None else 0
+    available = sum(ready.values())
+    if registered and registered < gpus_needed:
+        return Waiting(
+            Cause.UNSCHEDULABLE,
+            f"unschedulable: it needs {gpus_needed} GPUs and the cluster has "
+            f"{_kinds(total or {})} in all",
+        )
+    if available == 0:
+        lost = f" ({registered} GPUs registered, none READY)" if registered else ""
+        return Waiting(
+            Cause.NO_READY_NODE,
+            f"no node is READY{lost}: start a node agent (`shockwave agent`) or wait for one "
+            "to heartbeat again",
+        )
+    if available < gpus_needed:
+        return Waiting(
+            Cause.NOT_ENOUGH_GPUS,
+            f"not enough READY GPUs: it needs {gpus_needed}, the READY nodes have {_kinds(ready)}",
+        )
+    return None
 
 
 def _kinds(by_kind: Mapping[str, int]) -> str:

@@ -62,6 +62,7 @@ from types import MappingProxyType
 
 from shockwave.domain.model import Cluster
 from shockwave.domain.tenancy import Tenant, has_limits, limit_column, within_caps
+from shockwave.domain.waiting import short_of_gpus
 from shockwave.rounds.placement import place, place_into
 
 SOURCES = ("plan", "previous_plan", "greedy")
@@ -144,14 +145,14 @@ class RoundChanges:
 
 
 def unfit_reason(width: int, cluster: Cluster) -> str | None:
-    """Why a gang of ``width`` GPUs can never run on ``cluster``, or None when it can."""
-    if width > cluster.total_gpus:
-        gpus = "1 GPU" if width == 1 else f"{width} GPUs"
-        return (
-            f"needs {gpus} but the ready nodes have {cluster.total_gpus} in all "
-            f"({cluster.describe()}); it waits until nodes join"
-        )
-    return None
+    """Why a gang of ``width`` GPUs cannot run on ``cluster`` (the READY nodes), or None when
+    it can: the capacity rule of "why am I waiting"
+    (:func:`shockwave.domain.waiting.short_of_gpus`), so the round's reason and the job's
+    answer are one text."""
+    kinds = cluster.gpu_types or ("",)
+    ready = {kind: cluster.gpus_of_type(kind) if kind else cluster.total_gpus for kind in kinds}
+    short = short_of_gpus(width, ready)
+    return None if short is None else short.reason
 
 
 def choose_plan(plans: Iterable[Plan], r: int, now: float) -> Plan | None:

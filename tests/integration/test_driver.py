@@ -600,17 +600,19 @@ def test_a_job_wider_than_the_ready_nodes_waits_with_its_reason_and_others_run(
         driver.step(now())
         outcome = driver.last_round
     assert outcome is not None and wide in outcome.unfit
-    assert "needs 8 GPUs" in outcome.unfit[wide] and "4 in all" in outcome.unfit[wide]
+    assert "it needs 8, the READY nodes have 4" in outcome.unfit[wide]
     assert {lease.job_id for lease in leases(database)} == {small}
     assert job_state(database, wide) == "PENDING"
     body = client.get(f"/v1/jobs/{wide}", headers=bearer(tokens.admin)).json()
-    assert "needs 8 GPUs" in body["waiting_reason"]
+    assert body["waiting_reason"] == outcome.unfit[wide]
     assert (
         client.get(f"/v1/jobs/{small}", headers=bearer(tokens.admin)).json()["waiting_reason"]
         is None
     )
     prediction = client.get(f"/v1/jobs/{wide}/prediction", headers=bearer(tokens.admin)).json()
-    assert "needs 8 GPUs" in prediction["reason"]
+    # the same capacity rule, knowing every registered GPU: none of them could hold the gang
+    assert prediction["cause"] == "unschedulable"
+    assert "it needs 8 GPUs and the cluster has 4" in prediction["reason"]
 
 
 def test_gpus_freed_mid_round_and_a_new_arrival_start_waiting_jobs_at_once(

@@ -189,6 +189,6 @@ def test_a_job_wider_than_the_inventory_waits_with_a_reason_and_holds_no_one_up(
         r=0, now=0.0, state_version=0, jobs=jobs, plans=[plan], leases={}, cluster=cluster
     )
     assert list(out.assignment) == ["small"]
-    assert "needs 8 GPUs" in out.unfit["wide"] and "4 in all" in out.unfit["wide"]
+    assert out.unfit["wide"] == "not enough READY GPUs: it needs 8, the READY nodes have 4"
     assert fill(jobs=jobs, leases={}, cluster=cluster).unfit.keys() == {"wide"}
     assert unfit_reason(4, cluster) is None
