@@ -874,23 +874,48 @@ def _plan_variants(
         utility[0] = base
         left = np.maximum(0.0, look.remaining_s - work)
         finish = np.where(left <= 0, n * length, window * length + left)
-        overdue = np.maximum(0.0, finish - look.deadline_s)
-        overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
-        variants[width] = PlanJob(
-            job_id=job.job_id,
-            gpus=gpus,
-            weight=weight,
-            utility=tuple(utility.tolist()),
-            remaining=tuple(left.tolist()),
-            running=running,
-            overdue=tuple(overdue.tolist()),
-            critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
-            soonest_remaining_s=look.soonest_remaining_s,
-            latest_remaining_s=look.latest_remaining_s,
-            fair_share_s=max(1.0, look.fair_share_s),
-            probe=look.probe,
+        variants[width] = _planned(
+            job.job_id,
+            gpus,
+            look,
+            weight,
+            (tuple(utility.tolist()), tuple(left.tolist()), finish),
+            running,
+            window * length,
         )
     return variants
+
+
+def _planned(
+    job_id: str,
+    gpus: int,
+    look: JobOutlook,
+    weight: float,
+    tables: _Tables,
+    running: bool,
+    horizon_s: float,
+) -> PlanJob:
+    """The plan's view of a job from its outlook ``look`` and its window ``tables`` (utility,
+    remaining seconds and finish time after n = 0..cap rounds): how far past its fairness
+    deadline each n leaves it (n = 0: it finishes after the window, ``horizon_s``), and the
+    outlook's estimates every plan of a job carries, written once for every width."""
+    utility, remaining, finish = tables
+    overdue = np.maximum(0.0, finish - look.deadline_s)
+    overdue[0] = max(0.0, horizon_s + look.remaining_s - look.deadline_s)
+    return PlanJob(
+        job_id=job_id,
+        gpus=gpus,
+        weight=weight,
+        utility=utility,
+        remaining=remaining,
+        running=running,
+        overdue=tuple(overdue.tolist()),
+        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
+        soonest_remaining_s=look.soonest_remaining_s,
+        latest_remaining_s=look.latest_remaining_s,
+        fair_share_s=max(1.0, look.fair_share_s),
+        probe=look.probe,
+    )
 
 
 def _plan_job(
@@ -915,28 +940,14 @@ def _plan_job(
     base = min(1.0, job.progress.epochs_done / epochs)
     # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
     # only the deadline and the weight move with the clock
-    utility, remaining, finish = _TABLES.get(
+    tables = _TABLES.get(
         (look.prediction,),
         (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length),
         lambda: _plan_tables(look, base, epochs, overhead, speed, window, length),
     )
-    overdue = np.maximum(0.0, finish - look.deadline_s)
-    overdue[0] = max(0.0, window * length + look.remaining_s - look.deadline_s)
     weight = look.budget * look.rho**params.fairness_exponent
-    return PlanJob(
-        job_id=job.job_id,
-        gpus=job.spec.gpus,
-        weight=weight,
-        utility=utility,
-        remaining=remaining,
-        running=job.running and held == width,
-        overdue=tuple(overdue.tolist()),
-        critical_remaining_s=max(look.remaining_s, look.cautious_remaining_s),
-        soonest_remaining_s=look.soonest_remaining_s,
-        latest_remaining_s=look.latest_remaining_s,
-        fair_share_s=max(1.0, look.fair_share_s),
-        probe=look.probe,
-    )
+    running = job.running and held == width
+    return _planned(job.job_id, gpus, look, weight, tables, running, window * length)
 
 
 _Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
