@@ -158,13 +158,7 @@ def predict_population(
     if left <= _EPS:
         return predict(job, params, throughput)
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    everyone = _groups_of(prior, job)
-    own, others = everyone
-    censoring, groups = _GROUPS.get(
-        (spec, population, *own, *(g for model in others for g in model)),
-        (len(own), tuple(len(model) for model in others)),
-        lambda: _templates_for(everyone, job, population),
-    )
+    censoring, groups = _consulted_groups(prior, job, population)
     key = (
         spec.mode,
         spec.model,
@@ -240,14 +234,33 @@ def _templates_for(
     return censoring, _consulted(everyone, job, population, censoring)
 
 
-def prior_reads(prior: PopulationPrior, job: ActiveJob) -> tuple[tuple[Template, ...], ...]:
-    """The template groups of ``prior`` that a population prediction of ``job`` may read, in
-    order (none for a job that cannot change batch size): two priors whose reads are the very
-    same group objects predict the job alike."""
+def _consulted_groups(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams
+) -> tuple[_Censoring | None, _Groups]:
+    """The job's censoring and the template groups of ``prior`` it consults
+    (:func:`_templates_for`), memoized per (spec, params, the very group objects)."""
+    everyone = _groups_of(prior, job)
+    own, others = everyone
+    return _GROUPS.get(
+        (job.spec, population, *own, *(g for model in others for g in model)),
+        (len(own), tuple(len(model) for model in others)),
+        lambda: _templates_for(everyone, job, population),
+    )
+
+
+def prior_reads(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams | None = None
+) -> tuple[tuple[Template, ...], ...]:
+    """The template groups of ``prior`` that a population prediction of ``job`` with
+    ``population`` reads, in order (none for a job that cannot change batch size): its own
+    model's groups, and the other models' of its mode only while its own are too thin to be
+    consulted alone (:func:`_consulted`). Two priors whose reads are the very same group
+    objects predict the job alike, so a job finishing changes the predictions of the jobs
+    that consult its group only."""
     spec = job.spec
     if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
         return ()
-    own, others = _groups_of(prior, job)
+    _, (own, others) = _consulted_groups(prior, job, population or PopulationParams())
     return (*own, *(g for model in others for g in model))
 
 
@@ -294,10 +307,17 @@ def _consulted(
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
-    support = sum(
-        float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
-        for group in own
-        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+    bandwidth = population.length_bandwidth
+    # the support reads the own model's groups alone: memoized on them, so that another
+    # model's finished job costs a look-up here
+    support = _SUPPORT.get(
+        own,
+        (spec.epochs, spec.initial_batch_size, ladder, replay, censoring, bandwidth),
+        lambda: sum(
+            float(_kernel(spec.epochs, block.epochs, bandwidth).sum())
+            for group in own
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+        ),
     )
     return (own, ()) if support >= population.backoff_jobs else groups
 
@@ -425,6 +445,9 @@ _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
 """Per (spec, params, template groups): :func:`_templates_for`."""
+_SUPPORT: IdentityMemo[float] = IdentityMemo(limit=20_000)
+"""Per (the own model's template groups, what of the spec the kernel reads): the weight of
+similar-length jobs of the job's own model (:func:`_consulted`)."""
 _GROWN_FROM: IdentityMemo[frozenset[int]] = IdentityMemo(limit=4096)
 """Per model's template groups (the very objects): :func:`_grown_from`."""
 _GROUPS_OF: IdentityMemo[_Groups] = IdentityMemo(limit=4096)

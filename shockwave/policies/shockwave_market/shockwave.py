@@ -382,7 +382,7 @@ class _PredictionMemo:
         ):
             same_prior = seen.prior is prior
             if not same_prior:
-                read = prior_read(params.regime_predictor, prior, job)
+                read = prior_read(params.regime_predictor, prior, job, params.population)
                 same_prior = len(read) == len(seen.prior_read) and all(
                     a is b for a, b in zip(read, seen.prior_read, strict=True)
                 )
@@ -397,7 +397,7 @@ class _PredictionMemo:
             progress,
             speed,
             prior,
-            prior_read(params.regime_predictor, prior, job),
+            prior_read(params.regime_predictor, prior, job, params.population),
             rates,
             tuple(recording.reads),
             value,
