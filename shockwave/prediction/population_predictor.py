@@ -238,14 +238,19 @@ def _consulted_groups(
     prior: PopulationPrior, job: ActiveJob, population: PopulationParams
 ) -> tuple[_Censoring | None, _Groups]:
     """The job's censoring and the template groups of ``prior`` it consults
-    (:func:`_templates_for`), memoized per (spec, params, the very group objects)."""
-    everyone = _groups_of(prior, job)
-    own, others = everyone
-    return _GROUPS.get(
-        (job.spec, population, *own, *(g for model in others for g in model)),
-        (len(own), tuple(len(model) for model in others)),
-        lambda: _templates_for(everyone, job, population),
-    )
+    (:func:`_templates_for`), memoized per (prior, spec, params), and below that per (spec,
+    params, the very group objects): a new prior shares most groups with the one before it."""
+
+    def consulted() -> tuple[_Censoring | None, _Groups]:
+        everyone = _groups_of(prior, job)
+        own, others = everyone
+        return _GROUPS.get(
+            (job.spec, population, *own, *(g for model in others for g in model)),
+            (len(own), tuple(len(model) for model in others)),
+            lambda: _templates_for(everyone, job, population),
+        )
+
+    return _CONSULTED.get((prior, job.spec, population), (), consulted)
 
 
 def prior_reads(
@@ -445,6 +450,8 @@ _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
 """Per (spec, params, template groups): :func:`_templates_for`."""
+_CONSULTED: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=50_000)
+"""Per (prior, spec, params), the very objects: :func:`_consulted_groups`."""
 _SUPPORT: IdentityMemo[float] = IdentityMemo(limit=20_000)
 """Per (the own model's template groups, what of the spec the kernel reads): the weight of
 similar-length jobs of the job's own model (:func:`_consulted`)."""

@@ -19,7 +19,7 @@ from shockwave.market import planner
 from shockwave.market.planner import concave_slopes, concave_slopes_all
 from shockwave.prediction import population_predictor
 from shockwave.prediction.population_predictor import predict_population, prior_reads
-from shockwave.prediction.predictor import Prediction, PredictedRegime
+from shockwave.prediction.predictor import PredictedRegime, Prediction
 from tests.builders import adaptive_job
 
 ACCORDION = AdaptationMode.ACCORDION
@@ -68,6 +68,7 @@ def _clear_prediction_memos() -> None:
         memo._entries.clear()
     for identity in (
         population_predictor._GROUPS,
+        population_predictor._CONSULTED,
         population_predictor._SUPPORT,
         population_predictor._GROWN_FROM,
         population_predictor._GROUPS_OF,

@@ -26,6 +26,7 @@ The plan and the contention history live in :class:`ShockwaveState`, handed back
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import zlib
@@ -972,8 +973,9 @@ def _plan_tables(
     # progress is piecewise linear in the seconds run: epochs gained after each regime's
     # cumulative seconds, interpolated (capped at the job's end), one array op per table
     left_regimes = look.prediction.remaining_regimes()
-    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
-    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    # running sums of a few regimes (np.cumsum's sequential order, without its overhead)
+    seconds = list(itertools.accumulate([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)]))
+    gained = list(itertools.accumulate([0.0, *(r.epochs for r in left_regimes)]))
     n = np.arange(cap + 1, dtype=float)
     run = np.maximum(0.0, n * length - overhead) * speed
     utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
