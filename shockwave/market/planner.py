@@ -648,7 +648,7 @@ def _pack(
         if n <= 0:
             continue
         job = problem.jobs[i]
-        chosen = _earliest_block(free, job.gpus, n)
+        chosen: Sequence[int] | None = _earliest_block(free, job.gpus, n)
         if chosen is None:
             roomiest = sorted((r for r in range(t) if free[r] >= job.gpus), key=lambda r: -free[r])
             chosen = roomiest[:n]

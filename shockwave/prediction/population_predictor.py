@@ -138,6 +138,26 @@ class _Candidates:
     shares: FloatArray
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Where on its progress a job's population prediction stays one trajectory: ``start``
+    epochs of finished regimes, ``left`` epochs after them, and the survival ``thresholds``
+    of its candidates, ``passed`` of them passed (:func:`predict_staged`)."""
+
+    start: float
+    left: float
+    thresholds: tuple[float, ...]
+    passed: int
+
+    def holds(self, epochs_done: float) -> bool:
+        """Whether the same job (spec, finished regimes, batch size, the prior's groups it
+        reads and the throughput model's answers all as they were) at ``epochs_done`` passes
+        the same thresholds, so that its prediction is the same trajectory, at that point on
+        it: the candidates that survive are fixed by the thresholds passed."""
+        done_share = max(0.0, epochs_done - self.start) / self.left
+        return bisect.bisect_right(self.thresholds, done_share + _EPS) == self.passed
+
+
 def predict_population(
     job: ActiveJob,
     prior: PopulationPrior = EMPTY_PRIOR,
@@ -146,17 +166,29 @@ def predict_population(
     population: PopulationParams | None = None,
 ) -> Prediction:
     """The job's trajectory under the population prior updated by its own observations."""
+    return predict_staged(job, prior, params, throughput, population)[0]
+
+
+def predict_staged(
+    job: ActiveJob,
+    prior: PopulationPrior = EMPTY_PRIOR,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+    population: PopulationParams | None = None,
+) -> tuple[Prediction, Stage | None]:
+    """:func:`predict_population`, and the :class:`Stage` over which the job keeps that
+    trajectory as it trains (None where the paper's rule predicts it)."""
     params = params or PredictorParams()
     population = population or PopulationParams()
     spec = job.spec
     if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
-        return predict(job, params, throughput)
+        return predict(job, params, throughput), None
     observed = job.progress.observed_regimes
     prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
     start = float(sum(r.epochs for r in observed))
     left = spec.epochs - start
     if left <= _EPS:
-        return predict(job, params, throughput)
+        return predict(job, params, throughput), None
     done_share = max(0.0, job.progress.epochs_done - start) / left
     censoring, groups = _consulted_groups(prior, job, population)
     key = (
@@ -210,12 +242,13 @@ def predict_population(
                 batch_size, left * share, epoch_seconds(job, batch_size, params, throughput)
             )
         )
-    return Prediction(
+    prediction = Prediction(
         regimes=tuple(regimes),
         current=len(observed),
         epochs_done=job.progress.epochs_done,
         total_epochs=spec.epochs,
     )
+    return prediction, Stage(start, left, thresholds, passed)
 
 
 _Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ...], ...], ...]]

@@ -8,6 +8,7 @@ rounds without arrays; each must agree with the computation it stands for, to th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,9 +18,12 @@ from shockwave.domain.population import FinishedJob, PopulationPrior
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.market import planner
 from shockwave.market.planner import concave_slopes, concave_slopes_all
+from shockwave.policies.shockwave_market import shockwave as policy_module
+from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
 from shockwave.prediction import population_predictor
 from shockwave.prediction.population_predictor import predict_population, prior_reads
 from shockwave.prediction.predictor import PredictedRegime, Prediction
+from shockwave.prediction.throughput_model import RecordingModel, ThroughputModel
 from tests.builders import adaptive_job
 
 ACCORDION = AdaptationMode.ACCORDION
@@ -167,3 +171,27 @@ def test_the_earliest_block_is_the_first_window_that_fits() -> None:
         free = [int(x) for x in rng.integers(0, 9, size=int(rng.integers(1, 12)))]
         gpus, n = int(rng.integers(1, 9)), int(rng.integers(1, len(free) + 1))
         assert planner._earliest_block(free, gpus, n) == _earliest_by_windows(free, gpus, n)
+
+
+def test_a_running_jobs_reused_trajectory_is_the_fresh_prediction_at_every_step() -> None:
+    own = [_finished([(32, split), (256, 100 - split)], "ResNet-18") for split in (20, 50, 80)]
+    prior = _learnt(*own)
+    params = ShockwaveParams()
+    start = _job("ResNet-18")
+    rates = ThroughputModel.build(prior, [start])
+    memo = policy_module._PredictionMemo()
+    computed = [0]
+
+    for done in range(0, 100, 2):
+        job = replace(start, progress=replace(start.progress, epochs_done=float(done)))
+
+        def compute(model: ThroughputModel, job: ActiveJob = job) -> policy_module._Computed:
+            computed[0] += 1
+            return policy_module._predicted(job, prior, params, model, 1.0, None)
+
+        got = memo.get(job, params, prior, rates, 1.0, compute)
+        _clear_prediction_memos()
+        fresh = policy_module._predicted(job, prior, params, RecordingModel(rates), 1.0, None)
+        assert got == fresh[0]
+    # the trajectory was made again only where the job passed a switch point of a template
+    assert 2 <= computed[0] <= 10

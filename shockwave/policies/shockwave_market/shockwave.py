@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shockwave.domain.memo import IdentityMemo, progress_key
+from shockwave.domain.memo import IdentityMemo, moved_only, progress_key
 from shockwave.domain.population import PopulationPrior
 from shockwave.domain.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.domain.tenancy import (
@@ -53,7 +53,7 @@ from shockwave.market.heterogeneity import mean_speed
 from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
-from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.population_predictor import PopulationParams, Stage, predict_staged
 from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
@@ -322,6 +322,10 @@ class _LazyOutlooks(Mapping[str, JobOutlook]):
 
 
 _Predicted = tuple[Prediction, float, float, float, float, float]
+_Computed = tuple[_Predicted, Stage | None, int]
+"""A fresh prediction: its estimates (:func:`_predicted`), the stage over which its trajectory
+holds (:func:`shockwave.prediction.population_predictor.predict_staged`; None: no reuse along
+it) and how many of the throughput model's answers the trajectory read (the first ones)."""
 
 
 @dataclass(slots=True)
@@ -337,6 +341,8 @@ class _Seen:
     rates: ThroughputModel
     rates_read: Sequence[Read]
     value: _Predicted
+    stage: Stage | None
+    trajectory_reads: int
 
 
 class _PredictionMemo:
@@ -348,6 +354,14 @@ class _PredictionMemo:
     question the prediction asked of the model
     (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
     its first round however often jobs finish or start.
+
+    A running job's progress changes every round. While nothing else has (the same batch
+    size, finished regimes and measurements, prior groups and model answers) and it has passed
+    no survival threshold of its candidates
+    (:meth:`shockwave.prediction.population_predictor.Stage.holds`), the population predictor
+    would give it the same trajectory at its new position: that trajectory is kept, and only
+    what depends on the position (remaining and soonest times, the greedy estimate) is made
+    again.
 
     Bounded (cleared whole when full) and guarded by a lock: the service may decide for
     several clusters from threads; an entry is keyed by the identities of the job's spec and
@@ -365,7 +379,7 @@ class _PredictionMemo:
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
-        compute: Callable[[ThroughputModel], _Predicted],
+        compute: Callable[[ThroughputModel], _Computed],
     ) -> _Predicted:
         """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
         the model it is given, which records the questions)."""
@@ -378,20 +392,72 @@ class _PredictionMemo:
             seen is not None
             and seen.job.spec is job.spec
             and seen.params is params
-            and seen.progress == progress
             and seen.speed == speed
         ):
-            same_prior = seen.prior is prior
-            if not same_prior:
-                read = prior_read(params.regime_predictor, prior, job, params.population)
-                same_prior = len(read) == len(seen.prior_read) and all(
-                    a is b for a, b in zip(read, seen.prior_read, strict=True)
-                )
-            if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
-                seen.job, seen.prior, seen.rates = job, prior, rates
-                return seen.value
+            same = seen.progress == progress
+            # the same job further along: its trajectory holds while no threshold is passed
+            moved = (
+                not same
+                and seen.stage is not None
+                and moved_only(seen.progress, progress)
+                and seen.stage.holds(job.progress.epochs_done)
+            )
+            if (same or moved) and self._same_inputs(seen, job, params, prior, rates, moved):
+                if same:
+                    seen.job, seen.prior, seen.rates = job, prior, rates
+                    return seen.value
+                recording = RecordingModel(rates)
+                prediction = replace(seen.value[0], epochs_done=job.progress.epochs_done)
+                value = _estimates(job, prediction, params, recording, speed)
+                trajectory = seen.rates_read[: seen.trajectory_reads]
+                computed = (value, seen.stage, len(trajectory))
+                reads = (*trajectory, *recording.reads)
+                self._store(key, job, params, progress, speed, prior, rates, computed, reads)
+                return value
         recording = RecordingModel(rates)
-        value = compute(recording)
+        computed = compute(recording)
+        reads = tuple(recording.reads)
+        self._store(key, job, params, progress, speed, prior, rates, computed, reads)
+        return computed[0]
+
+    @staticmethod
+    def _same_inputs(
+        seen: _Seen,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        moved: bool,
+    ) -> bool:
+        """Whether ``prior`` and ``rates`` give ``job`` what the entry's gave it: the same
+        template groups, and the same answers to the entry's questions (a job that moved: to
+        its trajectory's questions, the others are asked again)."""
+        same_prior = seen.prior is prior
+        if not same_prior:
+            read = prior_read(params.regime_predictor, prior, job, params.population)
+            same_prior = len(read) == len(seen.prior_read) and all(
+                a is b for a, b in zip(read, seen.prior_read, strict=True)
+            )
+        if not same_prior:
+            return False
+        reads = seen.rates_read[: seen.trajectory_reads] if moved else seen.rates_read
+        return seen.rates is rates or answers_alike(rates, job, reads)
+
+    def _store(
+        self,
+        key: tuple[str, int, int],
+        job: ActiveJob,
+        params: ShockwaveParams,
+        progress: Hashable,
+        speed: float,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        computed: _Computed,
+        reads: Sequence[Read],
+    ) -> None:
+        """Keep ``computed`` for ``job`` with the model's answers ``reads`` it was made from,
+        the trajectory's first."""
+        value, stage, trajectory_reads = computed
         entry = _Seen(
             job,
             params,
@@ -400,14 +466,15 @@ class _PredictionMemo:
             prior,
             prior_read(params.regime_predictor, prior, job, params.population),
             rates,
-            tuple(recording.reads),
+            reads,
             value,
+            stage,
+            trajectory_reads,
         )
         with self._lock:
             if len(self._entries) >= self._limit:
                 self._entries.clear()
             self._entries[key] = entry
-        return value
 
     def clear(self) -> None:
         with self._lock:
@@ -425,15 +492,34 @@ def _predicted(
     rates: ThroughputModel,
     speed: float,
     revealed: RevealedTrajectory | None,
-) -> _Predicted:
+) -> _Computed:
     """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
-    from ``revealed`` in oracle experiments."""
+    from ``revealed`` in oracle experiments. With the stage over which the trajectory holds
+    and the number of ``rates``' answers it read (:data:`_Computed`)."""
+    stage: Stage | None = None
     if revealed is not None:
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+    elif params.regime_predictor == "population":
+        prediction, stage = predict_staged(job, prior, params.predictor, rates, params.population)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
         prediction = predictor(job, prior, rates, params.predictor, params.population)
+    trajectory_reads = len(rates.reads) if isinstance(rates, RecordingModel) else 0
+    if not isinstance(rates, RecordingModel):
+        stage = None
+    return _estimates(job, prediction, params, rates, speed), stage, trajectory_reads
+
+
+def _estimates(
+    job: ActiveJob,
+    prediction: Prediction,
+    params: ShockwaveParams,
+    rates: ThroughputModel,
+    speed: float,
+) -> _Predicted:
+    """``prediction`` with the estimates the policy reads of it: (prediction, remaining,
+    total, error factor, cautious remaining, soonest remaining), the times over ``speed``."""
     factor = _error_factor(job.job_id, params) / speed
     remaining = prediction.remaining_seconds * factor
     done = prediction.total_seconds - prediction.remaining_seconds
@@ -624,7 +710,7 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)
+            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)[0]
         else:
             # a job whose progress is as last round and whose prior and throughput model give
             # it the same answers predicts as it did then (_PredictionMemo)
