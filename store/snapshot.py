@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from sqlalchemy import case, func
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import QueryableAttribute, defer
 from sqlmodel import Session, col, select
@@ -58,7 +59,7 @@ from shockwave.domain.model import Cluster, ValidationError
 from shockwave.domain.snapshot import ActiveJob, Snapshot
 from shockwave.domain.stints import Stint
 from shockwave.domain.tenancy import AT_LIMIT, TenantUsage
-from shockwave.rounds.engine import unfit_reason
+from shockwave.rounds.engine import unfit_for
 from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
@@ -103,7 +104,7 @@ class GpuLayout:
     def __post_init__(self) -> None:
         # built once: a boundary converts every live lease, and a cluster of 1,024 nodes
         # costs milliseconds to build
-        kinds = tuple(t.strip().lower() or "unknown" for t in self.node_types)
+        kinds = tuple(gpu_kind(t) for t in self.node_types)
         typed = len(set(kinds)) > 1 and len(kinds) == len(self.node_gpus)
         cluster = Cluster(self.node_gpus, kinds) if typed else Cluster(self.node_gpus)
         object.__setattr__(self, "_cluster", cluster)
@@ -130,6 +131,40 @@ class GpuLayout:
             n = cluster.node_of(g)
             grouped.setdefault(self.node_ids[n], []).append(g - cluster.first_gpu(n))
         return grouped
+
+
+def gpu_kind(declared: str) -> str:
+    """A node's GPU type as the core compares them: its agent's ``gpu_type`` lower-cased,
+    "unknown" when empty."""
+    return declared.strip().lower() or "unknown"
+
+
+def ready_gpus(session: Session) -> dict[str, int] | None:
+    """The GPUs of the READY approved nodes by type, as :class:`GpuLayout`'s cluster counts
+    them (``{"": n}`` when there is one type: the untyped cluster), or None when there is no
+    such node: one aggregate, for a caller that needs the capacity and not the layout (a
+    user's job list: reading a thousand nodes' rows there costs tens of milliseconds)."""
+    rows = session.execute(
+        sa_select(
+            col(NodeRow.gpu_type),
+            func.sum(
+                case(
+                    (col(NodeApprovalRow.gpus) < col(NodeRow.gpus), col(NodeApprovalRow.gpus)),
+                    else_=col(NodeRow.gpus),
+                )
+            ),
+        )
+        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
+        .where(col(NodeRow.state) == NodeState.READY)
+        .group_by(col(NodeRow.gpu_type))
+    ).all()
+    if not rows:
+        return None
+    kinds: dict[str, int] = {}
+    for declared, gpus in rows:
+        kind = gpu_kind(declared or "")
+        kinds[kind] = kinds.get(kind, 0) + int(gpus or 0)
+    return kinds if len(kinds) > 1 else {"": sum(kinds.values())}
 
 
 def load_snapshot(
@@ -293,21 +328,21 @@ UNREAD = Unread()
 def waiting_reason(
     session: Session,
     row: JobRow,
-    layout: GpuLayout | None = None,
+    ready: Mapping[str, int] | None = None,
     usage: TenantHold | Unread | None = UNREAD,
 ) -> str | None:
     """Why a queued (PENDING or SUSPENDED) job cannot run now whatever the plan says, or None:
     wider than all the READY nodes together (:func:`shockwave.rounds.engine.unfit_reason`), or its
     gang would put its tenant (or one above it) over ``max_gpus``
     (:data:`shockwave.domain.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
-    READY (nothing can run then, and the prediction says there is no plan yet). ``layout``,
-    ``usage``: the READY nodes and :func:`tenant_usage` when the caller already read them."""
+    READY (nothing can run then, and the prediction says there is no plan yet). ``ready``,
+    ``usage``: :func:`ready_gpus` and :func:`tenant_usage` when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
         return None
-    layout = layout or gpu_layout(session)
-    if layout is None:
+    ready = ready or ready_gpus(session)
+    if ready is None:
         return None
-    unfit = unfit_reason(row.gpus, layout.cluster)
+    unfit = unfit_for(row.gpus, ready)
     if unfit is not None:
         return unfit
     if isinstance(usage, Unread):
