@@ -170,6 +170,27 @@ def per_round(
     return moved
 
 
+def postgres_cpu_seconds(database: str) -> float:
+    """CPU seconds (user + system) used so far by the Postgres backends serving ``database``
+    (Linux /proc; a backend's process title names its database). The pools keep their
+    connections for the run, so the difference over the run is the database's work for it
+    (less what backends that closed meanwhile used)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not title.startswith("postgres: ") or f" {database} " not in title:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
 
 console = Console()
@@ -277,6 +298,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        help="the API processes and the driver's metrics listen on ports from this one up "
+        "(default: ports the OS picks)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--log-dir", type=Path, default=Path("out/scale-logs"))
     args = parser.parse_args(argv)
@@ -451,9 +479,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         processes = Supervisor(args.log_dir, env)
         stack.callback(processes.stop_all)
+        base = args.port_base
+        ports = iter(range(base, base + args.apis + 1)) if base else None
+
+        def next_port() -> int:
+            return next(ports) if ports is not None else free_port()
+
         base_urls = []
         for index in range(args.apis):
-            port = free_port()
+            port = next_port()
             name = "api" if args.apis == 1 else f"api-{index}"
             api = processes.shockwave(
                 name, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
@@ -485,7 +519,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         watching = threading.Thread(target=watcher.run, name="watcher", daemon=True)
         watching.start()
         stack.callback(watcher.stop.set)
-        metrics_port = free_port()
+        metrics_port = next_port()
 
         def start_driver() -> None:
             processes.shockwave(
@@ -510,12 +544,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
         db_before = db_stats(dsn)
         tables_before = table_stats(dsn)
+        database = dsn.rsplit("/", 1)[1]
         cpu_before = processes.cpu_seconds()
+        cpu_before["postgres"] = postgres_cpu_seconds(database)
+        cpu_before["bench"] = time.process_time()
         wall_began = time.perf_counter()
         timeout = (args.rounds + 3) * args.round_seconds + 120
         asyncio.run(drive(fleet, watcher, args.rounds, timeout, start_all))
         wall = time.perf_counter() - wall_began
         cpu_after = processes.cpu_seconds()
+        cpu_after["postgres"] = postgres_cpu_seconds(database)
+        cpu_after["bench"] = time.process_time()
         probe.stop.set()
         time.sleep(1.0)  # the statistics collector's delay
         db_after = db_stats(dsn)
