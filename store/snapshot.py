@@ -50,12 +50,12 @@ from typing import Any, cast
 
 from sqlalchemy import case, func
 from sqlalchemy import select as sa_select
-from sqlalchemy.orm import QueryableAttribute, defer
+from sqlalchemy.orm import QueryableAttribute, defer, load_only
 from sqlmodel import Session, col, select
 
 from shockwave.domain import state_codec
 from shockwave.domain.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
-from shockwave.domain.model import Cluster, ValidationError
+from shockwave.domain.model import Cluster, JobSpec, ValidationError
 from shockwave.domain.snapshot import ActiveJob, Snapshot
 from shockwave.domain.stints import Stint
 from shockwave.domain.tenancy import AT_LIMIT, TenantUsage
@@ -173,11 +173,15 @@ def load_snapshot(
     round_index: int,
     now: datetime,
     priority_classes: Mapping[str, float] | None = None,
+    known: KnownSpecs | None = None,
 ) -> tuple[Snapshot, int]:
     """The snapshot for planning round ``round_index`` at ``now`` (timezone-aware), and the
     cluster's state version it reflects (read first: the jobs read after it are at least that
     new). ``priority_classes``: the classes' multipliers (the processes' shared setting).
-    Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
+    ``known``: the specs a planner process kept from its earlier snapshots (the jobs' rows are
+    then read for their state and observed columns only, and the specs of new jobs read and
+    checked once); None reads every job's whole row. Raises :class:`UnknownCluster` or
+    :class:`NoCapacity`."""
     cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
     if cluster is None:
         raise UnknownCluster(cluster_id)
@@ -185,9 +189,11 @@ def load_snapshot(
     layout = gpu_layout(session)
     if layout is None:
         raise NoCapacity(cluster_id)
-    rows = active_job_rows(session)
+    rows = active_job_rows(session, observed_only=known is not None)
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs, excluded = active_jobs(rows, held, now)
+    if known is not None:
+        known.learn(session, [r.id for r in rows])
+    jobs, excluded = active_jobs(rows, held, now, known)
     stints = stints_of(session, [job.job_id for job in jobs], now)
     jobs = tuple(
         dataclasses.replace(
@@ -277,8 +283,55 @@ def _round_start(cluster: ClusterRow, round_index: int) -> float | None:
     return cluster.round_ends_at.timestamp()
 
 
+@dataclasses.dataclass
+class KnownSpecs:
+    """Each active job's spec (:class:`~shockwave.domain.model.JobSpec`, fixed at submission),
+    or why the model refuses it, by job id: kept by a planner process from one snapshot to the
+    next, so that a job's spec is read and checked once, not every plan (at 10,000 jobs that
+    was most of a snapshot's seconds). Only the jobs of the latest snapshot are kept."""
+
+    specs: dict[str, JobSpec | str] = dataclasses.field(default_factory=dict)
+
+    def learn(self, session: Session, job_ids: Sequence[str]) -> None:
+        """Read and check the specs of ``job_ids`` not known yet; forget the others."""
+        wanted = set(job_ids)
+        self.specs = {j: spec for j, spec in self.specs.items() if j in wanted}
+        unknown = [j for j in job_ids if j not in self.specs]
+        for start in range(0, len(unknown), SPEC_CHUNK):
+            chunk = unknown[start : start + SPEC_CHUNK]
+            query = select(JobRow).where(col(JobRow.id).in_(chunk))
+            for row in session.exec(query.execution_options(populate_existing=True)).all():
+                try:
+                    self.specs[row.id] = events.spec_of_row(row)
+                except ValidationError as error:
+                    self.specs[row.id] = f"{REFUSED_SPEC}: {error}"
+
+
+SPEC_CHUNK = 1000
+REFUSED_SPEC = "its stored spec is refused by the model"
+OBSERVED_COLUMNS = (
+    JobRow.id,
+    JobRow.state,
+    JobRow.tenant,
+    JobRow.created_at,
+    JobRow.updated_at,
+    JobRow.carried_s,
+    JobRow.initial_batch_size,
+    JobRow.epochs_done,
+    JobRow.attained_s,
+    JobRow.epoch_seconds,
+    JobRow.scalings,
+    JobRow.last_seq,
+)
+"""What a snapshot reads of a job whose spec it knows: its state, tenant and arrival, and the
+observed state its events were folded into (:func:`store.events.observed_of`)."""
+
+
 def active_jobs(
-    rows: Sequence[JobRow], held: Mapping[str, tuple[int, ...]], now: datetime | None = None
+    rows: Sequence[JobRow],
+    held: Mapping[str, tuple[int, ...]],
+    now: datetime | None = None,
+    known: KnownSpecs | None = None,
 ) -> tuple[tuple[ActiveJob, ...], dict[str, str]]:
     """The core's jobs of ``rows`` (holding the ``held`` GPUs), and the rows that are no job of
     the model any more, with why: a row stored before a bound of the model existed (such as the
@@ -286,17 +339,26 @@ def active_jobs(
 
     ``now``: a job is seen as it stands then (:meth:`ActiveJob.trained_for` its carried
     training and, running, the time since its row last changed: its last folded event, or its
-    start), not only up to the last epoch it reported; None: as reported."""
+    start), not only up to the last epoch it reported; None: as reported. ``known``: each
+    job's spec (:class:`KnownSpecs`, which has learnt every row's job), not read from ``rows``."""
     jobs: list[ActiveJob] = []
     excluded: dict[str, str] = {}
     for row in rows:
         try:
-            job = _active_job(row, held.get(row.id, ()))
+            gpus = tuple(sorted(held.get(row.id, ())))
+            if known is None:
+                job = events.active_job(row, gpus)
+            else:
+                spec = known.specs[row.id]
+                if isinstance(spec, str):
+                    excluded[row.id] = spec
+                    continue
+                job = ActiveJob(spec=spec, progress=events.observed_of(row).progress(gpus))
             if now is not None:
                 job = job.trained_for(trained_since_change(row, now), carried_s=row.carried_s)
             jobs.append(job)
         except ValidationError as error:
-            excluded[row.id] = f"its stored spec is refused by the model: {error}"
+            excluded[row.id] = f"{REFUSED_SPEC}: {error}"
     return tuple(jobs), excluded
 
 
@@ -383,13 +445,18 @@ def at_limit(hold: TenantHold | None, row: JobRow) -> bool:
     return row.id not in hold.holders and not hold.usage.fits(row.tenant, row.gpus)
 
 
-def active_job_rows(session: Session) -> list[JobRow]:
-    """Admitted, unfinished jobs in arrival order (ties by id)."""
+def active_job_rows(session: Session, *, observed_only: bool = False) -> list[JobRow]:
+    """Admitted, unfinished jobs in arrival order (ties by id). ``observed_only``: only their
+    :data:`OBSERVED_COLUMNS` are loaded (the others load on first access, one row at a time)."""
     query = (
         select(JobRow)
         .where(col(JobRow.state).in_(ACTIVE))
         .order_by(col(JobRow.created_at), col(JobRow.id))
     )
+    if observed_only:
+        query = query.options(
+            load_only(*(cast("QueryableAttribute[Any]", c) for c in OBSERVED_COLUMNS))
+        )
     return list(session.exec(query).all())
 
 
