@@ -64,6 +64,9 @@ REGISTER_SPACING_S = 0.01
 """The nodes start (register) spread over a poll interval, or this much apart when there are
 more: a thousand agents that start together are a burst a real fleet's starts are not."""
 EVENT_TRIES = 8
+BUSY = 503
+"""A poll's answer to a report or event on a job the server could not lock at once
+(``defer_busy``): nothing was recorded, it is sent again in a later poll."""
 
 
 @dataclass
@@ -424,6 +427,7 @@ class Fleet:
             "tokens": tokens,
             "reports": sent,
             "running": sorted(here.attempts),
+            "defer_busy": True,
         }
         if events:
             body["events"] = events
@@ -437,10 +441,24 @@ class Fleet:
             return None
         del here.outbox[: len(sent)]
         del here.events[: len(events)]
+        # answered 503 (their job was busy): owed still, first in line, in their order
+        here.outbox[:0] = [
+            report
+            for report, answer in zip(sent, poll["reports"], strict=False)
+            if answer["status"] == BUSY
+        ]
+        here.events[:0] = [
+            event
+            for event, answer in zip(events, poll.get("events", []), strict=False)
+            if answer["status"] == BUSY
+        ]
         for answer in poll["reports"]:
             self.log.events[f"report {answer['status']}"] += 1
         for event, answer in zip(events, poll.get("events", []), strict=False):
-            self._answered(here, event, answer)
+            if answer["status"] != BUSY:
+                self._answered(here, event, answer)
+            else:
+                self.log.events[f"{event['kind']} deferred"] += 1
         return poll
 
     def _answered(self, here: Node, event: dict[str, Any], answer: dict[str, Any]) -> None:
