@@ -3,7 +3,8 @@
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--event-posts]
+        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--report-seconds S]
+        [--event-posts] [--port-base P]
         [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
@@ -16,7 +17,10 @@ poll and heartbeat intervals, training at each job's true pace from the referenc
 From 256 nodes the agents long-poll (``--wait-seconds``, 10 s: an idle node costs a request
 per 10 s, and a new round reaches every node as soon as the driver commits it); each job's
 progress and scaling events ride in its node's polls (``--event-posts``: one request each, with
-the attempt's job token, as the SDK posts them).
+the attempt's job token, as the SDK posts them), and each job reports its progress at most once
+a round (``--report-seconds``: its latest epoch; the planner reads a job's progress once a round
+and credits the training since its last report), not every epoch: with the reference trace's
+epochs of seconds, a thousand nodes' jobs would otherwise send several hundred events a second.
 
 Order: the API and the worker start; ``--jobs`` jobs are submitted: the 900-job reference trace,
 repeated from its start past 900 (``--submit db``, the default: through the API's own
@@ -275,6 +279,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"default {LONG_POLL_S:g} from {LONG_POLL_FROM_NODES} nodes, else 0",
     )
     parser.add_argument(
+        "--report-seconds",
+        type=float,
+        default=None,
+        help="each job posts its latest epoch at most this often (0: every epoch, each its "
+        f"own event); default a round from {LONG_POLL_FROM_NODES} nodes, else 0",
+    )
+    parser.add_argument(
         "--event-posts",
         action="store_true",
         help="each job posts its events with its token (default: in its node's polls)",
@@ -316,6 +327,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
         args.wait_seconds = LONG_POLL_S if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.report_seconds is None:
+        args.report_seconds = args.round_seconds if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.report_seconds < 0:
+        parser.error("--report-seconds must be at least 0")
     if args.boundary_lead is None:
         args.boundary_lead = LEAD_S if args.jobs >= LEAD_FROM_JOBS else 0.0
     if not 0 <= args.boundary_lead <= 10:
@@ -514,6 +529,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             wait_s=args.wait_seconds or None,
             boundary_retry_s=0.05 if args.wait_seconds else None,
             batch_events=not args.event_posts,
+            report_s=args.report_seconds,
         )
         watcher = Watcher(database_url.replace("postgresql+psycopg://", "postgresql://"))
         watching = threading.Thread(target=watcher.run, name="watcher", daemon=True)
@@ -614,6 +630,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
             "wait_seconds": args.wait_seconds,
+            "report_seconds": args.report_seconds,
             "boundary_lead_s": args.boundary_lead,
             "held_kinds": list(HELD_KINDS) if args.wait_seconds else [],
             "user_jobs_list": {
