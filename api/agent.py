@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, case, select, update
+from sqlalchemy import Connection, bindparam, case, select, text, update
 from sqlmodel import Session, SQLModel
 
 from api.agent_schemas import (
@@ -137,6 +137,7 @@ waits for a boundary instead of deadlocking with it."""
 _LOCK_FREE_JOBS = _LOCK_JOBS.with_for_update(skip_locked=True)
 """Lock those of the jobs that no other transaction holds, without waiting (a poll with
 ``defer_busy``): the others are left for a later poll."""
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 BUSY = 503
 BUSY_DETAIL = "its job is busy (a round being written); nothing was recorded: send it again"
 _RUN_LEASES = (
@@ -449,6 +450,11 @@ def poll(
             for attempt, lease in starting.items()
             if attempt not in held
         }
+    if not (locking - busy or tokens) and connection.dialect.name == "postgresql":
+        # it wrote a heartbeat and log tails at most: nothing an agent acts on, so the commit
+        # need not wait for the WAL's flush (a database crash may forget the last fraction
+        # of a second of such contacts; never a report, an event, a start or a token)
+        connection.execute(_ASYNC_COMMIT)
     session.commit()
     return PollAnswer(
         node=node_id,
