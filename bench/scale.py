@@ -4,7 +4,7 @@ Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
         [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--report-seconds S]
-        [--event-posts] [--port-base P]
+        [--replan reactive|lazy] [--event-posts] [--port-base P]
         [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
@@ -21,6 +21,10 @@ the attempt's job token, as the SDK posts them), and each job reports its progre
 a round (``--report-seconds``: its latest epoch; the planner reads a job's progress once a round
 and credits the training since its last report), not every epoch: with the reference trace's
 epochs of seconds, a thousand nodes' jobs would otherwise send several hundred events a second.
+From 256 nodes the cluster re-plans lazily (``--replan``): a change (a scaling event, a node
+joining) only bumps its state version, and the round driver's request half-way through each
+round is the round's one plan request (in reactive mode each of the tens of changes a round
+asks for a plan, and the one worker solves without pause, its plans older than that request).
 
 Order: the API and the worker start; ``--jobs`` jobs are submitted: the 900-job reference trace,
 repeated from its start past 900 (``--submit db``, the default: through the API's own
@@ -286,6 +290,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"own event); default a round from {LONG_POLL_FROM_NODES} nodes, else 0",
     )
     parser.add_argument(
+        "--replan",
+        choices=("reactive", "lazy"),
+        default=None,
+        help="the cluster's re-plan mode; default lazy from "
+        f"{LONG_POLL_FROM_NODES} nodes, else reactive",
+    )
+    parser.add_argument(
         "--event-posts",
         action="store_true",
         help="each job posts its events with its token (default: in its node's polls)",
@@ -327,6 +338,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
         args.wait_seconds = LONG_POLL_S if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.replan is None:
+        args.replan = "lazy" if args.nodes >= LONG_POLL_FROM_NODES else "reactive"
     if args.report_seconds is None:
         args.report_seconds = args.round_seconds if args.nodes >= LONG_POLL_FROM_NODES else 0.0
     if args.report_seconds < 0:
@@ -404,6 +417,15 @@ def submit_direct(database_url: str, jobs: Sequence[SimJob]) -> dict[str, Traini
         return {job_id: training_job(job_id, job) for job_id, job in made}
     finally:
         engine.dispose()
+
+
+def set_replan(database_url: str, mode: str) -> None:
+    """The cluster's re-plan mode (``clusters.replan``): in lazy mode a change only bumps the
+    state version and the round driver's half-round request is the round's one plan request;
+    in reactive mode every change asks for a plan too."""
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as db:
+        if db.execute("UPDATE clusters SET replan = %s", (mode,)).rowcount != 1:
+            raise RuntimeError("no cluster row to set the re-plan mode on")
 
 
 def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, str, dict[str, str]]:
@@ -518,6 +540,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             training = submit_direct(database_url, jobs)
         submit_s = time.perf_counter() - began
+        set_replan(database_url, args.replan)
         console.print(f"submitted {len(training)} jobs in {submit_s:.1f} s")
 
         fleet = Fleet(
@@ -631,6 +654,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
             "wait_seconds": args.wait_seconds,
             "report_seconds": args.report_seconds,
+            "replan": args.replan,
             "boundary_lead_s": args.boundary_lead,
             "held_kinds": list(HELD_KINDS) if args.wait_seconds else [],
             "user_jobs_list": {
