@@ -3,12 +3,15 @@
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--report-seconds S]
-        [--replan reactive|lazy] [--event-posts] [--port-base P]
+        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--user-apis 1] [--wait-seconds S]
+        [--report-seconds S] [--replan reactive|lazy] [--event-posts] [--port-base P]
         [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
-processes (each node, and each job's attempt, talks to one of them, chosen by its token),
+processes (each node, and each job's attempt, talks to one of them, chosen by its token) and
+``--user-apis`` more that only the user talks to (a deployment routes ``/v1/agent/`` to the
+agents' processes and the rest to the users': a fleet's bursts then never queue in front of a
+person, in the process or for its CPU),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
 with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_fleet/fleet.py``: one
@@ -274,6 +277,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
     parser.add_argument("--apis", type=int, default=1, help="API processes (agents spread)")
+    parser.add_argument(
+        "--user-apis",
+        type=int,
+        default=1,
+        help="API processes of the users' own, no agent sent there (0: the user's requests "
+        "go to the agents' first process)",
+    )
     parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
     parser.add_argument(
         "--wait-seconds",
@@ -332,8 +342,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.round_seconds is None:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
-    if args.apis < 1:
-        parser.error("--apis must be at least 1")
+    if args.apis < 1 or args.user_apis < 0:
+        parser.error("--apis must be at least 1, --user-apis at least 0")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
@@ -517,7 +527,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         processes = Supervisor(args.log_dir, env)
         stack.callback(processes.stop_all)
         base = args.port_base
-        ports = iter(range(base, base + args.apis + 1)) if base else None
+        ports = iter(range(base, base + args.apis + args.user_apis + 1)) if base else None
 
         def next_port() -> int:
             return next(ports) if ports is not None else free_port()
@@ -531,6 +541,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             base_urls.append(f"http://{HOST}:{port}")
             wait_http(f"{base_urls[-1]}/readyz", api, START_TIMEOUT_S)
+        user_urls = []
+        for index in range(args.user_apis):
+            port = next_port()
+            api = processes.shockwave(
+                f"user-api-{index}", "api", "--host", HOST, "--port", str(port),
+                "--log-level", "warning", "--no-migrate",
+            )  # fmt: skip
+            user_urls.append(f"http://{HOST}:{port}")
+            wait_http(f"{user_urls[-1]}/readyz", api, START_TIMEOUT_S)
         base_url = base_urls[0]
         processes.shockwave("worker", "worker", "--concurrency", "1", "--log-level", "info")
 
@@ -572,7 +591,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "info",
             )
 
-        probe = UserProbe(base_url, user, args.user_every)
+        probe = UserProbe(user_urls[0] if user_urls else base_url, user, args.user_every)
         probing = threading.Thread(target=probe.run, name="user", daemon=True)
         stack.callback(probe.stop.set)
 
@@ -624,7 +643,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.late_after,
         )
         cpu = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
-        api_cpu = sum(v for k, v in cpu.items() if k.startswith("api"))
+        api_cpu = sum(v for k, v in cpu.items() if k.startswith("api"))  # the agents' ones
         lost = parse_lost(driver_log)
         return {
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
