@@ -29,10 +29,10 @@ from sqlmodel import Session
 from api.schemas import PredictionPublic, QueueEntry, RegimePublic
 from shockwave.domain.lifecycle import JobState
 from shockwave.domain.population import PopulationPrior
-from shockwave.domain.snapshot import ActiveJob
+from shockwave.domain.snapshot import ActiveJob, learns_apart
 from shockwave.domain.waiting import Gpus, PlanView, why_waiting
 from shockwave.market.estimators import finish_time_fairness
-from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.population_predictor import PopulationParams, apart_params
 from shockwave.prediction.predictor import PredictorParams
 from shockwave.prediction.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.prediction.throughput_model import ThroughputModel
@@ -107,7 +107,10 @@ def explain(
     prior = context.prior(session, row.tenant)
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]
-    prediction = predictor(job, prior, rates, params or PredictorParams(), PopulationParams())
+    knobs = PopulationParams()
+    if learns_apart(row.tenant):
+        knobs = apart_params(knobs, prior.learnt)
+    prediction = predictor(job, prior, rates, params or PredictorParams(), knobs)
     job_state = JobState(row.state)
     finished = job_state.terminal
     remaining = 0.0 if finished else prediction.remaining_seconds
