@@ -190,9 +190,10 @@ class Snapshot:
     ``priority_classes``: priority class name -> its multiplier of a job's weight within its tenant
     (a class not in it: 1). Both empty: one default tenant, every job's weight its own budget, as
     before tenants. ``prior_groups`` / ``priors``: where jobs must learn apart (the service: one
-    group per tenant, named by its path, so that no tenant's jobs learn from another's self-reported epochs), each
-    job's group (job id to group) and each group's prior; a job in a group plans with its group's
-    prior and the measurements of its group's active jobs only (:meth:`learning_groups`). A
+    group per tenant, named by its path, so that no tenant's jobs learn from another's
+    self-reported epochs), each job's group (job id to group) and each group's prior; a job in a
+    group plans with its group's prior and the measurements of its group's active jobs only
+    (:meth:`learning_groups`; a named tenant's prior with :meth:`learns_apart`'s knobs). A
     job in no group (the simulator's: both are empty) learns from ``population`` and every
     other job in no group.
     """

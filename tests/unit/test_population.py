@@ -3,6 +3,7 @@ storing finished jobs, and predictions worked by hand on small populations."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -410,7 +411,7 @@ def test_the_papers_rule_weighs_less_as_the_tenants_jobs_finish() -> None:
 
     assert weights[0] == pytest.approx(knobs.prior_weight + knobs.neutral_weight)
     assert weights[2] == pytest.approx(knobs.prior_weight + knobs.neutral_weight / 2)
-    assert all(a > b for a, b in zip(weights, weights[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(weights))
     assert weights[-1] > knobs.prior_weight
     # the same knobs object for the same count (predictions are memoized by its identity)
     assert apart_params(knobs, 7) is apart_params(knobs, 7)

@@ -291,8 +291,9 @@ def _predicted_sizes(
         epochs=65,
         profile={bs: 10.0 / bs for bs in _LM_LADDER},
     )
-    mine = dataclasses.replace(fresh, spec=dataclasses.replace(fresh.spec, tenant=job_tenant or ""))
-    theirs = dataclasses.replace(fresh, spec=dataclasses.replace(fresh.spec, job_id="x", tenant="a"))
+    mine_spec = dataclasses.replace(fresh.spec, tenant=job_tenant or "")
+    mine = dataclasses.replace(fresh, spec=mine_spec)
+    theirs = dataclasses.replace(fresh, spec=dataclasses.replace(mine_spec, job_id="x", tenant="a"))
     groups = {} if job_tenant is None else {"mine": job_tenant, "x": "a"}
     snap = dataclasses.replace(
         snapshot([mine, theirs]), population=population, prior_groups=groups, priors=priors

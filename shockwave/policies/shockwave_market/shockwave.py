@@ -341,9 +341,10 @@ class _Seen:
 
 class _PredictionMemo:
     """Each job's last prediction, reused while nothing it was made from has changed: the same
-    spec, params and population knobs, equal progress (:func:`shockwave.domain.memo.progress_key`) and GPU speed,
-    and a prior and throughput model that are the very same objects or, where new (a job finished,
-    one measured an epoch), give the job the same answers: the same template groups
+    spec, params and population knobs, equal progress
+    (:func:`shockwave.domain.memo.progress_key`) and GPU speed, and a prior and throughput model
+    that are the very same objects or, where new (a job finished, one measured an epoch), give
+    the job the same answers: the same template groups
     (:func:`shockwave.prediction.regime_predictors.prior_read`) and the same estimate for every
     question the prediction asked of the model
     (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
