@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shockwave.domain.memo import IdentityMemo
-from shockwave.domain.model import DEFAULT_TENANT, Cluster, JobSpec, Regime
+from shockwave.domain.model import Cluster, JobSpec, Regime
 from shockwave.domain.population import EMPTY_PRIOR, PopulationPrior
 from shockwave.domain.stints import Stint
 from shockwave.domain.tenancy import Tenant, TenantMarket, market
@@ -163,13 +163,6 @@ class RevealedTrajectory:
     epoch_seconds: Mapping[int, float]
 
 
-def learns_apart(group: str | None) -> bool:
-    """Whether a job of learning group ``group`` (a tenant's path; None: no group) plans with a
-    prior its tenant learns apart from every other tenant's jobs: a named tenant's. The default
-    tenant's prior, like a snapshot's ``population``, is the cluster's own."""
-    return group is not None and group != DEFAULT_TENANT
-
-
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The input of every policy at a round boundary.
@@ -193,7 +186,7 @@ class Snapshot:
     group per tenant, named by its path, so that no tenant's jobs learn from another's
     self-reported epochs), each job's group (job id to group) and each group's prior; a job in a
     group plans with its group's prior and the measurements of its group's active jobs only
-    (:meth:`learning_groups`; a named tenant's prior with :meth:`learns_apart`'s knobs). A
+    (:meth:`learning_groups`; with other tenants beside it, :meth:`learns_apart`). A
     job in no group (the simulator's: both are empty) learns from ``population`` and every
     other job in no group.
     """
@@ -236,10 +229,11 @@ class Snapshot:
         return self.population if group is None else self.priors.get(group, EMPTY_PRIOR)
 
     def learns_apart(self, job_id: str) -> bool:
-        """Whether job ``job_id`` plans with a prior that a named tenant learns apart from every
-        other tenant's jobs (its group in ``prior_groups``). The default tenant's prior, like
-        ``population``, is the cluster's own: a deployment without tenants learns as one."""
-        return learns_apart(self.prior_groups.get(job_id))
+        """Whether job ``job_id`` plans with a prior its tenant learns apart while other tenants
+        share the cluster: it is in a learning group (``prior_groups``) and the round's market
+        has more than one tenant (not :attr:`TenantMarket.single`). With one tenant, its prior
+        is the cluster's, as ``population`` is, and plans as the one prior does."""
+        return job_id in self.prior_groups and not self.market().single
 
     def learning_groups(self) -> list[tuple[PopulationPrior, tuple[ActiveJob, ...]]]:
         """The jobs that learn from one another, with their prior: one entry per group (in

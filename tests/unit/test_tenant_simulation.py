@@ -277,11 +277,15 @@ _LM_LADDER = (5, 10, 20, 40, 80)
 
 
 def _predicted_sizes(
-    job_tenant: str | None, priors: dict[str, PopulationPrior], population: PopulationPrior
+    priors: dict[str, PopulationPrior],
+    population: PopulationPrior,
+    beside: bool = True,
+    grouped: bool = True,
 ) -> list[tuple[int, float]]:
-    """The regimes the Shockwave policy predicts for a fresh 65-epoch LM GNS job of
-    ``job_tenant``, next to a job of tenant ``a``, the snapshot grouping both by tenant (None:
-    no groups, every job learning from ``population``)."""
+    """The regimes the Shockwave policy predicts for a fresh 65-epoch LM GNS job of tenant
+    ``b``, the snapshot grouping jobs by tenant (``grouped``; else every job learns from
+    ``population``); ``beside``: a job of tenant ``a`` is active too (else ``b`` is the only
+    tenant with jobs)."""
     fresh = adaptive_job(
         "mine",
         mode=AdaptationMode.GNS,
@@ -291,12 +295,15 @@ def _predicted_sizes(
         epochs=65,
         profile={bs: 10.0 / bs for bs in _LM_LADDER},
     )
-    mine_spec = dataclasses.replace(fresh.spec, tenant=job_tenant or "")
+    mine_spec = dataclasses.replace(fresh.spec, tenant="b")
     mine = dataclasses.replace(fresh, spec=mine_spec)
     theirs = dataclasses.replace(fresh, spec=dataclasses.replace(mine_spec, job_id="x", tenant="a"))
-    groups = {} if job_tenant is None else {"mine": job_tenant, "x": "a"}
+    jobs = [mine, theirs] if beside else [mine]
     snap = dataclasses.replace(
-        snapshot([mine, theirs]), population=population, prior_groups=groups, priors=priors
+        snapshot(jobs),
+        population=population,
+        prior_groups={j.job_id: j.spec.tenant for j in jobs} if grouped else {},
+        priors=priors,
     )
     look = Shockwave().outlook(snap, mine, ShockwaveParams(), {}, {})
     return [(r.batch_size, round(r.epochs, 6)) for r in look.prediction.regimes]
@@ -313,18 +320,17 @@ def test_a_tenant_with_few_finished_jobs_plans_from_the_neutral_prior() -> None:
 
     for a_prior in (static_a, climbing_a, EMPTY_PRIOR):
         for population in (static_a, EMPTY_PRIOR):
-            priors = {"a": a_prior, "b": b_prior}
-            assert _predicted_sizes("b", priors, population) == paper
+            assert _predicted_sizes({"a": a_prior, "b": b_prior}, population) == paper
 
 
-def test_the_default_tenants_prior_plans_as_the_single_prior_does() -> None:
-    # The default tenant's prior is the cluster's own: the same one finished job, in the
-    # default tenant's prior or as the snapshot's single prior, gives the same prediction
-    # (its one static job and the static guess outvote the paper's rule); a named tenant's
-    # prior holding that job predicts from the paper's rule.
+def test_a_lone_tenants_prior_plans_as_the_single_prior_does() -> None:
+    # With no other tenant's job active, a tenant's prior is the cluster's: the same one
+    # finished job, as the tenant's prior or as the snapshot's single prior, gives the same
+    # prediction (its one static job and the static guess outvote the paper's rule); beside
+    # another tenant, the tenant leans on the paper's rule.
     prior = _learnt(_lm_finished([(5, 21)]))
 
-    single = _predicted_sizes(None, {}, prior)
-    assert single == [(5, 65.0)]
-    assert _predicted_sizes("", {"": prior, "a": EMPTY_PRIOR}, EMPTY_PRIOR) == single
-    assert _predicted_sizes("b", {"b": prior, "a": EMPTY_PRIOR}, EMPTY_PRIOR) != single
+    lone = _predicted_sizes({"b": prior}, EMPTY_PRIOR, beside=False)
+    assert lone == [(5, 65.0)]
+    assert _predicted_sizes({}, prior, beside=False, grouped=False) == lone
+    assert _predicted_sizes({"b": prior, "a": EMPTY_PRIOR}, EMPTY_PRIOR) != lone

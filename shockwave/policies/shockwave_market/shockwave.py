@@ -456,10 +456,11 @@ def _predicted(
 def _population_of(
     snapshot: Snapshot, job_id: str, prior: PopulationPrior, params: ShockwaveParams
 ) -> PopulationParams:
-    """The population predictor's knobs for job ``job_id``: where it learns apart with its
-    tenant (:meth:`Snapshot.learns_apart`), shrunk towards the paper's rule by how many of the
-    tenant's jobs have finished (:func:`shockwave.prediction.population_predictor.apart_params`);
-    otherwise ``params.population``, one prior for the cluster as before tenants."""
+    """The population predictor's knobs for job ``job_id``: where its tenant learns apart
+    beside other tenants (:meth:`Snapshot.learns_apart`), shrunk towards the paper's rule by how
+    many of the tenant's jobs have finished
+    (:func:`shockwave.prediction.population_predictor.apart_params`); otherwise
+    ``params.population``, one prior for the cluster as before tenants."""
     if snapshot.learns_apart(job_id):
         return apart_params(params.population, prior.learnt)
     return params.population
