@@ -52,7 +52,7 @@ from shockwave.market.heterogeneity import mean_speed
 from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
-from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.population_predictor import PopulationParams, apart_params
 from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
@@ -329,6 +329,7 @@ class _Seen:
 
     job: ActiveJob
     params: ShockwaveParams
+    population: PopulationParams
     progress: Hashable
     speed: float
     prior: PopulationPrior
@@ -340,9 +341,10 @@ class _Seen:
 
 class _PredictionMemo:
     """Each job's last prediction, reused while nothing it was made from has changed: the same
-    spec and params, equal progress (:func:`shockwave.domain.memo.progress_key`) and GPU speed,
-    and a prior and throughput model that are the very same objects or, where new (a job finished,
-    one measured an epoch), give the job the same answers: the same template groups
+    spec, params and population knobs, equal progress
+    (:func:`shockwave.domain.memo.progress_key`) and GPU speed, and a prior and throughput model
+    that are the very same objects or, where new (a job finished, one measured an epoch), give
+    the job the same answers: the same template groups
     (:func:`shockwave.prediction.regime_predictors.prior_read`) and the same estimate for every
     question the prediction asked of the model
     (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
@@ -361,6 +363,7 @@ class _PredictionMemo:
         self,
         job: ActiveJob,
         params: ShockwaveParams,
+        population: PopulationParams,
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
@@ -377,6 +380,7 @@ class _PredictionMemo:
             seen is not None
             and seen.job.spec is job.spec
             and seen.params is params
+            and seen.population is population
             and seen.progress == progress
             and seen.speed == speed
         ):
@@ -394,6 +398,7 @@ class _PredictionMemo:
         entry = _Seen(
             job,
             params,
+            population,
             progress,
             speed,
             prior,
@@ -424,15 +429,17 @@ def _predicted(
     rates: ThroughputModel,
     speed: float,
     revealed: RevealedTrajectory | None,
+    population: PopulationParams,
 ) -> _Predicted:
     """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
-    from ``revealed`` in oracle experiments."""
+    from ``revealed`` in oracle experiments; ``population``: the population predictor's knobs
+    for the job's prior (:func:`_population_of`)."""
     if revealed is not None:
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
-        prediction = predictor(job, prior, rates, params.predictor, params.population)
+        prediction = predictor(job, prior, rates, params.predictor, population)
     factor = _error_factor(job.job_id, params) / speed
     remaining = prediction.remaining_seconds * factor
     done = prediction.total_seconds - prediction.remaining_seconds
@@ -444,6 +451,19 @@ def _predicted(
     )
     soonest = _soonest_remaining(prediction) * factor
     return prediction, remaining, total, factor, cautious, soonest
+
+
+def _population_of(
+    snapshot: Snapshot, job_id: str, prior: PopulationPrior, params: ShockwaveParams
+) -> PopulationParams:
+    """The population predictor's knobs for job ``job_id``: where its tenant learns apart
+    beside other tenants (:meth:`Snapshot.learns_apart`), shrunk towards the paper's rule by how
+    many of the tenant's jobs have finished
+    (:func:`shockwave.prediction.population_predictor.apart_params`); otherwise
+    ``params.population``, one prior for the cluster as before tenants."""
+    if snapshot.learns_apart(job_id):
+        return apart_params(params.population, prior.learnt)
+    return params.population
 
 
 def _level_deadlines(looks: Sequence[JobOutlook], level: bool) -> list[float]:
@@ -623,18 +643,21 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)
+            prior = snapshot.prior_of(job.job_id)
+            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)
         else:
             # a job whose progress is as last round and whose prior and throughput model give
             # it the same answers predicts as it did then (_PredictionMemo)
             prior = snapshot.prior_of(job.job_id)
+            population = _population_of(snapshot, job.job_id, prior, params)
             seen = _PREDICTIONS.get(
                 job,
                 params,
+                population,
                 prior,
                 rates,
                 speed,
-                lambda model: _predicted(job, prior, params, model, speed, None),
+                lambda model: _predicted(job, prior, params, model, speed, None, population),
             )
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
@@ -1168,9 +1191,10 @@ def _share(
 
     Where a tenant's share cannot hold all its planned jobs, they take it in the packing's
     order of groups (:func:`shockwave.market.planner.pack_rounds`), judged now rather than when the
-    plan was made (a plan is followed for rounds): jobs running or planned for the whole
-    window (``full_window``) first, then jobs past their fairness deadline, earliest deadline
-    first, then the rest in the plan's order (:func:`shockwave.domain.tenancy.share_order`)."""
+    plan was made (a plan is followed for rounds): jobs planned for the whole window
+    (``full_window``) first, then jobs past their fairness deadline, earliest deadline first,
+    then jobs running now, then the rest in the plan's order
+    (:func:`shockwave.domain.tenancy.share_order`)."""
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
@@ -1180,7 +1204,7 @@ def _share(
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
     late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
-    order = [*share_order(chosen, running | full_window, late), *rest]
+    order = [*share_order(chosen, full_window, late, running), *rest]
     quota = share_quotas(shares.entitled, owed, slack_rounds)
     kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
     running_now = set(kept)
