@@ -166,6 +166,9 @@ class AgentClient:
         self.node = node
         self.long_polls = True
         """False once the server refused ``wait_s`` (an older one: 422): plain polls then."""
+        self.defers_busy = True
+        """False once the server refused ``defer_busy`` (an older one: 422): its polls then
+        wait for a job another transaction holds, and answer no report 503."""
         self._http = httpx.Client(
             base_url=api_url.rstrip("/"),
             headers=headers,
@@ -203,20 +206,16 @@ class AgentClient:
         )
         if logs:
             body["logs"] = logs
-        if wait is not None and self.long_polls:
+        if self.defers_busy:
             try:
-                answer = self._call(
-                    "POST",
-                    "/v1/agent/poll",
-                    json={**body, "wait_s": wait.seconds, "seen_round": wait.seen_round},
-                )
+                answer = self._post_poll({**body, "defer_busy": True}, wait)
             except ApiRefused as error:
                 if error.status != 422:
                     raise
-                self.long_polls = False  # a server without long polls: ask plainly
-                answer = self._call("POST", "/v1/agent/poll", json=body)
+                self.defers_busy = False  # a server that predates it: the polls wait
+                answer = self._post_poll(body, wait)
         else:
-            answer = self._call("POST", "/v1/agent/poll", json=body)
+            answer = self._post_poll(body, wait)
         try:
             leases = [Lease.parse(item) for item in answer["leases"]]
             stop = frozenset(str(a) for a in answer["stop"])
@@ -239,6 +238,21 @@ class AgentClient:
             current_round=current,
             round_ends_at=ends,
         )
+
+    def _post_poll(self, body: dict[str, Any], wait: Wait | None) -> Any:
+        if wait is None or not self.long_polls:
+            return self._call("POST", "/v1/agent/poll", json=body)
+        try:
+            return self._call(
+                "POST",
+                "/v1/agent/poll",
+                json={**body, "wait_s": wait.seconds, "seen_round": wait.seen_round},
+            )
+        except ApiRefused as error:
+            if error.status != 422:
+                raise
+            self.long_polls = False  # a server without long polls: ask plainly
+            return self._call("POST", "/v1/agent/poll", json=body)
 
     def job_token(self, attempt_id: str) -> str:
         return str(self._call("POST", f"/v1/agent/leases/{attempt_id}/token")["token"])

@@ -72,6 +72,9 @@ from shockwave.domain.lifecycle import reports_per_poll
 
 log = logging.getLogger(__name__)
 
+BUSY = 503
+"""A poll's answer to a report on a job the server could not lock at once (``defer_busy``):
+nothing was applied; the report stays owed."""
 TICK_S = 0.2
 NOT_RUN = 127
 """The exit code reported for a lease the agent could not start (no command, launch error)."""
@@ -338,7 +341,8 @@ class Agent:
     def poll(self, heartbeat: bool, tokens: bool, wait: Wait | None = None) -> LeasePoll:
         """``POST /v1/agent/poll`` with the reports owed and the attempts running here (held
         by the server while nothing is new, with ``wait``). The reports it answers leave the
-        outbox; one answered ``stop`` stops its attempt (a 404, an attempt the server does not
+        outbox, but for those answered 503 (their job was busy: sent again first in the next
+        poll); one answered ``stop`` stops its attempt (a 404, an attempt the server does not
         know, is dropped, as is any refusal). At most ``reports_per_poll`` of the node's GPUs
         reports and log tails go in one poll (the server refuses more): the oldest first, the
         rest in the next polls."""
@@ -356,7 +360,15 @@ class Agent:
         del self.state.outbox[: len(sent)]
         if sent:
             self.dirty = True
+        # answered 503 (their job was busy, nothing applied): owed still, first, in order
+        self.state.outbox[:0] = [
+            report
+            for report, answer in zip(sent, poll.reports, strict=True)
+            if answer.get("status") == BUSY
+        ]
         for report, answer in zip(sent, poll.reports, strict=True):
+            if answer.get("status") == BUSY:
+                continue
             if answer.get("status") not in (200, 404, 409):
                 log.error("report %s refused: %s", report, answer)
             record = self.state.attempts.get(report.attempt_id)

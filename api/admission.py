@@ -12,7 +12,11 @@ thread ever blocks on the pool; the requests beyond the bound wait here, on the 
 where waiting costs no thread and no connection.
 
 The bound counts every HTTP request (probes and scrapes too: /readyz and /metrics use the
-database). A request waits in arrival order.
+database). Requests wait in two lines, each in arrival order: the machines' requests (paths
+under ``background_prefixes``: the agents') and everyone else's (users, operators, probes). A
+freed slot goes to the first of everyone else's line when it is not empty: a thousand agents
+polling at a round boundary queue behind each other, never in front of a user listing their
+jobs (the agents' requests still get every slot the users leave, and users are few).
 
 A second, smaller bound: at most ``threads`` of the admitted requests run their sync part (the
 route, in FastAPI's thread pool) at once; the others wait for a thread on the event loop,
@@ -26,7 +30,9 @@ in progress and 2 threads (api.app bounds the requests in progress by twice the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -43,15 +49,60 @@ DEFAULT_LIMIT = 30
 """The bound for pools whose size is not known (not a QueuePool)."""
 
 
-class _Slot:
-    """One request's place among those in progress; given back at most once per take."""
+class Slots:
+    """A counting semaphore with two lines of waiters: a slot given back goes to the oldest
+    waiter of the ``first`` line, else to the oldest of the other line, else back to the pool.
+    Belongs to the event loop it is used on."""
 
-    def __init__(self, slots: asyncio.Semaphore) -> None:
+    def __init__(self, limit: int) -> None:
+        self.free = max(1, limit)
+        self._lines: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (
+            deque(),
+            deque(),
+        )
+
+    async def acquire(self, first: bool = False) -> None:
+        if self.free > 0:
+            self.free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line = self._lines[0 if first else 1]
+        line.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot while being cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    line.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        for line in self._lines:
+            while line:
+                waiter = line.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+        self.free += 1
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(line) for line in self._lines)
+
+
+class _Slot:
+    """One request's place among those in progress; given back at most once per take.
+    ``first``: the request waits in the first line (:class:`Slots`)."""
+
+    def __init__(self, slots: Slots, first: bool = True) -> None:
         self._slots = slots
+        self.first = first
         self.held = False
 
     async def take(self) -> None:
-        await self._slots.acquire()
+        await self._slots.acquire(self.first)
         self.held = True
 
     def give(self) -> None:
@@ -124,8 +175,10 @@ class InFlightLimit:
         exempt_prefixes: tuple[str, ...] = (),
         queue_timeout_s: float | None = None,
         on_shed: Callable[[], None] = lambda: None,
+        background_prefixes: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        self.background_prefixes = background_prefixes
         self.exempt = exempt
         self.exempt_prefixes = exempt_prefixes
         self.queue_timeout_s = queue_timeout_s
@@ -133,14 +186,15 @@ class InFlightLimit:
         self.limit = max(1, limit)
         self.threads = None if threads is None else max(1, threads)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: Slots | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or path in self.exempt or path.startswith(self.exempt_prefixes):
             await self.app(scope, receive, send)
             return
-        slot = _Slot(self._semaphore())
+        first = not (self.background_prefixes and path.startswith(self.background_prefixes))
+        slot = _Slot(self._semaphore(), first)
         queued = time.monotonic()
         await slot.take()
         waited = time.monotonic() - queued
@@ -156,10 +210,10 @@ class InFlightLimit:
             _SLOT.reset(token)
             slot.give()
 
-    def _semaphore(self) -> asyncio.Semaphore:
+    def _semaphore(self) -> Slots:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._loop is not loop:
-            self._loop, self._slots = loop, asyncio.Semaphore(self.limit)
+            self._loop, self._slots = loop, Slots(self.limit)
             if self.threads is not None:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots

@@ -9,11 +9,12 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, case, select, update
+from sqlalchemy import Connection, bindparam, case, select, text, update
 from sqlmodel import Session, SQLModel
 
 from api.agent_schemas import (
@@ -133,6 +134,12 @@ _LOCK_JOBS = (
 )
 """Lock jobs in the round driver's order (arrival, then id), so a poll that locks several
 waits for a boundary instead of deadlocking with it."""
+_LOCK_FREE_JOBS = _LOCK_JOBS.with_for_update(skip_locked=True)
+"""Lock those of the jobs that no other transaction holds, without waiting (a poll with
+``defer_busy``): the others are left for a later poll."""
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
+BUSY = 503
+BUSY_DETAIL = "its job is busy (a round being written); nothing was recorded: send it again"
 _RUN_LEASES = (
     update(LEASES)
     .where(
@@ -405,10 +412,15 @@ def poll(
     settled, locking = _triage(data.reports, attempts)
     locking |= {row.job_id for row in fresh}
     locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
-    if locking:
+    busy: set[str] = set()
+    if locking and data.defer_busy:
+        locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
+        busy = locking - {row.id for row in locked}
+    elif locking:
         connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
-    events = _record_events(session, node_id, data.events, attempts)
-    reports = _apply_reports(session, principal, data.reports, attempts, settled)
+    events = _record_events(session, node_id, data.events, attempts, busy)
+    reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)
+    fresh = [row for row in fresh if row.job_id not in busy]
     if fresh:
         _acknowledge(session, node_id, [(row.id, row.job_id) for row in fresh])
     connection = session.connection()
@@ -438,6 +450,11 @@ def poll(
             for attempt, lease in starting.items()
             if attempt not in held
         }
+    if not (locking - busy or tokens) and connection.dialect.name == "postgresql":
+        # it wrote a heartbeat and log tails at most: nothing an agent acts on, so the commit
+        # need not wait for the WAL's flush (a database crash may forget the last fraction
+        # of a second of such contacts; never a report, an event, a start or a token)
+        connection.execute(_ASYNC_COMMIT)
     session.commit()
     return PollAnswer(
         node=node_id,
@@ -508,14 +525,19 @@ def _triage(
 
 
 def _record_events(
-    session: Session, node_id: str, events: list[Any], attempts: dict[str, Any]
+    session: Session,
+    node_id: str,
+    events: list[Any],
+    attempts: dict[str, Any],
+    busy: Collection[str] = (),
 ) -> list[EventAnswer]:
     """A poll's job events, in order, in the caller's transaction (their jobs locked): each
     recorded as its attempt's job token would record it (:func:`store.events.record_event`,
     fencing included), answered as that post would be. One for an attempt not on this node
     is a 404 answer; a refused one (fenced, a conflicting duplicate, a finished job, an epoch
-    beyond the job) writes nothing and does not undo the others. A new scaling event bumps
-    the cluster's version once for the poll."""
+    beyond the job) writes nothing and does not undo the others. One whose job is in
+    ``busy`` (not locked: another transaction holds it) is answered 503, nothing recorded. A
+    new scaling event bumps the cluster's version once for the poll."""
     answers = []
     scaled = False
     for event in events:
@@ -527,6 +549,13 @@ def _record_events(
                     seq=event.seq,
                     status=404,
                     detail=f"no attempt {event.attempt_id}",
+                )
+            )
+            continue
+        if row.job_id in busy:
+            answers.append(
+                EventAnswer(
+                    attempt_id=event.attempt_id, seq=event.seq, status=BUSY, detail=BUSY_DETAIL
                 )
             )
             continue
@@ -568,13 +597,17 @@ def _apply_reports(
     reports: list[AttemptReport],
     attempts: dict[str, Any],
     settled: dict[int, LeaseStatusPublic],
+    busy: Collection[str] = (),
 ) -> list[ReportAnswer]:
     """A poll's reports, in order, in the caller's transaction: what each would have got
     alone. ``attempts``: the attempts the caller may act on (one read for all); an unknown
     one (or another node's) is a 404 answer, one that changes nothing (``settled``) is
     answered from that read, neither writing nor locking; the others' jobs are locked
     already, and each is applied as :func:`report_status` applies it. A report refused as
-    invalid (not a 404) fails the whole poll: nothing of it is written."""
+    invalid (not a 404) fails the whole poll: nothing of it is written. One that would change
+    something on a job in ``busy`` (not locked: another transaction holds it) is answered
+    503, nothing applied, and so is every later report on that job (they must apply in
+    order)."""
     answers = []
     applied = False
     for index, report in enumerate(reports):
@@ -583,6 +616,11 @@ def _apply_reports(
             detail = f"no attempt {attempt_id}"
             answers.append(
                 ReportAnswer(attempt_id=attempt_id, status=404, stop=False, detail=detail)
+            )
+            continue
+        if index not in settled and attempts[attempt_id].job_id in busy:
+            answers.append(
+                ReportAnswer(attempt_id=attempt_id, status=BUSY, stop=False, detail=BUSY_DETAIL)
             )
             continue
         status = settled.get(index)

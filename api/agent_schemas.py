@@ -182,7 +182,8 @@ AttemptEvent = Annotated[AttemptProgress | AttemptScaling, Field(discriminator="
 class EventAnswer(BaseModel):
     """What one event of a poll got: ``status`` is what the same event posted with the
     attempt's job token would have got (201 stored, 200 a duplicate, 404 no such attempt on
-    this node, 409 refused, 422 invalid); ``stop``: the attempt is fenced and must stop."""
+    this node, 409 refused, 422 invalid), or 503 (a poll with ``defer_busy``: its job was busy,
+    nothing was recorded, send it again); ``stop``: the attempt is fenced and must stop."""
 
     attempt_id: str
     seq: int
@@ -239,6 +240,15 @@ class AgentPoll(BaseModel):
         "round is out, a lease is issued or revoked), then answer. The reports and the "
         "heartbeat are applied before the wait. 0 (the default): answer at once.",
     )
+    defer_busy: Annotated[bool, Strict()] = Field(
+        default=False,
+        description="The agent sends again what the server answers 503: a report or event on "
+        "a job whose row another transaction holds at this moment (the round driver writing a "
+        "boundary, for seconds on a large cluster) is answered 503 (nothing recorded; send it "
+        "again in a later poll), and a start in `running` on such a job is acknowledged by a "
+        "later poll, instead of the poll waiting for that transaction. False (the default, "
+        "agents that predate it): the poll waits.",
+    )
     seen_round: int | None = Field(
         default=None,
         ge=-1,
@@ -251,7 +261,8 @@ class AgentPoll(BaseModel):
 
 class ReportAnswer(BaseModel):
     """What one report of a poll got: ``status`` is the HTTP status the same report sent on
-    its own (``POST /v1/agent/leases/{attempt_id}/status``) would have got (200, 404 or 409);
+    its own (``POST /v1/agent/leases/{attempt_id}/status``) would have got (200, 404 or 409),
+    or 503 (a poll with ``defer_busy``: its job was busy, nothing was applied, send it again);
     ``stop``: the attempt must stop; ``detail``: why, when refused; ``lease``: the attempt
     and its job after the report (200 only)."""
 

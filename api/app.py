@@ -45,6 +45,9 @@ LIMITED: dict[int | str, dict[str, Any]] = errors.openapi_problems(
 """Answers every /v1 operation may give, whatever the route."""
 STATIC_PREFIX = "/static/"
 """The Swagger UI, ReDoc and dashboard assets: files, served without a request slot."""
+AGENT_PREFIX = "/v1/agent/"
+"""The agents' requests: admitted after every other request waiting (api.admission), so that
+a fleet's burst at a round boundary never queues in front of a user."""
 STATIC_PAGES = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 """Pages made without the database (the OpenAPI document is built once), served without a
 request slot too."""
@@ -103,6 +106,7 @@ def create_app(
         exempt_prefixes=(STATIC_PREFIX,),
         queue_timeout_s=settings.queue_timeout_s,
         on_shed=Throttled(engine, OVERLOAD),
+        background_prefixes=(AGENT_PREFIX,),
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

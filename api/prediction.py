@@ -30,16 +30,17 @@ from api.schemas import PredictionPublic, QueueEntry, RegimePublic
 from shockwave.domain.lifecycle import JobState
 from shockwave.domain.population import PopulationPrior
 from shockwave.domain.snapshot import ActiveJob
+from shockwave.domain.tenancy import is_single_tenant
 from shockwave.domain.waiting import Gpus, PlanView, why_waiting
 from shockwave.market.estimators import finish_time_fairness
-from shockwave.prediction.population_predictor import PopulationParams
+from shockwave.prediction.population_predictor import PopulationParams, apart_params
 from shockwave.prediction.predictor import PredictorParams
 from shockwave.prediction.regime_predictors import DEFAULT_REGIME_PREDICTOR, REGIME_PREDICTORS
 from shockwave.prediction.throughput_model import ThroughputModel
-from store import cluster, events, plans, population, views
+from store import cluster, events, plans, population, tenants, views
 from store.cluster_version import DEFAULT_CLUSTER
 from store.principals import Principal
-from store.snapshot import TenantHold, at_limit, tenant_usage
+from store.snapshot import TenantHold, active_job_rows, at_limit, tenant_usage
 from store.tables import ClusterRow, JobRow, PlanRow
 
 Source = Literal["measured", "declared", "estimated"]
@@ -50,7 +51,9 @@ class Context:
     """What every job's prediction shares, read once: the contention factor, the GPUs by kind,
     the current round, the freshest plan and the GPUs each tenant holds against its
     ``max_gpus`` (None: no tenant has one); and each tenant's population prior, read when a job
-    of the tenant first needs it (a job learns from its own tenant's jobs only)."""
+    of the tenant first needs it (a job learns from its own tenant's jobs only). ``apart``:
+    more than one tenant has active jobs (or limits), so that a tenant's prior leans on the
+    paper's rule as the policy's does (:meth:`shockwave.domain.snapshot.Snapshot.learns_apart`)."""
 
     priors: dict[str, PopulationPrior]
     contention: float
@@ -58,6 +61,7 @@ class Context:
     current: int
     plan: PlanRow | None
     usage: TenantHold | None = None
+    apart: bool = False
 
     @classmethod
     def load(cls, session: Session) -> Context:
@@ -69,6 +73,9 @@ class Context:
             current=cluster_row.current_round if cluster_row is not None else -1,
             plan=plans.newest_plan(session, DEFAULT_CLUSTER),
             usage=tenant_usage(session),
+            apart=not is_single_tenant(
+                tenants.core_tenants(session), {row.tenant for row in active_job_rows(session)}
+            ),
         )
 
     def prior(self, session: Session, tenant: str) -> PopulationPrior:
@@ -107,7 +114,10 @@ def explain(
     prior = context.prior(session, row.tenant)
     rates = ThroughputModel.build(prior, [job])
     predictor = REGIME_PREDICTORS[DEFAULT_REGIME_PREDICTOR]
-    prediction = predictor(job, prior, rates, params or PredictorParams(), PopulationParams())
+    knobs = PopulationParams()
+    if context.apart:
+        knobs = apart_params(knobs, prior.learnt)
+    prediction = predictor(job, prior, rates, params or PredictorParams(), knobs)
     job_state = JobState(row.state)
     finished = job_state.terminal
     remaining = 0.0 if finished else prediction.remaining_seconds

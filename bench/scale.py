@@ -3,11 +3,15 @@
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--wait-seconds S] [--event-posts]
+        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--user-apis 1] [--wait-seconds S]
+        [--report-seconds S] [--replan reactive|lazy] [--event-posts] [--port-base P]
         [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
 What runs, all real: a throwaway Postgres database (migrated), ``--apis`` ``shockwave api``
-processes (each node, and each job's attempt, talks to one of them, chosen by its token),
+processes (each node, and each job's attempt, talks to one of them, chosen by its token) and
+``--user-apis`` more that only the user talks to (a deployment routes ``/v1/agent/`` to the
+agents' processes and the rest to the users': a fleet's bursts then never queue in front of a
+person, in the process or for its CPU),
 one ``shockwave worker`` (Celery, concurrency 1) on a queue of this run's own on the shared
 Redis (nobody else's worker takes its requests, and it takes nobody's), one ``shockwave driver``
 with ``--round-seconds``, and ``--nodes`` simulated agents (``shockwave_fleet/fleet.py``: one
@@ -16,7 +20,14 @@ poll and heartbeat intervals, training at each job's true pace from the referenc
 From 256 nodes the agents long-poll (``--wait-seconds``, 10 s: an idle node costs a request
 per 10 s, and a new round reaches every node as soon as the driver commits it); each job's
 progress and scaling events ride in its node's polls (``--event-posts``: one request each, with
-the attempt's job token, as the SDK posts them).
+the attempt's job token, as the SDK posts them), and each job reports its progress at most once
+a round (``--report-seconds``: its latest epoch; the planner reads a job's progress once a round
+and credits the training since its last report), not every epoch: with the reference trace's
+epochs of seconds, a thousand nodes' jobs would otherwise send several hundred events a second.
+From 256 nodes the cluster re-plans lazily (``--replan``): a change (a scaling event, a node
+joining) only bumps its state version, and the round driver's request half-way through each
+round is the round's one plan request (in reactive mode each of the tens of changes a round
+asks for a plan, and the one worker solves without pause, its plans older than that request).
 
 Order: the API and the worker start; ``--jobs`` jobs are submitted: the 900-job reference trace,
 repeated from its start past 900 (``--submit db``, the default: through the API's own
@@ -170,6 +181,27 @@ def per_round(
     return moved
 
 
+def postgres_cpu_seconds(database: str) -> float:
+    """CPU seconds (user + system) used so far by the Postgres backends serving ``database``
+    (Linux /proc; a backend's process title names its database). The pools keep their
+    connections for the run, so the difference over the run is the database's work for it
+    (less what backends that closed meanwhile used)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not title.startswith("postgres: ") or f" {database} " not in title:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 ACTIVE_SQL = "SELECT count(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'SUSPENDED')"
 
 console = Console()
@@ -245,6 +277,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
     parser.add_argument("--apis", type=int, default=1, help="API processes (agents spread)")
+    parser.add_argument(
+        "--user-apis",
+        type=int,
+        default=1,
+        help="API processes of the users' own, no agent sent there (0: the user's requests "
+        "go to the agents' first process)",
+    )
     parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
     parser.add_argument(
         "--wait-seconds",
@@ -252,6 +291,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="long polls held up to this long (0: plain polls every --poll-seconds); "
         f"default {LONG_POLL_S:g} from {LONG_POLL_FROM_NODES} nodes, else 0",
+    )
+    parser.add_argument(
+        "--report-seconds",
+        type=float,
+        default=None,
+        help="each job posts its latest epoch at most this often (0: every epoch, each its "
+        f"own event); default a round from {LONG_POLL_FROM_NODES} nodes, else 0",
+    )
+    parser.add_argument(
+        "--replan",
+        choices=("reactive", "lazy"),
+        default=None,
+        help="the cluster's re-plan mode; default lazy from "
+        f"{LONG_POLL_FROM_NODES} nodes, else reactive",
     )
     parser.add_argument(
         "--event-posts",
@@ -277,17 +330,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference", type=Path, default=Path("../shared/data/reference"))
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        help="the API processes and the driver's metrics listen on ports from this one up "
+        "(default: ports the OS picks)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--log-dir", type=Path, default=Path("out/scale-logs"))
     args = parser.parse_args(argv)
     if args.round_seconds is None:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
-    if args.apis < 1:
-        parser.error("--apis must be at least 1")
+    if args.apis < 1 or args.user_apis < 0:
+        parser.error("--apis must be at least 1, --user-apis at least 0")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
         args.wait_seconds = LONG_POLL_S if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.replan is None:
+        args.replan = "lazy" if args.nodes >= LONG_POLL_FROM_NODES else "reactive"
+    if args.report_seconds is None:
+        args.report_seconds = args.round_seconds if args.nodes >= LONG_POLL_FROM_NODES else 0.0
+    if args.report_seconds < 0:
+        parser.error("--report-seconds must be at least 0")
     if args.boundary_lead is None:
         args.boundary_lead = LEAD_S if args.jobs >= LEAD_FROM_JOBS else 0.0
     if not 0 <= args.boundary_lead <= 10:
@@ -361,6 +427,15 @@ def submit_direct(database_url: str, jobs: Sequence[SimJob]) -> dict[str, Traini
         return {job_id: training_job(job_id, job) for job_id, job in made}
     finally:
         engine.dispose()
+
+
+def set_replan(database_url: str, mode: str) -> None:
+    """The cluster's re-plan mode (``clusters.replan``): in lazy mode a change only bumps the
+    state version and the round driver's half-round request is the round's one plan request;
+    in reactive mode every change asks for a plan too."""
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as db:
+        if db.execute("UPDATE clusters SET replan = %s", (mode,)).rowcount != 1:
+            raise RuntimeError("no cluster row to set the re-plan mode on")
 
 
 def make_tokens(database_url: str, nodes: Sequence[str]) -> tuple[str, str, dict[str, str]]:
@@ -451,15 +526,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         processes = Supervisor(args.log_dir, env)
         stack.callback(processes.stop_all)
+        base = args.port_base
+        ports = iter(range(base, base + args.apis + args.user_apis + 1)) if base else None
+
+        def next_port() -> int:
+            return next(ports) if ports is not None else free_port()
+
         base_urls = []
         for index in range(args.apis):
-            port = free_port()
+            port = next_port()
             name = "api" if args.apis == 1 else f"api-{index}"
             api = processes.shockwave(
                 name, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
             )
             base_urls.append(f"http://{HOST}:{port}")
             wait_http(f"{base_urls[-1]}/readyz", api, START_TIMEOUT_S)
+        user_urls = []
+        for index in range(args.user_apis):
+            port = next_port()
+            api = processes.shockwave(
+                f"user-api-{index}", "api", "--host", HOST, "--port", str(port),
+                "--log-level", "warning", "--no-migrate",
+            )  # fmt: skip
+            user_urls.append(f"http://{HOST}:{port}")
+            wait_http(f"{user_urls[-1]}/readyz", api, START_TIMEOUT_S)
         base_url = base_urls[0]
         processes.shockwave("worker", "worker", "--concurrency", "1", "--log-level", "info")
 
@@ -469,6 +559,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             training = submit_direct(database_url, jobs)
         submit_s = time.perf_counter() - began
+        set_replan(database_url, args.replan)
         console.print(f"submitted {len(training)} jobs in {submit_s:.1f} s")
 
         fleet = Fleet(
@@ -480,12 +571,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             wait_s=args.wait_seconds or None,
             boundary_retry_s=0.05 if args.wait_seconds else None,
             batch_events=not args.event_posts,
+            report_s=args.report_seconds,
         )
         watcher = Watcher(database_url.replace("postgresql+psycopg://", "postgresql://"))
         watching = threading.Thread(target=watcher.run, name="watcher", daemon=True)
         watching.start()
         stack.callback(watcher.stop.set)
-        metrics_port = free_port()
+        metrics_port = next_port()
 
         def start_driver() -> None:
             processes.shockwave(
@@ -499,7 +591,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "info",
             )
 
-        probe = UserProbe(base_url, user, args.user_every)
+        probe = UserProbe(user_urls[0] if user_urls else base_url, user, args.user_every)
         probing = threading.Thread(target=probe.run, name="user", daemon=True)
         stack.callback(probe.stop.set)
 
@@ -510,12 +602,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
         db_before = db_stats(dsn)
         tables_before = table_stats(dsn)
+        database = dsn.rsplit("/", 1)[1]
         cpu_before = processes.cpu_seconds()
+        cpu_before["postgres"] = postgres_cpu_seconds(database)
+        cpu_before["bench"] = time.process_time()
         wall_began = time.perf_counter()
         timeout = (args.rounds + 3) * args.round_seconds + 120
         asyncio.run(drive(fleet, watcher, args.rounds, timeout, start_all))
         wall = time.perf_counter() - wall_began
         cpu_after = processes.cpu_seconds()
+        cpu_after["postgres"] = postgres_cpu_seconds(database)
+        cpu_after["bench"] = time.process_time()
         probe.stop.set()
         time.sleep(1.0)  # the statistics collector's delay
         db_after = db_stats(dsn)
@@ -546,7 +643,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.late_after,
         )
         cpu = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
-        api_cpu = sum(v for k, v in cpu.items() if k.startswith("api"))
+        api_cpu = sum(v for k, v in cpu.items() if k.startswith("api"))  # the agents' ones
         lost = parse_lost(driver_log)
         return {
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -575,6 +672,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "agent_errors": {f"{k}:{e}": n for (k, e), n in fleet.log.errors.items()},
             "wait_seconds": args.wait_seconds,
+            "report_seconds": args.report_seconds,
+            "replan": args.replan,
             "boundary_lead_s": args.boundary_lead,
             "held_kinds": list(HELD_KINDS) if args.wait_seconds else [],
             "user_jobs_list": {

@@ -64,6 +64,12 @@ REGISTER_SPACING_S = 0.01
 """The nodes start (register) spread over a poll interval, or this much apart when there are
 more: a thousand agents that start together are a burst a real fleet's starts are not."""
 EVENT_TRIES = 8
+BUSY_RETRY_S = 0.5
+"""How long a node waits before sending reports again that were answered 503 (their job was
+busy: the round driver writing a boundary) or not answered."""
+BUSY = 503
+"""A poll's answer to a report or event on a job the server could not lock at once
+(``defer_busy``): nothing was recorded, it is sent again in a later poll."""
 
 
 @dataclass
@@ -381,9 +387,12 @@ class Fleet:
         poll waits: a poll of its own, no heartbeat, no tokens."""
         while not stop.is_set():
             await _first_of(stop, here.wake, timeout=self.heartbeat_s)
+            owed = len(here.outbox)
             await self._deliver(here)
             if not here.outbox:
                 here.wake.clear()
+            elif len(here.outbox) >= owed:  # answered 503 (busy) or not at all: not at once
+                await _first_of(stop, timeout=BUSY_RETRY_S)
 
     async def _deliver(self, here: Node) -> None:
         """The node's owed reports, in a poll of their own (no heartbeat, no tokens), one
@@ -424,6 +433,7 @@ class Fleet:
             "tokens": tokens,
             "reports": sent,
             "running": sorted(here.attempts),
+            "defer_busy": True,
         }
         if events:
             body["events"] = events
@@ -432,15 +442,29 @@ class Fleet:
             body["seen_round"] = here.seen_round
         if here.name is not None:
             body["node"] = here.name
-        poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body)
+        poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body, held_s=wait_s)
         if poll is None:
             return None
         del here.outbox[: len(sent)]
         del here.events[: len(events)]
+        # answered 503 (their job was busy): owed still, first in line, in their order
+        here.outbox[:0] = [
+            report
+            for report, answer in zip(sent, poll["reports"], strict=False)
+            if answer["status"] == BUSY
+        ]
+        here.events[:0] = [
+            event
+            for event, answer in zip(events, poll.get("events", []), strict=False)
+            if answer["status"] == BUSY
+        ]
         for answer in poll["reports"]:
             self.log.events[f"report {answer['status']}"] += 1
         for event, answer in zip(events, poll.get("events", []), strict=False):
-            self._answered(here, event, answer)
+            if answer["status"] != BUSY:
+                self._answered(here, event, answer)
+            else:
+                self.log.events[f"{event['kind']} deferred"] += 1
         return poll
 
     def _answered(self, here: Node, event: dict[str, Any], answer: dict[str, Any]) -> None:
@@ -725,9 +749,12 @@ class Fleet:
         *,
         params: dict[str, str] | None = None,
         refusals: Sequence[int] = (),
+        held_s: float = 0.0,
     ) -> Any:
         """One request; its JSON answer, or None (counted as an error unless a refusal). The
-        API process is chosen by the token: each node, and each job's attempt, sticks to one."""
+        API process is chosen by the token: each node, and each job's attempt, sticks to one.
+        ``held_s``: how long the server may hold it on purpose (a long poll), on top of the
+        request timeout."""
         assert self._clients
         client = self._clients[zlib.crc32(token.encode()) % len(self._clients)]
         started = time.perf_counter()
@@ -738,6 +765,7 @@ class Fleet:
                 json=body,
                 params=params,
                 headers={"Authorization": f"Bearer {token}"},
+                timeout_s=REQUEST_TIMEOUT_S + held_s,
             )
         except wire.TransportError as error:
             self.log.errors[(kind, type(error).__name__)] += 1

@@ -141,8 +141,11 @@ class Client:
         headers: dict[str, str] | None = None,
         json: Any = None,
         params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> Response:
-        """One request on an idle connection (or a new one); raises :class:`TransportError`."""
+        """One request on an idle connection (or a new one); raises :class:`TransportError`.
+        ``timeout_s``: this request's timeout (default the client's)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if self._closed:
             raise TransportError("the client is closed")
         target = f"{path}?{urlencode(params)}" if params else path
@@ -155,7 +158,7 @@ class Client:
         lines.extend(f"{name}: {value}" for name, value in (headers or {}).items())
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(timeout_s):
                 reused = self._reusable()
                 connection = reused or await self._connect()
                 try:
@@ -176,7 +179,7 @@ class Client:
                     connection.close()
                     raise
         except TimeoutError as error:
-            raise ReadTimeout(f"no answer in {self.timeout_s:g} s") from error
+            raise ReadTimeout(f"no answer in {timeout_s:g} s") from error
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as error:
             raise ReadError(f"{type(error).__name__}: {error}") from error
         except ValueError as error:  # a malformed length or chunk size

@@ -34,6 +34,7 @@ from sqlmodel import Session
 from solver_service.celery_app import PLAN_TASK, make_app, producer_options
 from solver_service.settings import SolverSettings
 from store.db import make_engine
+from store.snapshot import KnownSpecs
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class InlineRequester:
         self._settings = settings
         self._engine = engine or make_engine(settings.database_url, settings.database_schema)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shockwave-solver")
+        self._known = KnownSpecs()  # the one planning thread's
 
     def request(self, cluster_id: str, state_version: int) -> None:
         self._pool.submit(self._plan, cluster_id, state_version)
@@ -98,6 +100,7 @@ class InlineRequester:
                     solver_time_limit_s=self._settings.solver_time_limit_s,
                     time_scale=self._settings.time_scale,
                     priority_classes=self._settings.priority_classes,
+                    known=self._known,
                 )
         except Exception:
             log.exception("plan %s@%s failed", cluster_id, state_version)

@@ -48,7 +48,7 @@ from shockwave.domain import state_codec
 from shockwave.policies.policy import SolveSummary, decide_isolating, get_policy, service_params
 from store.events import record_exclusions
 from store.plans import plan_at
-from store.snapshot import WITHOUT_POLICY_STATE, NoCapacity, load_snapshot
+from store.snapshot import WITHOUT_POLICY_STATE, KnownSpecs, NoCapacity, load_snapshot
 from store.tables import ClusterRow, PlanRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def plan_cluster(
     solver_time_limit_s: float | None = None,
     time_scale: float = 1.0,
     priority_classes: Mapping[str, float] | None = None,
+    known: KnownSpecs | None = None,
 ) -> PlanRow | None:
     """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
     the cluster is at). Returns the stored plan, the plan that already existed for this version
@@ -72,6 +73,7 @@ def plan_cluster(
     node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
     mode and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs
     divided by ``time_scale``). ``priority_classes``: the setting's classes and multipliers.
+    ``known``: the job specs this process kept from its earlier plans (:class:`KnownSpecs`).
     Commits ``session``."""
     cluster = session.get(
         ClusterRow, cluster_id, populate_existing=True, options=WITHOUT_POLICY_STATE
@@ -101,7 +103,9 @@ def plan_cluster(
         )
     loading = time.perf_counter()
     try:
-        snapshot, version = load_snapshot(session, cluster_id, base_round, now, priority_classes)
+        snapshot, version = load_snapshot(
+            session, cluster_id, base_round, now, priority_classes, known
+        )
     except NoCapacity:
         log.info("plan %s@%s: no READY node, nothing to plan", cluster_id, state_version)
         session.rollback()

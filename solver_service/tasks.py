@@ -25,10 +25,13 @@ from solver_service.celery_app import PLAN_TASK, app
 from solver_service.planning import plan_cluster
 from solver_service.settings import SolverSettings
 from store.db import make_engine
+from store.snapshot import KnownSpecs
 
 log = logging.getLogger(__name__)
 
 _engines: dict[int, Engine] = {}
+_known: dict[int, KnownSpecs] = {}
+"""Each process's job specs, kept from one plan to the next (:class:`store.snapshot.KnownSpecs`)."""
 
 
 @cache
@@ -60,6 +63,7 @@ def run_plan(cluster_id: str, state_version: int) -> None:
                 solver_time_limit_s=settings().solver_time_limit_s,
                 time_scale=settings().time_scale,
                 priority_classes=settings().priority_classes,
+                known=_known.setdefault(os.getpid(), KnownSpecs()),
             )
     except SoftTimeLimitExceeded:
         log.warning("plan %s@%s: over the soft time limit, dropped", cluster_id, state_version)

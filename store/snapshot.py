@@ -48,17 +48,18 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from sqlalchemy import case, func
 from sqlalchemy import select as sa_select
-from sqlalchemy.orm import QueryableAttribute, defer
+from sqlalchemy.orm import QueryableAttribute, defer, load_only
 from sqlmodel import Session, col, select
 
 from shockwave.domain import state_codec
 from shockwave.domain.lifecycle import ACTIVE, LIVE_LEASES, JobState, LeaseState, NodeState
-from shockwave.domain.model import Cluster, ValidationError
+from shockwave.domain.model import Cluster, JobSpec, ValidationError
 from shockwave.domain.snapshot import ActiveJob, Snapshot
 from shockwave.domain.stints import Stint
 from shockwave.domain.tenancy import AT_LIMIT, TenantUsage
-from shockwave.rounds.engine import unfit_reason
+from shockwave.rounds.engine import unfit_for
 from store import events, population, tenants
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
@@ -103,7 +104,7 @@ class GpuLayout:
     def __post_init__(self) -> None:
         # built once: a boundary converts every live lease, and a cluster of 1,024 nodes
         # costs milliseconds to build
-        kinds = tuple(t.strip().lower() or "unknown" for t in self.node_types)
+        kinds = tuple(gpu_kind(t) for t in self.node_types)
         typed = len(set(kinds)) > 1 and len(kinds) == len(self.node_gpus)
         cluster = Cluster(self.node_gpus, kinds) if typed else Cluster(self.node_gpus)
         object.__setattr__(self, "_cluster", cluster)
@@ -132,17 +133,55 @@ class GpuLayout:
         return grouped
 
 
+def gpu_kind(declared: str) -> str:
+    """A node's GPU type as the core compares them: its agent's ``gpu_type`` lower-cased,
+    "unknown" when empty."""
+    return declared.strip().lower() or "unknown"
+
+
+def ready_gpus(session: Session) -> dict[str, int] | None:
+    """The GPUs of the READY approved nodes by type, as :class:`GpuLayout`'s cluster counts
+    them (``{"": n}`` when there is one type: the untyped cluster), or None when there is no
+    such node: one aggregate, for a caller that needs the capacity and not the layout (a
+    user's job list: reading a thousand nodes' rows there costs tens of milliseconds)."""
+    rows = session.execute(
+        sa_select(
+            col(NodeRow.gpu_type),
+            func.sum(
+                case(
+                    (col(NodeApprovalRow.gpus) < col(NodeRow.gpus), col(NodeApprovalRow.gpus)),
+                    else_=col(NodeRow.gpus),
+                )
+            ),
+        )
+        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
+        .where(col(NodeRow.state) == NodeState.READY)
+        .group_by(col(NodeRow.gpu_type))
+    ).all()
+    if not rows:
+        return None
+    kinds: dict[str, int] = {}
+    for declared, gpus in rows:
+        kind = gpu_kind(declared or "")
+        kinds[kind] = kinds.get(kind, 0) + int(gpus or 0)
+    return kinds if len(kinds) > 1 else {"": sum(kinds.values())}
+
+
 def load_snapshot(
     session: Session,
     cluster_id: str,
     round_index: int,
     now: datetime,
     priority_classes: Mapping[str, float] | None = None,
+    known: KnownSpecs | None = None,
 ) -> tuple[Snapshot, int]:
     """The snapshot for planning round ``round_index`` at ``now`` (timezone-aware), and the
     cluster's state version it reflects (read first: the jobs read after it are at least that
     new). ``priority_classes``: the classes' multipliers (the processes' shared setting).
-    Raises :class:`UnknownCluster` or :class:`NoCapacity`."""
+    ``known``: the specs a planner process kept from its earlier snapshots (the jobs' rows are
+    then read for their state and observed columns only, and the specs of new jobs read and
+    checked once); None reads every job's whole row. Raises :class:`UnknownCluster` or
+    :class:`NoCapacity`."""
     cluster = session.get(ClusterRow, cluster_id, populate_existing=True)
     if cluster is None:
         raise UnknownCluster(cluster_id)
@@ -150,9 +189,11 @@ def load_snapshot(
     layout = gpu_layout(session)
     if layout is None:
         raise NoCapacity(cluster_id)
-    rows = active_job_rows(session)
+    rows = active_job_rows(session, observed_only=known is not None)
     held = _held_gpus(session, layout, round_index - 1, [r.id for r in rows if _running(r)])
-    jobs, excluded = active_jobs(rows, held, now)
+    if known is not None:
+        known.learn(session, [r.id for r in rows])
+    jobs, excluded = active_jobs(rows, held, now, known)
     stints = stints_of(session, [job.job_id for job in jobs], now)
     jobs = tuple(
         dataclasses.replace(
@@ -242,8 +283,55 @@ def _round_start(cluster: ClusterRow, round_index: int) -> float | None:
     return cluster.round_ends_at.timestamp()
 
 
+@dataclasses.dataclass
+class KnownSpecs:
+    """Each active job's spec (:class:`~shockwave.domain.model.JobSpec`, fixed at submission),
+    or why the model refuses it, by job id: kept by a planner process from one snapshot to the
+    next, so that a job's spec is read and checked once, not every plan (at 10,000 jobs that
+    was most of a snapshot's seconds). Only the jobs of the latest snapshot are kept."""
+
+    specs: dict[str, JobSpec | str] = dataclasses.field(default_factory=dict)
+
+    def learn(self, session: Session, job_ids: Sequence[str]) -> None:
+        """Read and check the specs of ``job_ids`` not known yet; forget the others."""
+        wanted = set(job_ids)
+        self.specs = {j: spec for j, spec in self.specs.items() if j in wanted}
+        unknown = [j for j in job_ids if j not in self.specs]
+        for start in range(0, len(unknown), SPEC_CHUNK):
+            chunk = unknown[start : start + SPEC_CHUNK]
+            query = select(JobRow).where(col(JobRow.id).in_(chunk))
+            for row in session.exec(query.execution_options(populate_existing=True)).all():
+                try:
+                    self.specs[row.id] = events.spec_of_row(row)
+                except ValidationError as error:
+                    self.specs[row.id] = f"{REFUSED_SPEC}: {error}"
+
+
+SPEC_CHUNK = 1000
+REFUSED_SPEC = "its stored spec is refused by the model"
+OBSERVED_COLUMNS = (
+    JobRow.id,
+    JobRow.state,
+    JobRow.tenant,
+    JobRow.created_at,
+    JobRow.updated_at,
+    JobRow.carried_s,
+    JobRow.initial_batch_size,
+    JobRow.epochs_done,
+    JobRow.attained_s,
+    JobRow.epoch_seconds,
+    JobRow.scalings,
+    JobRow.last_seq,
+)
+"""What a snapshot reads of a job whose spec it knows: its state, tenant and arrival, and the
+observed state its events were folded into (:func:`store.events.observed_of`)."""
+
+
 def active_jobs(
-    rows: Sequence[JobRow], held: Mapping[str, tuple[int, ...]], now: datetime | None = None
+    rows: Sequence[JobRow],
+    held: Mapping[str, tuple[int, ...]],
+    now: datetime | None = None,
+    known: KnownSpecs | None = None,
 ) -> tuple[tuple[ActiveJob, ...], dict[str, str]]:
     """The core's jobs of ``rows`` (holding the ``held`` GPUs), and the rows that are no job of
     the model any more, with why: a row stored before a bound of the model existed (such as the
@@ -251,17 +339,26 @@ def active_jobs(
 
     ``now``: a job is seen as it stands then (:meth:`ActiveJob.trained_for` its carried
     training and, running, the time since its row last changed: its last folded event, or its
-    start), not only up to the last epoch it reported; None: as reported."""
+    start), not only up to the last epoch it reported; None: as reported. ``known``: each
+    job's spec (:class:`KnownSpecs`, which has learnt every row's job), not read from ``rows``."""
     jobs: list[ActiveJob] = []
     excluded: dict[str, str] = {}
     for row in rows:
         try:
-            job = _active_job(row, held.get(row.id, ()))
+            gpus = tuple(sorted(held.get(row.id, ())))
+            if known is None:
+                job = events.active_job(row, gpus)
+            else:
+                spec = known.specs[row.id]
+                if isinstance(spec, str):
+                    excluded[row.id] = spec
+                    continue
+                job = ActiveJob(spec=spec, progress=events.observed_of(row).progress(gpus))
             if now is not None:
                 job = job.trained_for(trained_since_change(row, now), carried_s=row.carried_s)
             jobs.append(job)
         except ValidationError as error:
-            excluded[row.id] = f"its stored spec is refused by the model: {error}"
+            excluded[row.id] = f"{REFUSED_SPEC}: {error}"
     return tuple(jobs), excluded
 
 
@@ -293,21 +390,21 @@ UNREAD = Unread()
 def waiting_reason(
     session: Session,
     row: JobRow,
-    layout: GpuLayout | None = None,
+    ready: Mapping[str, int] | None = None,
     usage: TenantHold | Unread | None = UNREAD,
 ) -> str | None:
     """Why a queued (PENDING or SUSPENDED) job cannot run now whatever the plan says, or None:
     wider than all the READY nodes together (:func:`shockwave.rounds.engine.unfit_reason`), or its
     gang would put its tenant (or one above it) over ``max_gpus``
     (:data:`shockwave.domain.tenancy.AT_LIMIT`, the round engine's rule). None too while no node is
-    READY (nothing can run then, and the prediction says there is no plan yet). ``layout``,
-    ``usage``: the READY nodes and :func:`tenant_usage` when the caller already read them."""
+    READY (nothing can run then, and the prediction says there is no plan yet). ``ready``,
+    ``usage``: :func:`ready_gpus` and :func:`tenant_usage` when the caller already read them."""
     if row.state not in (JobState.PENDING.value, JobState.SUSPENDED.value):
         return None
-    layout = layout or gpu_layout(session)
-    if layout is None:
+    ready = ready or ready_gpus(session)
+    if ready is None:
         return None
-    unfit = unfit_reason(row.gpus, layout.cluster)
+    unfit = unfit_for(row.gpus, ready)
     if unfit is not None:
         return unfit
     if isinstance(usage, Unread):
@@ -348,13 +445,18 @@ def at_limit(hold: TenantHold | None, row: JobRow) -> bool:
     return row.id not in hold.holders and not hold.usage.fits(row.tenant, row.gpus)
 
 
-def active_job_rows(session: Session) -> list[JobRow]:
-    """Admitted, unfinished jobs in arrival order (ties by id)."""
+def active_job_rows(session: Session, *, observed_only: bool = False) -> list[JobRow]:
+    """Admitted, unfinished jobs in arrival order (ties by id). ``observed_only``: only their
+    :data:`OBSERVED_COLUMNS` are loaded (the others load on first access, one row at a time)."""
     query = (
         select(JobRow)
         .where(col(JobRow.state).in_(ACTIVE))
         .order_by(col(JobRow.created_at), col(JobRow.id))
     )
+    if observed_only:
+        query = query.options(
+            load_only(*(cast("QueryableAttribute[Any]", c) for c in OBSERVED_COLUMNS))
+        )
     return list(session.exec(query).all())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
@@ -15,10 +16,9 @@ from shockwave.domain.lifecycle import JobState
 from store import cluster_version, jobs, views
 from store.snapshot import (
     UNREAD,
-    GpuLayout,
     TenantHold,
     Unread,
-    gpu_layout,
+    ready_gpus,
     tenant_usage,
     waiting_reason,
 )
@@ -34,21 +34,21 @@ def _public(row: JobRow, session: Session) -> JobPublic:
 
 
 def _summary(
-    row: JobRow, session: Session, layout: GpuLayout | None, usage: TenantHold | None
+    row: JobRow, session: Session, ready: Mapping[str, int] | None, usage: TenantHold | None
 ) -> JobSummary:
-    return _with_reason(JobSummary, row, session, layout, usage)
+    return _with_reason(JobSummary, row, session, ready, usage)
 
 
 def _with_reason(
     model: type[J],
     row: JobRow,
     session: Session,
-    layout: GpuLayout | None,
+    ready: Mapping[str, int] | None,
     usage: TenantHold | Unread | None,
 ) -> J:
     """``row`` as ``model`` (a summary or the full job) with its ``waiting_reason``."""
     job = model.model_validate(row, from_attributes=True)
-    job.waiting_reason = waiting_reason(session, row, layout, usage)
+    job.waiting_reason = waiting_reason(session, row, ready, usage)
     return job
 
 
@@ -144,9 +144,9 @@ def list_jobs(
         name=name,
         id_prefix=id_prefix.lower() if id_prefix else None,
     )
-    layout = gpu_layout(session)
+    ready = ready_gpus(session)
     usage = tenant_usage(session)
-    items = [_summary(r, session, layout, usage) for r in rows]
+    items = [_summary(r, session, ready, usage) for r in rows]
     return Page[JobSummary](items=items, next_page_token=token)
 
 

@@ -183,9 +183,10 @@ class Snapshot:
     ``priority_classes``: priority class name -> its multiplier of a job's weight within its tenant
     (a class not in it: 1). Both empty: one default tenant, every job's weight its own budget, as
     before tenants. ``prior_groups`` / ``priors``: where jobs must learn apart (the service: one
-    group per tenant, so that no tenant's jobs learn from another's self-reported epochs), each
-    job's group (job id to group) and each group's prior; a job in a group plans with its group's
-    prior and the measurements of its group's active jobs only (:meth:`learning_groups`). A
+    group per tenant, named by its path, so that no tenant's jobs learn from another's
+    self-reported epochs), each job's group (job id to group) and each group's prior; a job in a
+    group plans with its group's prior and the measurements of its group's active jobs only
+    (:meth:`learning_groups`; with other tenants beside it, :meth:`learns_apart`). A
     job in no group (the simulator's: both are empty) learns from ``population`` and every
     other job in no group.
     """
@@ -226,6 +227,13 @@ class Snapshot:
         """The prior job ``job_id`` plans with: its group's, else ``population``."""
         group = self.prior_groups.get(job_id)
         return self.population if group is None else self.priors.get(group, EMPTY_PRIOR)
+
+    def learns_apart(self, job_id: str) -> bool:
+        """Whether job ``job_id`` plans with a prior its tenant learns apart while other tenants
+        share the cluster: it is in a learning group (``prior_groups``) and the round's market
+        has more than one tenant (not :attr:`TenantMarket.single`). With one tenant, its prior
+        is the cluster's, as ``population`` is, and plans as the one prior does."""
+        return job_id in self.prior_groups and not self.market().single
 
     def learning_groups(self) -> list[tuple[PopulationPrior, tuple[ActiveJob, ...]]]:
         """The jobs that learn from one another, with their prior: one entry per group (in

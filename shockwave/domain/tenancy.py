@@ -523,15 +523,25 @@ def share_round(
 
 
 def share_order(
-    planned: Sequence[str], keep: Collection[str], late: Mapping[str, float]
+    planned: Sequence[str],
+    whole_window: Collection[str],
+    late: Mapping[str, float],
+    running: Collection[str] = (),
 ) -> list[str]:
     """The order in which a round's ``planned`` jobs (the plan's order) take their tenants'
-    shares in :func:`share_round`: the jobs in ``keep`` first (running ones and those the plan
-    holds for its whole window), then the ``late`` ones (job id -> fairness deadline: past it
-    at full speed) by earliest deadline, then the rest, each group in the plan's order."""
-    first = [j for j in planned if j in keep]
+    shares in :func:`share_round`: the jobs the plan holds for its ``whole_window`` first (the
+    plan's long jobs, whose every round counts for the makespan), then the ``late`` ones (job id
+    -> fairness deadline: past it at full speed) by earliest deadline, then the jobs
+    ``running`` now, then the rest, each group in the plan's order.
+
+    A late job goes ahead of a running job that the plan does not hold for its whole window:
+    each round it waits puts it further past its fair finish, while the running job can resume
+    a round later at the cost of one restart."""
+    first = [j for j in planned if j in whole_window]
     taken = set(first)
     first += sorted((j for j in planned if j in late and j not in taken), key=lambda j: late[j])
+    taken = set(first)
+    first += [j for j in planned if j in running and j not in taken]
     taken = set(first)
     return first + [j for j in planned if j not in taken]
 

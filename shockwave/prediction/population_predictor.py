@@ -14,7 +14,9 @@ paper's prior, and the job's own observations update it the restatement way:
    ``model_weight`` (models within the mode, jobs within a model: a hierarchical pool). Two
    pseudo-templates stand for the prior before data: the paper's posterior mean (weight
    ``prior_weight``) and the static guess, no further change (weight ``static_weight``); equal,
-   so a job is as likely to adapt as not until finished jobs say otherwise. Custom jobs consult
+   so a job is as likely to adapt as not until finished jobs say otherwise. Where a tenant
+   learns apart from other tenants, the paper's rule weighs more while the tenant has few
+   finished jobs of its own (:func:`apart_params`). Custom jobs consult
    only their own (mode, model, initial size) group: their declared list is their own.
    A GNS job reads its model's templates the way GNS behaves: where a finished job
    of its model has grown from a batch size, a shorter template that ended there was censored
@@ -46,6 +48,7 @@ A static job, or one already at its largest batch size, has one regime: the pape
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -90,6 +93,9 @@ class PopulationParams:
     ``grown_static_weight``: the static guess's weight for a GNS job at a batch size a finished
     job of its model grew from (the static guess stands for a model that may never adapt; step
     4's loss would let it outvote finished jobs that all climbed).
+    ``neutral_weight`` and ``neutral_jobs``: for a prior a tenant learns apart
+    (:func:`apart_params`), the paper's rule weighs ``neutral_weight * neutral_jobs /
+    (neutral_jobs + n)`` more, n the tenant's finished jobs.
     """
 
     length_bandwidth: float = 1.0
@@ -99,6 +105,8 @@ class PopulationParams:
     model_weight: float = 0.1
     backoff_jobs: float = 3.0
     grown_static_weight: float = 0.0
+    neutral_weight: float = 3.0
+    neutral_jobs: float = 10.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
@@ -110,6 +118,8 @@ class PopulationParams:
             "mode_weight",
             "model_weight",
             "backoff_jobs",
+            "neutral_weight",
+            "neutral_jobs",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -249,6 +259,30 @@ def predict_staged(
         total_epochs=spec.epochs,
     )
     return prediction, Stage(start, left, thresholds, passed)
+
+
+@functools.lru_cache(maxsize=1024)
+def apart_params(population: PopulationParams, learnt: int) -> PopulationParams:
+    """The knobs for a prior that one tenant learns apart from ``learnt`` of its own finished
+    jobs: ``population`` with the paper's rule weighing ``neutral_weight * neutral_jobs /
+    (neutral_jobs + learnt)`` more (the very same object for the same arguments, so that
+    predictions memoized by the knobs' identity hold while the tenant learns nothing).
+
+    The paper's rule is tenant-neutral: it reads the job's own declaration (its mode, its
+    ladder of batch sizes), nothing another tenant submitted. A tenant's own prior holds a
+    handful of trajectories while few of its jobs have finished, and a handful outvotes the two
+    pseudo-jobs (together worth less than one finished job); step 4's loss then often settles
+    on the static guess, the longest run time for a job that will grow its batch size. A run
+    time predicted too long puts the job's fairness deadline too late, and it waits past its
+    fair finish. Shrunk towards the paper's rule, the tenant predicts from it until its own
+    jobs outweigh it (3.3 pseudo-jobs before any finish, 1.8 after ten, 0.6 after a hundred)."""
+    extra = population.neutral_weight * population.neutral_jobs
+    if extra <= 0:
+        return population
+    return replace(
+        population,
+        prior_weight=population.prior_weight + extra / (population.neutral_jobs + max(0, learnt)),
+    )
 
 
 _Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ...], ...], ...]]

@@ -151,6 +151,12 @@ def unfit_reason(width: int, cluster: Cluster) -> str | None:
     answer are one text."""
     kinds = cluster.gpu_types or ("",)
     ready = {kind: cluster.gpus_of_type(kind) if kind else cluster.total_gpus for kind in kinds}
+    return unfit_for(width, ready)
+
+
+def unfit_for(width: int, ready: Mapping[str, int]) -> str | None:
+    """:func:`unfit_reason` from the READY GPUs by type (``{"": n}`` for an untyped cluster),
+    for a caller that counted them without building the cluster."""
     short = short_of_gpus(width, ready)
     return None if short is None else short.reason
 

@@ -123,7 +123,8 @@ def test_a_tenants_predictions_never_learn_from_another_tenants_self_reported_ep
 ) -> None:
     """Tenant B's job of a model finishes with epochs its own process reported; tenant A's
     job of that model predicts as if B's never ran (model names and speeds do not leak and
-    cannot be skewed), while B's next job learns from it."""
+    cannot be skewed), while B's next job learns from it: beside A's job, B's one finished job
+    weighs less than the paper's rule; alone on the cluster, B predicts from it."""
     secret = {**ACCORDION_JOB, "model": "secret-model-x", "epochs": 20}
     mine = submit(client, tokens.user_a, **secret)
     path = f"/v1/jobs/{mine}/prediction"
@@ -137,10 +138,15 @@ def test_a_tenants_predictions_never_learn_from_another_tenants_self_reported_ep
     assert learnt_b is not None and learnt_b.learnt == 1
     assert stored(database, TENANT_A) is None, "nothing learnt for tenant A"
     theirs = submit(client, tokens.user_b, **secret)
-    learnt = client.get(f"/v1/jobs/{theirs}/prediction", headers=bearer(tokens.user_b)).json()
-    assert [(r["batch_size"], r["epochs"]) for r in learnt["regimes"]] == [(32, 6.0), (256, 14.0)]
-
     with Session(database.engine) as session:
         snapshot, _ = load_snapshot(session, DEFAULT_CLUSTER, 5, datetime.now(UTC))
     assert snapshot.prior_of(mine).learnt == 0
     assert snapshot.prior_of(theirs).learnt == 1
+
+    theirs_path = f"/v1/jobs/{theirs}/prediction"
+    beside = client.get(theirs_path, headers=bearer(tokens.user_b)).json()
+    assert [(r["batch_size"], r["epochs"]) for r in beside["regimes"]] == [(32, 10.0), (256, 10.0)]
+    cancelled = client.post(f"/v1/jobs/{mine}/cancel", headers=bearer(tokens.user_a))
+    assert cancelled.status_code == 200, cancelled.json()
+    alone = client.get(theirs_path, headers=bearer(tokens.user_b)).json()
+    assert [(r["batch_size"], r["epochs"]) for r in alone["regimes"]] == [(32, 6.0), (256, 14.0)]

@@ -78,3 +78,59 @@ def test_the_arrival_stamp_is_taken_before_the_request_waits() -> None:
     assert len(seen) == 2
     assert all(began - 0.01 <= at <= began + 0.1 for at in seen), (began, seen)
     assert ARRIVED_AT == "arrived_at"
+
+
+def _gated(order: list[str], gate: asyncio.Event) -> Any:
+    """A route that notes each request's path, then waits for ``gate``."""
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        order.append(scope["path"])
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return route
+
+
+async def _queued(app: InFlightLimit, count: int) -> None:
+    """Until ``count`` requests wait for a slot of ``app``."""
+    while app._slots is None or app._slots.waiting < count:
+        await asyncio.sleep(0.001)
+
+
+def test_a_user_waiting_is_admitted_before_the_agents_that_queued_earlier() -> None:
+    order: list[str] = []
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        app = InFlightLimit(_gated(order, gate), limit=1, background_prefixes=("/v1/agent/",))
+        calls = [asyncio.create_task(_call(app, _scope())) for _ in range(4)]
+        await _queued(app, 3)  # one agent holds the slot, three wait in line
+        calls.append(asyncio.create_task(_call(app, _scope("/v1/jobs"))))
+        await _queued(app, 4)
+        gate.set()
+        await asyncio.gather(*calls)
+
+    asyncio.run(scenario())
+    assert order == ["/v1/agent/poll", "/v1/jobs", *["/v1/agent/poll"] * 3]
+
+
+def test_a_waiter_cancelled_while_queued_gives_its_turn_to_the_next() -> None:
+    order: list[str] = []
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        app = InFlightLimit(_gated(order, gate), limit=1, background_prefixes=("/v1/agent/",))
+        first = asyncio.create_task(_call(app, _scope()))
+        await _queued(app, 0)
+        gone = asyncio.create_task(_call(app, _scope("/v1/jobs")))
+        last = asyncio.create_task(_call(app, _scope("/v1/agent/last")))
+        await _queued(app, 2)
+        gone.cancel()
+        gate.set()
+        await asyncio.gather(first, last)
+        assert gone.cancelled()
+        assert app._slots is not None and (app._slots.free, app._slots.waiting) == (1, 0)
+
+    asyncio.run(scenario())
+    assert order == ["/v1/agent/poll", "/v1/agent/last"]

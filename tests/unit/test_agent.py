@@ -194,6 +194,8 @@ class FakeServer:
     """The current round and its end, as a poll answer names them (None: not said)."""
     waits: list[Wait | None] = field(default_factory=list)
     """The long-poll request of each poll (None: answer at once)."""
+    busy: set[str] = field(default_factory=set)
+    """Attempts whose reports are answered 503 (their job busy: nothing applied)."""
 
     def _call(self) -> None:
         if self.down:
@@ -217,6 +219,9 @@ class FakeServer:
         self.logs.update(logs or {})
         answers = []
         for r in reports:
+            if r.attempt_id in self.busy:
+                answers.append({"attempt_id": r.attempt_id, "status": 503, "stop": False})
+                continue
             self.reports.append((r.attempt_id, r.state, r.exit_code))
             if r.stop_requested:
                 self.stop_requested.append(r.attempt_id)
@@ -426,6 +431,22 @@ def test_a_new_lease_waits_for_the_gpus_of_a_stopping_attempt(tmp_path: Path, wo
     run_for(agent, clock, 2)
     assert [launch.attempt_id for launch in runtime.started] == ["a1", "b1"]
     assert ("a1", "checkpointed", None) in server.reports
+
+
+def test_a_report_answered_503_stays_owed_until_the_server_applies_it(
+    tmp_path: Path, world: Any
+) -> None:
+    server, runtime, clock = world
+    server.leased = {"a1": lease("a1", "j1", (0,), clock.now + 600)}
+    agent = make_agent(tmp_path, server, runtime, clock)
+    run_for(agent, clock, 2)
+    server.busy = {"a1"}
+    runtime.ended[1] = 0
+    run_for(agent, clock, 3)
+    assert server.reports == [] and [r.attempt_id for r in agent.state.outbox] == ["a1"]
+    server.busy = set()
+    run_for(agent, clock, 2)
+    assert server.reports == [("a1", "exited", 0)] and agent.state.outbox == []
 
 
 def test_a_restarted_agent_reattaches_and_starts_nothing_twice(tmp_path: Path, world: Any) -> None:

@@ -116,6 +116,7 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
                 "tokens": True,
                 "reports": [{"attempt_id": "a1", "state": "checkpointed"}],
                 "running": ["a3"],
+                "defer_busy": True,
             },
         )
     ]
@@ -124,6 +125,31 @@ def test_a_poll_sends_the_reports_owed_and_the_attempts_running_and_drops_what_w
     node.outbox.append({"attempt_id": "a2", "state": "checkpointed"})
     asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True))
     assert node.outbox == [{"attempt_id": "a2", "state": "checkpointed"}]
+
+
+def test_what_a_poll_answers_503_stays_owed_first_and_in_order() -> None:
+    fleet = RecordingFleet({"j1": job("j1")})
+    node = Node("agent-token")
+    node.attempt_of["j1"] = "a3"
+    owed = [{"attempt_id": a, "state": "checkpointed"} for a in ("a1", "a2", "a4")]
+    node.outbox.extend(owed)
+    progress = {"attempt_id": "a3", "seq": 1, "kind": "progress", "epoch": 1}
+    node.events.append(progress)
+    busy = {"status": 503, "stop": False, "detail": "busy"}
+    fleet.answer = {
+        **answer([]),
+        "reports": [
+            {"attempt_id": "a1", **busy},
+            {"attempt_id": "a2", "status": 200, "stop": True},
+            {"attempt_id": "a4", **busy},
+        ],
+        "events": [{"attempt_id": "a3", "seq": 1, **busy}],
+    }
+    asyncio.run(fleet._poll(node, "poll", heartbeat=False, tokens=False))
+    assert node.outbox == [owed[0], owed[2]]
+    assert node.events == [progress]
+    assert fleet.log.events["progress deferred"] == 1
+    assert fleet.jobs["j1"].accepted == []
 
 
 def test_a_started_attempt_restores_first_and_trains_no_further_than_its_lease() -> None:

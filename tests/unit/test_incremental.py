@@ -187,11 +187,13 @@ def test_a_running_jobs_reused_trajectory_is_the_fresh_prediction_at_every_step(
 
         def compute(model: ThroughputModel, job: ActiveJob = job) -> policy_module._Computed:
             computed[0] += 1
-            return policy_module._predicted(job, prior, params, model, 1.0, None)
+            return policy_module._predicted(job, prior, params, model, 1.0, None, params.population)
 
-        got = memo.get(job, params, prior, rates, 1.0, compute)
+        got = memo.get(job, params, params.population, prior, rates, 1.0, compute)
         _clear_prediction_memos()
-        fresh = policy_module._predicted(job, prior, params, RecordingModel(rates), 1.0, None)
+        fresh = policy_module._predicted(
+            job, prior, params, RecordingModel(rates), 1.0, None, params.population
+        )
         assert got == fresh[0]
     # the trajectory was made again only where the job passed a switch point of a template
     assert 2 <= computed[0] <= 10

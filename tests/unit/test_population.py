@@ -3,6 +3,7 @@ storing finished jobs, and predictions worked by hand on small populations."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -18,7 +19,11 @@ from shockwave.domain.population import (
     symbol_of,
 )
 from shockwave.domain.snapshot import ActiveJob
-from shockwave.prediction.population_predictor import PopulationParams, predict_population
+from shockwave.prediction.population_predictor import (
+    PopulationParams,
+    apart_params,
+    predict_population,
+)
 from shockwave.prediction.predictor import Prediction, predict
 from tests.builders import adaptive_job
 
@@ -367,3 +372,50 @@ def test_the_prediction_sums_to_the_jobs_epochs_and_knows_where_it_stands() -> N
         assert sum(r.epochs for r in prediction.regimes) == pytest.approx(100.0)
         assert (prediction.current, prediction.epochs_done) == (0, done)
         assert prediction.regimes[0].epochs > done
+
+
+# --- a tenant learning apart ------------------------------------------------------------------
+
+
+def lm_job_of(epochs: int) -> ActiveJob:
+    """An LM GNS job at its initial size 5, nothing observed yet."""
+    return job(mode=GNS, model="LM", ladder=LM_LADDER, epochs=epochs)
+
+
+def test_a_tenant_with_few_finished_jobs_predicts_from_the_papers_rule() -> None:
+    # One short LM job of the tenant's own finished at 5 without growing. A single prior takes
+    # it (and the static guess) as the model's word: a 65-epoch job stays at 5, the longest run
+    # time it could have. Learning apart, the tenant's one finished job weighs less than the
+    # paper's rule, which reads the job's own declaration alone.
+    prior = learnt(lm([(5, 21)]))
+    fresh = lm_job_of(65)
+    knobs = PopulationParams()
+
+    assert regimes(predict_population(fresh, prior, population=knobs)) == [(5, 65.0)]
+    apart = predict_population(fresh, prior, population=apart_params(knobs, prior.learnt))
+    assert regimes(apart) == regimes(predict(fresh))
+
+
+def test_a_tenants_own_finished_jobs_take_over_from_the_papers_rule() -> None:
+    # Ten of its LM jobs of the same length finished at 5: the tenant's own data say static.
+    prior = learnt(*(lm([(5, 65)]) for _ in range(10)))
+    fresh = lm_job_of(65)
+
+    apart = predict_population(fresh, prior, population=apart_params(PopulationParams(), 10))
+    assert regimes(apart) == [(5, 65.0)]
+
+
+def test_the_papers_rule_weighs_less_as_the_tenants_jobs_finish() -> None:
+    knobs = PopulationParams()
+    weights = [apart_params(knobs, n).prior_weight for n in (0, 1, 10, 100, 1000)]
+
+    assert weights[0] == pytest.approx(knobs.prior_weight + knobs.neutral_weight)
+    assert weights[2] == pytest.approx(knobs.prior_weight + knobs.neutral_weight / 2)
+    assert all(a > b for a, b in itertools.pairwise(weights))
+    assert weights[-1] > knobs.prior_weight
+    # the same knobs object for the same count (predictions are memoized by its identity)
+    assert apart_params(knobs, 7) is apart_params(knobs, 7)
+    off = PopulationParams(neutral_weight=0.0)
+    assert apart_params(off, 3) is off
+    with pytest.raises(ValueError, match="neutral_jobs"):
+        PopulationParams(neutral_jobs=-1.0)

@@ -12,8 +12,10 @@ from shockwave.domain.population import EMPTY_PRIOR, PopulationPrior
 from shockwave.domain.snapshot import ActiveJob, JobProgress
 from shockwave.policies.shockwave_market import shockwave as policy_module
 from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
+from shockwave.prediction.population_predictor import PopulationParams
 from shockwave.prediction.throughput_model import RecordingModel, ThroughputModel, answers_alike
 from shockwave.simulation.simulator import SimResult, simulate
+from shockwave.workloads.tenant_workload import assign_tenants
 from shockwave.workloads.workload import SimJob
 from shockwave_cli.commands.inputs import load_throughputs, load_workload
 
@@ -23,18 +25,22 @@ Computed = policy_module._Computed
 N120 = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 
 
-def _run(reference_dir: Path) -> SimResult:
+def _run(reference_dir: Path, tenants: bool) -> SimResult:
     workload = load_workload(
         reference_dir / "traces" / f"{N120}.trace",
         reference_dir / "trajectories" / f"{N120}.tacc.trajectories.json",
         load_throughputs(reference_dir / "throughputs" / "tacc_throughputs.json"),
     )
+    if tenants:
+        # each tenant learns apart, its knobs moving with its own finished jobs
+        workload = assign_tenants(workload, {"a": 5, "b": 1}, seed=0)
     # half the reference cluster: many jobs wait while others finish and measure
     return simulate(workload, Cluster.of_gpus(16, 4), Shockwave(), ShockwaveParams())
 
 
+@pytest.mark.parametrize("tenants", [False, True])
 def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
-    reference_dir: Path, monkeypatch: pytest.MonkeyPatch
+    reference_dir: Path, monkeypatch: pytest.MonkeyPatch, tenants: bool
 ) -> None:
     memo = policy_module._PREDICTIONS
     memo.clear()
@@ -44,6 +50,7 @@ def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
     def counting_get(
         job: ActiveJob,
         params: ShockwaveParams,
+        population: PopulationParams,
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
@@ -55,16 +62,17 @@ def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
             computed[0] += 1
             return compute(model)
 
-        return real_get(job, params, prior, rates, speed, counted)
+        return real_get(job, params, population, prior, rates, speed, counted)
 
     monkeypatch.setattr(memo, "get", counting_get)
-    memoized = _run(reference_dir)
+    memoized = _run(reference_dir, tenants)
     # the memo did its work: most predictions were reused, also across new priors and models
     assert computed[0] < asked[0] / 2
 
     def never_reuse(
         job: object,
         params: object,
+        population: object,
         prior: object,
         rates: ThroughputModel,
         speed: float,
@@ -73,7 +81,7 @@ def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
         return compute(RecordingModel(rates))[0]
 
     monkeypatch.setattr(memo, "get", never_reuse)
-    fresh = _run(reference_dir)
+    fresh = _run(reference_dir, tenants)
     assert [(r.start_s, r.end_s, dict(r.assignment), dict(r.fills)) for r in memoized.rounds] == [
         (r.start_s, r.end_s, dict(r.assignment), dict(r.fills)) for r in fresh.rounds
     ]

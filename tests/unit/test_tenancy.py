@@ -323,8 +323,19 @@ def test_share_round_keeps_a_tenants_later_jobs_behind_one_its_share_held_back()
     assert held == {"a1": AT_SHARE}
 
 
-def test_share_order_puts_kept_jobs_then_late_ones_by_deadline_then_the_plans_order() -> None:
-    planned = ["p0", "late_later", "p1", "run", "late_sooner"]
-    order = share_order(planned, {"run"}, {"late_later": 900.0, "late_sooner": 100.0})
-    assert order == ["run", "late_sooner", "late_later", "p0", "p1"]
+def test_share_order_puts_whole_window_jobs_then_late_ones_then_running_ones() -> None:
+    planned = ["p0", "late_later", "p1", "run", "late_sooner", "whole"]
+    late = {"late_later": 900.0, "late_sooner": 100.0}
+    order = share_order(planned, {"whole"}, late, {"run"})
+    assert order == ["whole", "late_sooner", "late_later", "run", "p0", "p1"]
+    # a job held for the whole window comes first even when another is later past its deadline;
+    # a running job that is late ranks with the late ones, by its deadline
+    assert share_order(planned, {"late_sooner"}, late, {"late_later", "run"}) == [
+        "late_sooner",
+        "late_later",
+        "run",
+        "p0",
+        "p1",
+        "whole",
+    ]
     assert share_order(planned, set(), {}) == planned

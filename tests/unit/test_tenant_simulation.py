@@ -11,10 +11,12 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from shockwave.domain.model import Cluster, ValidationError
+from shockwave.domain.model import AdaptationMode, Cluster, JobSpec, Regime, ValidationError
+from shockwave.domain.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
 from shockwave.domain.snapshot import Snapshot
 from shockwave.domain.tenancy import Tenant
 from shockwave.policies.policy import Decision, get_policy, make_params
+from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
 from shockwave.simulation.metrics import jain_index, summarize
 from shockwave.simulation.simulator import SimResult, simulate
 from shockwave.simulation.tenant_ledger import TenantLedger
@@ -26,7 +28,7 @@ from shockwave.workloads.tenant_workload import (
 )
 from shockwave.workloads.workload import Workload
 from shockwave_cli.main import INPUT_ERROR_EXIT, app
-from tests.builders import sim_job
+from tests.builders import adaptive_job, sim_job, snapshot
 
 runner = CliRunner()
 
@@ -248,3 +250,87 @@ def test_each_tenants_jobs_learn_apart_as_in_the_service() -> None:
     together = _Recording(fifo)
     simulate(base, Cluster.of_gpus(1, 1), together, make_params(fifo))
     assert all(not s.prior_groups and not s.priors for s in together.seen)
+
+
+def _lm_finished(regimes: list[tuple[int, int]]) -> FinishedJob:
+    spec = JobSpec(
+        job_id="done",
+        gpus=1,
+        epochs=sum(e for _, e in regimes),
+        samples_per_epoch=1000,
+        initial_batch_size=regimes[0][0],
+        mode=AdaptationMode.GNS,
+        batch_sizes=_LM_LADDER,
+        model="LM",
+    )
+    return FinishedJob(spec, tuple(Regime(bs, e) for bs, e in regimes))
+
+
+def _learnt(*jobs: FinishedJob) -> PopulationPrior:
+    prior = EMPTY_PRIOR
+    for job in jobs:
+        prior = prior.learn(job)
+    return prior
+
+
+_LM_LADDER = (5, 10, 20, 40, 80)
+
+
+def _predicted_sizes(
+    priors: dict[str, PopulationPrior],
+    population: PopulationPrior,
+    beside: bool = True,
+    grouped: bool = True,
+) -> list[tuple[int, float]]:
+    """The regimes the Shockwave policy predicts for a fresh 65-epoch LM GNS job of tenant
+    ``b``, the snapshot grouping jobs by tenant (``grouped``; else every job learns from
+    ``population``); ``beside``: a job of tenant ``a`` is active too (else ``b`` is the only
+    tenant with jobs)."""
+    fresh = adaptive_job(
+        "mine",
+        mode=AdaptationMode.GNS,
+        model="LM",
+        initial=5,
+        batch_sizes=_LM_LADDER,
+        epochs=65,
+        profile={bs: 10.0 / bs for bs in _LM_LADDER},
+    )
+    mine_spec = dataclasses.replace(fresh.spec, tenant="b")
+    mine = dataclasses.replace(fresh, spec=mine_spec)
+    theirs = dataclasses.replace(fresh, spec=dataclasses.replace(mine_spec, job_id="x", tenant="a"))
+    jobs = [mine, theirs] if beside else [mine]
+    snap = dataclasses.replace(
+        snapshot(jobs),
+        population=population,
+        prior_groups={j.job_id: j.spec.tenant for j in jobs} if grouped else {},
+        priors=priors,
+    )
+    look = Shockwave().outlook(snap, mine, ShockwaveParams(), {}, {})
+    return [(r.batch_size, round(r.epochs, 6)) for r in look.prediction.regimes]
+
+
+def test_a_tenant_with_few_finished_jobs_plans_from_the_neutral_prior() -> None:
+    # Tenant b has one finished LM job (short, never grew): its fresh LM job is predicted by the
+    # paper's rule, not by that one job; whatever tenant a's jobs taught (static LM jobs, or
+    # jobs that climbed the ladder) changes nothing of it.
+    b_prior = _learnt(_lm_finished([(5, 21)]))
+    static_a = _learnt(*(_lm_finished([(5, 65)]) for _ in range(30)))
+    climbing_a = _learnt(*(_lm_finished([(5, 5), (10, 60)]) for _ in range(30)))
+    paper = [(bs, 13.0) for bs in _LM_LADDER]
+
+    for a_prior in (static_a, climbing_a, EMPTY_PRIOR):
+        for population in (static_a, EMPTY_PRIOR):
+            assert _predicted_sizes({"a": a_prior, "b": b_prior}, population) == paper
+
+
+def test_a_lone_tenants_prior_plans_as_the_single_prior_does() -> None:
+    # With no other tenant's job active, a tenant's prior is the cluster's: the same one
+    # finished job, as the tenant's prior or as the snapshot's single prior, gives the same
+    # prediction (its one static job and the static guess outvote the paper's rule); beside
+    # another tenant, the tenant leans on the paper's rule.
+    prior = _learnt(_lm_finished([(5, 21)]))
+
+    lone = _predicted_sizes({"b": prior}, EMPTY_PRIOR, beside=False)
+    assert lone == [(5, 65.0)]
+    assert _predicted_sizes({}, prior, beside=False, grouped=False) == lone
+    assert _predicted_sizes({"b": prior, "a": EMPTY_PRIOR}, EMPTY_PRIOR) != lone

@@ -53,7 +53,12 @@ from shockwave.market.heterogeneity import mean_speed
 from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
-from shockwave.prediction.population_predictor import PopulationParams, Stage, predict_staged
+from shockwave.prediction.population_predictor import (
+    PopulationParams,
+    Stage,
+    apart_params,
+    predict_staged,
+)
 from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
@@ -334,6 +339,7 @@ class _Seen:
 
     job: ActiveJob
     params: ShockwaveParams
+    population: PopulationParams
     progress: Hashable
     speed: float
     prior: PopulationPrior
@@ -347,9 +353,10 @@ class _Seen:
 
 class _PredictionMemo:
     """Each job's last prediction, reused while nothing it was made from has changed: the same
-    spec and params, equal progress (:func:`shockwave.domain.memo.progress_key`) and GPU speed,
-    and a prior and throughput model that are the very same objects or, where new (a job finished,
-    one measured an epoch), give the job the same answers: the same template groups
+    spec, params and population knobs, equal progress
+    (:func:`shockwave.domain.memo.progress_key`) and GPU speed, and a prior and throughput model
+    that are the very same objects or, where new (a job finished, one measured an epoch), give
+    the job the same answers: the same template groups
     (:func:`shockwave.prediction.regime_predictors.prior_read`) and the same estimate for every
     question the prediction asked of the model
     (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
@@ -376,6 +383,7 @@ class _PredictionMemo:
         self,
         job: ActiveJob,
         params: ShockwaveParams,
+        population: PopulationParams,
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
@@ -392,6 +400,7 @@ class _PredictionMemo:
             seen is not None
             and seen.job.spec is job.spec
             and seen.params is params
+            and seen.population is population
             and seen.speed == speed
         ):
             same = seen.progress == progress
@@ -402,7 +411,7 @@ class _PredictionMemo:
                 and moved_only(seen.progress, progress)
                 and seen.stage.holds(job.progress.epochs_done)
             )
-            if (same or moved) and self._same_inputs(seen, job, params, prior, rates, moved):
+            if (same or moved) and self._same_inputs(seen, job, prior, rates, moved):
                 if same:
                     seen.job, seen.prior, seen.rates = job, prior, rates
                     return seen.value
@@ -412,19 +421,19 @@ class _PredictionMemo:
                 trajectory = seen.rates_read[: seen.trajectory_reads]
                 computed = (value, seen.stage, len(trajectory))
                 reads = (*trajectory, *recording.reads)
-                self._store(key, job, params, progress, speed, prior, rates, computed, reads)
+                self._store(key, seen, job, progress, prior, rates, computed, reads)
                 return value
         recording = RecordingModel(rates)
         computed = compute(recording)
         reads = tuple(recording.reads)
-        self._store(key, job, params, progress, speed, prior, rates, computed, reads)
+        made = _Seen(job, params, population, progress, speed, prior, (), rates, (), *computed)
+        self._store(key, made, job, progress, prior, rates, computed, reads)
         return computed[0]
 
     @staticmethod
     def _same_inputs(
         seen: _Seen,
         job: ActiveJob,
-        params: ShockwaveParams,
         prior: PopulationPrior,
         rates: ThroughputModel,
         moved: bool,
@@ -434,7 +443,7 @@ class _PredictionMemo:
         its trajectory's questions, the others are asked again)."""
         same_prior = seen.prior is prior
         if not same_prior:
-            read = prior_read(params.regime_predictor, prior, job, params.population)
+            read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
             same_prior = len(read) == len(seen.prior_read) and all(
                 a is b for a, b in zip(read, seen.prior_read, strict=True)
             )
@@ -446,25 +455,26 @@ class _PredictionMemo:
     def _store(
         self,
         key: tuple[str, int, int],
+        basis: _Seen,
         job: ActiveJob,
-        params: ShockwaveParams,
         progress: Hashable,
-        speed: float,
         prior: PopulationPrior,
         rates: ThroughputModel,
         computed: _Computed,
         reads: Sequence[Read],
     ) -> None:
         """Keep ``computed`` for ``job`` with the model's answers ``reads`` it was made from,
-        the trajectory's first."""
+        the trajectory's first; spec, params, population knobs and speed as ``basis``'s."""
         value, stage, trajectory_reads = computed
+        params, population = basis.params, basis.population
         entry = _Seen(
             job,
             params,
+            population,
             progress,
-            speed,
+            basis.speed,
             prior,
-            prior_read(params.regime_predictor, prior, job, params.population),
+            prior_read(params.regime_predictor, prior, job, population),
             rates,
             reads,
             value,
@@ -492,19 +502,21 @@ def _predicted(
     rates: ThroughputModel,
     speed: float,
     revealed: RevealedTrajectory | None,
+    population: PopulationParams,
 ) -> _Computed:
     """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
-    from ``revealed`` in oracle experiments. With the stage over which the trajectory holds
-    and the number of ``rates``' answers it read (:data:`_Computed`)."""
+    from ``revealed`` in oracle experiments; ``population``: the population predictor's knobs
+    for the job's prior (:func:`_population_of`). With the stage over which the trajectory
+    holds and the number of ``rates``' answers it read (:data:`_Computed`)."""
     stage: Stage | None = None
     if revealed is not None:
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
     elif params.regime_predictor == "population":
-        prediction, stage = predict_staged(job, prior, params.predictor, rates, params.population)
+        prediction, stage = predict_staged(job, prior, params.predictor, rates, population)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
-        prediction = predictor(job, prior, rates, params.predictor, params.population)
+        prediction = predictor(job, prior, rates, params.predictor, population)
     trajectory_reads = len(rates.reads) if isinstance(rates, RecordingModel) else 0
     if not isinstance(rates, RecordingModel):
         stage = None
@@ -531,6 +543,19 @@ def _estimates(
     )
     soonest = _soonest_remaining(prediction) * factor
     return prediction, remaining, total, factor, cautious, soonest
+
+
+def _population_of(
+    snapshot: Snapshot, job_id: str, prior: PopulationPrior, params: ShockwaveParams
+) -> PopulationParams:
+    """The population predictor's knobs for job ``job_id``: where its tenant learns apart
+    beside other tenants (:meth:`Snapshot.learns_apart`), shrunk towards the paper's rule by how
+    many of the tenant's jobs have finished
+    (:func:`shockwave.prediction.population_predictor.apart_params`); otherwise
+    ``params.population``, one prior for the cluster as before tenants."""
+    if snapshot.learns_apart(job_id):
+        return apart_params(params.population, prior.learnt)
+    return params.population
 
 
 def _level_deadlines(looks: Sequence[JobOutlook], level: bool) -> list[float]:
@@ -710,18 +735,21 @@ class Shockwave:
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            seen = _predicted(job, snapshot.prior_of(job.job_id), params, rates, speed, revealed)[0]
+            prior = snapshot.prior_of(job.job_id)
+            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
         else:
             # a job whose progress is as last round and whose prior and throughput model give
             # it the same answers predicts as it did then (_PredictionMemo)
             prior = snapshot.prior_of(job.job_id)
+            population = _population_of(snapshot, job.job_id, prior, params)
             seen = _PREDICTIONS.get(
                 job,
                 params,
+                population,
                 prior,
                 rates,
                 speed,
-                lambda model: _predicted(job, prior, params, model, speed, None),
+                lambda model: _predicted(job, prior, params, model, speed, None, population),
             )
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
@@ -1256,9 +1284,10 @@ def _share(
 
     Where a tenant's share cannot hold all its planned jobs, they take it in the packing's
     order of groups (:func:`shockwave.market.planner.pack_rounds`), judged now rather than when the
-    plan was made (a plan is followed for rounds): jobs running or planned for the whole
-    window (``full_window``) first, then jobs past their fairness deadline, earliest deadline
-    first, then the rest in the plan's order (:func:`shockwave.domain.tenancy.share_order`)."""
+    plan was made (a plan is followed for rounds): jobs planned for the whole window
+    (``full_window``) first, then jobs past their fairness deadline, earliest deadline first,
+    then jobs running now, then the rest in the plan's order
+    (:func:`shockwave.domain.tenancy.share_order`)."""
     width = {j.job_id: chosen_widths.get(j.job_id, j.spec.gpus) for j in snapshot.jobs}
     tenant_of = {j.job_id: j.spec.tenant for j in snapshot.jobs}
     running = {j.job_id for j in snapshot.jobs if j.running}
@@ -1268,7 +1297,7 @@ def _share(
         key=lambda j: (j not in running, outlooks[j].remaining_s),
     )
     late = {j: outlooks[j].deadline_s for j in chosen if outlooks[j].laxity_s < 0}
-    order = [*share_order(chosen, running | full_window, late), *rest]
+    order = [*share_order(chosen, full_window, late, running), *rest]
     quota = share_quotas(shares.entitled, owed, slack_rounds)
     kept, held = share_round(order, width, tenant_of, quota, snapshot.cluster.total_gpus)
     running_now = set(kept)

@@ -1,0 +1,146 @@
+"""A poll that says ``defer_busy`` never waits for a job another transaction holds (the round
+driver writing a boundary, for seconds on a large cluster): its reports and events on that job
+are answered 503 with nothing recorded, its start is acknowledged by a later poll, and its
+heartbeat and leases are answered at once. A poll without it (an agent that predates it) waits
+for the lock as before. Postgres only: SQLite has no row locks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from store.principals import Role
+from store.tables import JobEventRow, LeaseRow, NodeRow
+from store.tokens import create_token
+from tests.integration.api_calls import bearer
+from tests.integration.conftest import NODE, Database, build_app, migrated_postgres
+from tests.integration.driving import agent_token, driver_on, job_state, leases, now, submit
+from tests.integration.driving import register as register_node
+
+
+@pytest.fixture(scope="module")
+def busy_database(postgres_server: Engine) -> Iterator[Database]:
+    with migrated_postgres(postgres_server, "it_busy") as database:
+        yield database
+
+
+@pytest.fixture
+def setup(busy_database: Database) -> Iterator[tuple[TestClient, str, str, str, str]]:
+    """A client, the admin's and node-1's agent tokens, and one job leased on node-1:
+    (client, admin, agent, job, attempt)."""
+    busy_database.empty()
+    with Session(busy_database.engine) as session:
+        admin = create_token(session, Role.ADMIN, name="admin")
+    agent = agent_token(busy_database, NODE)
+    with TestClient(build_app(busy_database), raise_server_exceptions=False) as client:
+        register_node(client, agent)
+        job = submit(client, admin)
+        with driver_on(busy_database) as (driver, _):
+            driver.step(now())
+        (lease,) = leases(busy_database)
+        yield client, admin, agent, job, lease.id
+
+
+@contextmanager
+def job_locked(database: Database, job: str) -> Iterator[None]:
+    """The job's row held by another transaction (as the round driver holds every active job's
+    while it writes a boundary)."""
+    with database.engine.connect() as connection:
+        connection.execute(text("SELECT id FROM jobs WHERE id = :job FOR UPDATE"), {"job": job})
+        yield
+        connection.rollback()
+
+
+def contact(client: TestClient, token: str, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/agent/poll", json=body, headers=bearer(token))
+    assert response.status_code == 200, response.json()
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def progress(attempt: str, seq: int) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt,
+        "seq": seq,
+        "kind": "progress",
+        "epoch": 1,
+        "samples": 10,
+        "seconds": 1.0,
+        "batch_size": 32,
+    }
+
+
+def stored(database: Database, attempt: str, job: str) -> tuple[str, int]:
+    """The lease's state and the job's progress events stored."""
+    with Session(database.engine) as session:
+        lease = session.get(LeaseRow, attempt)
+        assert lease is not None
+        events = session.exec(
+            select(JobEventRow).where(JobEventRow.job_id == job, JobEventRow.kind == "progress")
+        ).all()
+        return lease.state, len(events)
+
+
+def heartbeat_at(database: Database) -> Any:
+    with Session(database.engine) as session:
+        node = session.get(NodeRow, NODE)
+        assert node is not None
+        return node.last_heartbeat_at
+
+
+def test_a_poll_that_defers_is_answered_at_once_and_records_nothing_on_a_busy_job(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    client, _, agent, job, attempt = setup
+    body = {
+        "defer_busy": True,
+        "running": [attempt],
+        "reports": [{"attempt_id": attempt, "state": "running"}],
+        "events": [progress(attempt, 1)],
+    }
+    before = heartbeat_at(busy_database)
+    with job_locked(busy_database, job):
+        began = time.monotonic()
+        answer = contact(client, agent, **body)
+        waited = time.monotonic() - began
+        assert waited < 5.0, f"the poll waited {waited:.1f} s for the lock"
+        assert [(r["attempt_id"], r["status"], r["stop"]) for r in answer["reports"]] == [
+            (attempt, 503, False)
+        ]
+        assert [(e["seq"], e["status"]) for e in answer["events"]] == [(1, 503)]
+        assert [lease["attempt_id"] for lease in answer["leases"]] == [attempt]
+    assert stored(busy_database, attempt, job) == ("ISSUED", 0), "nothing recorded"
+    assert job_state(busy_database, job) == "PENDING"
+    assert heartbeat_at(busy_database) > before, "the heartbeat is not deferred"
+
+    again = contact(client, agent, **body)  # the lock is gone: the same poll applies
+    assert [(r["status"], r["lease"]["state"]) for r in again["reports"]] == [(200, "RUNNING")]
+    assert [(e["seq"], e["status"]) for e in again["events"]] == [(1, 201)]
+    assert stored(busy_database, attempt, job) == ("RUNNING", 1)
+    assert job_state(busy_database, job) == "RUNNING"
+
+
+def test_a_poll_without_defer_busy_waits_for_the_job_as_before(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    client, _, agent, job, attempt = setup
+    answers: list[dict[str, Any]] = []
+    with job_locked(busy_database, job):
+        waiting = threading.Thread(
+            target=lambda: answers.append(contact(client, agent, running=[attempt]))
+        )
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not answers, "it waits for the lock"
+    waiting.join(30.0)
+    ((lease,),) = [answer["leases"] for answer in answers]
+    assert (lease["attempt_id"], lease["state"]) == (attempt, "RUNNING")
