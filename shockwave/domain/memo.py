@@ -45,6 +45,14 @@ def progress_key(job: ActiveJob) -> Hashable:
     )
 
 
+def moved_only(before: Hashable, now: Hashable) -> bool:
+    """Whether two :func:`progress_key` values differ in the epochs done alone (a job that
+    trained on at the same batch size, with the same measurements)."""
+    if not (isinstance(before, tuple) and isinstance(now, tuple)):
+        return False
+    return before[0] == now[0] and before[1] != now[1] and before[2:] == now[2:]
+
+
 class IdentityMemo(Generic[V]):
     """Values keyed by (objects compared by identity, a hashable value key).
 

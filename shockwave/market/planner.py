@@ -441,6 +441,26 @@ def concave_slopes(values: FloatArray, cap: int) -> FloatArray:
     return np.array(slopes)
 
 
+def concave_slopes_all(values: FloatArray, caps: npt.NDArray[np.int64]) -> FloatArray:
+    """:func:`concave_slopes` of every row of ``values`` (N x (T + 1)) up to its cap, as an
+    N x T array, the same floats. A row whose every point is on its envelope (each middle
+    point strictly above the chord of its neighbours, the test :func:`concave_slopes` pops by)
+    has its plain differences as slopes: those rows, most of a plan's, are done in one array
+    operation; the others one by one."""
+    count, width = values.shape
+    t = width - 1
+    n = np.arange(width)
+    inside = n[None, :] <= caps[:, None]
+    # the hull test at (a, b, n) = (n - 2, n - 1, n), in concave_slopes' arithmetic
+    with np.errstate(invalid="ignore"):
+        above = (values[:, 1:-1] - values[:, :-2]) * 2 > values[:, 2:] - values[:, :-2]
+    strict = (above | ~inside[:, 2:]).all(axis=1) & np.isfinite(values).all(axis=1)
+    slopes = np.where(inside[:, 1:], values[:, 1:] - values[:, :-1], 0.0)
+    for i in np.flatnonzero(~strict).tolist():
+        slopes[i] = concave_slopes(values[i], int(caps[i]))
+    return slopes if t > 0 else np.zeros((count, 0))
+
+
 def _is_concave(values: FloatArray, cap: int) -> bool:
     diffs = np.diff(values[: cap + 1])
     return bool(np.all(diffs[1:] <= diffs[:-1] + 1e-15)) if cap >= 2 else True
@@ -492,9 +512,7 @@ def greedy_counts(
 
 def solve_counts(problem: Problem) -> tuple[npt.NDArray[np.int64], float, float]:
     """Greedy counts on the concave envelopes; returns (counts, objective, upper bound)."""
-    slopes = np.stack(
-        [concave_slopes(problem.value[i], int(problem.caps[i])) for i in range(len(problem.jobs))]
-    )
+    slopes = concave_slopes_all(problem.value, problem.caps)
     counts, bound = greedy_counts(problem, slopes)
     value = problem.objective(counts)
     return counts, value, max(bound, value)
@@ -608,7 +626,7 @@ def _pack(
     """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest and
     those in ``later`` after it; returns the rounds' members and the rounds each job got."""
     t = problem.rounds
-    free = np.full(t, problem.total_gpus, dtype=np.int64)
+    free = [problem.total_gpus] * t
     members: list[list[str]] = [[] for _ in range(t)]
     placed = [0] * len(problem.jobs)
 
@@ -630,19 +648,25 @@ def _pack(
         if n <= 0:
             continue
         job = problem.jobs[i]
-        fits = free >= job.gpus
-        window = np.convolve(fits.astype(np.int64), np.ones(n, dtype=np.int64), mode="valid")
-        starts = np.nonzero(window == n)[0]
-        if len(starts):
-            chosen = list(range(int(starts[0]), int(starts[0]) + n))
-        else:
-            roomiest = sorted(np.nonzero(fits)[0].tolist(), key=lambda r: (-free[r], r))
-            chosen = [int(r) for r in roomiest[:n]]
+        chosen: Sequence[int] | None = _earliest_block(free, job.gpus, n)
+        if chosen is None:
+            roomiest = sorted((r for r in range(t) if free[r] >= job.gpus), key=lambda r: -free[r])
+            chosen = roomiest[:n]
         for r in chosen:
             free[r] -= job.gpus
             members[r].append(job.job_id)
         placed[i] = len(chosen)
     return members, placed
+
+
+def _earliest_block(free: Sequence[int], gpus: int, n: int) -> range | None:
+    """The earliest ``n`` consecutive rounds that each have ``gpus`` free GPUs, or None."""
+    run = 0
+    for r, left in enumerate(free):
+        run = run + 1 if left >= gpus else 0
+        if run == n:
+            return range(r - n + 1, r + 1)
+    return None
 
 
 def _pareto_order(

@@ -148,6 +148,26 @@ class _Candidates:
     shares: FloatArray
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Where on its progress a job's population prediction stays one trajectory: ``start``
+    epochs of finished regimes, ``left`` epochs after them, and the survival ``thresholds``
+    of its candidates, ``passed`` of them passed (:func:`predict_staged`)."""
+
+    start: float
+    left: float
+    thresholds: tuple[float, ...]
+    passed: int
+
+    def holds(self, epochs_done: float) -> bool:
+        """Whether the same job (spec, finished regimes, batch size, the prior's groups it
+        reads and the throughput model's answers all as they were) at ``epochs_done`` passes
+        the same thresholds, so that its prediction is the same trajectory, at that point on
+        it: the candidates that survive are fixed by the thresholds passed."""
+        done_share = max(0.0, epochs_done - self.start) / self.left
+        return bisect.bisect_right(self.thresholds, done_share + _EPS) == self.passed
+
+
 def predict_population(
     job: ActiveJob,
     prior: PopulationPrior = EMPTY_PRIOR,
@@ -156,25 +176,31 @@ def predict_population(
     population: PopulationParams | None = None,
 ) -> Prediction:
     """The job's trajectory under the population prior updated by its own observations."""
+    return predict_staged(job, prior, params, throughput, population)[0]
+
+
+def predict_staged(
+    job: ActiveJob,
+    prior: PopulationPrior = EMPTY_PRIOR,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+    population: PopulationParams | None = None,
+) -> tuple[Prediction, Stage | None]:
+    """:func:`predict_population`, and the :class:`Stage` over which the job keeps that
+    trajectory as it trains (None where the paper's rule predicts it)."""
     params = params or PredictorParams()
     population = population or PopulationParams()
     spec = job.spec
     if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
-        return predict(job, params, throughput)
+        return predict(job, params, throughput), None
     observed = job.progress.observed_regimes
     prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
     start = float(sum(r.epochs for r in observed))
     left = spec.epochs - start
     if left <= _EPS:
-        return predict(job, params, throughput)
+        return predict(job, params, throughput), None
     done_share = max(0.0, job.progress.epochs_done - start) / left
-    everyone = _groups_of(prior, job)
-    own, others = everyone
-    censoring, groups = _GROUPS.get(
-        (spec, population, *own, *(g for model in others for g in model)),
-        (len(own), tuple(len(model) for model in others)),
-        lambda: _templates_for(everyone, job, population),
-    )
+    censoring, groups = _consulted_groups(prior, job, population)
     key = (
         spec.mode,
         spec.model,
@@ -226,12 +252,13 @@ def predict_population(
                 batch_size, left * share, epoch_seconds(job, batch_size, params, throughput)
             )
         )
-    return Prediction(
+    prediction = Prediction(
         regimes=tuple(regimes),
         current=len(observed),
         epochs_done=job.progress.epochs_done,
         total_epochs=spec.epochs,
     )
+    return prediction, Stage(start, left, thresholds, passed)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -274,14 +301,38 @@ def _templates_for(
     return censoring, _consulted(everyone, job, population, censoring)
 
 
-def prior_reads(prior: PopulationPrior, job: ActiveJob) -> tuple[tuple[Template, ...], ...]:
-    """The template groups of ``prior`` that a population prediction of ``job`` may read, in
-    order (none for a job that cannot change batch size): two priors whose reads are the very
-    same group objects predict the job alike."""
+def _consulted_groups(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams
+) -> tuple[_Censoring | None, _Groups]:
+    """The job's censoring and the template groups of ``prior`` it consults
+    (:func:`_templates_for`), memoized per (prior, spec, params), and below that per (spec,
+    params, the very group objects): a new prior shares most groups with the one before it."""
+
+    def consulted() -> tuple[_Censoring | None, _Groups]:
+        everyone = _groups_of(prior, job)
+        own, others = everyone
+        return _GROUPS.get(
+            (job.spec, population, *own, *(g for model in others for g in model)),
+            (len(own), tuple(len(model) for model in others)),
+            lambda: _templates_for(everyone, job, population),
+        )
+
+    return _CONSULTED.get((prior, job.spec, population), (), consulted)
+
+
+def prior_reads(
+    prior: PopulationPrior, job: ActiveJob, population: PopulationParams | None = None
+) -> tuple[tuple[Template, ...], ...]:
+    """The template groups of ``prior`` that a population prediction of ``job`` with
+    ``population`` reads, in order (none for a job that cannot change batch size): its own
+    model's groups, and the other models' of its mode only while its own are too thin to be
+    consulted alone (:func:`_consulted`). Two priors whose reads are the very same group
+    objects predict the job alike, so a job finishing changes the predictions of the jobs
+    that consult its group only."""
     spec = job.spec
     if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
         return ()
-    own, others = _groups_of(prior, job)
+    _, (own, others) = _consulted_groups(prior, job, population or PopulationParams())
     return (*own, *(g for model in others for g in model))
 
 
@@ -328,10 +379,17 @@ def _consulted(
     spec = job.spec
     ladder = ladder_of(spec)
     replay = spec.mode is not AdaptationMode.CUSTOM
-    support = sum(
-        float(_kernel(spec.epochs, block.epochs, population.length_bandwidth).sum())
-        for group in own
-        for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+    bandwidth = population.length_bandwidth
+    # the support reads the own model's groups alone: memoized on them, so that another
+    # model's finished job costs a look-up here
+    support = _SUPPORT.get(
+        own,
+        (spec.epochs, spec.initial_batch_size, ladder, replay, censoring, bandwidth),
+        lambda: sum(
+            float(_kernel(spec.epochs, block.epochs, bandwidth).sum())
+            for group in own
+            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+        ),
     )
     return (own, ()) if support >= population.backoff_jobs else groups
 
@@ -459,6 +517,11 @@ _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
 """Per (spec, params, template groups): :func:`_templates_for`."""
+_CONSULTED: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=50_000)
+"""Per (prior, spec, params), the very objects: :func:`_consulted_groups`."""
+_SUPPORT: IdentityMemo[float] = IdentityMemo(limit=20_000)
+"""Per (the own model's template groups, what of the spec the kernel reads): the weight of
+similar-length jobs of the job's own model (:func:`_consulted`)."""
 _GROWN_FROM: IdentityMemo[frozenset[int]] = IdentityMemo(limit=4096)
 """Per model's template groups (the very objects): :func:`_grown_from`."""
 _GROUPS_OF: IdentityMemo[_Groups] = IdentityMemo(limit=4096)

@@ -28,7 +28,7 @@ Only observed progress is read: :class:`~shockwave.domain.snapshot.ActiveJob` ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shockwave.domain.model import AdaptationMode, Regime
 from shockwave.domain.snapshot import ActiveJob
@@ -69,14 +69,21 @@ class Prediction:
     current: int
     epochs_done: float
     total_epochs: int
+    _left: tuple[PredictedRegime, ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """:meth:`remaining_regimes`, computed when first asked (a prediction is immutable, and
+    the policy asks for its rest several times a round)."""
 
     @property
     def total_seconds(self) -> float:
         """P-hat: predicted exclusive run time of the whole job."""
         return sum(r.epochs * r.epoch_seconds for r in self.regimes)
 
-    def remaining_regimes(self) -> list[PredictedRegime]:
+    def remaining_regimes(self) -> tuple[PredictedRegime, ...]:
         """What is left from now: the rest of the ongoing regime and the future ones."""
+        if self._left is not None:
+            return self._left
         start = sum(r.epochs for r in self.regimes[: self.current])
         left: list[PredictedRegime] = []
         for i in range(self.current, len(self.regimes)):
@@ -86,7 +93,9 @@ class Prediction:
                 epochs = max(0.0, start + regime.epochs - self.epochs_done)
             if epochs > 0:
                 left.append(PredictedRegime(regime.batch_size, epochs, regime.epoch_seconds))
-        return left
+        rest = tuple(left)
+        object.__setattr__(self, "_left", rest)
+        return rest
 
     @property
     def remaining_seconds(self) -> float:

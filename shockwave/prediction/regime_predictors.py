@@ -47,11 +47,16 @@ REGIME_PREDICTORS: Mapping[str, RegimePredictor] = MappingProxyType(
 DEFAULT_REGIME_PREDICTOR = "population"
 
 
-def prior_read(name: str, prior: PopulationPrior, job: ActiveJob) -> tuple[object, ...]:
+def prior_read(
+    name: str,
+    prior: PopulationPrior,
+    job: ActiveJob,
+    population: PopulationParams | None = None,
+) -> tuple[object, ...]:
     """The parts of ``prior`` (the very objects) that the regime predictor ``name`` reads to
-    predict ``job``: the population predictor's template groups
+    predict ``job`` with ``population``: the population predictor's template groups
     (:func:`shockwave.prediction.population_predictor.prior_reads`); the others read none."""
-    return prior_reads(prior, job) if name == "population" else ()
+    return prior_reads(prior, job, population) if name == "population" else ()
 
 
 def check_regime_predictor(name: str) -> str:

@@ -20,6 +20,7 @@ from shockwave.workloads.workload import SimJob
 from shockwave_cli.commands.inputs import load_throughputs, load_workload
 
 Predicted = policy_module._Predicted
+Computed = policy_module._Computed
 
 N120 = "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic"
 
@@ -53,11 +54,11 @@ def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
-        compute: Callable[[ThroughputModel], Predicted],
+        compute: Callable[[ThroughputModel], Computed],
     ) -> Predicted:
         asked[0] += 1
 
-        def counted(model: ThroughputModel) -> Predicted:
+        def counted(model: ThroughputModel) -> Computed:
             computed[0] += 1
             return compute(model)
 
@@ -75,9 +76,9 @@ def test_a_memoized_run_decides_exactly_as_an_unmemoized_one(
         prior: object,
         rates: ThroughputModel,
         speed: float,
-        compute: Callable[[ThroughputModel], object],
-    ) -> object:
-        return compute(RecordingModel(rates))
+        compute: Callable[[ThroughputModel], Computed],
+    ) -> Predicted:
+        return compute(RecordingModel(rates))[0]
 
     monkeypatch.setattr(memo, "get", never_reuse)
     fresh = _run(reference_dir, tenants)

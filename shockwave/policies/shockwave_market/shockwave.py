@@ -26,6 +26,7 @@ The plan and the contention history live in :class:`ShockwaveState`, handed back
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import zlib
@@ -36,7 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shockwave.domain.memo import IdentityMemo, progress_key
+from shockwave.domain.memo import IdentityMemo, moved_only, progress_key
 from shockwave.domain.population import PopulationPrior
 from shockwave.domain.snapshot import ActiveJob, RevealedTrajectory, Snapshot
 from shockwave.domain.tenancy import (
@@ -52,7 +53,12 @@ from shockwave.market.heterogeneity import mean_speed
 from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
-from shockwave.prediction.population_predictor import PopulationParams, apart_params
+from shockwave.prediction.population_predictor import (
+    PopulationParams,
+    Stage,
+    apart_params,
+    predict_staged,
+)
 from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
@@ -321,6 +327,10 @@ class _LazyOutlooks(Mapping[str, JobOutlook]):
 
 
 _Predicted = tuple[Prediction, float, float, float, float, float]
+_Computed = tuple[_Predicted, Stage | None, int]
+"""A fresh prediction: its estimates (:func:`_predicted`), the stage over which its trajectory
+holds (:func:`shockwave.prediction.population_predictor.predict_staged`; None: no reuse along
+it) and how many of the throughput model's answers the trajectory read (the first ones)."""
 
 
 @dataclass(slots=True)
@@ -337,6 +347,8 @@ class _Seen:
     rates: ThroughputModel
     rates_read: Sequence[Read]
     value: _Predicted
+    stage: Stage | None
+    trajectory_reads: int
 
 
 class _PredictionMemo:
@@ -349,6 +361,14 @@ class _PredictionMemo:
     question the prediction asked of the model
     (:func:`shockwave.prediction.throughput_model.answers_alike`). A waiting job costs a check after
     its first round however often jobs finish or start.
+
+    A running job's progress changes every round. While nothing else has (the same batch
+    size, finished regimes and measurements, prior groups and model answers) and it has passed
+    no survival threshold of its candidates
+    (:meth:`shockwave.prediction.population_predictor.Stage.holds`), the population predictor
+    would give it the same trajectory at its new position: that trajectory is kept, and only
+    what depends on the position (remaining and soonest times, the greedy estimate) is made
+    again.
 
     Bounded (cleared whole when full) and guarded by a lock: the service may decide for
     several clusters from threads; an entry is keyed by the identities of the job's spec and
@@ -367,7 +387,7 @@ class _PredictionMemo:
         prior: PopulationPrior,
         rates: ThroughputModel,
         speed: float,
-        compute: Callable[[ThroughputModel], _Predicted],
+        compute: Callable[[ThroughputModel], _Computed],
     ) -> _Predicted:
         """The prediction of ``job`` (``compute(model)`` when none can be reused; it must ask
         the model it is given, which records the questions)."""
@@ -381,37 +401,90 @@ class _PredictionMemo:
             and seen.job.spec is job.spec
             and seen.params is params
             and seen.population is population
-            and seen.progress == progress
             and seen.speed == speed
         ):
-            same_prior = seen.prior is prior
-            if not same_prior:
-                read = prior_read(params.regime_predictor, prior, job)
-                same_prior = len(read) == len(seen.prior_read) and all(
-                    a is b for a, b in zip(read, seen.prior_read, strict=True)
-                )
-            if same_prior and (seen.rates is rates or answers_alike(rates, job, seen.rates_read)):
-                seen.job, seen.prior, seen.rates = job, prior, rates
-                return seen.value
+            same = seen.progress == progress
+            # the same job further along: its trajectory holds while no threshold is passed
+            moved = (
+                not same
+                and seen.stage is not None
+                and moved_only(seen.progress, progress)
+                and seen.stage.holds(job.progress.epochs_done)
+            )
+            if (same or moved) and self._same_inputs(seen, job, prior, rates, moved):
+                if same:
+                    seen.job, seen.prior, seen.rates = job, prior, rates
+                    return seen.value
+                recording = RecordingModel(rates)
+                prediction = replace(seen.value[0], epochs_done=job.progress.epochs_done)
+                value = _estimates(job, prediction, params, recording, speed)
+                trajectory = seen.rates_read[: seen.trajectory_reads]
+                computed = (value, seen.stage, len(trajectory))
+                reads = (*trajectory, *recording.reads)
+                self._store(key, seen, job, progress, prior, rates, computed, reads)
+                return value
         recording = RecordingModel(rates)
-        value = compute(recording)
+        computed = compute(recording)
+        reads = tuple(recording.reads)
+        made = _Seen(job, params, population, progress, speed, prior, (), rates, (), *computed)
+        self._store(key, made, job, progress, prior, rates, computed, reads)
+        return computed[0]
+
+    @staticmethod
+    def _same_inputs(
+        seen: _Seen,
+        job: ActiveJob,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        moved: bool,
+    ) -> bool:
+        """Whether ``prior`` and ``rates`` give ``job`` what the entry's gave it: the same
+        template groups, and the same answers to the entry's questions (a job that moved: to
+        its trajectory's questions, the others are asked again)."""
+        same_prior = seen.prior is prior
+        if not same_prior:
+            read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
+            same_prior = len(read) == len(seen.prior_read) and all(
+                a is b for a, b in zip(read, seen.prior_read, strict=True)
+            )
+        if not same_prior:
+            return False
+        reads = seen.rates_read[: seen.trajectory_reads] if moved else seen.rates_read
+        return seen.rates is rates or answers_alike(rates, job, reads)
+
+    def _store(
+        self,
+        key: tuple[str, int, int],
+        basis: _Seen,
+        job: ActiveJob,
+        progress: Hashable,
+        prior: PopulationPrior,
+        rates: ThroughputModel,
+        computed: _Computed,
+        reads: Sequence[Read],
+    ) -> None:
+        """Keep ``computed`` for ``job`` with the model's answers ``reads`` it was made from,
+        the trajectory's first; spec, params, population knobs and speed as ``basis``'s."""
+        value, stage, trajectory_reads = computed
+        params, population = basis.params, basis.population
         entry = _Seen(
             job,
             params,
             population,
             progress,
-            speed,
+            basis.speed,
             prior,
-            prior_read(params.regime_predictor, prior, job),
+            prior_read(params.regime_predictor, prior, job, population),
             rates,
-            tuple(recording.reads),
+            reads,
             value,
+            stage,
+            trajectory_reads,
         )
         with self._lock:
             if len(self._entries) >= self._limit:
                 self._entries.clear()
             self._entries[key] = entry
-        return value
 
     def clear(self) -> None:
         with self._lock:
@@ -430,16 +503,35 @@ def _predicted(
     speed: float,
     revealed: RevealedTrajectory | None,
     population: PopulationParams,
-) -> _Predicted:
+) -> _Computed:
     """What the policy predicts of ``job`` whatever the round: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``;
     from ``revealed`` in oracle experiments; ``population``: the population predictor's knobs
-    for the job's prior (:func:`_population_of`)."""
+    for the job's prior (:func:`_population_of`). With the stage over which the trajectory
+    holds and the number of ``rates``' answers it read (:data:`_Computed`)."""
+    stage: Stage | None = None
     if revealed is not None:
         prediction = predict_from_truth(job, revealed.trajectory, revealed.epoch_seconds)
+    elif params.regime_predictor == "population":
+        prediction, stage = predict_staged(job, prior, params.predictor, rates, population)
     else:
         predictor = REGIME_PREDICTORS[params.regime_predictor]
         prediction = predictor(job, prior, rates, params.predictor, population)
+    trajectory_reads = len(rates.reads) if isinstance(rates, RecordingModel) else 0
+    if not isinstance(rates, RecordingModel):
+        stage = None
+    return _estimates(job, prediction, params, rates, speed), stage, trajectory_reads
+
+
+def _estimates(
+    job: ActiveJob,
+    prediction: Prediction,
+    params: ShockwaveParams,
+    rates: ThroughputModel,
+    speed: float,
+) -> _Predicted:
+    """``prediction`` with the estimates the policy reads of it: (prediction, remaining,
+    total, error factor, cautious remaining, soonest remaining), the times over ``speed``."""
     factor = _error_factor(job.job_id, params) / speed
     remaining = prediction.remaining_seconds * factor
     done = prediction.total_seconds - prediction.remaining_seconds
@@ -644,7 +736,7 @@ class Shockwave:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
             prior = snapshot.prior_of(job.job_id)
-            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)
+            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
         else:
             # a job whose progress is as last round and whose prior and throughput model give
             # it the same answers predicts as it did then (_PredictionMemo)
@@ -995,8 +1087,9 @@ def _plan_tables(
     # progress is piecewise linear in the seconds run: epochs gained after each regime's
     # cumulative seconds, interpolated (capped at the job's end), one array op per table
     left_regimes = look.prediction.remaining_regimes()
-    seconds = np.cumsum([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
-    gained = np.cumsum([0.0, *(r.epochs for r in left_regimes)])
+    # running sums of a few regimes (np.cumsum's sequential order, without its overhead)
+    seconds = list(itertools.accumulate([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)]))
+    gained = list(itertools.accumulate([0.0, *(r.epochs for r in left_regimes)]))
     n = np.arange(cap + 1, dtype=float)
     run = np.maximum(0.0, n * length - overhead) * speed
     utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)

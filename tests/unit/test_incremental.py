@@ -1,0 +1,199 @@
+"""The incremental paths of a Shockwave decision give what the full computation gives.
+
+A long simulation reuses a job's prediction while the template groups it reads are the same
+objects, takes the planner's envelope slopes of most jobs in one array operation, and packs
+rounds without arrays; each must agree with the computation it stands for, to the float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shockwave.domain.model import AdaptationMode, JobSpec, Regime
+from shockwave.domain.population import FinishedJob, PopulationPrior
+from shockwave.domain.snapshot import ActiveJob
+from shockwave.market import planner
+from shockwave.market.planner import concave_slopes, concave_slopes_all
+from shockwave.policies.shockwave_market import shockwave as policy_module
+from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
+from shockwave.prediction import population_predictor
+from shockwave.prediction.population_predictor import predict_population, prior_reads
+from shockwave.prediction.predictor import PredictedRegime, Prediction
+from shockwave.prediction.throughput_model import RecordingModel, ThroughputModel
+from tests.builders import adaptive_job
+
+ACCORDION = AdaptationMode.ACCORDION
+
+
+def _finished(regimes: Sequence[tuple[int, int]], model: str) -> FinishedJob:
+    spec = JobSpec(
+        job_id="done",
+        gpus=1,
+        epochs=sum(e for _, e in regimes),
+        samples_per_epoch=1000,
+        initial_batch_size=regimes[0][0],
+        mode=ACCORDION,
+        batch_sizes=(32, 256),
+        model=model,
+    )
+    return FinishedJob(spec, tuple(Regime(bs, e) for bs, e in regimes))
+
+
+def _learnt(*jobs: FinishedJob) -> PopulationPrior:
+    prior = PopulationPrior()
+    for job in jobs:
+        prior = prior.learn(job)
+    return prior
+
+
+def _job(model: str, epochs: int = 100) -> ActiveJob:
+    return adaptive_job(
+        mode=ACCORDION,
+        model=model,
+        initial=32,
+        batch_sizes=(32, 256),
+        epochs=epochs,
+        epochs_done=10.0,
+        profile={32: 1.0, 256: 1.0},
+    )
+
+
+def _clear_prediction_memos() -> None:
+    for memo in (
+        population_predictor._BLOCKS,
+        population_predictor._CANDIDATES,
+        population_predictor._DECISIONS,
+        population_predictor._SURVIVORS,
+    ):
+        memo._entries.clear()
+    for identity in (
+        population_predictor._GROUPS,
+        population_predictor._CONSULTED,
+        population_predictor._SUPPORT,
+        population_predictor._GROWN_FROM,
+        population_predictor._GROUPS_OF,
+    ):
+        identity.clear()
+
+
+def test_another_models_finish_leaves_a_well_known_models_reads_and_prediction() -> None:
+    own = [_finished([(32, 40), (256, 60)], "ResNet-18") for _ in range(5)]
+    prior = _learnt(*own, _finished([(32, 100)], "LM"))
+    after = prior.learn(_finished([(32, 20), (256, 80)], "LM"))
+    job = _job("ResNet-18")
+
+    # five jobs of its own model of the same length: the other models are not consulted, so
+    # the groups the prediction reads are the very same objects after LM's finish
+    before_reads, after_reads = prior_reads(prior, job), prior_reads(after, job)
+    assert len(before_reads) == len(after_reads) == 1
+    assert before_reads[0] is after_reads[0]
+    reused = predict_population(job, prior)
+    _clear_prediction_memos()
+    assert predict_population(job, after) == reused
+
+
+def test_a_thin_models_reads_change_with_another_models_finish() -> None:
+    prior = _learnt(_finished([(32, 40), (256, 60)], "ResNet-18"), _finished([(32, 100)], "LM"))
+    after = prior.learn(_finished([(32, 20), (256, 80)], "LM"))
+    job = _job("ResNet-18")
+
+    # one job of its own model: it backs off to LM, whose new template it must read
+    before_reads, after_reads = prior_reads(prior, job), prior_reads(after, job)
+    assert len(before_reads) == len(after_reads) == 2
+    assert before_reads[1] is not after_reads[1]
+    memoized = [predict_population(job, p) for p in (prior, after)]
+    _clear_prediction_memos()
+    fresh = [predict_population(job, p) for p in (prior, after)]
+    assert memoized == fresh
+
+
+def test_a_models_own_finish_changes_its_reads() -> None:
+    own = [_finished([(32, 40), (256, 60)], "ResNet-18") for _ in range(5)]
+    prior = _learnt(*own)
+    after = prior.learn(_finished([(32, 90), (256, 10)], "ResNet-18"))
+    job = _job("ResNet-18")
+
+    assert prior_reads(prior, job)[0] is not prior_reads(after, job)[0]
+    memoized = predict_population(job, after)
+    _clear_prediction_memos()
+    assert predict_population(job, after) == memoized
+
+
+def test_the_remaining_regimes_kept_on_a_prediction_are_the_computed_ones() -> None:
+    regimes = (
+        PredictedRegime(32, 40.0, 2.0),
+        PredictedRegime(64, 30.0, 1.5),
+        PredictedRegime(256, 30.0, 1.0),
+    )
+    prediction = Prediction(regimes, current=1, epochs_done=55.0, total_epochs=100)
+    first = prediction.remaining_regimes()
+
+    assert first == (PredictedRegime(64, 15.0, 1.5), PredictedRegime(256, 30.0, 1.0))
+    assert prediction.remaining_regimes() is first
+    assert prediction.remaining_seconds == 15.0 * 1.5 + 30.0
+    # the kept rest is no part of the value: an equal prediction compares equal before asking
+    assert prediction == Prediction(regimes, current=1, epochs_done=55.0, total_epochs=100)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slopes_of_many_rows_at_once_are_each_rows_slopes(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        count, rounds = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        shape = (count, rounds + 1)
+        tables = (
+            rng.normal(size=shape),  # any shape: the row-by-row fallback
+            np.log(np.cumsum(rng.random(shape), axis=1) + 1e-3),  # concave: the array path
+            np.round(rng.normal(size=shape), 1),  # ties: collinear points merge
+            np.full(shape, 0.5),  # flat rows
+        )
+        caps = rng.integers(0, rounds + 1, size=count).astype(np.int64)
+        for values in tables:
+            each = np.stack([concave_slopes(values[i], int(caps[i])) for i in range(count)])
+            assert np.array_equal(concave_slopes_all(values, caps), each)
+
+
+def _earliest_by_windows(free: Sequence[int], gpus: int, n: int) -> range | None:
+    """The earliest start of ``n`` rounds in a row with ``gpus`` free, by trying each."""
+    for start in range(len(free) - n + 1):
+        if all(left >= gpus for left in free[start : start + n]):
+            return range(start, start + n)
+    return None
+
+
+def test_the_earliest_block_is_the_first_window_that_fits() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        free = [int(x) for x in rng.integers(0, 9, size=int(rng.integers(1, 12)))]
+        gpus, n = int(rng.integers(1, 9)), int(rng.integers(1, len(free) + 1))
+        assert planner._earliest_block(free, gpus, n) == _earliest_by_windows(free, gpus, n)
+
+
+def test_a_running_jobs_reused_trajectory_is_the_fresh_prediction_at_every_step() -> None:
+    own = [_finished([(32, split), (256, 100 - split)], "ResNet-18") for split in (20, 50, 80)]
+    prior = _learnt(*own)
+    params = ShockwaveParams()
+    start = _job("ResNet-18")
+    rates = ThroughputModel.build(prior, [start])
+    memo = policy_module._PredictionMemo()
+    computed = [0]
+
+    for done in range(0, 100, 2):
+        job = replace(start, progress=replace(start.progress, epochs_done=float(done)))
+
+        def compute(model: ThroughputModel, job: ActiveJob = job) -> policy_module._Computed:
+            computed[0] += 1
+            return policy_module._predicted(job, prior, params, model, 1.0, None, params.population)
+
+        got = memo.get(job, params, params.population, prior, rates, 1.0, compute)
+        _clear_prediction_memos()
+        fresh = policy_module._predicted(
+            job, prior, params, RecordingModel(rates), 1.0, None, params.population
+        )
+        assert got == fresh[0]
+    # the trajectory was made again only where the job passed a switch point of a template
+    assert 2 <= computed[0] <= 10
