@@ -130,6 +130,10 @@ class PlannerParams:
     ``short_lane``: a job past its fairness deadline that is not running and whose count
     finishes it within one round takes round 0 ahead of the jobs planned for the whole window
     (:func:`pack_rounds`; docs/policy.md, "Short jobs in bursts").
+    ``finishing_lane``: with no more jobs than GPUs, a job past its fairness deadline whose
+    count finishes it inside the window is packed ahead of the jobs planned for the whole
+    window that are not on the makespan's path (:func:`path_jobs`), by deadline with them
+    (:func:`pack_rounds`; docs/policy.md, "Jobs that finish inside the window").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -146,6 +150,7 @@ class PlannerParams:
     critical_path_margin: float = 0.75
     critical_path_gate: float | None = None
     short_lane: bool = True
+    finishing_lane: bool = True
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -368,12 +373,37 @@ def critical_path_s(
     """
     if margin <= 0 or not jobs:
         return None
-    soonest = [j.remaining_range[0] for j in jobs]
-    work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
-    longest = max(soonest)
+    work, longest = soonest_bounds(jobs, total_gpus)
     if not (margin if gate is None else gate) * longest > work:
         return None
     return max(work, margin * longest)
+
+
+def soonest_bounds(jobs: Sequence[PlanJob], total_gpus: int) -> tuple[float, float]:
+    """(W, L): the GPU-seconds of every job's soonest remainder over the GPUs, and the
+    longest soonest remainder (0 for no job); no plan ends before max(W, L)."""
+    soonest = [j.remaining_range[0] for j in jobs]
+    work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
+    return work, max(soonest, default=0.0)
+
+
+def path_jobs(problem: Problem, margin: float, round_seconds: float) -> frozenset[int]:
+    """Indices of the jobs on the makespan's path, which the finishing lane never passes
+    (:func:`pack_rounds`): those with a critical-path floor, and those whose latest remainder
+    would not fit after the window inside max(W, theta_c L) (:func:`critical_floor` on that
+    path, whether or not the reservation's gate holds). A round such a job loses to the
+    lane can push the makespan out by a round; any other full-window job has that round's
+    slack before the work or the longest job bounds the end."""
+    work, longest = soonest_bounds(problem.jobs, problem.total_gpus)
+    path_s = max(work, margin * longest)
+    window_s = problem.rounds * round_seconds
+    floors = problem.floors
+    return frozenset(
+        i
+        for i, job in enumerate(problem.jobs)
+        if (floors is not None and floors[i] > 0)
+        or critical_floor(job, path_s, window_s, round_seconds, problem.rounds) > 0
+    )
 
 
 def critical_floor(
@@ -526,6 +556,7 @@ def pack_rounds(
     wait_for_ends: bool = False,
     patient: Sequence[bool] | None = None,
     short_lane: bool = False,
+    path: frozenset[int] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
@@ -562,6 +593,14 @@ def pack_rounds(
     earlier (the lateness order) and its remaining GPU-seconds are fewer (Smith's rule, the
     order of least total completion time); see :func:`_pareto_order`. A job not patient passes
     by deadline alone, as without ``patient``.
+
+    With ``path`` (the finishing lane: indices of the jobs on the makespan's path,
+    :func:`path_jobs`), a job past its deadline that its count finishes inside the window
+    is packed with the jobs planned for the whole window that are not in ``path``, each by
+    deadline, after those that are: the deadline term valued its finish at n rounds from now,
+    which only a block from round 0 delivers, while a full-window job it displaces loses a
+    few rounds of many and finishes later by as much, a small part of its own run time
+    (docs/policy.md, "Jobs that finish inside the window"). None: off.
     """
     finishing_late = {
         i
@@ -576,8 +615,12 @@ def pack_rounds(
     kept: tuple[list[list[str]], list[int]] | None = None
     displaced: set[int] = set()
     index = {job.job_id: i for i, job in enumerate(problem.jobs)} if wait_for_ends else {}
+    lane = finishing_late if path is not None else set()
+    path = path or frozenset()
     while True:
-        members, placed = _pack(problem, counts, priority, first, deadlines, later, patient)
+        members, placed = _pack(
+            problem, counts, priority, first, deadlines, later, patient, lane, path
+        )
         stranded = {i for i in finishing_late - first if placed[i] == 0}
         if members:
             ready = set(members[0])
@@ -622,9 +665,12 @@ def _pack(
     deadlines: Sequence[float] | None = None,
     later: set[int] | None = None,
     patient: Sequence[bool] | None = None,
+    lane: set[int] | None = None,
+    path: frozenset[int] = frozenset(),
 ) -> tuple[list[list[str]], list[int]]:
     """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest and
-    those in ``later`` after it; returns the rounds' members and the rounds each job got."""
+    those in ``later`` after it; the finishing ``lane`` with the full-window jobs not in
+    ``path``; returns the rounds' members and the rounds each job got."""
     t = problem.rounds
     free = [problem.total_gpus] * t
     members: list[list[str]] = [[] for _ in range(t)]
@@ -635,10 +681,18 @@ def _pack(
         return deadlines[i] if deadlines is not None and urgent else -priority[i]
 
     later = later or set()
+    lane = lane or set()
 
-    def group(i: int) -> tuple[bool, bool, bool, bool]:
+    def tier(i: int) -> int:
+        """0: full window (on the path, or any while the lane is empty); 1: the lane and
+        the other full-window jobs; 2: the rest."""
+        if int(counts[i]) >= problem.rounds:
+            return 0 if not lane or i in path else 1
+        return 1 if i in lane else 2
+
+    def group(i: int) -> tuple[bool, bool, int, bool]:
         urgent = problem.jobs[i].running or priority[i] > 0
-        return (i not in first, i in later, int(counts[i]) < problem.rounds, not urgent)
+        return (i not in first, i in later, tier(i), not urgent)
 
     order = sorted(range(len(problem.jobs)), key=lambda i: (*group(i), urgency(i), i))
     if patient is not None and deadlines is not None:
@@ -672,7 +726,7 @@ def _earliest_block(free: Sequence[int], gpus: int, n: int) -> range | None:
 def _pareto_order(
     problem: Problem,
     order: Sequence[int],
-    group: Callable[[int], tuple[bool, bool, bool, bool]],
+    group: Callable[[int], tuple[bool, bool, int, bool]],
     deadlines: Sequence[float],
     patient: Sequence[bool],
 ) -> list[int]:
@@ -838,8 +892,11 @@ def plan(
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
+    path = None
+    if params.finishing_lane and len(jobs) <= total_gpus:
+        path = path_jobs(problem, params.critical_path_margin, round_seconds)
     rounds, lost = pack_rounds(
-        problem, counts, weights, deadlines, wait_for_ends, patient, params.short_lane
+        problem, counts, weights, deadlines, wait_for_ends, patient, params.short_lane, path
     )
     return Plan(
         counts={j.job_id: int(c) for j, c in zip(jobs, counts, strict=True)},

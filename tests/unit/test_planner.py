@@ -23,6 +23,7 @@ from shockwave.market.planner import (
     concave_slopes,
     is_concave_job,
     pack_rounds,
+    path_jobs,
     plan,
 )
 from shockwave.policies.shockwave_market.shockwave import PACKING_ORDERS, ShockwaveParams
@@ -433,6 +434,79 @@ def test_short_job_lane(
     if runs_now and not running:
         # it displaced one full-window job from round 0 only
         assert sum(f"f{i}" in rounds[0] for i in range(4)) == 3
+
+
+def finishing_lane_problem() -> Problem:
+    # On 8 GPUs and a window of 4 rounds: "long", 4 GPUs, running, planned for the whole
+    # window with work far past it; "s1" and "s2", 4 GPUs each, waiting, two rounds finish
+    # each of them (r(2) = 0). The counts fill the window exactly (16 + 8 + 8 = 32 GPU-rounds).
+    long = plan_job("long", [0.1 + 0.05 * n for n in range(11)], gpus=4, running=True)
+    s1 = plan_job("s1", [0.1, 0.5, 1.0], gpus=4)
+    s2 = plan_job("s2", [0.1, 0.5, 1.0], gpus=4)
+    return build_problem([long, s1, s2], 8, PlannerParams(rounds=4), ROUND)
+
+
+@pytest.mark.parametrize(
+    ("late", "path", "round0", "long_rounds"),
+    [
+        pytest.param(True, None, {"long", "s1"}, 4, id="lane-off-s2-waits-two-rounds"),
+        pytest.param(True, frozenset(), {"s1", "s2"}, 2, id="late-finishing-jobs-start-now"),
+        pytest.param(True, frozenset({0}), {"long", "s1"}, 4, id="a-path-job-keeps-its-rounds"),
+        pytest.param(False, frozenset(), {"long", "s1"}, 4, id="not-late-keeps-its-place"),
+    ],
+)
+def test_finishing_lane(
+    late: bool, path: frozenset[int] | None, round0: set[str], long_rounds: int
+) -> None:
+    # The deadline term values a late job's finish at n rounds from now; only a block from
+    # round 0 delivers that. In the lane, the two late 2-round jobs go by deadline with the
+    # full-window job and start now, which then runs rounds 2-3 only; on the path it keeps
+    # every round and s2 waits for rounds 2-3, as without the lane.
+    problem = finishing_lane_problem()
+    counts = np.array([4, 2, 2], dtype=np.int64)
+    priority = [1.0, 5.0 if late else -5.0, 5.0 if late else -5.0]
+    deadlines = [500.0, -100.0, -50.0] if late else [500.0, 100.0, 150.0]
+    rounds, unpacked = pack_rounds(problem, counts, priority, deadlines, path=path)
+    assert set(rounds[0]) == round0
+    assert appearances(rounds, "long") == long_rounds
+    assert appearances(rounds, "s1") == appearances(rounds, "s2") == 2
+    assert unpacked == 4 - long_rounds
+    assert all(len(members) <= 2 for members in rounds)
+
+
+def test_a_job_the_lane_cannot_finish_keeps_its_place() -> None:
+    # s2, due earliest, gets one of the two rounds it needs (r(1) > 0): not in the lane, it
+    # waits behind the full-window job, which keeps round 0 with s1 (in the lane).
+    problem = finishing_lane_problem()
+    counts = np.array([4, 2, 1], dtype=np.int64)
+    rounds, _ = pack_rounds(
+        problem, counts, [1.0, 5.0, 5.0], [500.0, -100.0, -200.0], path=frozenset()
+    )
+    assert set(rounds[0]) == {"long", "s1"}
+    assert appearances(rounds, "long") == 4
+    assert appearances(rounds, "s2") == 1
+
+
+@pytest.mark.parametrize(
+    ("remaining", "gpus", "on_path"),
+    [
+        # W = 6,600 / 4 = 1,650 s, L = 6,000 s: the path is max(W, 0.75 L) = 4,500 s; a job
+        # whose remainder does not fit after the 240-s window inside it is on the path.
+        pytest.param([6000.0, 600.0], 4, [True, False], id="longest-job-bounds-the-end"),
+        # W = 6,600 s on 1 GPU: every job fits after the window inside W except the longest.
+        pytest.param([6000.0, 600.0], 1, [False, False], id="work-bound-leaves-slack"),
+        # W = 7,100 s: the longest job does not fit after the window inside it.
+        pytest.param([7000.0, 100.0], 1, [True, False], id="work-bound-longest-job"),
+    ],
+)
+def test_path_jobs(remaining: list[float], gpus: int, on_path: list[bool]) -> None:
+    jobs = [
+        replace(plan_job(f"j{i}", [0.0, 1.0]), remaining=(r, r - ROUND))
+        for i, r in enumerate(remaining)
+    ]
+    problem = build_problem(jobs, gpus, PlannerParams(rounds=4), ROUND)
+    held = path_jobs(problem, 0.75, ROUND)
+    assert [i in held for i in range(len(jobs))] == on_path
 
 
 @pytest.mark.xfail(
