@@ -76,6 +76,7 @@ def install(directory: Path, delay_s: float = 0.0) -> None:
     """Wrap the policy lookup and snapshot loading of :mod:`solver_service.planning`."""
     from shockwave.policies.policy import get_policy as lookup
     from solver_service import planning
+    from store.snapshot import KnownSpecs
     from store.snapshot import load_snapshot as load
 
     versions: dict[int, int] = {}
@@ -91,8 +92,9 @@ def install(directory: Path, delay_s: float = 0.0) -> None:
         round_index: int,
         now: datetime,
         priority_classes: Mapping[str, float] | None = None,
+        known: KnownSpecs | None = None,
     ) -> tuple[Snapshot, int]:
-        snapshot, version = load(session, cluster_id, round_index, now, priority_classes)
+        snapshot, version = load(session, cluster_id, round_index, now, priority_classes, known)
         versions[os.getpid()] = version
         return snapshot, version
 
