@@ -228,12 +228,16 @@ class Snapshot:
         group = self.prior_groups.get(job_id)
         return self.population if group is None else self.priors.get(group, EMPTY_PRIOR)
 
-    def learns_apart(self, job_id: str) -> bool:
+    def learns_apart(self, job_id: str, shares: TenantMarket | None = None) -> bool:
         """Whether job ``job_id`` plans with a prior its tenant learns apart while other tenants
         share the cluster: it is in a learning group (``prior_groups``) and the round's market
         has more than one tenant (not :attr:`TenantMarket.single`). With one tenant, its prior
-        is the cluster's, as ``population`` is, and plans as the one prior does."""
-        return job_id in self.prior_groups and not self.market().single
+        is the cluster's, as ``population`` is, and plans as the one prior does. ``shares``:
+        the round's market where the caller holds it (:meth:`market` keys its memo by every
+        job's spec, so asking it once per job costs the square of the jobs)."""
+        if job_id not in self.prior_groups:
+            return False
+        return not (self.market() if shares is None else shares).single
 
     def learning_groups(self) -> list[tuple[PopulationPrior, tuple[ActiveJob, ...]]]:
         """The jobs that learn from one another, with their prior: one entry per group (in

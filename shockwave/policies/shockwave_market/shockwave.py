@@ -546,14 +546,19 @@ def _estimates(
 
 
 def _population_of(
-    snapshot: Snapshot, job_id: str, prior: PopulationPrior, params: ShockwaveParams
+    snapshot: Snapshot,
+    job_id: str,
+    prior: PopulationPrior,
+    params: ShockwaveParams,
+    shares: TenantMarket | None,
 ) -> PopulationParams:
     """The population predictor's knobs for job ``job_id``: where its tenant learns apart
     beside other tenants (:meth:`Snapshot.learns_apart`), shrunk towards the paper's rule by how
     many of the tenant's jobs have finished
     (:func:`shockwave.prediction.population_predictor.apart_params`); otherwise
-    ``params.population``, one prior for the cluster as before tenants."""
-    if snapshot.learns_apart(job_id):
+    ``params.population``, one prior for the cluster as before tenants. ``shares``: the round's
+    market (None: the snapshot's)."""
+    if snapshot.learns_apart(job_id, shares):
         return apart_params(params.population, prior.learnt)
     return params.population
 
@@ -616,6 +621,7 @@ class Shockwave:
                 speed,
                 shares.budgets[job.job_id],
                 None if shares.single else shares.contention[job.job_id],
+                shares,
             )
 
         active = frozenset(j.job_id for j in snapshot.jobs)
@@ -722,13 +728,15 @@ class Shockwave:
         speed: float = 1.0,
         budget: float | None = None,
         current_contention: float | None = None,
+        shares: TenantMarket | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
         job's reference type (on a typed cluster, the average GPU's:
         :func:`shockwave.market.heterogeneity.mean_speed`), dividing every time estimate.
         ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
-        own ``budget``."""
+        own ``budget``. ``shares``: that market, where the caller holds it (None: the
+        snapshot's, asked when the job's tenant learns apart)."""
         if rates is None:
             rates = rates_by_job(snapshot, params.throughput)[job.job_id]
         revealed = snapshot.revealed.get(job.job_id)
@@ -741,7 +749,7 @@ class Shockwave:
             # a job whose progress is as last round and whose prior and throughput model give
             # it the same answers predicts as it did then (_PredictionMemo)
             prior = snapshot.prior_of(job.job_id)
-            population = _population_of(snapshot, job.job_id, prior, params)
+            population = _population_of(snapshot, job.job_id, prior, params, shares)
             seen = _PREDICTIONS.get(
                 job,
                 params,
