@@ -79,8 +79,7 @@ def record_event(
     Conflict (fenced attempt, conflicting duplicate, finished job) or InvalidInput (an epoch
     beyond the job's length)."""
     require(principal, *REPORTERS)
-    row = jobs.visible_job(session, principal, job_id)
-    session.refresh(row, with_for_update=True)
+    row = jobs.locked_job(session, principal, job_id)
     _check_attempt(session, principal)
     payload = dict(event.payload)
     stored = _event_at(session, job_id, event.seq)
