@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, case, func, select, text, update
-from sqlmodel import Session, SQLModel
+from sqlmodel import Session, SQLModel, col
 
 from api.agent_schemas import (
     AgentPoll,
@@ -703,6 +703,20 @@ def _record_events(
     new scaling event bumps the cluster's version once for the poll."""
     answers = []
     scaled = False
+    recorded = sorted(
+        {
+            event.attempt_id
+            for event in events
+            if (row := attempts.get(event.attempt_id)) is not None
+            and row.node_id == node_id
+            and row.job_id not in busy
+        }
+    )
+    if recorded:
+        # their jobs are locked, so their leases read now are what each event's fence check
+        # reads: loaded into the session once for all, where that check finds them (one
+        # statement a poll instead of one an event)
+        session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
