@@ -421,9 +421,10 @@ class Launch(NamedTuple):
 
 class _Launches:
     """Each job's :class:`Launch`, read from the database once per process (at most
-    :data:`LAUNCHES_KEPT` jobs kept; the oldest forgotten first): a node's lease answer, read
-    every poll, then carries only what changes (its JSON fields were a third of an idle
-    poll's CPU)."""
+    :data:`LAUNCHES_KEPT` jobs kept; the oldest forgotten first; a job's id, a random UUID, is
+    never another job's): a node's lease answer, read every poll, then carries only what
+    changes (decoding and copying these JSON fields was about a quarter of an idle poll's
+    CPU with 8 leases)."""
 
     def __init__(self, kept: int) -> None:
         self._kept = kept
