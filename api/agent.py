@@ -9,13 +9,14 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, case, select, text, update
-from sqlmodel import Session, SQLModel
+from sqlalchemy import Connection, bindparam, case, func, select, text, update
+from sqlmodel import Session, SQLModel, col
 
 from api.agent_schemas import (
     AgentPoll,
@@ -100,31 +101,76 @@ _BEAT_ROUND = select(_BEATEN.c.id, _BEATEN.c.state, _BEATEN.c.gpus, *_ROUND).sel
 )
 """A READY node's heartbeat and the cluster's round in one round trip (Postgres: SQLite has
 no ``UPDATE`` in a ``WITH``); no row when the node is unknown or LOST."""
-_NODE_LEASES = (
-    select(
-        LEASES.c.id,
-        LEASES.c.round_index,
-        LEASES.c.gpus,
-        LEASES.c.state,
-        LEASES.c.ends_at,
-        LEASES.c.began_at,
-        LEASES.c.issued_at,
-        JOBS.c.id.label("job_id"),
-        JOBS.c.state.label("job_state"),
-        JOBS.c.batch_size,
-        JOBS.c.command,
-        JOBS.c.image,
-        JOBS.c.env,
+_LEASE_COLUMNS = (
+    LEASES.c.id,
+    LEASES.c.round_index,
+    LEASES.c.gpus,
+    LEASES.c.state,
+    LEASES.c.ends_at,
+    LEASES.c.began_at,
+    LEASES.c.issued_at,
+    JOBS.c.id.label("job_id"),
+    JOBS.c.state.label("job_state"),
+    JOBS.c.batch_size,
+)
+"""What a node's lease answer reads of each lease and its job each time: the job's launch
+fields (command, image, env) never change, and each process reads them once a job
+(:class:`_Launches`)."""
+
+
+def _shown(since: Any) -> Any:
+    """The leases a node is shown: live ones, and those revoked or lost since round ``since``."""
+    return LEASES.c.state.in_(LIVE_LEASES) | (
+        LEASES.c.state.in_(TAKEN_BACK) & (LEASES.c.round_index >= since)
     )
+
+
+_NODE_LEASES = (
+    select(*_LEASE_COLUMNS)
     .join(JOBS, JOBS.c.id == LEASES.c.job_id)
     .where(LEASES.c.node_id == bindparam("node"))
-    .where(
-        LEASES.c.state.in_(LIVE_LEASES)
-        | (LEASES.c.state.in_(TAKEN_BACK) & (LEASES.c.round_index >= bindparam("since")))
-    )
+    .where(_shown(bindparam("since")))
     .order_by(LEASES.c.round_index, LEASES.c.id)
 )
 """A node's live leases with their jobs, and its attempts revoked or lost since a round."""
+
+
+def _node_view(node: Any) -> Any:
+    """``node`` (the ``nodes`` table, or the heartbeat's ``UPDATE ... RETURNING``) with the
+    cluster's round and the node's leases as :data:`_NODE_LEASES` reads them, in one
+    statement: a row per lease, or one row with NULL lease columns for a node without any;
+    no row when ``node`` has none (unknown, or the heartbeat's node not READY)."""
+    since = func.coalesce(CLUSTERS.c.current_round, -1) - STOP_ROUNDS
+    return (
+        select(
+            node.c.id.label("node_id"),
+            node.c.state.label("node_state"),
+            node.c.gpus.label("node_gpus"),
+            *_ROUND,
+            *_LEASE_COLUMNS,
+        )
+        .select_from(
+            node.outerjoin(CLUSTERS, CLUSTERS.c.id == CLUSTER)
+            .outerjoin(LEASES, (LEASES.c.node_id == node.c.id) & _shown(since))
+            .outerjoin(JOBS, JOBS.c.id == LEASES.c.job_id)
+        )
+        .where(node.c.id == bindparam("node"))
+        .order_by(LEASES.c.round_index, LEASES.c.id)
+    )
+
+
+_VIEW = _node_view(NODES)
+"""A node's view (:func:`_node_view`) without a heartbeat."""
+_BEAT_VIEW = _node_view(_BEAT.cte("beat")).add_columns(
+    func.set_config("synchronous_commit", "off", True).label("async_commit")
+)
+"""A READY node's heartbeat and its view in one round trip (Postgres: SQLite has no
+``UPDATE`` in a ``WITH``), its transaction set not to wait for the WAL's flush at commit
+(:func:`_commit_contact`: it wrote a heartbeat only; a poll that goes on to write more rolls
+it back first)."""
+_LAUNCH = select(JOBS.c.id, JOBS.c.command, JOBS.c.image, JOBS.c.env).where(
+    JOBS.c.id.in_(bindparam("ids", expanding=True))
+)
 JOB_EVENTS = SQLModel.metadata.tables["job_events"]
 _LOCK_JOBS = (
     select(JOBS.c.id, JOBS.c.state)
@@ -182,10 +228,12 @@ _ATTEMPTS = (
 )
 """Several attempts as :data:`_ATTEMPT` reads one, with their ids: one read for a poll's
 reports, however many."""
+_NOT_RUNNING = (LeaseState.ISSUED, LeaseState.STARTED)
+"""Live leases whose attempt has not been acknowledged as running yet."""
 _FRESH = select(LEASES.c.id, LEASES.c.job_id).where(
     LEASES.c.id.in_(bindparam("ids", expanding=True)),
     LEASES.c.node_id == bindparam("node"),
-    LEASES.c.state.in_((LeaseState.ISSUED, LeaseState.STARTED)),
+    LEASES.c.state.in_(_NOT_RUNNING),
 )
 """The node's leases among ``ids`` that are live and not RUNNING yet (read without locks)."""
 
@@ -339,11 +387,18 @@ def _leases_of(
 ) -> NodeLeases:
     since = round_.current - STOP_ROUNDS
     rows = connection.execute(_NODE_LEASES, {"node": node_id, "since": since}).all()
-    leases = [
-        _lease_public(row, node_id)
-        for row in rows
-        if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
+    return _answer_leases(connection, node_id, round_, rows, running)
+
+
+def _answer_leases(
+    connection: Connection, node_id: str, round_: Round, rows: Sequence[Any], running: list[str]
+) -> NodeLeases:
+    """The node's answer from its lease ``rows`` (:data:`_LEASE_COLUMNS`)."""
+    shown = [
+        row for row in rows if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
     ]
+    launches = LAUNCHES.of(connection, [row.job_id for row in shown])
+    leases = [_lease_public(row, node_id, launches[row.job_id]) for row in shown]
     live = {lease.attempt_id for lease in leases}
     stop = {row.id for row in rows if row.id not in live}
     stop.update(attempt for attempt in running if attempt not in live)
@@ -354,6 +409,52 @@ def _leases_of(
         leases=leases,
         stop=sorted(stop),
     )
+
+
+class Launch(NamedTuple):
+    """A job's launch fields, which never change once it is submitted."""
+
+    command: tuple[str, ...]
+    image: str | None
+    env: dict[str, str]
+
+
+class _Launches:
+    """Each job's :class:`Launch`, read from the database once per process (at most
+    :data:`LAUNCHES_KEPT` jobs kept; the oldest forgotten first; a job's id, a random UUID, is
+    never another job's): a node's lease answer, read every poll, then carries only what
+    changes (decoding and copying these JSON fields was about a quarter of an idle poll's
+    CPU with 8 leases)."""
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._launches: dict[str, Launch] = {}
+        self._lock = threading.Lock()
+
+    def of(self, connection: Connection, job_ids: Sequence[str]) -> dict[str, Launch]:
+        """The launches of ``job_ids``, reading those this process does not know yet."""
+        known = self._launches
+        found = {job: launch for job in job_ids if (launch := known.get(job)) is not None}
+        missing = sorted(set(job_ids) - found.keys())
+        if not missing:
+            return found
+        read = {
+            row.id: Launch(
+                tuple(str(arg) for arg in row.command),
+                row.image,
+                {str(k): str(v) for k, v in (row.env or {}).items()},
+            )
+            for row in connection.execute(_LAUNCH, {"ids": missing})
+        }
+        with self._lock:
+            known.update(read)
+            while len(known) > self._kept:
+                del known[next(iter(known))]
+        return {**found, **read}
+
+
+LAUNCHES_KEPT = 65536
+LAUNCHES = _Launches(LAUNCHES_KEPT)
 
 
 def poll(
@@ -384,11 +485,19 @@ def poll(
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
-    fall from a few per lease to two per node (docs/reliability.md, "Load"). Agents that run
-    many attempts and are told nothing new pay for steps 3 and 4 only: on Postgres one
-    ``UPDATE ... RETURNING`` joined to the cluster's round, one read of the leases, one
-    commit. Reports on unknown attempts cost one read for all of them.
+    fall from a few per lease to two per node (docs/reliability.md, "Load"). A poll that says
+    nothing and starts nothing (:func:`_quiet_poll`: an idle node's, and each re-read of a held
+    long poll) is one statement and a commit: on Postgres its heartbeat, the node, the
+    cluster's round and its leases in one ``UPDATE ... RETURNING`` joined to the reads, each
+    job's launch fields read once per process. Reports on unknown attempts cost one read for
+    all of them.
     """
+    now = arrived or utcnow()
+    if not (data.reports or data.events or data.logs):
+        quiet = _quiet_poll(session, node_id, data, now)
+        if quiet is not None:
+            return quiet
+        session.rollback()  # the full path takes its locks in the order above
     connection = session.connection()
     known = connection.execute(_NODE_ROUND, {"node": node_id}).first()
     if known is None:
@@ -426,7 +535,6 @@ def poll(
     connection = session.connection()
     if data.logs:
         _store_logs(connection, node_id, data.logs)
-    now = arrived or utcnow()
     node = None
     if data.heartbeat and connection.dialect.name == "postgresql":
         node = connection.execute(_BEAT_ROUND, {"node": node_id, "now": now}).first()
@@ -450,19 +558,75 @@ def poll(
             for attempt, lease in starting.items()
             if attempt not in held
         }
-    if not (locking - busy or tokens) and connection.dialect.name == "postgresql":
-        # it wrote a heartbeat and log tails at most: nothing an agent acts on, so the commit
-        # need not wait for the WAL's flush (a database crash may forget the last fraction
-        # of a second of such contacts; never a report, an event, a start or a token)
-        connection.execute(_ASYNC_COMMIT)
+    if not (locking - busy or tokens):
+        _commit_contact(session)
+    else:
+        session.commit()
+    return _poll_answer(found, node.state, round_, reports, events, tokens)
+
+
+def _quiet_poll(
+    session: Session, node_id: str, data: AgentPoll, now: datetime
+) -> PollAnswer | None:
+    """A poll that says nothing (no reports, events or log tails), in one statement when
+    nothing is new for the agent to start: its heartbeat (when asked), the node, the cluster's
+    round and the node's leases (:func:`_node_view`), then a commit that does not wait for
+    the WAL's flush. The answer, committed; None, nothing committed, when the agent must be
+    told of a start (a lease it runs is not RUNNING yet, or it needs a token): that takes
+    :func:`poll`'s full path."""
+    connection = session.connection()
+    if data.heartbeat and connection.dialect.name == "postgresql":
+        rows = connection.execute(_BEAT_VIEW, {"node": node_id, "now": now}).all()
+    else:
+        rows = []
+    revived = not rows and data.heartbeat
+    if revived:
+        _revive(session, node_id, now)  # not READY, or SQLite: the slow path
+        connection = session.connection()
+    if not rows:
+        rows = connection.execute(_VIEW, {"node": node_id}).all()
+    if not rows:
+        raise NotFound(f"no node {node_id}: register it first")
+    running = set(data.running)
+    leases = [row for row in rows if row.id is not None]
+    if any(row.id in running and row.state in _NOT_RUNNING for row in leases):
+        return None
+    round_ = _as_round(rows[0])
+    found = _answer_leases(connection, node_id, round_, leases, data.running)
+    if data.tokens and any(lease.attempt_id not in running for lease in found.leases):
+        return None
+    if revived:
+        _commit_contact(session)
+    else:
+        session.commit()  # a heartbeat set to commit without the WAL's flush, or a read
+    return _poll_answer(found, rows[0].node_state, round_, [], [], {})
+
+
+def _commit_contact(session: Session) -> None:
+    """Commit a poll that wrote a heartbeat and log tails at most: nothing an agent acts on,
+    so on Postgres the commit need not wait for the WAL's flush (a database crash may forget
+    the last fraction of a second of such contacts; never a report, an event, a start or a
+    token)."""
+    if session.connection().dialect.name == "postgresql":
+        session.connection().execute(_ASYNC_COMMIT)
     session.commit()
+
+
+def _poll_answer(
+    found: NodeLeases,
+    node_state: str,
+    round_: Round,
+    reports: list[ReportAnswer],
+    events: list[EventAnswer],
+    tokens: dict[str, str],
+) -> PollAnswer:
     return PollAnswer(
-        node=node_id,
+        node=found.node,
         current_round=round_.current,
         round_ends_at=round_.ends_at,
         leases=found.leases,
         stop=found.stop,
-        node_state=NodeState(node.state),
+        node_state=NodeState(node_state),
         state_version=round_.version,
         reports=reports,
         events=events,
@@ -540,6 +704,20 @@ def _record_events(
     new scaling event bumps the cluster's version once for the poll."""
     answers = []
     scaled = False
+    recorded = sorted(
+        {
+            event.attempt_id
+            for event in events
+            if (row := attempts.get(event.attempt_id)) is not None
+            and row.node_id == node_id
+            and row.job_id not in busy
+        }
+    )
+    if recorded:
+        # their jobs are locked, so their leases read now are what each event's fence check
+        # reads: loaded into the session once for all, where that check finds them (one
+        # statement a poll instead of one an event)
+        session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
@@ -826,8 +1004,9 @@ def _finish(session: Session, job: JobRow, target: JobState, reason: str, attemp
     cluster_version.bump_and_request(session, f"job {job.id} {target.value.lower()}")
 
 
-def _lease_public(row: Any, node_id: str) -> LeasePublic:
-    """A lease as its agent sees it, from a row of :func:`node_leases`' query."""
+def _lease_public(row: Any, node_id: str, launch: Launch) -> LeasePublic:
+    """A lease as its agent sees it, from a row of :data:`_LEASE_COLUMNS` and its job's
+    launch fields."""
     directory = checkpoint_dir(row.job_id)
     gpus = [int(g) for g in row.gpus]
     return LeasePublic(
@@ -842,15 +1021,15 @@ def _lease_public(row: Any, node_id: str) -> LeasePublic:
         batch_size=row.batch_size,
         checkpoint_dir=directory,
         env={
-            **{str(k): str(v) for k, v in (row.env or {}).items()},
+            **launch.env,
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             "SHOCKWAVE_JOB_ID": row.job_id,
             "SHOCKWAVE_ATTEMPT_ID": row.id,
             "SHOCKWAVE_BATCH_SIZE": str(row.batch_size),
             "SHOCKWAVE_CHECKPOINT_DIR": directory,
         },
-        command=list(row.command),
-        image=row.image,
+        command=list(launch.command),
+        image=launch.image,
     )
 
 

@@ -3,6 +3,7 @@
 Usage::
 
     python -m bench.request_cost [--requests 200] [--postgres postgresql://...] [--json OUT]
+        [--tree DIR]
 
 Why: the load test (bench/load.py) asks whether 2 API processes on a 2-core machine can serve
 256 agents contacting every 2 s (a heartbeat and a lease poll each: about 256 requests/s). That
@@ -11,11 +12,18 @@ sends one request at a time to one ``shockwave api`` on a throwaway, migrated Po
 database, and the server process's own CPU time (user + system, from /proc) is divided by the
 number of requests. Reported per endpoint: server CPU ms per request and client-side wall ms.
 The capacity the figures imply (requests/s one core can serve) is printed beside them.
+
+The agent's node has 8 GPUs and, after the first rows, 8 running one-GPU leases (a round
+started in this process with the round driver's own code): what an idle node of a busy cluster
+sends most (a poll that says nothing new; a held long poll's re-read, without a heartbeat) and
+what a node whose jobs report their progress sends (8 progress events in one poll, each new).
+``--tree DIR`` runs the API from another copy of the project (before/after comparisons).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -40,6 +48,30 @@ from bench.load import (
 from shockwave_cli.runtime.supervision import free_port, group_cpu_seconds
 
 WARMUP = 10
+GPUS = 8
+"""The agent's node's GPUs, and the one-GPU jobs leased on it."""
+
+
+def run_a_round(database_url: str) -> list[str]:
+    """Start a round with the round driver's code (no plan: first in, first out) and return
+    the attempts it leased."""
+    from sqlmodel import Session
+
+    from solver_service.leases import start_round
+    from store.cluster_version import ensure_cluster
+    from store.db import make_engine
+
+    engine = make_engine(database_url)
+    try:
+        with Session(engine) as session:
+            ensure_cluster(session)
+            session.commit()
+            start_round(session, "default", time.time())
+        with engine.connect() as connection:
+            rows = connection.exec_driver_sql("SELECT id FROM leases ORDER BY id").all()
+        return [str(row[0]) for row in rows]
+    finally:
+        engine.dispose()
 
 
 def process_cpu_s(pid: int) -> float:
@@ -70,6 +102,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="an existing database to connect to while creating and dropping the bench's own",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--tree", type=Path, default=None, help="run the API from this copy of the project"
+    )
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be at least 1")
@@ -86,16 +121,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shockwave-cost-")))
         # One client sends hundreds of requests a second on one token: no rate limit here.
         env = service_env(
-            database_url, "redis://127.0.0.1:6379/15", None, SHOCKWAVE_RATE_LIMIT_PER_S="0"
+            database_url, "redis://127.0.0.1:6379/15", args.tree, SHOCKWAVE_RATE_LIMIT_PER_S="0"
         )
         port = free_port()
-        server = stack.enter_context(started("api", api_argv(port, []), env, logs, None))
+        server = stack.enter_context(started("api", api_argv(port, []), env, logs, args.tree))
         base = f"http://{HOST}:{port}"
         wait_ready(base, server)
         client = stack.enter_context(httpx.Client(base_url=base, timeout=10.0))
         agent = {"Authorization": f"Bearer {tokens.agents[0][1]}"}
         user = {"Authorization": f"Bearer {tokens.user}"}
-        client.post("/v1/agent/register", json={"gpus": 4, "hostname": "h"}, headers=agent)
+        client.post("/v1/agent/register", json={"gpus": GPUS, "hostname": "h"}, headers=agent)
         job = {
             "name": "cost",
             "gpus": 1,
@@ -103,6 +138,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             "samples_per_epoch": 1000,
             "initial_batch_size": 32,
         }
+        long_job = {**job, "epochs": 100_000}
+        for _ in range(GPUS):
+            client.post("/v1/jobs", json=long_job, headers=user).raise_for_status()
+        attempts = run_a_round(database_url)
+        acknowledged = client.post("/v1/agent/poll", json={"running": attempts}, headers=agent)
+        acknowledged.raise_for_status()
+        seq = itertools.count(1)
+
+        def progress() -> list[dict[str, object]]:
+            step = next(seq)
+            return [
+                {
+                    "attempt_id": attempt,
+                    "seq": step,
+                    "kind": "progress",
+                    "epoch": 1 + step % 1000,
+                    "samples": 1000,
+                    "seconds": 1.0,
+                    "batch_size": 32,
+                }
+                for attempt in attempts
+            ]
+
         ghosts = [
             {"attempt_id": f"0b5c3a4e-0000-4000-8000-{i:012d}", "state": "checkpointed"}
             for i in range(8)
@@ -122,6 +180,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             (
                 "POST /v1/agent/poll (8 reports on unknown attempts)",
                 lambda: client.post("/v1/agent/poll", json={"reports": ghosts}, headers=agent),
+            ),
+            (
+                f"POST /v1/agent/poll ({GPUS} running leases, nothing new)",
+                lambda: client.post("/v1/agent/poll", json={"running": attempts}, headers=agent),
+            ),
+            (
+                f"POST /v1/agent/poll ({GPUS} running leases, a held poll's re-read)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"running": attempts, "heartbeat": False},
+                    headers=agent,
+                ),
+            ),
+            (
+                f"POST /v1/agent/poll ({GPUS} running leases, {GPUS} progress events)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"running": attempts, "events": progress()},
+                    headers=agent,
+                ),
             ),
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),

@@ -60,7 +60,7 @@ from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan, newest_plan
-from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, gpu_layout
+from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, free_gpus, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
 _T = TypeVar("_T")
@@ -318,19 +318,11 @@ def fill_round(
 
 def _any_gpu_free(session: Session) -> bool:
     """Whether a READY node has a GPU that no live lease holds and no revoked attempt still
-    uses, read without locks: a fill can start nothing on a cluster that has none (at scale,
-    the common case), so it then locks no job. Every change that frees a GPU commits before
-    the version bump that asks for the fill, so this read sees it."""
-    layout = gpu_layout(session)
-    if layout is None:
-        return False
-    used = session.execute(
-        sa_select(col(LeaseRow.node_id), col(LeaseRow.gpus)).where(
-            col(LeaseRow.state).in_((*LIVE_LEASES, LeaseState.REVOKED))
-        )
-    ).all()
-    taken = {g for node_id, gpus in used for g in layout.global_gpus(node_id, gpus)}
-    return len(taken) < layout.cluster.total_gpus
+    uses (:func:`store.snapshot.free_gpus`: one aggregate), read without locks: a fill can
+    start nothing on a cluster that has none (at scale, the common case), so it then locks no
+    job. Every change that frees a GPU commits before the version bump that asks for the
+    fill, so this read sees it."""
+    return free_gpus(session) > 0
 
 
 def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:

@@ -79,11 +79,12 @@ def record_event(
     Conflict (fenced attempt, conflicting duplicate, finished job) or InvalidInput (an epoch
     beyond the job's length)."""
     require(principal, *REPORTERS)
-    row = jobs.visible_job(session, principal, job_id)
-    session.refresh(row, with_for_update=True)
+    row = jobs.locked_job(session, principal, job_id)
     _check_attempt(session, principal)
     payload = dict(event.payload)
-    stored = _event_at(session, job_id, event.seq)
+    # every event stored for the job was folded into its row in the same transaction, so an
+    # event past the row's last seq is new: only one at or below it may be a duplicate
+    stored = _event_at(session, job_id, event.seq) if event.seq <= (row.last_seq or 0) else None
     if stored is not None:
         return 200, _same_or_conflict(stored, event.kind, payload)
     if JobState(row.state).terminal:

@@ -259,6 +259,23 @@ def visible_job(session: Session, principal: Principal, job_id: str) -> JobRow:
     return row
 
 
+def locked_job(session: Session, principal: Principal, job_id: str) -> JobRow:
+    """:func:`visible_job`, its row read again under a lock (``FOR UPDATE``). A caller whose
+    sight of a job does not depend on its row (an admin; a job's token, which sees its own job
+    only) reads it once, locked; a user reads it unlocked first, so another tenant's job is a
+    404 that never waits for the job's lock."""
+    if principal.role is Role.USER:
+        seen = visible_job(session, principal, job_id)
+        session.refresh(seen, with_for_update=True)
+        return seen
+    if principal.role is Role.JOB and principal.job_id != job_id:
+        raise NotFound(f"no job {job_id}")
+    row = session.get(JobRow, job_id, with_for_update=True, populate_existing=True)
+    if row is None or not _sees(principal, row):
+        raise NotFound(f"no job {job_id}")
+    return row
+
+
 def _sees(principal: Principal, row: JobRow) -> bool:
     if principal.role is Role.ADMIN:
         return True

@@ -110,9 +110,7 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
     if row.expires_at is not None and row.expires_at <= now:
         return None
     fenced = None if row.attempt_id is None else fenced_reason(session, row.attempt_id)
-    session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
-    session.commit()
-    return Principal(
+    principal = Principal(
         role=Role(row.role),
         key=f"token:{row.id}",
         tenant=row.tenant,
@@ -122,6 +120,10 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
         expires_at=row.expires_at,
         fenced=fenced,
     )
+    # built before the commit, which expires the row: reading it after cost a second query
+    session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
+    session.commit()
+    return principal
 
 
 def attempts_with_tokens(session: Session, attempt_ids: Sequence[str]) -> set[str]:

@@ -5,7 +5,9 @@ leaves the active set."""
 
 from __future__ import annotations
 
+import uuid
 from contextlib import ExitStack
+from datetime import UTC, datetime
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,7 +15,8 @@ from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from solver_service import leases as round_leases
-from store.tables import JobEventRow, JobRow, LeaseRow
+from store.snapshot import free_gpus, gpu_layout
+from store.tables import JobEventRow, JobRow, LeaseRow, NodeRow
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import Database, Tokens
 from tests.integration.driving import (
@@ -145,3 +148,54 @@ def test_a_fill_on_a_cluster_with_no_gpu_free_locks_no_job(
         assert waiting not in {lease.job_id for lease in leases(database)}
         assert not driver.step(t0 + ROUND_S * 0.1), "nothing to start: the fill does nothing"
         assert driver.last_fill is None
+
+
+def test_free_gpus_counts_each_ready_gpu_once_as_the_layout_lays_them_out(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The driver's "is any GPU free" aggregate: a READY node's GPUs are what it reports,
+    never more than approved; a GPU a live lease and a revoked attempt share counts once; a
+    finished attempt, a lease off a READY node and a local index past the node's width hold
+    nothing. It agrees with the GPU layout and the leases read in Python."""
+    register(client, tokens.agent, gpus=8)  # approved for 64: 8 GPUs
+    register(client, agent_token(database, "node-2", approved=4), gpus=4)
+    register(client, agent_token(database, "node-3"), gpus=4)
+    job = submit(client, tokens.admin, gpus=1, name="j")
+    stamp = datetime.now(UTC)
+    held = [
+        ("node-1", [0, 1], "RUNNING"),
+        ("node-1", [1, 2], "REVOKED"),
+        ("node-1", [5], "EXITED"),
+        ("node-2", [3, 5], "ISSUED"),
+        ("node-3", [0, 1, 2, 3], "RUNNING"),
+    ]
+    with Session(database.engine) as session:
+        for node, gpus, state in held:
+            session.add(
+                LeaseRow(
+                    id=str(uuid.uuid4()),
+                    job_id=job,
+                    node_id=node,
+                    round_index=0,
+                    gpus=gpus,
+                    state=state,
+                    issued_at=stamp,
+                    ends_at=stamp,
+                )
+            )
+        session.commit()
+        assert free_gpus(session) == 8 + 4 + 4 - 3 - 1 - 4
+        lost = session.get(NodeRow, "node-3")
+        assert lost is not None
+        lost.state = "LOST"
+        session.add(lost)
+        session.commit()
+        layout = gpu_layout(session)
+        assert layout is not None
+        used = {
+            g
+            for lease in session.exec(select(LeaseRow)).all()
+            if lease.state in ("ISSUED", "STARTED", "RUNNING", "REVOKED")
+            for g in layout.global_gpus(lease.node_id, lease.gpus)
+        }
+        assert free_gpus(session) == layout.cluster.total_gpus - len(used) == 8 + 4 - 3 - 1
