@@ -20,7 +20,7 @@ paper's prior, and the job's own observations update it the restatement way:
    only their own (mode, model, initial size) group: their declared list is their own.
    A GNS job reads its model's templates the way GNS behaves: where a finished job
    of its model has grown from a batch size, a shorter template that ended there was censored
-   (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
+   (it ended before it could climb: :func:`_censored`), and the static pseudo-template is
    dropped (weight ``grown_static_weight``) while the job is at such a size.
 2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
    job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
@@ -61,7 +61,7 @@ import numpy.typing as npt
 
 from shockwave.domain.memo import IdentityMemo
 from shockwave.domain.model import AdaptationMode
-from shockwave.domain.population import TOP, EMPTY_PRIOR, PopulationPrior, Template, ladder_of
+from shockwave.domain.population import EMPTY_PRIOR, TOP, PopulationPrior, Template, ladder_of
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.prediction.predictor import (
     PredictedRegime,
@@ -447,7 +447,7 @@ def _from_templates(
 
 @dataclass(frozen=True, slots=True)
 class _Censoring:
-    """What a GNS job needs to read a shorter template as censored (:func:`_replayed`): its
+    """What a GNS job needs to read a shorter template as censored (:func:`_censored`): its
     ``epochs``, the ``climb`` of batch sizes it goes up
     (:func:`shockwave.prediction.predictor.gns_ladder`) and the batch sizes its model has been seen
     to grow from (``grown_from``: a finished job of its model left each of them for a larger
@@ -537,7 +537,7 @@ def _blocks(
     censoring: _Censoring | None = None,
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_replayed`;
+    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_censored`;
     memoized: most groups outlive many priors)."""
     key = (id(group), initial, ladder, replay, censoring)
     cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
@@ -572,14 +572,15 @@ size: where :func:`shockwave.domain.population.size_of` places a symbol."""
 
 @functools.lru_cache(maxsize=1024)
 def _rungs(initial: int, ladder: tuple[int, ...]) -> _Rungs:
+    """A job's :data:`_Rungs` from its initial size and ladder."""
     sizes = tuple(sorted({*ladder, initial}))
     return sizes, sizes.index(initial)
 
 
 def _replay_on(template: Template, rungs: _Rungs) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The template's regimes on the ladder ``rungs``, regimes that land on one size merged
-    (:func:`_replayed` without censoring; memoized per template, which a group keeps while
-    it stays among its most recent)."""
+    """The template's regimes on the ladder ``rungs``, regimes that land on one size merged,
+    before any censoring (:func:`_censored`); memoized per template, which a group keeps
+    while it stays among its most recent."""
     key = (id(template), rungs)
     hit = _REPLAYS.get(key)
     if hit is not None and hit[0] is template:
@@ -610,13 +611,14 @@ _REPLAYS_LIMIT = 200_000
 _REPLAYS_LOCK = threading.Lock()
 
 
-def _replayed(
+def _censored(
     template: Template,
-    initial: int,
-    ladder: Sequence[int],
-    censoring: _Censoring | None = None,
+    sizes: tuple[int, ...],
+    lengths: tuple[float, ...],
+    censoring: _Censoring | None,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The template's regimes on another job's ladder, regimes that land on one size merged.
+    """The template's regimes on another job's ladder (``sizes`` and ``lengths``, as
+    :func:`_replay_on` replays them), continued per ``censoring`` where it was censored.
 
     ``censoring`` (a GNS job of E epochs): a GNS job's batch size grows with its gradient noise
     scale, which grows as it trains, so a template of E' < E epochs that ended below its largest
@@ -628,18 +630,6 @@ def _replayed(
     largest size, or stopped at a size its model never grew from: a model whose GNS jobs do not
     climb) replays in proportion.
     """
-    rungs = _rungs(initial, tuple(ladder))
-    return _censored(template, *_replay_on(template, rungs), censoring)
-
-
-def _censored(
-    template: Template,
-    sizes: tuple[int, ...],
-    lengths: tuple[float, ...],
-    censoring: _Censoring | None,
-) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The replayed ``sizes`` and ``lengths`` of ``template`` continued per ``censoring``
-    where it was censored (:func:`_replayed`), else as they are."""
     if (
         censoring is None
         or template.epochs >= censoring.epochs
