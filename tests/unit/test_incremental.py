@@ -235,10 +235,10 @@ def test_the_choice_among_survivors_is_the_choice_of_a_pool_of_them_alone(seed: 
     candidates = []
     for _ in range(int(rng.integers(2, 7))):
         future = futures[int(rng.integers(len(futures)))]
-        rows = int(rng.integers(1, 9))
-        raw = rng.uniform(0.05, 1.0, size=(rows, len(future) + 1))
+        count = int(rng.integers(1, 9))
+        raw = rng.uniform(0.05, 1.0, size=(count, len(future) + 1))
         shares = raw / raw.sum(axis=1, keepdims=True)
-        weights = rng.uniform(0.0, 1.0, size=rows)
+        weights = rng.uniform(0.0, 1.0, size=count)
         candidates.append(population_predictor._Candidates(future, weights, shares))
     pool = population_predictor._pool(candidates)
     for done_share in (0.0, 0.1, 0.3, 0.5, 0.8, 0.99):
@@ -246,10 +246,12 @@ def test_the_choice_among_survivors_is_the_choice_of_a_pool_of_them_alone(seed: 
         chosen = population_predictor._choose(pool, alive, 0.3, 1)
         kept = []
         for c in candidates:
-            rows = c.shares[:, 0] > done_share + 1e-9 if c.future else np.ones(len(c.weights), bool)
-            if rows.any():
+            left = c.shares[:, 0] > done_share + 1e-9
+            if not c.future:
+                left = np.ones(len(c.weights), dtype=bool)
+            if left.any():
                 kept.append(
-                    population_predictor._Candidates(c.future, c.weights[rows], c.shares[rows])
+                    population_predictor._Candidates(c.future, c.weights[left], c.shares[left])
                 )
         if not kept:
             continue
