@@ -20,7 +20,7 @@ paper's prior, and the job's own observations update it the restatement way:
    only their own (mode, model, initial size) group: their declared list is their own.
    A GNS job reads its model's templates the way GNS behaves: where a finished job
    of its model has grown from a batch size, a shorter template that ended there was censored
-   (it ended before it could climb: :func:`_replayed`), and the static pseudo-template is
+   (it ended before it could climb: :func:`_censored`), and the static pseudo-template is
    dropped (weight ``grown_static_weight``) while the job is at such a size.
 2. **Length kernel.** A template of a job of E' epochs weighs exp(-(ln(E / E') / h)^2 / 2) for a
    job of E epochs (h = ``length_bandwidth``): adaptation rules tied to epoch counts (a warm-up
@@ -61,7 +61,7 @@ import numpy.typing as npt
 
 from shockwave.domain.memo import IdentityMemo
 from shockwave.domain.model import AdaptationMode
-from shockwave.domain.population import EMPTY_PRIOR, PopulationPrior, Template, ladder_of, size_of
+from shockwave.domain.population import EMPTY_PRIOR, TOP, PopulationPrior, Template, ladder_of
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.prediction.predictor import (
     PredictedRegime,
@@ -221,22 +221,23 @@ def predict_staged(
             *_from_templates(job, groups, population, prefix, censoring),
             _from_paper(unrefined, population.prior_weight),
         )
-        cached = (candidates, _survival_thresholds(candidates))
+        pool = _pool(candidates)
+        cached = (pool, _survival_thresholds(pool))
         _CANDIDATES.put(key, groups, cached)
-    candidates, thresholds = cached
+    pool, thresholds = cached
     # which candidates survive depends only on how many thresholds done_share has passed
     passed = bisect.bisect_right(thresholds, done_share + _EPS)
     decision = _SURVIVORS.get((key, passed), groups)
     if decision is None:
-        alive = [a for c in candidates if (a := _surviving(c, done_share)) is not None]
+        alive = _surviving(pool, done_share)
         static = population.static_weight
         if censoring is not None and prefix[-1] in censoring.grown_from:
             static = population.grown_static_weight
-        alive.append(_Candidates((), np.array([static]), np.ones((1, 1))))
-        signature = (key, tuple(len(a.weights) for a in alive))
+        # the survivors are nested as done_share grows: their number names them
+        signature = (key, int(alive.sum()))
         decision = _DECISIONS.get(signature, groups)
         if decision is None:
-            decision = _choose(alive, len(observed))
+            decision = _choose(pool, alive, static, len(observed))
             _DECISIONS.put(signature, groups, decision)
         _SURVIVORS.put((key, passed), groups, decision)
     future, shares = decision
@@ -446,7 +447,7 @@ def _from_templates(
 
 @dataclass(frozen=True, slots=True)
 class _Censoring:
-    """What a GNS job needs to read a shorter template as censored (:func:`_replayed`): its
+    """What a GNS job needs to read a shorter template as censored (:func:`_censored`): its
     ``epochs``, the ``climb`` of batch sizes it goes up
     (:func:`shockwave.prediction.predictor.gns_ladder`) and the batch sizes its model has been seen
     to grow from (``grown_from``: a finished job of its model left each of them for a larger
@@ -536,20 +537,22 @@ def _blocks(
     censoring: _Censoring | None = None,
 ) -> tuple[_Block, ...]:
     """The group's templates as blocks of one batch-size sequence each, replayed on the job's
-    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_replayed`;
+    ladder when ``replay``, censored ones continued per ``censoring`` (:func:`_censored`;
     memoized: most groups outlive many priors)."""
     key = (id(group), initial, ladder, replay, censoring)
     cached: tuple[_Block, ...] | None = _BLOCKS.get(key, group)
     if cached is not None:
         return cached
     by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
-    for template in group:
-        sizes, lengths = (
-            _replayed(template, initial, ladder, censoring)
-            if replay
-            else (template.batch_sizes, tuple(float(x) for x in template.lengths))
-        )
-        by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
+    if replay:
+        rungs = _rungs(initial, ladder)
+        for template in group:
+            sizes, lengths = _censored(template, *_replay_on(template, rungs), censoring)
+            by_sizes.setdefault(sizes, []).append((template.epochs, lengths))
+    else:
+        for template in group:
+            lengths = tuple(float(x) for x in template.lengths)
+            by_sizes.setdefault(template.batch_sizes, []).append((template.epochs, lengths))
     blocks = tuple(
         _Block(
             sizes,
@@ -562,13 +565,60 @@ def _blocks(
     return blocks
 
 
-def _replayed(
+_Rungs = tuple[tuple[int, ...], int]
+"""A job's batch sizes ascending (its ladder and initial size) and the index of its initial
+size: where :func:`shockwave.domain.population.size_of` places a symbol."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _rungs(initial: int, ladder: tuple[int, ...]) -> _Rungs:
+    """A job's :data:`_Rungs` from its initial size and ladder."""
+    sizes = tuple(sorted({*ladder, initial}))
+    return sizes, sizes.index(initial)
+
+
+def _replay_on(template: Template, rungs: _Rungs) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The template's regimes on the ladder ``rungs``, regimes that land on one size merged,
+    before any censoring (:func:`_censored`); memoized per template, which a group keeps
+    while it stays among its most recent."""
+    key = (id(template), rungs)
+    hit = _REPLAYS.get(key)
+    if hit is not None and hit[0] is template:
+        return hit[1], hit[2]
+    ladder, base = rungs
+    top = len(ladder) - 1
+    sizes: list[int] = []
+    lengths: list[float] = []
+    for symbol, length in zip(template.symbols, template.lengths, strict=True):
+        size = ladder[-1] if symbol == TOP else ladder[min(max(base + symbol, 0), top)]
+        if sizes and sizes[-1] == size:
+            lengths[-1] += length
+        else:
+            sizes.append(size)
+            lengths.append(float(length))
+    replayed = (tuple(sizes), tuple(lengths))
+    with _REPLAYS_LOCK:
+        if len(_REPLAYS) >= _REPLAYS_LIMIT:
+            _REPLAYS.clear()
+        _REPLAYS[key] = (template, *replayed)
+    return replayed
+
+
+_REPLAYS: dict[tuple[int, _Rungs], tuple[Template, tuple[int, ...], tuple[float, ...]]] = {}
+"""Per (template, ladder): :func:`_replay_on`, with the template it was made from (an entry
+holds its template alive, so its id names no other while the entry stands)."""
+_REPLAYS_LIMIT = 200_000
+_REPLAYS_LOCK = threading.Lock()
+
+
+def _censored(
     template: Template,
-    initial: int,
-    ladder: Sequence[int],
-    censoring: _Censoring | None = None,
+    sizes: tuple[int, ...],
+    lengths: tuple[float, ...],
+    censoring: _Censoring | None,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The template's regimes on another job's ladder, regimes that land on one size merged.
+    """The template's regimes on another job's ladder (``sizes`` and ``lengths``, as
+    :func:`_replay_on` replays them), continued per ``censoring`` where it was censored.
 
     ``censoring`` (a GNS job of E epochs): a GNS job's batch size grows with its gradient noise
     scale, which grows as it trains, so a template of E' < E epochs that ended below its largest
@@ -580,51 +630,76 @@ def _replayed(
     largest size, or stopped at a size its model never grew from: a model whose GNS jobs do not
     climb) replays in proportion.
     """
-    sizes: list[int] = []
-    lengths: list[float] = []
-    for symbol, length in zip(template.symbols, template.lengths, strict=True):
-        size = size_of(symbol, initial, ladder)
-        if sizes and sizes[-1] == size:
-            lengths[-1] += length
-        else:
-            sizes.append(size)
-            lengths.append(float(length))
     if (
         censoring is None
         or template.epochs >= censoring.epochs
         or max(template.batch_sizes) not in censoring.grown_from
     ):
-        return tuple(sizes), tuple(lengths)
+        return sizes, lengths
     highest = max(sizes)
     above = [bs for bs in censoring.climb if bs > highest]
     if not above:
-        return tuple(sizes), tuple(lengths)
+        return sizes, lengths
     peak = len(sizes) - 1 - sizes[::-1].index(highest)
     share = (censoring.epochs - template.epochs) / (len(above) + 1)
-    lengths[peak] += share
+    grown = list(lengths)
+    grown[peak] += share
     return (
         (*sizes[: peak + 1], *above, *sizes[peak + 1 :]),
-        (*lengths[: peak + 1], *[share] * len(above), *lengths[peak + 1 :]),
+        (*grown[: peak + 1], *[share] * len(above), *grown[peak + 1 :]),
     )
 
 
-def _survival_thresholds(candidates: Sequence[_Candidates]) -> tuple[float, ...]:
-    """The ongoing regime's shares of every candidate that has a future, sorted: a candidate
-    survives while ``done_share + eps`` is below its share (:func:`_surviving`), so the
-    survivors are fixed by how many of these ``done_share + eps`` has reached."""
-    shares = {float(x) for c in candidates if c.future for x in c.shares[:, 0]}
-    return tuple(sorted(shares))
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """A job's candidates (:class:`_Candidates`, in order) as one row per template:
+    ``shares[i]`` zero-padded to the widest candidate, ``regimes[i]`` its candidate's number
+    of regimes, ``weights[i]``, ``ongoing[i]`` its ongoing regime's share (inf where its
+    candidate has no future: it survives to the end) and ``codes[i]`` the index of its
+    continuation in ``futures`` (distinct, by first appearance). The survivors at any
+    progress are then a mask of rows (:func:`_surviving`)."""
+
+    shares: FloatArray
+    regimes: FloatArray
+    weights: FloatArray
+    ongoing: FloatArray
+    codes: npt.NDArray[np.int64]
+    futures: tuple[tuple[int, ...], ...]
 
 
-def _surviving(candidates: _Candidates, done_share: float) -> _Candidates | None:
-    """The candidates whose ongoing regime outlasts what the job has run of it (all of them
-    when it is their last regime); None when none is left."""
-    if not candidates.future:
-        return candidates
-    alive = candidates.shares[:, 0] > done_share + _EPS
-    if not alive.any():
-        return None
-    return _Candidates(candidates.future, candidates.weights[alive], candidates.shares[alive])
+def _pool(candidates: Sequence[_Candidates]) -> _Pool:
+    """``candidates`` as a :class:`_Pool`."""
+    rows = sum(len(c.weights) for c in candidates)
+    shares = np.zeros((rows, max(c.shares.shape[1] for c in candidates)))
+    regimes = np.zeros(rows)
+    ongoing = np.empty(rows)
+    codes = np.empty(rows, dtype=np.int64)
+    futures: dict[tuple[int, ...], int] = {}
+    row = 0
+    for c in candidates:
+        count, width = c.shares.shape
+        shares[row : row + count, :width] = c.shares
+        regimes[row : row + count] = width
+        ongoing[row : row + count] = c.shares[:, 0] if c.future else np.inf
+        codes[row : row + count] = futures.setdefault(c.future, len(futures))
+        row += count
+    weights = np.concatenate([c.weights for c in candidates])
+    return _Pool(shares, regimes, weights, ongoing, codes, tuple(futures))
+
+
+def _survival_thresholds(pool: _Pool) -> tuple[float, ...]:
+    """The ongoing regime's shares of every candidate that has a future, sorted and distinct:
+    a candidate survives while ``done_share + eps`` is below its share (:func:`_surviving`),
+    so the survivors are fixed by how many of these ``done_share + eps`` has reached."""
+    shares: list[float] = np.unique(pool.ongoing[np.isfinite(pool.ongoing)]).tolist()
+    return tuple(shares)
+
+
+def _surviving(pool: _Pool, done_share: float) -> npt.NDArray[np.bool_]:
+    """Which rows of ``pool`` outlast what the job has run of its ongoing regime (all of a
+    candidate's when it is its last regime)."""
+    alive: npt.NDArray[np.bool_] = pool.ongoing > done_share + _EPS
+    return alive
 
 
 def _from_paper(paper: Prediction, weight: float) -> _Candidates:
@@ -639,35 +714,36 @@ def _from_paper(paper: Prediction, weight: float) -> _Candidates:
 
 
 def _choose(
-    candidates: Sequence[_Candidates], observed: int
+    pool: _Pool, alive: npt.NDArray[np.bool_], static: float, observed: int
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The continuation (batch sizes after the ongoing regime) and shares to predict.
 
-    Each distinct continuation proposes the weighted mean, and the weighted median, of the
-    shares of the candidates that follow it; the proposal with the least expected
-    regime-length error under all candidates' weights wins (the Bayes point estimate for that
-    loss). ``observed``: regimes the job has finished, which count in each candidate's number
-    of regimes but carry no error.
+    The candidates are the ``alive`` rows of ``pool`` and the static guess (no further
+    change) at weight ``static``, last. Each distinct continuation proposes the weighted mean,
+    and the weighted median, of the shares of the candidates that follow it; the proposal
+    with the least expected regime-length error under all candidates' weights wins (the
+    Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
+    count in each candidate's number of regimes but carry no error.
     """
-    width = max(c.shares.shape[1] for c in candidates)
-    total = sum(len(c.weights) for c in candidates)
+    index = np.flatnonzero(alive)
+    width = max(1, int(pool.regimes[index].max())) if index.size else 1
+    total = index.size + 1
     shares = np.zeros((total, width))
-    counts = np.zeros(total)
-    by_future: dict[tuple[int, ...], list[int]] = {}
-    row = 0
-    for c in candidates:
-        rows, regimes = c.shares.shape
-        shares[row : row + rows, :regimes] = c.shares
-        counts[row : row + rows] = regimes
-        by_future.setdefault(c.future, []).extend(range(row, row + rows))
-        row += rows
-    weights = np.concatenate([c.weights for c in candidates])
+    shares[:-1] = pool.shares[index, :width]
+    shares[-1, 0] = 1.0
+    counts = np.append(pool.regimes[index], 1.0)
+    weights = np.append(pool.weights[index], static)
+    futures = pool.futures
+    stay = futures.index(()) if () in futures else len(futures)
+    codes = np.append(pool.codes[index], stay)
     if weights.sum() <= 0:
         weights = np.ones(total)
     in_truth = np.arange(width)[None, :] < counts[:, None]
     per_regime = weights / (observed + counts) / weights.sum()
-    best: tuple[float, tuple[int, ...], FloatArray] | None = None
-    for future, rows in by_future.items():
+    best: tuple[float, int, FloatArray] | None = None
+    seen, first = np.unique(codes, return_index=True)
+    for code in seen[np.argsort(first)].tolist():
+        rows = np.flatnonzero(codes == code)
         w = weights[rows]
         if w.sum() <= 0:
             continue
@@ -676,10 +752,11 @@ def _choose(
             errors = (np.abs(shares - proposal[None, :]) * in_truth).sum(axis=1)
             loss = float(per_regime @ errors)
             if best is None or loss < best[0] - _EPS:
-                best = (loss, future, proposal)
+                best = (loss, code, proposal)
     if best is None:
         return (), (1.0,)
-    _, future, proposal = best
+    _, code, proposal = best
+    future = futures[code] if code < len(futures) else ()
     return future, tuple(float(x) for x in proposal[: len(future) + 1])
 
 

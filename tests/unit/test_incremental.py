@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from shockwave.domain.model import AdaptationMode, JobSpec, Regime
-from shockwave.domain.population import FinishedJob, PopulationPrior
+from shockwave.domain.population import TOP, FinishedJob, PopulationPrior, Template, size_of
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.market import planner
 from shockwave.market.planner import concave_slopes, concave_slopes_all
@@ -78,6 +78,7 @@ def _clear_prediction_memos() -> None:
         population_predictor._GROUPS_OF,
     ):
         identity.clear()
+    population_predictor._REPLAYS.clear()
 
 
 def test_another_models_finish_leaves_a_well_known_models_reads_and_prediction() -> None:
@@ -197,3 +198,63 @@ def test_a_running_jobs_reused_trajectory_is_the_fresh_prediction_at_every_step(
         assert got == fresh[0]
     # the trajectory was made again only where the job passed a switch point of a template
     assert 2 <= computed[0] <= 10
+
+
+@pytest.mark.parametrize(
+    ("initial", "ladder"),
+    [(32, (32, 64, 128, 256)), (64, (16, 32, 64, 128)), (16, (16, 32)), (128, (32, 64, 128))],
+)
+def test_a_templates_replay_on_a_ladder_follows_the_symbols_rule(
+    initial: int, ladder: tuple[int, ...]
+) -> None:
+    templates = [
+        Template(100, (32, 64, 256), (0, 1, TOP), (10, 30, 60)),
+        Template(40, (64, 32, 64), (0, -1, 0), (5, 5, 30)),
+        Template(70, (16, 32, 64, 128), (0, 1, 2, 3), (7, 14, 21, 28)),
+    ]
+    for template in templates:
+        rungs = population_predictor._rungs(initial, ladder)
+        expected: list[tuple[int, float]] = []
+        for symbol, length in zip(template.symbols, template.lengths, strict=True):
+            size = size_of(symbol, initial, ladder)
+            if expected and expected[-1][0] == size:
+                expected[-1] = (size, expected[-1][1] + length)
+            else:
+                expected.append((size, float(length)))
+        sizes = tuple(s for s, _ in expected)
+        lengths = tuple(length for _, length in expected)
+        assert population_predictor._replay_on(template, rungs) == (sizes, lengths)
+        # the second time from the memo, the same
+        assert population_predictor._replay_on(template, rungs) == (sizes, lengths)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_among_survivors_is_the_choice_of_a_pool_of_them_alone(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    futures = [(64,), (64, 128), (), (128,)]
+    candidates = []
+    for _ in range(int(rng.integers(2, 7))):
+        future = futures[int(rng.integers(len(futures)))]
+        count = int(rng.integers(1, 9))
+        raw = rng.uniform(0.05, 1.0, size=(count, len(future) + 1))
+        shares = raw / raw.sum(axis=1, keepdims=True)
+        weights = rng.uniform(0.0, 1.0, size=count)
+        candidates.append(population_predictor._Candidates(future, weights, shares))
+    pool = population_predictor._pool(candidates)
+    for done_share in (0.0, 0.1, 0.3, 0.5, 0.8, 0.99):
+        alive = population_predictor._surviving(pool, done_share)
+        chosen = population_predictor._choose(pool, alive, 0.3, 1)
+        kept = []
+        for c in candidates:
+            left = c.shares[:, 0] > done_share + 1e-9
+            if not c.future:
+                left = np.ones(len(c.weights), dtype=bool)
+            if left.any():
+                kept.append(
+                    population_predictor._Candidates(c.future, c.weights[left], c.shares[left])
+                )
+        if not kept:
+            continue
+        alone = population_predictor._pool(kept)
+        every = np.ones(len(alone.weights), dtype=bool)
+        assert chosen == population_predictor._choose(alone, every, 0.3, 1)
