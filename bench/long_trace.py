@@ -25,7 +25,6 @@ time, jobs finished, CPU seconds so far) to stderr, for runs without a terminal.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -48,6 +47,7 @@ from shockwave.simulation.metrics import summarize
 from shockwave.simulation.simulator import simulate
 from shockwave.workloads.trace_import import ImportOptions, import_job_log
 from shockwave.workloads.workload import Workload
+from shockwave_cli.collector import quiet_collector
 from shockwave_cli.commands.inputs import (
     InputError,
     load_throughputs,
@@ -67,17 +67,6 @@ def load(traces: Path, throughputs: Path, days: float) -> Workload:
     options = ImportOptions(seed=0, until=days * DAY_S, skip_bad_rows=True)
     # the log's clock starts at collection, the first job a little after; `until` is in it
     return import_job_log(text, str(path), load_throughputs(throughputs), options).workload
-
-
-def quiet_collector() -> None:
-    """Collect cycles rarely: a simulation of months allocates millions of short-lived
-    objects (views, predictions, plans) and keeps many long-lived ones (the workload, the
-    rounds' records, the policy's memos), which the collector's default thresholds traverse
-    again and again (13% of the CPU of the first 3,000 rounds of the 60 days); nothing in the
-    simulation depends on when garbage is collected. The workload, loaded, is frozen out of
-    every collection."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 def run(
@@ -180,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"long_trace: {error}")
         return 2
     cluster = Cluster.of_gpus(args.gpus, GPUS_PER_NODE)
-    quiet_collector()
     out.print(
         f"ITP cluster 4, first {args.days:g} days: {len(workload.jobs)} jobs on {args.gpus} GPUs"
         f" ({args.gpus // GPUS_PER_NODE} nodes x {GPUS_PER_NODE}); bound {args.bound_s:,.0f} s"
     )
-    figures = {name: run(workload, cluster, name, err, args.log_every) for name in names}
+    with quiet_collector():
+        figures = {name: run(workload, cluster, name, err, args.log_every) for name in names}
     headers = (
         "policy",
         "wall s",

@@ -54,6 +54,7 @@ from shockwave.workloads.throughput_knowledge import apply_knowledge
 from shockwave.workloads.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workloads.variation import apply_variation
 from shockwave.workloads.workload import Workload
+from shockwave_cli.collector import quiet_collector
 from shockwave_cli.commands import (
     knobs,
     tenant_options,
@@ -313,7 +314,8 @@ def simulate_command(
         + ("" if varied.none else f", variation {varied}"),
         soft_wrap=True,
     )
-    results = _run_all(workload, cluster, setups)
+    with quiet_collector():
+        results = _run_all(workload, cluster, setups)
     runs = [summarize(result) for result in results]
     if not console.is_terminal:
         console.width = max(console.width, 120)
