@@ -161,7 +161,7 @@ def _node_view(node: Any) -> Any:
 
 _VIEW = _node_view(NODES)
 """A node's view (:func:`_node_view`) without a heartbeat."""
-_BEAT_VIEW = _node_view(_BEAT.cte("beat")).add_columns(
+_BEAT_VIEW = _node_view(_BEATEN).add_columns(
     func.set_config("synchronous_commit", "off", True).label("async_commit")
 )
 """A READY node's heartbeat and its view in one round trip (Postgres: SQLite has no

@@ -146,6 +146,10 @@ _WIDTH = case(
 )
 """A READY node's GPUs as :class:`GpuLayout` counts them: what it reports, never more than
 approved."""
+_APPROVED = col(NodeApprovalRow.node_id) == col(NodeRow.id)
+"""A node joined to its operator's approval (a node without one is never laid out)."""
+_READY = col(NodeRow.state) == NodeState.READY
+"""The nodes the layout counts: READY ones (with :data:`_APPROVED`)."""
 
 
 def free_gpus(session: Session) -> int:
@@ -156,8 +160,8 @@ def free_gpus(session: Session) -> int:
     milliseconds at a thousand nodes."""
     ready = (
         sa_select(col(NodeRow.id).label("id"), _WIDTH.label("width"))
-        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
-        .where(col(NodeRow.state) == NodeState.READY)
+        .join(NodeApprovalRow, _APPROVED)
+        .where(_READY)
         .subquery("ready")
     )
     elements = (
@@ -195,8 +199,8 @@ def ready_gpus(session: Session) -> dict[str, int] | None:
             col(NodeRow.gpu_type),
             func.sum(_WIDTH),
         )
-        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
-        .where(col(NodeRow.state) == NodeState.READY)
+        .join(NodeApprovalRow, _APPROVED)
+        .where(_READY)
         .group_by(col(NodeRow.gpu_type))
     ).all()
     if not rows:
@@ -408,8 +412,8 @@ def gpu_layout(session: Session) -> GpuLayout | None:
     GPUs, never more than approved), or None when there is none."""
     nodes = session.exec(
         select(NodeRow, NodeApprovalRow)
-        .join(NodeApprovalRow, col(NodeApprovalRow.node_id) == col(NodeRow.id))
-        .where(NodeRow.state == NodeState.READY)
+        .join(NodeApprovalRow, _APPROVED)
+        .where(_READY)
         .order_by(col(NodeRow.id))
     ).all()
     if not nodes:
