@@ -724,6 +724,71 @@ def _choose(
     with the least expected regime-length error under all candidates' weights wins (the
     Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
     count in each candidate's number of regimes but carry no error.
+
+    Every proposal's errors are taken at once, a regime at a time over the candidates' rows
+    (:data:`_ROW_SUM_IN_ORDER` regimes at most: up to there a row's sum of its regimes adds
+    them in order, as numpy's row sum does), so that each loss is the one
+    :func:`_choose_each` computes proposal by proposal, to the float.
+    """
+    index = np.flatnonzero(alive)
+    width = max(1, int(pool.regimes[index].max())) if index.size else 1
+    total = index.size + 1
+    weights = np.append(pool.weights[index], static)
+    if width > _ROW_SUM_IN_ORDER or weights.sum() <= 0:
+        return _choose_each(pool, alive, static, observed)
+    shares = np.zeros((total, width))
+    shares[:-1] = pool.shares[index, :width]
+    shares[-1, 0] = 1.0
+    counts = np.append(pool.regimes[index], 1.0)
+    futures = pool.futures
+    stay = futures.index(()) if () in futures else len(futures)
+    codes = np.append(pool.codes[index], stay)
+    per_regime = weights / (observed + counts) / weights.sum()
+    made: list[tuple[int, FloatArray]] = []
+    seen, first = np.unique(codes, return_index=True)
+    for code in seen[np.argsort(first)].tolist():
+        rows = np.flatnonzero(codes == code)
+        w = weights[rows]
+        if w.sum() <= 0:
+            continue
+        members = shares[rows]
+        made.append((code, w @ members / w.sum()))
+        made.append((code, _weighted_median(members, w)))
+    if not made:
+        return (), (1.0,)
+    proposals = np.array([p for _, p in made])
+    columns = shares.T.copy()
+    errors = np.abs(columns[0][None, :] - proposals[:, :1])
+    for r in range(1, width):
+        # a candidate's regimes past its own number carry no error
+        errors = errors + np.abs(columns[r][None, :] - proposals[:, r : r + 1]) * (counts > r)
+    best: tuple[float, int, FloatArray] | None = None
+    for (code, proposal), error in zip(made, errors, strict=True):
+        loss = float(per_regime @ error)
+        if best is None or loss < best[0] - _EPS:
+            best = (loss, code, proposal)
+    assert best is not None
+    _, code, proposal = best
+    future = futures[code] if code < len(futures) else ()
+    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+
+
+_ROW_SUM_IN_ORDER = 7
+"""Up to this many columns, numpy's sum of a row adds its entries one after the other (past
+it, in pairs of blocks): :func:`_choose` adds a regime at a time in that order."""
+
+
+def _choose_each(
+    pool: _Pool, alive: npt.NDArray[np.bool_], static: float, observed: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """:func:`_choose` proposal by proposal, nothing kept (and where every weight is zero).
+
+    The candidates are the ``alive`` rows of ``pool`` and the static guess (no further
+    change) at weight ``static``, last. Each distinct continuation proposes the weighted mean,
+    and the weighted median, of the shares of the candidates that follow it; the proposal
+    with the least expected regime-length error under all candidates' weights wins (the
+    Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
+    count in each candidate's number of regimes but carry no error.
     """
     index = np.flatnonzero(alive)
     width = max(1, int(pool.regimes[index].max())) if index.size else 1

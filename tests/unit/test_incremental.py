@@ -258,3 +258,30 @@ def test_the_choice_among_survivors_is_the_choice_of_a_pool_of_them_alone(seed: 
         alone = population_predictor._pool(kept)
         every = np.ones(len(alone.weights), dtype=bool)
         assert chosen == population_predictor._choose(alone, every, 0.3, 1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_choice_with_every_proposals_errors_at_once_is_the_choice_one_by_one(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    # up to nine regimes: past numpy's in-order row sum, the one-by-one path
+    futures = [(), *(sizes[: int(rng.integers(1, 9))] for _ in range(4))]
+    candidates = []
+    for _ in range(int(rng.integers(2, 8))):
+        future = futures[int(rng.integers(len(futures)))]
+        count = int(rng.integers(1, 60))
+        # rounded shares: many candidates tie, as finished jobs of one split do
+        raw = np.round(rng.uniform(0.05, 1.0, size=(count, len(future) + 1)), 1)
+        shares = raw / raw.sum(axis=1, keepdims=True)
+        weights = rng.uniform(0.0, 1.0, size=count) * (rng.random(count) < 0.9)
+        candidates.append(population_predictor._Candidates(future, weights, shares))
+    pool = population_predictor._pool(candidates)
+    for done_share in np.linspace(0.0, 1.0, 21):
+        alive = population_predictor._surviving(pool, float(done_share))
+        for static in (0.0, 0.3):
+            for observed in (0, 2):
+                fast = population_predictor._choose(pool, alive, static, observed)
+                each = population_predictor._choose_each(pool, alive, static, observed)
+                assert fast == each
