@@ -285,3 +285,56 @@ def test_the_choice_with_every_proposals_errors_at_once_is_the_choice_one_by_one
                 fast = population_predictor._choose(pool, alive, static, observed)
                 each = population_predictor._choose_each(pool, alive, static, observed)
                 assert fast == each
+
+
+def _blocks_one_by_one(
+    group: tuple[Template, ...],
+    rungs: population_predictor._Rungs,
+    censoring: population_predictor._Censoring,
+) -> list[tuple[tuple[int, ...], list[int], list[tuple[float, ...]]]]:
+    """A group's blocks for a GNS job, template by template: (sizes, epochs, lengths)."""
+    by_sizes: dict[tuple[int, ...], tuple[list[int], list[tuple[float, ...]]]] = {}
+    for template in group:
+        replayed = population_predictor._replay_on(template, rungs)
+        sizes, lengths = population_predictor._censored(template, *replayed, censoring)
+        epochs, rows = by_sizes.setdefault(sizes, ([], []))
+        epochs.append(template.epochs)
+        rows.append(lengths)
+    return [(sizes, epochs, rows) for sizes, (epochs, rows) in by_sizes.items()]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_gns_jobs_blocks_from_the_groups_layout_are_its_blocks_template_by_template(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    ladder = (32, 64, 128, 256, 512)
+    group = []
+    for _ in range(int(rng.integers(1, 40))):
+        start = int(rng.integers(0, 3))
+        steps = sorted({start, *(int(x) for x in rng.integers(start, 5, size=rng.integers(0, 4)))})
+        sizes = tuple(ladder[i] for i in steps)
+        lengths = tuple(int(x) for x in rng.integers(1, 40, size=len(sizes)))
+        initial = sizes[0]
+        symbols = tuple(
+            TOP if bs == ladder[-1] else ladder.index(bs) - ladder.index(initial) for bs in sizes
+        )
+        group.append(Template(sum(lengths), sizes, symbols, lengths))
+    templates = tuple(group)
+    for initial in (32, 64):
+        rungs = population_predictor._rungs(initial, ladder)
+        climb = tuple(bs for bs in ladder if bs >= initial)
+        for grown_from in (frozenset({32, 64, 128}), frozenset({64, 256}), frozenset()):
+            censoring = population_predictor._Censoring(1, climb, grown_from)
+            layout = population_predictor._layout(templates, rungs, censoring)
+            for epochs in (1, 10, 37, 60, 100, 250):
+                censoring = population_predictor._Censoring(epochs, climb, grown_from)
+                got = [
+                    (b.sizes, b.epochs.tolist(), [tuple(row) for row in b.lengths.tolist()])
+                    for b in layout.blocks(epochs)
+                ]
+                want = [
+                    (sizes, [float(e) for e in epochs_], rows)
+                    for sizes, epochs_, rows in _blocks_one_by_one(templates, rungs, censoring)
+                ]
+                assert got == want
