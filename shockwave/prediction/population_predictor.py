@@ -845,9 +845,14 @@ def _choose(
     codes = np.append(pool.codes[index], stay)
     per_regime = weights / (observed + counts) / weights.sum()
     made: list[tuple[int, FloatArray]] = []
-    seen, first = np.unique(codes, return_index=True)
-    for code in seen[np.argsort(first)].tolist():
+    # the continuations in the order of their first candidate
+    present = []
+    for code in range(max(len(futures), stay + 1)):
         rows = np.flatnonzero(codes == code)
+        if rows.size:
+            present.append((int(rows[0]), code, rows))
+    present.sort()
+    for _, code, rows in present:
         w = weights[rows]
         if w.sum() <= 0:
             continue
@@ -929,9 +934,9 @@ def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
     """Column-wise weighted median of ``values`` (rows weighted by ``weights``), rescaled so
     the shares sum to 1: the point that minimizes the expected absolute error per regime."""
     order = np.argsort(values, axis=0)
-    sorted_values = np.take_along_axis(values, order, axis=0)
     cumulative = np.cumsum(weights[order], axis=0)
     index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
-    median: FloatArray = sorted_values[index, np.arange(values.shape[1])]
+    columns = np.arange(values.shape[1])
+    median: FloatArray = values[order[index, columns], columns]
     total = float(median.sum())
     return median / total if total > 0 else median

@@ -338,3 +338,22 @@ def test_a_gns_jobs_blocks_from_the_groups_layout_are_its_blocks_template_by_tem
                     for sizes, epochs_, rows in _blocks_one_by_one(templates, rungs, censoring)
                 ]
                 assert got == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_weighted_median_reads_the_sorted_rows_where_it_picks(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        rows, width = int(rng.integers(1, 80)), int(rng.integers(1, 6))
+        values = np.round(rng.random((rows, width)), int(rng.integers(1, 4)))
+        weights = rng.random(rows) * (rng.random(rows) < 0.8)
+        if weights.sum() <= 0:
+            continue
+        order = np.argsort(values, axis=0)
+        sorted_values = np.take_along_axis(values, order, axis=0)
+        cumulative = np.cumsum(weights[order], axis=0)
+        index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
+        median = sorted_values[index, np.arange(width)]
+        total = float(median.sum())
+        expected = median / total if total > 0 else median
+        assert np.array_equal(population_predictor._weighted_median(values, weights), expected)
