@@ -291,32 +291,20 @@ _Groups = tuple[tuple[tuple[Template, ...], ...], tuple[tuple[tuple[Template, ..
 per model, by model name)."""
 
 
-def _templates_for(
-    everyone: _Groups, job: ActiveJob, population: PopulationParams
-) -> tuple[_Censoring | None, _Groups]:
-    """The job's censoring and the template groups it consults of ``everyone`` (its
-    :func:`_groups`), which depend on its spec alone (not on its progress), so they are
-    memoized per (spec, params, the very group objects) in :data:`_GROUPS`: a prior after a
-    finish shares every group but the finished job's with the prior before it."""
-    censoring = _censoring(job, everyone[0])
-    return censoring, _consulted(everyone, job, population, censoring)
-
-
 def _consulted_groups(
     prior: PopulationPrior, job: ActiveJob, population: PopulationParams
 ) -> tuple[_Censoring | None, _Groups]:
-    """The job's censoring and the template groups of ``prior`` it consults
-    (:func:`_templates_for`), memoized per (prior, spec, params), and below that per (spec,
-    params, the very group objects): a new prior shares most groups with the one before it."""
+    """The job's censoring (:func:`_censoring`) and the template groups of ``prior`` it
+    consults (:func:`_consulted`), memoized per (prior, spec, params). Both read its own
+    model's groups alone while they hold enough jobs, so a new prior costs a look-up on
+    those: the censoring is memoized per (spec, the very own groups) in :data:`_GROUPS`, the
+    support in :data:`_SUPPORT`, and the other models' groups are not read at all."""
 
     def consulted() -> tuple[_Censoring | None, _Groups]:
         everyone = _groups_of(prior, job)
-        own, others = everyone
-        return _GROUPS.get(
-            (job.spec, population, *own, *(g for model in others for g in model)),
-            (len(own), tuple(len(model) for model in others)),
-            lambda: _templates_for(everyone, job, population),
-        )
+        own = everyone[0]
+        censoring = _GROUPS.get((job.spec, *own), len(own), lambda: _censoring(job, own))
+        return censoring, _consulted(everyone, job, population, censoring)
 
     return _CONSULTED.get((prior, job.spec, population), (), consulted)
 
@@ -516,8 +504,8 @@ _BLOCKS = _Memo(4096)
 _CANDIDATES = _Memo(8192)
 _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
-_GROUPS: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=20_000)
-"""Per (spec, params, template groups): :func:`_templates_for`."""
+_GROUPS: IdentityMemo[_Censoring | None] = IdentityMemo(limit=20_000)
+"""Per (spec, its own model's template groups): :func:`_censoring`."""
 _CONSULTED: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=50_000)
 """Per (prior, spec, params), the very objects: :func:`_consulted_groups`."""
 _SUPPORT: IdentityMemo[float] = IdentityMemo(limit=20_000)
@@ -544,6 +532,16 @@ def _blocks(
     if cached is not None:
         return cached
     by_sizes: dict[tuple[int, ...], list[tuple[int, tuple[float, ...]]]] = {}
+    if replay and censoring is not None:
+        rungs = _rungs(initial, ladder)
+        key_of_layout = (id(group), rungs, censoring.climb, censoring.grown_from)
+        layout: _Layout | None = _LAYOUTS.get(key_of_layout, group)
+        if layout is None:
+            layout = _layout(group, rungs, censoring)
+            _LAYOUTS.put(key_of_layout, group, layout)
+        blocks = layout.blocks(censoring.epochs)
+        _BLOCKS.put(key, group, blocks)
+        return blocks
     if replay:
         rungs = _rungs(initial, ladder)
         for template in group:
@@ -563,6 +561,108 @@ def _blocks(
     )
     _BLOCKS.put(key, group, blocks)
     return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A group's templates replayed on one ladder, for GNS jobs of any length
+    (:func:`_censored`): which templates a job of E epochs cuts short (those that may be
+    censored, ``above[i] > 0``, with ``epochs[i] < E``) and, for each batch-size sequence
+    ``sizes[k]``, the templates that replay as it whole (``uncut[i] == k``) or cut short
+    (``cut[i] == k``): ``rows[k]`` in order, and ``lengths[k]`` their regimes, a cut one's
+    without the epochs it never saw (its highest regime's share of them added at ``peak[i]``,
+    the ``above[i]`` regimes after it taking the same share). The blocks of one job length
+    then take a few array operations per sequence instead of a pass over the templates."""
+
+    sizes: tuple[tuple[int, ...], ...]
+    uncut: npt.NDArray[np.intp]
+    cut: npt.NDArray[np.intp]
+    epochs: npt.NDArray[np.int64]
+    peak: npt.NDArray[np.intp]
+    above: npt.NDArray[np.intp]
+    rows: tuple[npt.NDArray[np.intp], ...]
+    lengths: tuple[FloatArray, ...]
+
+    def blocks(self, epochs: int) -> tuple[_Block, ...]:
+        """The blocks of a GNS job of ``epochs`` epochs: :func:`_blocks`' with its
+        censoring (the same sequences, templates, order and lengths, to the float)."""
+        cutting = (self.above > 0) & (self.epochs < epochs)
+        keys = np.where(cutting, self.cut, self.uncut)
+        seen, first = np.unique(keys, return_index=True)
+        made = []
+        for k in seen[np.argsort(first)].tolist():
+            rows = self.rows[k]
+            take = keys[rows] == k
+            members = rows[take]
+            lengths = self.lengths[k][take]
+            short = np.flatnonzero(cutting[members])
+            if short.size:
+                cut = members[short]
+                # the epochs a template never saw, split evenly from its highest size up
+                share = (epochs - self.epochs[cut]) / (self.above[cut] + 1)
+                peak = self.peak[cut]
+                lengths[short, peak] += share
+                spans = self.above[cut]
+                starts = np.repeat(np.cumsum(spans) - spans, spans)
+                steps = np.arange(int(spans.sum())) - starts
+                lengths[np.repeat(short, spans), np.repeat(peak + 1, spans) + steps] = np.repeat(
+                    share, spans
+                )
+            made.append(_Block(self.sizes[k], self.epochs[members].astype(float), lengths))
+        return tuple(made)
+
+
+def _layout(group: tuple[Template, ...], rungs: _Rungs, censoring: _Censoring) -> _Layout:
+    """The :class:`_Layout` of ``group`` on the ladder ``rungs`` for GNS jobs of the climb
+    and grown-from sizes of ``censoring`` (its epochs unread)."""
+    ids: dict[tuple[int, ...], int] = {}
+    rows: list[list[int]] = []
+    lengths: list[list[tuple[float, ...]]] = []
+
+    def add(sizes: tuple[int, ...], row: int, regimes: tuple[float, ...]) -> int:
+        k = ids.setdefault(sizes, len(ids))
+        if k == len(rows):
+            rows.append([])
+            lengths.append([])
+        rows[k].append(row)
+        lengths[k].append(regimes)
+        return k
+
+    count = len(group)
+    uncut = np.empty(count, dtype=np.intp)
+    cut = np.full(count, -1, dtype=np.intp)
+    peak = np.zeros(count, dtype=np.intp)
+    above = np.zeros(count, dtype=np.intp)
+    for i, template in enumerate(group):
+        sizes, regimes = _replay_on(template, rungs)
+        uncut[i] = add(sizes, i, regimes)
+        if max(template.batch_sizes) not in censoring.grown_from:
+            continue
+        highest = max(sizes)
+        more = tuple(bs for bs in censoring.climb if bs > highest)
+        if not more:
+            continue
+        top = len(sizes) - 1 - sizes[::-1].index(highest)
+        peak[i], above[i] = top, len(more)
+        cut[i] = add(
+            (*sizes[: top + 1], *more, *sizes[top + 1 :]),
+            i,
+            (*regimes[: top + 1], *[0.0] * len(more), *regimes[top + 1 :]),
+        )
+    return _Layout(
+        tuple(ids),
+        uncut,
+        cut,
+        np.array([t.epochs for t in group], dtype=np.int64),
+        peak,
+        above,
+        tuple(np.array(r, dtype=np.intp) for r in rows),
+        tuple(np.array(x, dtype=float) for x in lengths),
+    )
+
+
+_LAYOUTS = _Memo(1024)
+"""Per (group, ladder, climb, grown-from sizes): :func:`_layout`."""
 
 
 _Rungs = tuple[tuple[int, ...], int]
@@ -724,6 +824,76 @@ def _choose(
     with the least expected regime-length error under all candidates' weights wins (the
     Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
     count in each candidate's number of regimes but carry no error.
+
+    Every proposal's errors are taken at once, a regime at a time over the candidates' rows
+    (:data:`_ROW_SUM_IN_ORDER` regimes at most: up to there a row's sum of its regimes adds
+    them in order, as numpy's row sum does), so that each loss is the one
+    :func:`_choose_each` computes proposal by proposal, to the float.
+    """
+    index = np.flatnonzero(alive)
+    width = max(1, int(pool.regimes[index].max())) if index.size else 1
+    total = index.size + 1
+    weights = np.append(pool.weights[index], static)
+    if width > _ROW_SUM_IN_ORDER or weights.sum() <= 0:
+        return _choose_each(pool, alive, static, observed)
+    shares = np.zeros((total, width))
+    shares[:-1] = pool.shares[index, :width]
+    shares[-1, 0] = 1.0
+    counts = np.append(pool.regimes[index], 1.0)
+    futures = pool.futures
+    stay = futures.index(()) if () in futures else len(futures)
+    codes = np.append(pool.codes[index], stay)
+    per_regime = weights / (observed + counts) / weights.sum()
+    made: list[tuple[int, FloatArray]] = []
+    # the continuations in the order of their first candidate
+    present = []
+    for code in range(max(len(futures), stay + 1)):
+        rows = np.flatnonzero(codes == code)
+        if rows.size:
+            present.append((int(rows[0]), code, rows))
+    present.sort()
+    for _, code, rows in present:
+        w = weights[rows]
+        if w.sum() <= 0:
+            continue
+        members = shares[rows]
+        made.append((code, w @ members / w.sum()))
+        made.append((code, _weighted_median(members, w)))
+    if not made:
+        return (), (1.0,)
+    proposals = np.array([p for _, p in made])
+    columns = shares.T.copy()
+    errors = np.abs(columns[0][None, :] - proposals[:, :1])
+    for r in range(1, width):
+        # a candidate's regimes past its own number carry no error
+        errors = errors + np.abs(columns[r][None, :] - proposals[:, r : r + 1]) * (counts > r)
+    best: tuple[float, int, FloatArray] | None = None
+    for (code, proposal), error in zip(made, errors, strict=True):
+        loss = float(per_regime @ error)
+        if best is None or loss < best[0] - _EPS:
+            best = (loss, code, proposal)
+    assert best is not None
+    _, code, proposal = best
+    future = futures[code] if code < len(futures) else ()
+    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+
+
+_ROW_SUM_IN_ORDER = 7
+"""Up to this many columns, numpy's sum of a row adds its entries one after the other (past
+it, in pairs of blocks): :func:`_choose` adds a regime at a time in that order."""
+
+
+def _choose_each(
+    pool: _Pool, alive: npt.NDArray[np.bool_], static: float, observed: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """:func:`_choose` proposal by proposal, nothing kept (and where every weight is zero).
+
+    The candidates are the ``alive`` rows of ``pool`` and the static guess (no further
+    change) at weight ``static``, last. Each distinct continuation proposes the weighted mean,
+    and the weighted median, of the shares of the candidates that follow it; the proposal
+    with the least expected regime-length error under all candidates' weights wins (the
+    Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
+    count in each candidate's number of regimes but carry no error.
     """
     index = np.flatnonzero(alive)
     width = max(1, int(pool.regimes[index].max())) if index.size else 1
@@ -764,9 +934,9 @@ def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
     """Column-wise weighted median of ``values`` (rows weighted by ``weights``), rescaled so
     the shares sum to 1: the point that minimizes the expected absolute error per regime."""
     order = np.argsort(values, axis=0)
-    sorted_values = np.take_along_axis(values, order, axis=0)
     cumulative = np.cumsum(weights[order], axis=0)
     index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
-    median: FloatArray = sorted_values[index, np.arange(values.shape[1])]
+    columns = np.arange(values.shape[1])
+    median: FloatArray = values[order[index, columns], columns]
     total = float(median.sum())
     return median / total if total > 0 else median

@@ -74,6 +74,8 @@ class Prediction:
     )
     """:meth:`remaining_regimes`, computed when first asked (a prediction is immutable, and
     the policy asks for its rest several times a round)."""
+    _remaining: float | None = field(default=None, init=False, repr=False, compare=False)
+    """:attr:`remaining_seconds`, computed when first asked, as :attr:`_left`."""
 
     @property
     def total_seconds(self) -> float:
@@ -100,7 +102,11 @@ class Prediction:
     @property
     def remaining_seconds(self) -> float:
         """R-hat: predicted exclusive time still to run."""
-        return sum(r.epochs * r.epoch_seconds for r in self.remaining_regimes())
+        if self._remaining is not None:
+            return self._remaining
+        remaining = sum(r.epochs * r.epoch_seconds for r in self.remaining_regimes())
+        object.__setattr__(self, "_remaining", remaining)
+        return remaining
 
     def epochs_after(self, seconds: float) -> float:
         """Epochs gained by running ``seconds`` more from now (capped at the job's end)."""

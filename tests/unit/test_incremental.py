@@ -258,3 +258,102 @@ def test_the_choice_among_survivors_is_the_choice_of_a_pool_of_them_alone(seed: 
         alone = population_predictor._pool(kept)
         every = np.ones(len(alone.weights), dtype=bool)
         assert chosen == population_predictor._choose(alone, every, 0.3, 1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_choice_with_every_proposals_errors_at_once_is_the_choice_one_by_one(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    # up to nine regimes: past numpy's in-order row sum, the one-by-one path
+    futures = [(), *(sizes[: int(rng.integers(1, 9))] for _ in range(4))]
+    candidates = []
+    for _ in range(int(rng.integers(2, 8))):
+        future = futures[int(rng.integers(len(futures)))]
+        count = int(rng.integers(1, 60))
+        # rounded shares: many candidates tie, as finished jobs of one split do
+        raw = np.round(rng.uniform(0.05, 1.0, size=(count, len(future) + 1)), 1)
+        shares = raw / raw.sum(axis=1, keepdims=True)
+        weights = rng.uniform(0.0, 1.0, size=count) * (rng.random(count) < 0.9)
+        candidates.append(population_predictor._Candidates(future, weights, shares))
+    pool = population_predictor._pool(candidates)
+    for done_share in np.linspace(0.0, 1.0, 21):
+        alive = population_predictor._surviving(pool, float(done_share))
+        for static in (0.0, 0.3):
+            for observed in (0, 2):
+                fast = population_predictor._choose(pool, alive, static, observed)
+                each = population_predictor._choose_each(pool, alive, static, observed)
+                assert fast == each
+
+
+def _blocks_one_by_one(
+    group: tuple[Template, ...],
+    rungs: population_predictor._Rungs,
+    censoring: population_predictor._Censoring,
+) -> list[tuple[tuple[int, ...], list[int], list[tuple[float, ...]]]]:
+    """A group's blocks for a GNS job, template by template: (sizes, epochs, lengths)."""
+    by_sizes: dict[tuple[int, ...], tuple[list[int], list[tuple[float, ...]]]] = {}
+    for template in group:
+        replayed = population_predictor._replay_on(template, rungs)
+        sizes, lengths = population_predictor._censored(template, *replayed, censoring)
+        epochs, rows = by_sizes.setdefault(sizes, ([], []))
+        epochs.append(template.epochs)
+        rows.append(lengths)
+    return [(sizes, epochs, rows) for sizes, (epochs, rows) in by_sizes.items()]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_gns_jobs_blocks_from_the_groups_layout_are_its_blocks_template_by_template(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    ladder = (32, 64, 128, 256, 512)
+    group = []
+    for _ in range(int(rng.integers(1, 40))):
+        start = int(rng.integers(0, 3))
+        steps = sorted({start, *(int(x) for x in rng.integers(start, 5, size=rng.integers(0, 4)))})
+        sizes = tuple(ladder[i] for i in steps)
+        lengths = tuple(int(x) for x in rng.integers(1, 40, size=len(sizes)))
+        initial = sizes[0]
+        symbols = tuple(
+            TOP if bs == ladder[-1] else ladder.index(bs) - ladder.index(initial) for bs in sizes
+        )
+        group.append(Template(sum(lengths), sizes, symbols, lengths))
+    templates = tuple(group)
+    for initial in (32, 64):
+        rungs = population_predictor._rungs(initial, ladder)
+        climb = tuple(bs for bs in ladder if bs >= initial)
+        for grown_from in (frozenset({32, 64, 128}), frozenset({64, 256}), frozenset()):
+            censoring = population_predictor._Censoring(1, climb, grown_from)
+            layout = population_predictor._layout(templates, rungs, censoring)
+            for epochs in (1, 10, 37, 60, 100, 250):
+                censoring = population_predictor._Censoring(epochs, climb, grown_from)
+                got = [
+                    (b.sizes, b.epochs.tolist(), [tuple(row) for row in b.lengths.tolist()])
+                    for b in layout.blocks(epochs)
+                ]
+                want = [
+                    (sizes, [float(e) for e in epochs_], rows)
+                    for sizes, epochs_, rows in _blocks_one_by_one(templates, rungs, censoring)
+                ]
+                assert got == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_weighted_median_reads_the_sorted_rows_where_it_picks(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        rows, width = int(rng.integers(1, 80)), int(rng.integers(1, 6))
+        values = np.round(rng.random((rows, width)), int(rng.integers(1, 4)))
+        weights = rng.random(rows) * (rng.random(rows) < 0.8)
+        if weights.sum() <= 0:
+            continue
+        order = np.argsort(values, axis=0)
+        sorted_values = np.take_along_axis(values, order, axis=0)
+        cumulative = np.cumsum(weights[order], axis=0)
+        index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
+        median = sorted_values[index, np.arange(width)]
+        total = float(median.sum())
+        expected = median / total if total > 0 else median
+        assert np.array_equal(population_predictor._weighted_median(values, weights), expected)
