@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from shockwave.market.planner import PlanJob, PlannerParams, build_problem, critical_path_s, plan
+from shockwave.policies.policy import Decision
 from shockwave.policies.shockwave_market import shockwave as policy
 from shockwave.policies.shockwave_market.shockwave import (
     ArrivalHistory,
@@ -107,14 +108,18 @@ def test_arriving_work_is_the_stream_rate_for_as_long_again_less_its_silence() -
 
 def spy_plans(monkeypatch: pytest.MonkeyPatch) -> list[PlannerParams]:
     seen: list[PlannerParams] = []
-    real = policy.plan
 
     def spy(jobs: object, gpus: int, planner: PlannerParams, *args: object) -> object:
         seen.append(planner)
-        return real(jobs, gpus, planner, *args)  # type: ignore[arg-type]
+        return plan(jobs, gpus, planner, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(policy, "plan", spy)
     return seen
+
+
+def state_of(decision: Decision) -> ShockwaveState:
+    assert isinstance(decision.state, ShockwaveState)
+    return decision.state
 
 
 def test_the_policy_remembers_arrivals_after_their_jobs_finish(
@@ -124,20 +129,20 @@ def test_the_policy_remembers_arrivals_after_their_jobs_finish(
     shockwave, params = Shockwave(), ShockwaveParams()
     first = [active_job("a", arrival=0.0), active_job("b", arrival=0.0, gpus=2)]
     decided = shockwave.decide(snapshot(first, gpus=4, now=0.0), params)
-    history = decided.state.arrivals
-    assert (history.first_s, history.last_s, history.at_last) == (0.0, 0.0, {"a", "b"})
+    history = state_of(decided).arrivals
+    assert (history.first_s, history.last_s, history.at_last) == (0.0, 0.0, frozenset({"a", "b"}))
     assert history.work_gpu_s > 0
     assert seen[-1].arriving_s == 0.0  # one instant: no stream yet
     # "a" and "b" have finished; "c" arrives 600 s later: both still count
     later = [active_job("c", arrival=600.0)]
     decided = shockwave.decide(snapshot(later, gpus=4, now=600.0, state=decided.state), params)
-    after = decided.state.arrivals
-    assert (after.first_s, after.last_s, after.at_last) == (0.0, 600.0, {"c"})
+    after = state_of(decided).arrivals
+    assert (after.first_s, after.last_s, after.at_last) == (0.0, 600.0, frozenset({"c"}))
     assert after.work_gpu_s > history.work_gpu_s
     assert seen[-1].arriving_s > 0.0
     # the same snapshot again counts nothing twice
     again = shockwave.decide(snapshot(later, gpus=4, now=720.0, state=decided.state), params)
-    assert again.state.arrivals.work_gpu_s == after.work_gpu_s
+    assert state_of(again).arrivals.work_gpu_s == after.work_gpu_s
 
 
 def test_without_the_projection_the_policy_plans_as_before(
@@ -150,7 +155,6 @@ def test_without_the_projection_the_policy_plans_as_before(
         decided = Shockwave().decide(
             snapshot([active_job(name, arrival=now)], gpus=4, now=now, state=state), params
         )
-        assert isinstance(decided.state, ShockwaveState)
-        state = decided.state
+        state = state_of(decided)
     assert state.arrivals == ArrivalHistory()
     assert [p.arriving_s for p in seen] == [0.0, 0.0]
