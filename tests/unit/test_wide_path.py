@@ -6,10 +6,12 @@ the GPUs keeps its floor only while theta_c L outlasts the work bound W plus the
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
+from shockwave.domain.state_codec import decode, encode
 from shockwave.market.planner import PlanJob, PlannerParams, build_problem, critical_path_s, plan
 from shockwave.policies.policy import Decision
 from shockwave.policies.shockwave_market import shockwave as policy
@@ -158,3 +160,16 @@ def test_without_the_projection_the_policy_plans_as_before(
         state = state_of(decided)
     assert state.arrivals == ArrivalHistory()
     assert [p.arriving_s for p in seen] == [0.0, 0.0]
+
+
+def test_the_history_goes_through_strict_json() -> None:
+    # stored state is JSON (Postgres refuses Infinity and NaN): finite numbers from the start
+    shockwave, params = Shockwave(), ShockwaveParams()
+    empty = shockwave.decide(snapshot([], gpus=4, now=0.0), params)
+    decided = shockwave.decide(
+        snapshot([active_job("a", arrival=120.0)], gpus=4, now=120.0, state=empty.state), params
+    )
+    for state in (state_of(empty), state_of(decided)):
+        text = json.dumps(encode(state), allow_nan=False)
+        assert decode(json.loads(text)) == state
+    assert state_of(decided).arrivals.first_s == 120.0

@@ -252,30 +252,35 @@ class PlanSummary:
 @dataclass(frozen=True, slots=True)
 class ArrivalHistory:
     """The arrivals the policy has seen: the first and the latest arrival time, the ids of the
-    jobs that arrived at the latest one, and the soonest GPU-seconds of every job seen (its
-    remainder at its fastest epoch time when first planned, times its GPUs)."""
+    jobs that arrived at the latest one (empty: nothing seen yet), and the soonest GPU-seconds
+    of every job seen (its remainder at its fastest epoch time when first planned, times its
+    GPUs). Finite numbers only: the state is stored as JSON
+    (:mod:`shockwave.domain.state_codec`)."""
 
-    first_s: float = math.inf
-    last_s: float = -math.inf
+    first_s: float = 0.0
+    last_s: float = 0.0
     at_last: frozenset[str] = frozenset()
     work_gpu_s: float = 0.0
 
     def seen(self, snapshot: Snapshot, outlooks: Mapping[str, JobOutlook]) -> ArrivalHistory:
         """This history with the snapshot's jobs that arrived after the latest one seen."""
+        empty = not self.at_last
         new = [
             job
             for job in snapshot.jobs
-            if job.spec.arrival_s > self.last_s
+            if empty
+            or job.spec.arrival_s > self.last_s
             or (job.spec.arrival_s == self.last_s and job.job_id not in self.at_last)
         ]
         if not new:
             return self
         last = max(job.spec.arrival_s for job in new)
+        first = min(job.spec.arrival_s for job in new)
         at_last = frozenset(j.job_id for j in new if j.spec.arrival_s == last)
         return ArrivalHistory(
-            first_s=min(self.first_s, min(job.spec.arrival_s for job in new)),
+            first_s=first if empty else min(self.first_s, first),
             last_s=last,
-            at_last=at_last | self.at_last if last == self.last_s else at_last,
+            at_last=at_last | self.at_last if not empty and last == self.last_s else at_last,
             work_gpu_s=self.work_gpu_s
             + sum(outlooks[j.job_id].soonest_remaining_s * j.spec.gpus for j in new),
         )
