@@ -134,6 +134,13 @@ class PlannerParams:
     count finishes it inside the window is packed ahead of the jobs planned for the whole
     window that are not on the makespan's path (:func:`path_jobs`), by deadline with them
     (:func:`pack_rounds`; docs/policy.md, "Jobs that finish inside the window").
+    ``arriving_s``: the work projected to arrive while the longest job runs, in seconds of the
+    whole cluster (GPU-seconds over the GPUs; the policy projects it from the arrivals it has
+    seen, :func:`shockwave.policies.shockwave_market.shockwave.arriving_work_s`; 0: none).
+    ``wide_path_share``: a job wider than this share of the GPUs keeps its critical-path floor
+    only while the gate also holds against the work bound plus ``arriving_s`` (the wide path,
+    :func:`critical_path_s`); 1, or ``arriving_s`` 0, keeps the rule before
+    (docs/policy.md, "Critical-path reservation").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -151,6 +158,8 @@ class PlannerParams:
     critical_path_gate: float | None = None
     short_lane: bool = True
     finishing_lane: bool = True
+    arriving_s: float = 0.0
+    wide_path_share: float = 0.25
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -163,7 +172,16 @@ class PlannerParams:
         gate = self.critical_path_gate
         if gate is not None and not (math.isfinite(gate) and 0 < gate <= 1):
             raise ValueError(f"critical_path_gate must be in (0, 1] or None, got {gate!r}")
-        for name in ("makespan_weight", "deadline_weight", "horizon_margin", "relative_gap"):
+        share = self.wide_path_share
+        if not (math.isfinite(share) and 0 < share <= 1):
+            raise ValueError(f"wide_path_share must be in (0, 1], got {share!r}")
+        for name in (
+            "makespan_weight",
+            "deadline_weight",
+            "horizon_margin",
+            "relative_gap",
+            "arriving_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -264,6 +282,8 @@ class ObjectiveTerms:
     slack: float
     mean_fair: float
     path: float | None
+    wide_path: float | None = None
+    wide_gpus: float = math.inf
 
     @property
     def coupling(self) -> float:
@@ -288,7 +308,20 @@ class ObjectiveTerms:
             path=critical_path_s(
                 jobs, total_gpus, params.critical_path_margin, params.critical_path_gate
             ),
+            wide_path=critical_path_s(
+                jobs,
+                total_gpus,
+                params.critical_path_margin,
+                params.critical_path_gate,
+                params.arriving_s,
+            ),
+            wide_gpus=params.wide_path_share * total_gpus,
         )
+
+    def path_of(self, job: PlanJob) -> float | None:
+        """The path that sets ``job``'s critical-path floor: :attr:`wide_path` for a job wider
+        than ``wide_path_share`` of the GPUs, else :attr:`path`."""
+        return self.wide_path if job.gpus > self.wide_gpus else self.path
 
     def row(self, job: PlanJob) -> tuple[FloatArray, FloatArray, int, int]:
         """(phi_j(n), r_j(n)) for n = 0..T, the job's cap and its critical-path floor."""
@@ -307,7 +340,7 @@ class ObjectiveTerms:
         penalty += params.deadline_weight * job.gpus * overdue
         value -= penalty / self.z0
         window_s = t * self.round_seconds
-        floor = critical_floor(job, self.path, window_s, self.round_seconds, cap)
+        floor = critical_floor(job, self.path_of(job), window_s, self.round_seconds, cap)
         return value, left, cap, max(floor, min(cap, int(job.probe)))
 
     def rows(
@@ -342,7 +375,7 @@ class ObjectiveTerms:
         floors = np.array(
             [
                 max(
-                    critical_floor(j, self.path, window_s, self.round_seconds, int(c)),
+                    critical_floor(j, self.path_of(j), window_s, self.round_seconds, int(c)),
                     min(int(c), int(j.probe)),
                 )
                 for j, c in zip(jobs, caps, strict=True)
@@ -353,7 +386,11 @@ class ObjectiveTerms:
 
 
 def critical_path_s(
-    jobs: Sequence[PlanJob], total_gpus: int, margin: float, gate: float | None = None
+    jobs: Sequence[PlanJob],
+    total_gpus: int,
+    margin: float,
+    gate: float | None = None,
+    arriving_s: float = 0.0,
 ) -> float | None:
     """The finish the longest jobs must keep, or None when they do not bound the makespan.
 
@@ -370,11 +407,19 @@ def critical_path_s(
     the longest job had only the soft term, lost rounds to the market, and its block went to
     the end of a plan that a re-plan or a late one then followed (docs/policy.md,
     "Critical-path reservation").
+
+    ``arriving_s`` (A, seconds of the whole cluster): work projected to arrive while the
+    longest job runs; the gate then holds only while g L > W + A. The path is the same
+    max(W, theta_c L): A only says whether the longest job is likely to stay the makespan's
+    path once the stream of arrivals has added its work. The planner applies this wide path
+    to gangs wider than ``wide_path_share`` of the GPUs (:meth:`ObjectiveTerms.path_of`):
+    reserving such a gang for the whole window holds that share of the cluster from every
+    other job, which buys nothing when later arrivals set the makespan.
     """
     if margin <= 0 or not jobs:
         return None
     work, longest = soonest_bounds(jobs, total_gpus)
-    if not (margin if gate is None else gate) * longest > work:
+    if not (margin if gate is None else gate) * longest > work + arriving_s:
         return None
     return max(work, margin * longest)
 

@@ -154,6 +154,11 @@ class ShockwaveParams:
     ``level_deadlines``: with the deadline order, jobs already late take round 0 by earliest
     deadline at the worst predicted finish-time fairness among them rather than by their
     fairness deadlines (:func:`_level_deadlines`; docs/policy.md, "Packing into rounds").
+    ``project_arrivals``: each plan's critical-path reservation of gangs wider than
+    :attr:`~shockwave.market.planner.PlannerParams.wide_path_share` of the GPUs also weighs the
+    work projected to arrive (:func:`arriving_work_s`, from every arrival the policy has seen,
+    finished jobs included); off: the reservation sees only the active jobs
+    (docs/policy.md, "Critical-path reservation").
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -185,6 +190,7 @@ class ShockwaveParams:
     patience: float = 0.5
     tenant_slack_rounds: float = 0.0
     level_deadlines: bool = True
+    project_arrivals: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -244,6 +250,62 @@ class PlanSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrivalHistory:
+    """The arrivals the policy has seen: the first and the latest arrival time, the ids of the
+    jobs that arrived at the latest one (empty: nothing seen yet), and the soonest GPU-seconds
+    of every job seen (its remainder at its fastest epoch time when first planned, times its
+    GPUs). Finite numbers only: the state is stored as JSON
+    (:mod:`shockwave.domain.state_codec`)."""
+
+    first_s: float = 0.0
+    last_s: float = 0.0
+    at_last: frozenset[str] = frozenset()
+    work_gpu_s: float = 0.0
+
+    def seen(self, snapshot: Snapshot, outlooks: Mapping[str, JobOutlook]) -> ArrivalHistory:
+        """This history with the snapshot's jobs that arrived after the latest one seen."""
+        empty = not self.at_last
+        new = [
+            job
+            for job in snapshot.jobs
+            if empty
+            or job.spec.arrival_s > self.last_s
+            or (job.spec.arrival_s == self.last_s and job.job_id not in self.at_last)
+        ]
+        if not new:
+            return self
+        last = max(job.spec.arrival_s for job in new)
+        first = min(job.spec.arrival_s for job in new)
+        at_last = frozenset(j.job_id for j in new if j.spec.arrival_s == last)
+        return ArrivalHistory(
+            first_s=first if empty else min(self.first_s, first),
+            last_s=last,
+            at_last=at_last | self.at_last if not empty and last == self.last_s else at_last,
+            work_gpu_s=self.work_gpu_s
+            + sum(outlooks[j.job_id].soonest_remaining_s * j.spec.gpus for j in new),
+        )
+
+
+def arriving_work_s(
+    history: ArrivalHistory, now: float, longest_s: float, total_gpus: int
+) -> float:
+    """The work projected to arrive while the longest job runs, in seconds of the whole
+    cluster: the stream of arrivals seen goes on at its mean rate for as long again as it has
+    run, less the silence since its latest arrival, and at most for ``longest_s``.
+
+    0 while the stream is a single instant or has been silent as long as it ran. A stream that
+    has stopped thus stops counting once its silence matches its span, and one that continues
+    keeps adding its rate."""
+    span = history.last_s - history.first_s
+    if not span > 0 or total_gpus <= 0:
+        return 0.0
+    ahead = min(longest_s, span - max(0.0, now - history.last_s))
+    if ahead <= 0:
+        return 0.0
+    return history.work_gpu_s / total_gpus / span * ahead
+
+
+@dataclass(frozen=True, slots=True)
 class ShockwaveState:
     plan_rounds: tuple[tuple[str, ...], ...] = ()
     planned_at_round: int = 0
@@ -257,6 +319,7 @@ class ShockwaveState:
     widths: Mapping[str, int] = field(default_factory=dict)
     tenant_owed: Mapping[str, float] = field(default_factory=dict)
     decided_round: int = -1
+    arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
     round_start: tuple[Mapping[str, float], Mapping[str, int], Mapping[str, float]] = ({}, {}, {})
     """What :func:`_round_start` restores when the same round is decided again: the
     contention sums, their rounds and the tenants' balances as they were before the first
@@ -641,7 +704,11 @@ class Shockwave:
         rounds, counts, last = state.plan_rounds, state.counts, state.last
         planned_at = state.planned_at_round
         types, widths = state.plan_types, state.widths
+        arrivals = state.arrivals
         if due:
+            if params.project_arrivals:
+                arrivals = arrivals.seen(snapshot, outlooks)
+                params = _with_arrivals(snapshot, params, outlooks, arrivals)
             if typed:
                 solved, types = plan_typed(snapshot, params, outlooks, _plan_job)
             else:
@@ -701,6 +768,7 @@ class Shockwave:
             widths=MappingProxyType(dict(widths)),
             tenant_owed=MappingProxyType(dict(owed)),
             decided_round=snapshot.round_index,
+            arrivals=arrivals,
             round_start=(base.contention_sum, base.contention_rounds, base.tenant_owed),
         )
         window = max(1, len(rounds))
@@ -894,6 +962,21 @@ class Shockwave:
             credit = params.elastic_running_credit_s if late_running else 0.0
             priority.append(_elastic_priority(look, params) + credit)
         return jobs, priority
+
+
+def _with_arrivals(
+    snapshot: Snapshot,
+    params: ShockwaveParams,
+    outlooks: Mapping[str, JobOutlook],
+    arrivals: ArrivalHistory,
+) -> ShockwaveParams:
+    """``params`` with the planner's ``arriving_s`` projected from ``arrivals``
+    (:func:`arriving_work_s`, over the longest soonest remainder of the active jobs)."""
+    longest = max((outlooks[j.job_id].soonest_remaining_s for j in snapshot.jobs), default=0.0)
+    arriving = arriving_work_s(arrivals, snapshot.now, longest, snapshot.cluster.total_gpus)
+    if arriving == params.planner.arriving_s:
+        return params
+    return replace(params, planner=replace(params.planner, arriving_s=arriving))
 
 
 def _crowded(snapshot: Snapshot, load: float) -> bool:
