@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -1094,10 +1094,10 @@ def _plan_jobs(
     return planned
 
 
-@dataclass(frozen=True, slots=True)
-class _TableRow:
+class _TableRow(NamedTuple):
     """What a job's window tables are made from (:func:`_plan_tables`) besides its outlook,
-    and how its plan view reads them (:meth:`planned`)."""
+    and how its plan view reads them (:meth:`planned`); a tuple, made for every job of every
+    re-plan."""
 
     job_id: str
     gpus: int
