@@ -533,8 +533,9 @@ def _estimates(
     """``prediction`` with the estimates the policy reads of it: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``."""
     factor = _error_factor(job.job_id, params) / speed
-    remaining = prediction.remaining_seconds * factor
-    done = prediction.total_seconds - prediction.remaining_seconds
+    left = prediction.remaining_seconds
+    remaining = left * factor
+    done = prediction.total_seconds - left
     total = done / speed + remaining
     cautious = (
         predict_greedy(job, params.predictor, rates).remaining_seconds
