@@ -79,6 +79,23 @@ class IdentityMemo(Generic[V]):
             self._entries[full] = (tuple(objects), value)
         return value
 
+    def find(self, objects: Sequence[object], key: Hashable) -> V | None:
+        """What :meth:`get` would return without computing: the value stored for the same
+        ``objects`` and an equal ``key``, else None (for a caller that computes the values it
+        misses together, then stores each with :meth:`put`)."""
+        with self._lock:
+            hit = self._entries.get((tuple(map(id, objects)), key))
+        if hit is not None and all(map(operator.is_, hit[0], objects)):
+            return hit[1]
+        return None
+
+    def put(self, objects: Sequence[object], key: Hashable, value: V) -> None:
+        """Store ``value`` for ``objects`` (held) and ``key``."""
+        with self._lock:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[(tuple(map(id, objects)), key)] = (tuple(objects), value)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -529,11 +529,41 @@ def concave_slopes_all(values: FloatArray, caps: npt.NDArray[np.int64]) -> Float
     # the hull test at (a, b, n) = (n - 2, n - 1, n), in concave_slopes' arithmetic
     with np.errstate(invalid="ignore"):
         above = (values[:, 1:-1] - values[:, :-2]) * 2 > values[:, 2:] - values[:, :-2]
-    strict = (above | ~inside[:, 2:]).all(axis=1) & np.isfinite(values).all(axis=1)
+    kept = above | ~inside[:, 2:]
+    finite = np.isfinite(values).all(axis=1)
+    strict = kept.all(axis=1) & finite
     slopes = np.where(inside[:, 1:], values[:, 1:] - values[:, :-1], 0.0)
-    for i in np.flatnonzero(~strict).tolist():
+    # rows every point of which from n = 1 on is on the envelope, all but the first test
+    # passed (a job that is not running: its first round pays the restart)
+    late = np.flatnonzero(kept[:, 1:].all(axis=1) & finite & ~strict)
+    if late.size:
+        _first_chord(values, caps, slopes, late)
+    for i in np.flatnonzero(~strict & ~np.isin(np.arange(count), late)).tolist():
         slopes[i] = concave_slopes(values[i], int(caps[i]))
     return slopes if t > 0 else np.zeros((count, 0))
+
+
+def _first_chord(
+    values: FloatArray, caps: npt.NDArray[np.int64], slopes: FloatArray, rows: npt.NDArray[np.intp]
+) -> None:
+    """:func:`concave_slopes` of ``rows`` (their slopes written into ``slopes``), rows whose
+    points from n = 1 on keep every hull test but whose first test fails. There
+    :func:`concave_slopes`' hull is [0, 1] and then, while it is [0, n - 1], point n - 1 is
+    popped where (v[n-1] - v[0]) n <= (v[n] - v[0]) (n - 1); from the first n that keeps its
+    point (k = n - 1), every point is kept (each later test is a consecutive one, passed). So
+    the envelope is the chord from 0 to k, then the plain differences: the same floats."""
+    v = values[rows]
+    width = v.shape[1]
+    cap = caps[rows]
+    n = np.arange(2, width)
+    with np.errstate(invalid="ignore"):
+        pops = (v[:, 1:-1] - v[:, :1]) * n <= (v[:, 2:] - v[:, :1]) * (n - 1)
+    pops &= n[None, :] <= cap[:, None]
+    # k: 1 and one more for each pop in a row from n = 2
+    k = 1 + np.cumprod(pops, axis=1).sum(axis=1)
+    chord = (v[np.arange(len(rows)), k] - v[:, 0]) / k
+    head = np.arange(width - 1)[None, :] < k[:, None]
+    slopes[rows] = np.where(head, chord[:, None], slopes[rows])
 
 
 def _is_concave(values: FloatArray, cap: int) -> bool:

@@ -149,9 +149,13 @@ def unfit_reason(width: int, cluster: Cluster) -> str | None:
     it can: the capacity rule of "why am I waiting"
     (:func:`shockwave.domain.waiting.short_of_gpus`), so the round's reason and the job's
     answer are one text."""
+    return unfit_for(width, _ready_gpus(cluster))
+
+
+def _ready_gpus(cluster: Cluster) -> dict[str, int]:
+    """The READY GPUs by type (``{"": n}`` for an untyped cluster)."""
     kinds = cluster.gpu_types or ("",)
-    ready = {kind: cluster.gpus_of_type(kind) if kind else cluster.total_gpus for kind in kinds}
-    return unfit_for(width, ready)
+    return {kind: cluster.gpus_of_type(kind) if kind else cluster.total_gpus for kind in kinds}
 
 
 def unfit_for(width: int, ready: Mapping[str, int]) -> str | None:
@@ -407,9 +411,20 @@ def _conserve(
 
 
 def _unfit(jobs: Sequence[Waiting], cluster: Cluster | None) -> dict[str, str]:
+    """Job id -> why it cannot run on ``cluster`` (:func:`unfit_reason`), for the jobs that
+    cannot; the rule is asked once per width."""
     if cluster is None:
         return {}
-    return {j.job_id: why for j in jobs if (why := unfit_reason(j.gpus, cluster)) is not None}
+    ready = _ready_gpus(cluster)
+    by_width: dict[int, str | None] = {}
+    unfit: dict[str, str] = {}
+    for job in jobs:
+        if job.gpus not in by_width:
+            by_width[job.gpus] = unfit_for(job.gpus, ready)
+        why = by_width[job.gpus]
+        if why is not None:
+            unfit[job.job_id] = why
+    return unfit
 
 
 def _greedy(jobs: Sequence[Waiting], total_gpus: int) -> list[str]:

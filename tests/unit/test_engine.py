@@ -192,3 +192,15 @@ def test_a_job_wider_than_the_inventory_waits_with_a_reason_and_holds_no_one_up(
     assert out.unfit["wide"] == "not enough READY GPUs: it needs 8, the READY nodes have 4"
     assert fill(jobs=jobs, leases={}, cluster=cluster).unfit.keys() == {"wide"}
     assert unfit_reason(4, cluster) is None
+
+
+def test_every_job_of_a_width_gets_that_widths_reason() -> None:
+    cluster = Cluster.uniform(2, 4)
+    jobs = [Waiting("a", 16), Waiting("b", 1), Waiting("c", 16), Waiting("d", 12)]
+    out = fill(jobs=jobs, leases={}, cluster=cluster)
+    assert out.unfit == {
+        "a": unfit_reason(16, cluster),
+        "c": unfit_reason(16, cluster),
+        "d": unfit_reason(12, cluster),
+    }
+    assert out.unfit["d"] == "not enough READY GPUs: it needs 12, the READY nodes have 8"

@@ -146,9 +146,14 @@ def test_slopes_of_many_rows_at_once_are_each_rows_slopes(seed: int) -> None:
     for _ in range(200):
         count, rounds = int(rng.integers(1, 6)), int(rng.integers(1, 9))
         shape = (count, rounds + 1)
+        concave = np.log(np.cumsum(rng.random(shape), axis=1) + 1e-3)
+        # concave from n = 1 on, its first step short (a restart): the first chord's path
+        restart = concave.copy()
+        restart[:, 1] = restart[:, 0] + (restart[:, 1] - restart[:, 0]) * rng.random(count) / 4
         tables = (
             rng.normal(size=shape),  # any shape: the row-by-row fallback
-            np.log(np.cumsum(rng.random(shape), axis=1) + 1e-3),  # concave: the array path
+            concave,  # concave: the array path
+            restart,
             np.round(rng.normal(size=shape), 1),  # ties: collinear points merge
             np.full(shape, 0.5),  # flat rows
         )

@@ -30,6 +30,19 @@ def test_reuses_only_for_the_same_objects_and_an_equal_key() -> None:
     assert calls == [1, 3, 4]
 
 
+def test_find_and_put_are_get_in_two_steps() -> None:
+    memo: IdentityMemo[int] = IdentityMemo()
+    a, b = Box(1), Box(1)
+    assert memo.find((a,), "k") is None
+    memo.put((a,), "k", 7)
+    assert memo.find((a,), "k") == 7
+    assert memo.find((b,), "k") is None  # an equal but other object
+    assert memo.find((a,), "other") is None
+    assert memo.get((a,), "k", lambda: -1) == 7  # what put stored, get reuses
+    memo.get((b,), "k", lambda: 8)
+    assert memo.find((b,), "k") == 8  # and what get stored, find sees
+
+
 def test_is_bounded() -> None:
     memo: IdentityMemo[int] = IdentityMemo(limit=3)
     boxes = [Box(i) for i in range(10)]

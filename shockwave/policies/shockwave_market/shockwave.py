@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -596,8 +596,9 @@ def _estimates(
     """``prediction`` with the estimates the policy reads of it: (prediction, remaining,
     total, error factor, cautious remaining, soonest remaining), the times over ``speed``."""
     factor = _error_factor(job.job_id, params) / speed
-    remaining = prediction.remaining_seconds * factor
-    done = prediction.total_seconds - prediction.remaining_seconds
+    left = prediction.remaining_seconds
+    remaining = left * factor
+    done = prediction.total_seconds - left
     total = done / speed + remaining
     cautious = (
         predict_greedy(job, params.predictor, rates).remaining_seconds
@@ -861,12 +862,9 @@ class Shockwave:
     ) -> Plan:
         window = params.planner.rounds
         length = snapshot.round_seconds
-        jobs = []
-        priority = []
-        for job in snapshot.jobs:
-            look = outlooks[job.job_id]
-            jobs.append(_plan_job(job, look, params, window, length))
-            priority.append(-look.laxity_s)
+        looks = [outlooks[job.job_id] for job in snapshot.jobs]
+        jobs = _plan_jobs(snapshot.jobs, looks, params, window, length)
+        priority = [-look.laxity_s for look in looks]
         deadlines = None
         patient = None
         if params.packing_order == "deadline":
@@ -1135,25 +1133,94 @@ def _plan_job(
     """Utility and remaining time of ``job`` after n = 0..cap rounds of the window; on
     ``width`` GPUs for an elastic job (a round there trains as ``speed`` rounds on its
     requested count; remaining time stays counted on the requested count)."""
-    gpus = job.spec.gpus
-    width = gpus if width is None else width
-    speed = 1.0
-    if job.spec.elastic is not None:
-        speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
-    held = len(job.progress.gpus) if job.spec.elastic is not None else width
-    overhead = 0.0 if job.running and held == width else params.restart_overhead_s
-    epochs = job.spec.epochs
-    base = min(1.0, job.progress.epochs_done / epochs)
+    row = _TableRow.of(job, look, params, window, length, width)
     # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
     # only the deadline and the weight move with the clock
     tables = _TABLES.get(
         (look.prediction,),
-        (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length),
-        lambda: _plan_tables(look, base, epochs, overhead, speed, window, length),
+        row.key,
+        lambda: _plan_tables(look, row.base, row.epochs, row.overhead, row.speed, window, length),
     )
-    weight = look.budget * look.rho**params.fairness_exponent
-    running = job.running and held == width
-    return _planned(job.job_id, gpus, look, weight, tables, running, window * length)
+    return row.planned(look, params, tables)
+
+
+def _plan_jobs(
+    jobs: Sequence[ActiveJob],
+    looks: Sequence[JobOutlook],
+    params: ShockwaveParams,
+    window: int,
+    length: float,
+) -> list[PlanJob]:
+    """:func:`_plan_job` of each job on its requested count, the very same values: the tables
+    the memo does not hold (a running job's, whose progress moved) are made together
+    (:func:`_plan_tables_many`), not one job at a time."""
+    rows = [
+        _TableRow.of(job, look, params, window, length)
+        for job, look in zip(jobs, looks, strict=True)
+    ]
+    found = [
+        _TABLES.find((look.prediction,), row.key) for row, look in zip(rows, looks, strict=True)
+    ]
+    missing = [i for i, tables in enumerate(found) if tables is None]
+    made = dict(
+        zip(
+            missing,
+            _plan_tables_many([rows[i] for i in missing], [looks[i] for i in missing]),
+            strict=True,
+        )
+    )
+    planned = []
+    for i, (row, look, tables) in enumerate(zip(rows, looks, found, strict=True)):
+        if tables is None:
+            tables = made[i]
+            _TABLES.put((look.prediction,), row.key, tables)
+        planned.append(row.planned(look, params, tables))
+    return planned
+
+
+class _TableRow(NamedTuple):
+    """What a job's window tables are made from (:func:`_plan_tables`) besides its outlook,
+    and how its plan view reads them (:meth:`planned`); a tuple, made for every job of every
+    re-plan."""
+
+    job_id: str
+    gpus: int
+    speed: float
+    overhead: float
+    epochs: int
+    base: float
+    running: bool
+    window: int
+    length: float
+    key: tuple[float, float, float, int, float, float, int, float]
+
+    @classmethod
+    def of(
+        cls,
+        job: ActiveJob,
+        look: JobOutlook,
+        params: ShockwaveParams,
+        window: int,
+        length: float,
+        width: int | None = None,
+    ) -> _TableRow:
+        gpus = job.spec.gpus
+        width = gpus if width is None else width
+        speed = 1.0
+        if job.spec.elastic is not None:
+            speed = job.spec.elastic.factor(width, gpus, job.progress.batch_size)
+        held = len(job.progress.gpus) if job.spec.elastic is not None else width
+        running = job.running and held == width
+        overhead = 0.0 if running else params.restart_overhead_s
+        epochs = job.spec.epochs
+        base = min(1.0, job.progress.epochs_done / epochs)
+        key = (look.remaining_s, look.error_factor, base, epochs, overhead, speed, window, length)
+        return cls(job.job_id, gpus, speed, overhead, epochs, base, running, window, length, key)
+
+    def planned(self, look: JobOutlook, params: ShockwaveParams, tables: _Tables) -> PlanJob:
+        weight = look.budget * look.rho**params.fairness_exponent
+        horizon = self.window * self.length
+        return _planned(self.job_id, self.gpus, look, weight, tables, self.running, horizon)
 
 
 _Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
@@ -1190,6 +1257,49 @@ def _plan_tables(
     finish = np.where(remaining <= 0, n * length, window * length + remaining)
     finish.setflags(write=False)
     return tuple(utility.tolist()), tuple(remaining.tolist()), finish
+
+
+def _plan_tables_many(rows: Sequence[_TableRow], looks: Sequence[JobOutlook]) -> list[_Tables]:
+    """:func:`_plan_tables` of several jobs of one window, the same floats: each job's row of
+    one array per table (the same elementwise operations, on n = 0..T; a row is cut at its
+    job's cap), the interpolation along each job's own regimes."""
+    if not rows:
+        return []
+    window, length = rows[0].window, rows[0].length
+    caps = [
+        min(window, max(1, math.ceil((look.remaining_s / row.speed + row.overhead) / length)))
+        for row, look in zip(rows, looks, strict=True)
+    ]
+    n = np.arange(max(caps) + 1, dtype=float)
+    at = n * length
+    overhead = np.array([row.overhead for row in rows])
+    speed = np.array([row.speed for row in rows])
+    factor = np.array([look.error_factor for look in looks])
+    run = np.maximum(0.0, at - overhead[:, None]) * speed[:, None]
+    scaled = run / factor[:, None]
+    progress = np.empty_like(scaled)
+    for i, look in enumerate(looks):
+        left_regimes = look.prediction.remaining_regimes()
+        seconds = list(
+            itertools.accumulate([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)])
+        )
+        gained = list(itertools.accumulate([0.0, *(r.epochs for r in left_regimes)]))
+        progress[i] = np.interp(scaled[i], seconds, gained)
+    base = np.array([row.base for row in rows])
+    epochs = np.array([row.epochs for row in rows], dtype=float)
+    utility = np.minimum(1.0, base[:, None] + progress / epochs[:, None])
+    utility[:, 0] = base
+    total = np.array([look.remaining_s for look in looks])
+    remaining = np.maximum(0.0, total[:, None] - run)
+    remaining[:, 0] = total
+    finish = np.where(remaining <= 0, at, window * length + remaining)
+    utilities, remainders = utility.tolist(), remaining.tolist()
+    made: list[_Tables] = []
+    for i, cap in enumerate(caps):
+        ends = finish[i, : cap + 1].copy()
+        ends.setflags(write=False)
+        made.append((tuple(utilities[i][: cap + 1]), tuple(remainders[i][: cap + 1]), ends))
+    return made
 
 
 def _elastic_priority(look: JobOutlook, params: ShockwaveParams) -> float:
