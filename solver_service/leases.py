@@ -58,6 +58,7 @@ from shockwave.rounds import engine
 from shockwave.rounds.engine import SOURCES
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
+from store.db import among, one_statement
 from store.leases import move_lease, stop_running
 from store.plans import freshest_plan, newest_plan
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, free_gpus, gpu_layout
@@ -357,10 +358,12 @@ def _apply(
     actually suspended. At a boundary, a live lease the engine could not see (held off the
     READY nodes) is revoked too. ``began``: when the issued leases' time counts from.
 
-    Written in bulk, a statement per chunk of :data:`BULK_ROWS`: the extended leases in one
-    ``UPDATE``, the revoked ones in one ``UPDATE`` a reason and their events in one ``INSERT``
-    (:func:`_revoke`), the issued ones in one ``INSERT``; only the few jobs suspended go
-    through the ORM (:func:`store.leases.stop_running`)."""
+    Written in bulk: the extended leases in one ``UPDATE``, the revoked ones in one ``UPDATE``
+    a reason and their events in one ``INSERT`` (:func:`_revoke`), the issued ones in one
+    ``INSERT``; only the few jobs suspended go through the ORM
+    (:func:`store.leases.stop_running`). On Postgres an ``UPDATE`` names any number of leases
+    in one array parameter (:func:`store.db.among`); elsewhere, and for the inserts, a
+    statement per chunk of :data:`BULK_ROWS`."""
     leases_of: dict[str, list[LiveLease]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
@@ -399,10 +402,10 @@ def _apply(
         for leftover in leases_of.values():
             revoke.append((leftover, f"preempted in round {r}: its lease is off the READY nodes"))
     revoked = _revoke(session, revoke, started)
-    for chunk in _chunks(extend):
+    for chunk in _id_chunks(session, extend):
         session.execute(
             update(LeaseRow)
-            .where(col(LeaseRow.id).in_(chunk))
+            .where(among(col(LeaseRow.id), chunk, session))
             .values(round_index=r, ends_at=ends, updated_at=started),
             execution_options={"synchronize_session": False},
         )
@@ -427,6 +430,16 @@ every database's limit)."""
 def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), BULK_ROWS):
         yield items[start : start + BULK_ROWS]
+
+
+def _id_chunks(session: Session, ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    """The ids a statement names (:func:`store.db.among`): all at once on Postgres (one array
+    parameter), else :data:`BULK_ROWS` at a time."""
+    if one_statement(session):
+        if ids:
+            yield ids
+    else:
+        yield from _chunks(ids)
 
 
 def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now: datetime) -> int:
@@ -457,10 +470,10 @@ def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now
             }
         )
     for reason, ids in by_reason.items():
-        for chunk in _chunks(ids):
+        for chunk in _id_chunks(session, ids):
             session.execute(
                 update(LeaseRow)
-                .where(col(LeaseRow.id).in_(chunk))
+                .where(among(col(LeaseRow.id), chunk, session))
                 .values(state=LeaseState.REVOKED.value, reason=reason, updated_at=now),
                 execution_options={"synchronize_session": False},
             )
@@ -525,7 +538,7 @@ def _unconfirmed(
     last_round = dict(
         session.exec(
             select(LeaseRow.job_id, func.max(LeaseRow.round_index))
-            .where(col(LeaseRow.job_id).in_(running))
+            .where(among(col(LeaseRow.job_id), running, session))
             .group_by(col(LeaseRow.job_id))
         ).all()
     )
@@ -638,8 +651,8 @@ class KnownJobs:
     def learn(self, session: Session, job_ids: Sequence[str]) -> None:
         """Read and check the specs of ``job_ids`` not known yet."""
         unknown = [j for j in job_ids if j not in self.fixed]
-        for chunk in _chunks(unknown):
-            for row in session.exec(select(JobRow).where(col(JobRow.id).in_(chunk))).all():
+        for chunk in _id_chunks(session, unknown):
+            for row in session.exec(select(JobRow).where(among(col(JobRow.id), chunk, session))):
                 self.fixed[row.id] = (_accepted(row), row.elastic is not None)
 
     def keep_only(self, job_ids: Iterable[str]) -> None:
