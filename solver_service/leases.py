@@ -56,6 +56,7 @@ from shockwave.domain.lifecycle import (
 from shockwave.domain.model import ValidationError
 from shockwave.rounds import engine
 from shockwave.rounds.engine import SOURCES
+from solver_service.collector import quiet_collector
 from store import events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.db import among, one_statement
@@ -144,7 +145,15 @@ def start_round(
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring).
     ``lead``: how early before the current round's end ``now`` may be (the round keeps its
     cadence). ``known``: what earlier boundaries and fills learnt of the jobs' fixed fields
-    (the driver keeps one; default: nothing, every active job's spec is read)."""
+    (the driver keeps one; default: nothing, every active job's spec is read). The collector
+    is quiet meanwhile (:mod:`solver_service.collector`)."""
+    with quiet_collector():
+        return _start_round(session, cluster_id, now, lead, known)
+
+
+def _start_round(
+    session: Session, cluster_id: str, now: float, lead: float, known: KnownJobs | None
+) -> RoundOutcome:
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
