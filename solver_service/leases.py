@@ -567,9 +567,18 @@ def mark_lost_nodes(
     get to its requests stamps none meanwhile, for any node. So the TTL only counts time in
     which the servers were answering: an API slowed down (overloaded, paused) never makes
     live nodes LOST, while a node that stopped talking is LOST a TTL after the others'
-    contacts moved past its last one."""
+    contacts moved past its last one.
+
+    Asked every step of the driver, so the common answer (no node silent) is one aggregate
+    over the READY nodes' contacts (their number, the newest and the oldest): each node's
+    contact is read only when the oldest is past the cutoff."""
+    count, newest, oldest = _contact_span(session)
+    if count == 0 or oldest is None or newest is None:
+        return None
+    cutoff = at(_answered_until(count, newest.timestamp(), now, ttl_s) - ttl_s)
+    if oldest >= cutoff:
+        return None
     ready = _ready_contacts(session)
-    cutoff = at(answering_clock(list(ready.values()), now, ttl_s) - ttl_s)
     silent = sorted(node for node, last in ready.items() if last < cutoff)
     if not silent:
         return None
@@ -712,7 +721,7 @@ def _held_gpus(live: Sequence[LiveLease], layout: GpuLayout | None) -> dict[str,
 
 def _ready_contacts(session: Session) -> dict[str, datetime]:
     """Each READY node's last contact (its registration before its first heartbeat): three
-    columns a node, read every step of the driver."""
+    columns a node, read when the oldest contact is past the cutoff (:func:`_contact_span`)."""
     rows = session.execute(
         sa_select(
             col(NodeRow.id), col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at)
@@ -721,15 +730,35 @@ def _ready_contacts(session: Session) -> dict[str, datetime]:
     return {node: heartbeat or registered for node, heartbeat, registered in rows}
 
 
+_CONTACT = func.coalesce(col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at))
+"""A node's last contact (its registration before its first heartbeat)."""
+
+
+def _contact_span(session: Session) -> tuple[int, datetime | None, datetime | None]:
+    """How many nodes are READY, and the newest and the oldest of their last contacts: one
+    aggregate, one row."""
+    count, newest, oldest = session.execute(
+        sa_select(func.count(), func.max(_CONTACT), func.min(_CONTACT)).where(
+            col(NodeRow.state) == NodeState.READY
+        )
+    ).one()
+    return int(count), newest, oldest
+
+
 def answering_clock(contacts: Sequence[datetime], now: float, ttl_s: float) -> float:
     """The time up to which the servers are known to have been answering: the newest of the
     READY nodes' ``contacts`` (each stamped at its request's arrival), or ``now`` with fewer
     than two READY nodes (no other node to compare with). Never later than ``now``, never
     more than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
     down) is still LOST, at most a TTL later."""
-    if len(contacts) < 2:
+    newest = max((c.timestamp() for c in contacts), default=now)
+    return _answered_until(len(contacts), newest, now, ttl_s)
+
+
+def _answered_until(count: int, newest: float, now: float, ttl_s: float) -> float:
+    """:func:`answering_clock` of ``count`` READY nodes whose newest contact is ``newest``."""
+    if count < 2:
         return now
-    newest = max(c.timestamp() for c in contacts)
     return min(now, max(newest, now - ttl_s))
 
 
