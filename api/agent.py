@@ -713,11 +713,20 @@ def _record_events(
             and row.job_id not in busy
         }
     )
-    if recorded:
-        # their jobs are locked, so their leases read now are what each event's fence check
-        # reads: loaded into the session once for all, where that check finds them (one
-        # statement a poll instead of one an event)
+    # their jobs are locked, so their leases read now are what each event's fence check
+    # reads: loaded into the session once for all, where that check finds them (one statement
+    # a poll instead of one an event). Kept referenced until the events are recorded: the
+    # session's identity map holds its objects weakly, and one nobody references is gone
+    # (the check then read its lease again).
+    pinned = (
         session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
+        if recorded
+        else []
+    )
+    # and their jobs' rows, read once for all under the locks the poll holds: each event is
+    # folded into its row in memory, and the new events and the rows are written together
+    # at the flush below (store.events.record_event's ``held``)
+    held = store_events.locked_jobs(session, {attempts[a].job_id for a in recorded})
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
@@ -746,7 +755,11 @@ def _record_events(
         payload = event.model_dump(mode="json", exclude={"seq", "kind", "attempt_id"})
         try:
             status, _ = store_events.record_event(
-                session, speaker, row.job_id, ClientEvent(event.seq, event.kind, payload)
+                session,
+                speaker,
+                row.job_id,
+                ClientEvent(event.seq, event.kind, payload),
+                held=held.get(row.job_id),
             )
         except (Conflict, InvalidInput, NotFound) as error:
             code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
@@ -764,6 +777,7 @@ def _record_events(
         answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
     if events:
         session.flush()
+    del pinned
     if scaled:
         cluster_version.bump_and_request(session, "batch size changed")
     return answers
