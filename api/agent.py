@@ -45,7 +45,7 @@ from shockwave.domain.lifecycle import (
     transition,
 )
 from shockwave.domain.observed import ClientEvent
-from store import cluster, cluster_version, population
+from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
@@ -481,7 +481,9 @@ def poll(
 
     committed once. Locks are taken jobs first (all of them in one statement, in the round
     driver's order), then leases, then the node's row: the order of the round driver and of
-    the node reaper, so a poll waits for them rather than deadlocking.
+    the node reaper, so a poll waits for them rather than deadlocking. Before its job locks a
+    poll passes the boundary gate (:mod:`store.boundary_gate`): while the driver writes a
+    boundary or a fill, a poll with ``defer_busy`` takes every job it names for busy.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
@@ -523,9 +525,13 @@ def poll(
     locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
     busy: set[str] = set()
     if locking and data.defer_busy:
-        locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
-        busy = locking - {row.id for row in locked}
+        if boundary_gate.pass_through(connection, wait=False):
+            locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
+            busy = locking - {row.id for row in locked}
+        else:  # the driver is writing a boundary: every job is busy
+            busy = set(locking)
     elif locking:
+        boundary_gate.pass_through(connection, wait=True)
         connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
     events = _record_events(session, node_id, data.events, attempts, busy)
     reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)

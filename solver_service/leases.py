@@ -2,8 +2,10 @@
 
 :func:`start_round` materializes round ``r = current_round + 1`` in one transaction:
 
-1. **Gather** (locks in the order jobs, nodes, leases, cluster, the order the agent endpoints
-   take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
+1. **Gather** (the boundary gate closed first, :mod:`store.boundary_gate`: the agents' polls
+   in flight end first and the others defer their job work until the commit; then locks in
+   the order jobs, nodes, leases, cluster, the order the agent endpoints take them in, so a
+   report racing a boundary waits instead of deadlocking): the active jobs
    (PENDING, RUNNING, SUSPENDED) in arrival order, their ids and states only (the fields fixed
    at submission are read once per job and kept, :class:`KnownJobs`), the READY nodes with
    their real sizes (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the
@@ -57,7 +59,7 @@ from shockwave.domain.model import ValidationError
 from shockwave.rounds import engine
 from shockwave.rounds.engine import SOURCES
 from solver_service.collector import quiet_collector
-from store import events, tenants
+from store import boundary_gate, events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.db import among, one_statement
 from store.leases import move_lease, stop_running
@@ -169,6 +171,7 @@ def _start_round(
     r = cluster.current_round + 1
     due = cluster.round_ends_at.timestamp() if cluster.round_ends_at is not None else None
     started, ends = at(now), at(round_end(now, due, cluster.round_seconds, lead))
+    boundary_gate.close(session)
     jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
@@ -281,6 +284,7 @@ def fill_round(
     if not _any_gpu_free(session):
         session.rollback()
         return FillOutcome(r, (), 0)
+    boundary_gate.close(session)
     jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
