@@ -10,7 +10,9 @@
    at submission are read once per job and kept, :class:`KnownJobs`), the READY nodes with
    their real sizes (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the
    freshest plan with a column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest
-   plan, whose last column the engine repeats), and the RUNNING jobs whose last lease is older
+   plan, whose last column the engine repeats; named by one small read, and read only when
+   the driver has not kept it from an earlier boundary or fill, :class:`KeptPlan`), and the
+   RUNNING jobs whose last lease is older
    than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.rounds.engine.boundary`, the same rule the simulator runs): the
    plan's column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
@@ -63,7 +65,7 @@ from store import boundary_gate, events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
 from store.db import among, one_statement
 from store.leases import move_lease, stop_running
-from store.plans import freshest_plan, newest_plan
+from store.plans import PlanRef, freshest_plan_ref, newest_plan_ref
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, free_gpus, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
@@ -176,7 +178,11 @@ def _start_round(
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
-    plan = freshest_plan(session, cluster.id, r) or newest_plan(session, cluster.id)
+    plan = _kept_plan(
+        session,
+        freshest_plan_ref(session, cluster.id, r) or newest_plan_ref(session, cluster.id),
+        known,
+    )
     waiting = _waiting(jobs.values(), plan.widths if plan is not None else {})
     unconfirmed = _unconfirmed(session, jobs, held, r)
     settling = _settling(session)
@@ -300,7 +306,11 @@ def fill_round(
     # by the boundary: a plan made since (for round r + 1, at a change mid-round) would have
     # the fills follow a decision the simulator's never see (Gavel, which plans one round at
     # a time, fills in arrival order there and in its next round's order here)
-    plan = freshest_plan(session, cluster.id, r + 1, made_by=cluster.round_started_at)
+    plan = _kept_plan(
+        session,
+        freshest_plan_ref(session, cluster.id, r + 1, made_by=cluster.round_started_at),
+        known,
+    )
     upcoming = _engine_plan(plan) if plan is not None else None
     prefer = engine.next_column(upcoming, r)
     changes = engine.fill(
@@ -339,21 +349,63 @@ def _any_gpu_free(session: Session) -> bool:
     return free_gpus(session) > 0
 
 
-def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeptPlan:
+    """What a boundary or a fill uses of a stored plan, kept by the driver (a stored plan never
+    changes): its row's figures and its engine view (``usable_from`` its creation)."""
+
+    id: int
+    created_at: datetime
+    widths: Mapping[str, int]
+    solve_seconds: float | None
+    gain_gap: float | None
+    view: engine.Plan
+
+    @classmethod
+    def of(cls, row: PlanRow) -> KeptPlan:
+        assert row.id is not None
+        return cls(
+            id=row.id,
+            created_at=row.created_at,
+            widths=dict(row.widths or {}),
+            solve_seconds=row.solve_seconds,
+            gain_gap=row.gain_gap,
+            view=engine.Plan(
+                base_round=row.base_round,
+                rounds=tuple(tuple(column) for column in row.rounds),
+                state_version=row.state_version,
+                usable_from=row.created_at.timestamp(),
+                plan_id=row.id,
+                types=dict(row.types or {}),
+            ),
+        )
+
+
+def _kept_plan(session: Session, ref: PlanRef | None, known: KnownJobs | None) -> KeptPlan | None:
+    """The plan ``ref`` names, from ``known`` when an earlier boundary or fill read it, else
+    read (its row carries a whole window of job ids: megabytes at 10,000 jobs) and kept."""
+    if ref is None:
+        return None
+    kept = known.plans.get(ref) if known is not None else None
+    if kept is None:
+        row = session.get(PlanRow, ref[0])
+        if row is None:
+            return None
+        kept = KeptPlan.of(row)
+        if known is not None:
+            known.keep_plan(ref, kept)
+    return kept
+
+
+def _engine_plan(plan: KeptPlan, now: float | None = None) -> engine.Plan:
     """The engine's view of a stored plan. ``now``: the boundary's time, stamped before its
     reads. A plan the boundary read is committed, so it is on hand: its ``usable_from`` is
     at most ``now`` (a plan stored while the boundary waited for its locks was stamped after
     ``now``, and the engine took it for one not back yet: the round went first in, first
     out, as if there were no plan)."""
-    created = plan.created_at.timestamp()
-    return engine.Plan(
-        base_round=plan.base_round,
-        rounds=tuple(tuple(column) for column in plan.rounds),
-        state_version=plan.state_version,
-        usable_from=created if now is None else min(created, now),
-        plan_id=plan.id,
-        types=dict(plan.types or {}),
-    )
+    if now is None or plan.view.usable_from <= now:
+        return plan.view
+    return dataclasses.replace(plan.view, usable_from=now)
 
 
 def _apply(
@@ -663,12 +715,20 @@ class ActiveJob(NamedTuple):
 
 @dataclasses.dataclass
 class KnownJobs:
-    """The fields of jobs fixed at submission that boundaries need beyond the job's row's
-    state (whether the model accepts the spec, whether the job is elastic), by job id, kept
-    from one boundary to the next: a job's spec is read and checked once, not every round.
-    Only the active jobs are kept."""
+    """What the driver keeps from one boundary to the next. The fields of jobs fixed at
+    submission that boundaries need beyond the job's row's state (whether the model accepts
+    the spec, whether the job is elastic), by job id: a job's spec is read and checked once,
+    not every round; only the active jobs are kept. And the plans last read
+    (:class:`KeptPlan`, at most :data:`KEPT_PLANS`): a plan is read once, not at every
+    boundary and fill that follows it."""
 
     fixed: dict[str, tuple[bool, bool]] = dataclasses.field(default_factory=dict)
+    plans: dict[PlanRef, KeptPlan] = dataclasses.field(default_factory=dict)
+
+    def keep_plan(self, ref: PlanRef, plan: KeptPlan) -> None:
+        self.plans[ref] = plan
+        while len(self.plans) > KEPT_PLANS:
+            del self.plans[next(iter(self.plans))]
 
     def learn(self, session: Session, job_ids: Sequence[str]) -> None:
         """Read and check the specs of ``job_ids`` not known yet."""
@@ -680,6 +740,10 @@ class KnownJobs:
     def keep_only(self, job_ids: Iterable[str]) -> None:
         kept = set(job_ids)
         self.fixed = {j: facts for j, facts in self.fixed.items() if j in kept}
+
+
+KEPT_PLANS = 4
+"""Plans the driver keeps (a boundary's and its fills' are the last one or two)."""
 
 
 def _accepted(row: JobRow) -> bool:
