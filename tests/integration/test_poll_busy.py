@@ -200,8 +200,9 @@ def test_a_boundary_waits_at_the_gate_for_the_polls_in_flight(
     setup: tuple[TestClient, str, str, str, str], busy_database: Database
 ) -> None:
     """A boundary begun while a poll that passed the gate is still in flight waits for it to end
-    before it locks any job, then is written."""
-    _, _, _, job, _ = setup
+    before it locks any job, then is written; a poll that arrives while the boundary waits
+    defers (polls that keep arriving never hold the boundary off)."""
+    client, _, agent, job, attempt = setup
     done: list[int] = []
     with driver_on(busy_database, ttl_s=3600.0) as (driver, _):
         with gate_held(busy_database, PASSED):
@@ -210,6 +211,9 @@ def test_a_boundary_waits_at_the_gate_for_the_polls_in_flight(
             boundary.start()
             boundary.join(1.0)
             assert boundary.is_alive() and not done, "the boundary waits for the poll"
+            later = contact(client, agent, defer_busy=True, events=[progress(attempt, 1)])
+            assert [(e["seq"], e["status"]) for e in later["events"]] == [(1, 503)]
+            assert boundary.is_alive() and not done
         boundary.join(30.0)
     assert done == [1]
     with Session(busy_database.engine) as session:
