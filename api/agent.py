@@ -45,7 +45,7 @@ from shockwave.domain.lifecycle import (
     transition,
 )
 from shockwave.domain.observed import ClientEvent
-from store import cluster, cluster_version, population
+from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
@@ -481,7 +481,9 @@ def poll(
 
     committed once. Locks are taken jobs first (all of them in one statement, in the round
     driver's order), then leases, then the node's row: the order of the round driver and of
-    the node reaper, so a poll waits for them rather than deadlocking.
+    the node reaper, so a poll waits for them rather than deadlocking. Before its job locks a
+    poll passes the boundary gate (:mod:`store.boundary_gate`): while the driver writes a
+    boundary or a fill, a poll with ``defer_busy`` takes every job it names for busy.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
@@ -523,9 +525,13 @@ def poll(
     locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
     busy: set[str] = set()
     if locking and data.defer_busy:
-        locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
-        busy = locking - {row.id for row in locked}
+        if boundary_gate.pass_through(connection, wait=False):
+            locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
+            busy = locking - {row.id for row in locked}
+        else:  # the driver is writing a boundary: every job is busy
+            busy = set(locking)
     elif locking:
+        boundary_gate.pass_through(connection, wait=True)
         connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
     events = _record_events(session, node_id, data.events, attempts, busy)
     reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)
@@ -713,11 +719,20 @@ def _record_events(
             and row.job_id not in busy
         }
     )
-    if recorded:
-        # their jobs are locked, so their leases read now are what each event's fence check
-        # reads: loaded into the session once for all, where that check finds them (one
-        # statement a poll instead of one an event)
+    # their jobs are locked, so their leases read now are what each event's fence check
+    # reads: loaded into the session once for all, where that check finds them (one statement
+    # a poll instead of one an event). Kept referenced until the events are recorded: the
+    # session's identity map holds its objects weakly, and one nobody references is gone
+    # (the check then read its lease again).
+    pinned = (
         session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
+        if recorded
+        else []
+    )
+    # and their jobs' rows, read once for all under the locks the poll holds: each event is
+    # folded into its row in memory, and the new events and the rows are written together
+    # at the flush below (store.events.record_event's ``held``)
+    held = store_events.locked_jobs(session, {attempts[a].job_id for a in recorded})
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
@@ -746,7 +761,11 @@ def _record_events(
         payload = event.model_dump(mode="json", exclude={"seq", "kind", "attempt_id"})
         try:
             status, _ = store_events.record_event(
-                session, speaker, row.job_id, ClientEvent(event.seq, event.kind, payload)
+                session,
+                speaker,
+                row.job_id,
+                ClientEvent(event.seq, event.kind, payload),
+                held=held.get(row.job_id),
             )
         except (Conflict, InvalidInput, NotFound) as error:
             code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
@@ -764,6 +783,7 @@ def _record_events(
         answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
     if events:
         session.flush()
+    del pinned
     if scaled:
         cluster_version.bump_and_request(session, "batch size changed")
     return answers

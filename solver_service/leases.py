@@ -2,13 +2,17 @@
 
 :func:`start_round` materializes round ``r = current_round + 1`` in one transaction:
 
-1. **Gather** (locks in the order jobs, nodes, leases, cluster, the order the agent endpoints
-   take them in, so a report racing a boundary waits instead of deadlocking): the active jobs
+1. **Gather** (the boundary gate closed first, :mod:`store.boundary_gate`: the agents' polls
+   in flight end first and the others defer their job work until the commit; then locks in
+   the order jobs, nodes, leases, cluster, the order the agent endpoints take them in, so a
+   report racing a boundary waits instead of deadlocking): the active jobs
    (PENDING, RUNNING, SUSPENDED) in arrival order, their ids and states only (the fields fixed
    at submission are read once per job and kept, :class:`KnownJobs`), the READY nodes with
    their real sizes (:func:`store.snapshot.gpu_layout`), the live leases as global GPUs, the
    freshest plan with a column for ``r`` (:func:`store.plans.freshest_plan`; none: the newest
-   plan, whose last column the engine repeats), and the RUNNING jobs whose last lease is older
+   plan, whose last column the engine repeats; named by one small read, and read only when
+   the driver has not kept it from an earlier boundary or fill, :class:`KeptPlan`), and the
+   RUNNING jobs whose last lease is older
    than round ``r - 1`` (revoked a round ago, never confirmed a checkpoint).
 2. **Engine** (:func:`shockwave.rounds.engine.boundary`, the same rule the simulator runs): the
    plan's column (``plan``, or ``previous_plan`` when the cluster has moved on since, or when the
@@ -56,10 +60,12 @@ from shockwave.domain.lifecycle import (
 from shockwave.domain.model import ValidationError
 from shockwave.rounds import engine
 from shockwave.rounds.engine import SOURCES
-from store import events, tenants
+from solver_service.collector import quiet_collector
+from store import boundary_gate, events, tenants
 from store.cluster_version import bump_state_version, ensure_cluster
+from store.db import among, one_statement
 from store.leases import move_lease, stop_running
-from store.plans import freshest_plan, newest_plan
+from store.plans import PlanRef, freshest_plan_ref, newest_plan_ref
 from store.snapshot import WITHOUT_POLICY_STATE, GpuLayout, free_gpus, gpu_layout
 from store.tables import ClusterRow, JobEventRow, JobRow, LeaseRow, NodeRow, PlanRow, RoundRow
 
@@ -143,7 +149,15 @@ def start_round(
     """Materialize the next round of ``cluster_id`` at ``now`` and commit (module docstring).
     ``lead``: how early before the current round's end ``now`` may be (the round keeps its
     cadence). ``known``: what earlier boundaries and fills learnt of the jobs' fixed fields
-    (the driver keeps one; default: nothing, every active job's spec is read)."""
+    (the driver keeps one; default: nothing, every active job's spec is read). The collector
+    is quiet meanwhile (:mod:`solver_service.collector`)."""
+    with quiet_collector():
+        return _start_round(session, cluster_id, now, lead, known)
+
+
+def _start_round(
+    session: Session, cluster_id: str, now: float, lead: float, known: KnownJobs | None
+) -> RoundOutcome:
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -159,11 +173,16 @@ def start_round(
     r = cluster.current_round + 1
     due = cluster.round_ends_at.timestamp() if cluster.round_ends_at is not None else None
     started, ends = at(now), at(round_end(now, due, cluster.round_seconds, lead))
+    boundary_gate.close(session)
     jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
     held = _held_gpus(live, layout)
-    plan = freshest_plan(session, cluster.id, r) or newest_plan(session, cluster.id)
+    plan = _kept_plan(
+        session,
+        freshest_plan_ref(session, cluster.id, r) or newest_plan_ref(session, cluster.id),
+        known,
+    )
     waiting = _waiting(jobs.values(), plan.widths if plan is not None else {})
     unconfirmed = _unconfirmed(session, jobs, held, r)
     settling = _settling(session)
@@ -271,6 +290,7 @@ def fill_round(
     if not _any_gpu_free(session):
         session.rollback()
         return FillOutcome(r, (), 0)
+    boundary_gate.close(session)
     jobs = _lock_active_jobs(session, known if known is not None else KnownJobs())
     layout = gpu_layout(session)
     live = _lock_live_leases(session)
@@ -286,7 +306,11 @@ def fill_round(
     # by the boundary: a plan made since (for round r + 1, at a change mid-round) would have
     # the fills follow a decision the simulator's never see (Gavel, which plans one round at
     # a time, fills in arrival order there and in its next round's order here)
-    plan = freshest_plan(session, cluster.id, r + 1, made_by=cluster.round_started_at)
+    plan = _kept_plan(
+        session,
+        freshest_plan_ref(session, cluster.id, r + 1, made_by=cluster.round_started_at),
+        known,
+    )
     upcoming = _engine_plan(plan) if plan is not None else None
     prefer = engine.next_column(upcoming, r)
     changes = engine.fill(
@@ -325,21 +349,63 @@ def _any_gpu_free(session: Session) -> bool:
     return free_gpus(session) > 0
 
 
-def _engine_plan(plan: PlanRow, now: float | None = None) -> engine.Plan:
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeptPlan:
+    """What a boundary or a fill uses of a stored plan, kept by the driver (a stored plan never
+    changes): its row's figures and its engine view (``usable_from`` its creation)."""
+
+    id: int
+    created_at: datetime
+    widths: Mapping[str, int]
+    solve_seconds: float | None
+    gain_gap: float | None
+    view: engine.Plan
+
+    @classmethod
+    def of(cls, row: PlanRow) -> KeptPlan:
+        assert row.id is not None
+        return cls(
+            id=row.id,
+            created_at=row.created_at,
+            widths=dict(row.widths or {}),
+            solve_seconds=row.solve_seconds,
+            gain_gap=row.gain_gap,
+            view=engine.Plan(
+                base_round=row.base_round,
+                rounds=tuple(tuple(column) for column in row.rounds),
+                state_version=row.state_version,
+                usable_from=row.created_at.timestamp(),
+                plan_id=row.id,
+                types=dict(row.types or {}),
+            ),
+        )
+
+
+def _kept_plan(session: Session, ref: PlanRef | None, known: KnownJobs | None) -> KeptPlan | None:
+    """The plan ``ref`` names, from ``known`` when an earlier boundary or fill read it, else
+    read (its row carries a whole window of job ids: megabytes at 10,000 jobs) and kept."""
+    if ref is None:
+        return None
+    kept = known.plans.get(ref) if known is not None else None
+    if kept is None:
+        row = session.get(PlanRow, ref[0])
+        if row is None:
+            return None
+        kept = KeptPlan.of(row)
+        if known is not None:
+            known.keep_plan(ref, kept)
+    return kept
+
+
+def _engine_plan(plan: KeptPlan, now: float | None = None) -> engine.Plan:
     """The engine's view of a stored plan. ``now``: the boundary's time, stamped before its
     reads. A plan the boundary read is committed, so it is on hand: its ``usable_from`` is
     at most ``now`` (a plan stored while the boundary waited for its locks was stamped after
     ``now``, and the engine took it for one not back yet: the round went first in, first
     out, as if there were no plan)."""
-    created = plan.created_at.timestamp()
-    return engine.Plan(
-        base_round=plan.base_round,
-        rounds=tuple(tuple(column) for column in plan.rounds),
-        state_version=plan.state_version,
-        usable_from=created if now is None else min(created, now),
-        plan_id=plan.id,
-        types=dict(plan.types or {}),
-    )
+    if now is None or plan.view.usable_from <= now:
+        return plan.view
+    return dataclasses.replace(plan.view, usable_from=now)
 
 
 def _apply(
@@ -357,10 +423,12 @@ def _apply(
     actually suspended. At a boundary, a live lease the engine could not see (held off the
     READY nodes) is revoked too. ``began``: when the issued leases' time counts from.
 
-    Written in bulk, a statement per chunk of :data:`BULK_ROWS`: the extended leases in one
-    ``UPDATE``, the revoked ones in one ``UPDATE`` a reason and their events in one ``INSERT``
-    (:func:`_revoke`), the issued ones in one ``INSERT``; only the few jobs suspended go
-    through the ORM (:func:`store.leases.stop_running`)."""
+    Written in bulk: the extended leases in one ``UPDATE``, the revoked ones in one ``UPDATE``
+    a reason and their events in one ``INSERT`` (:func:`_revoke`), the issued ones in one
+    ``INSERT``; only the few jobs suspended go through the ORM
+    (:func:`store.leases.stop_running`). On Postgres an ``UPDATE`` names any number of leases
+    in one array parameter (:func:`store.db.among`); elsewhere, and for the inserts, a
+    statement per chunk of :data:`BULK_ROWS`."""
     leases_of: dict[str, list[LiveLease]] = defaultdict(list)
     for lease in live:
         leases_of[lease.job_id].append(lease)
@@ -399,10 +467,10 @@ def _apply(
         for leftover in leases_of.values():
             revoke.append((leftover, f"preempted in round {r}: its lease is off the READY nodes"))
     revoked = _revoke(session, revoke, started)
-    for chunk in _chunks(extend):
+    for chunk in _id_chunks(session, extend):
         session.execute(
             update(LeaseRow)
-            .where(col(LeaseRow.id).in_(chunk))
+            .where(among(col(LeaseRow.id), chunk, session))
             .values(round_index=r, ends_at=ends, updated_at=started),
             execution_options={"synchronize_session": False},
         )
@@ -427,6 +495,16 @@ every database's limit)."""
 def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), BULK_ROWS):
         yield items[start : start + BULK_ROWS]
+
+
+def _id_chunks(session: Session, ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    """The ids a statement names (:func:`store.db.among`): all at once on Postgres (one array
+    parameter), else :data:`BULK_ROWS` at a time."""
+    if one_statement(session):
+        if ids:
+            yield ids
+    else:
+        yield from _chunks(ids)
 
 
 def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now: datetime) -> int:
@@ -457,10 +535,10 @@ def _revoke(session: Session, revoke: Sequence[tuple[list[LiveLease], str]], now
             }
         )
     for reason, ids in by_reason.items():
-        for chunk in _chunks(ids):
+        for chunk in _id_chunks(session, ids):
             session.execute(
                 update(LeaseRow)
-                .where(col(LeaseRow.id).in_(chunk))
+                .where(among(col(LeaseRow.id), chunk, session))
                 .values(state=LeaseState.REVOKED.value, reason=reason, updated_at=now),
                 execution_options={"synchronize_session": False},
             )
@@ -525,7 +603,7 @@ def _unconfirmed(
     last_round = dict(
         session.exec(
             select(LeaseRow.job_id, func.max(LeaseRow.round_index))
-            .where(col(LeaseRow.job_id).in_(running))
+            .where(among(col(LeaseRow.job_id), running, session))
             .group_by(col(LeaseRow.job_id))
         ).all()
     )
@@ -545,9 +623,18 @@ def mark_lost_nodes(
     get to its requests stamps none meanwhile, for any node. So the TTL only counts time in
     which the servers were answering: an API slowed down (overloaded, paused) never makes
     live nodes LOST, while a node that stopped talking is LOST a TTL after the others'
-    contacts moved past its last one."""
+    contacts moved past its last one.
+
+    Asked every step of the driver, so the common answer (no node silent) is one aggregate
+    over the READY nodes' contacts (their number, the newest and the oldest): each node's
+    contact is read only when the oldest is past the cutoff."""
+    count, newest, oldest = _contact_span(session)
+    if count == 0 or oldest is None or newest is None:
+        return None
+    cutoff = at(_answered_until(count, newest.timestamp(), now, ttl_s) - ttl_s)
+    if oldest >= cutoff:
+        return None
     ready = _ready_contacts(session)
-    cutoff = at(answering_clock(list(ready.values()), now, ttl_s) - ttl_s)
     silent = sorted(node for node, last in ready.items() if last < cutoff)
     if not silent:
         return None
@@ -628,23 +715,35 @@ class ActiveJob(NamedTuple):
 
 @dataclasses.dataclass
 class KnownJobs:
-    """The fields of jobs fixed at submission that boundaries need beyond the job's row's
-    state (whether the model accepts the spec, whether the job is elastic), by job id, kept
-    from one boundary to the next: a job's spec is read and checked once, not every round.
-    Only the active jobs are kept."""
+    """What the driver keeps from one boundary to the next. The fields of jobs fixed at
+    submission that boundaries need beyond the job's row's state (whether the model accepts
+    the spec, whether the job is elastic), by job id: a job's spec is read and checked once,
+    not every round; only the active jobs are kept. And the plans last read
+    (:class:`KeptPlan`, at most :data:`KEPT_PLANS`): a plan is read once, not at every
+    boundary and fill that follows it."""
 
     fixed: dict[str, tuple[bool, bool]] = dataclasses.field(default_factory=dict)
+    plans: dict[PlanRef, KeptPlan] = dataclasses.field(default_factory=dict)
+
+    def keep_plan(self, ref: PlanRef, plan: KeptPlan) -> None:
+        self.plans[ref] = plan
+        while len(self.plans) > KEPT_PLANS:
+            del self.plans[next(iter(self.plans))]
 
     def learn(self, session: Session, job_ids: Sequence[str]) -> None:
         """Read and check the specs of ``job_ids`` not known yet."""
         unknown = [j for j in job_ids if j not in self.fixed]
-        for chunk in _chunks(unknown):
-            for row in session.exec(select(JobRow).where(col(JobRow.id).in_(chunk))).all():
+        for chunk in _id_chunks(session, unknown):
+            for row in session.exec(select(JobRow).where(among(col(JobRow.id), chunk, session))):
                 self.fixed[row.id] = (_accepted(row), row.elastic is not None)
 
     def keep_only(self, job_ids: Iterable[str]) -> None:
         kept = set(job_ids)
         self.fixed = {j: facts for j, facts in self.fixed.items() if j in kept}
+
+
+KEPT_PLANS = 4
+"""Plans the driver keeps (a boundary's and its fills' are the last one or two)."""
 
 
 def _accepted(row: JobRow) -> bool:
@@ -690,7 +789,7 @@ def _held_gpus(live: Sequence[LiveLease], layout: GpuLayout | None) -> dict[str,
 
 def _ready_contacts(session: Session) -> dict[str, datetime]:
     """Each READY node's last contact (its registration before its first heartbeat): three
-    columns a node, read every step of the driver."""
+    columns a node, read when the oldest contact is past the cutoff (:func:`_contact_span`)."""
     rows = session.execute(
         sa_select(
             col(NodeRow.id), col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at)
@@ -699,15 +798,35 @@ def _ready_contacts(session: Session) -> dict[str, datetime]:
     return {node: heartbeat or registered for node, heartbeat, registered in rows}
 
 
+_CONTACT = func.coalesce(col(NodeRow.last_heartbeat_at), col(NodeRow.registered_at))
+"""A node's last contact (its registration before its first heartbeat)."""
+
+
+def _contact_span(session: Session) -> tuple[int, datetime | None, datetime | None]:
+    """How many nodes are READY, and the newest and the oldest of their last contacts: one
+    aggregate, one row."""
+    count, newest, oldest = session.execute(
+        sa_select(func.count(), func.max(_CONTACT), func.min(_CONTACT)).where(
+            col(NodeRow.state) == NodeState.READY
+        )
+    ).one()
+    return int(count), newest, oldest
+
+
 def answering_clock(contacts: Sequence[datetime], now: float, ttl_s: float) -> float:
     """The time up to which the servers are known to have been answering: the newest of the
     READY nodes' ``contacts`` (each stamped at its request's arrival), or ``now`` with fewer
     than two READY nodes (no other node to compare with). Never later than ``now``, never
     more than ``ttl_s`` behind it: a node whose peers all went silent too (the whole cluster
     down) is still LOST, at most a TTL later."""
-    if len(contacts) < 2:
+    newest = max((c.timestamp() for c in contacts), default=now)
+    return _answered_until(len(contacts), newest, now, ttl_s)
+
+
+def _answered_until(count: int, newest: float, now: float, ttl_s: float) -> float:
+    """:func:`answering_clock` of ``count`` READY nodes whose newest contact is ``newest``."""
+    if count < 2:
         return now
-    newest = max(c.timestamp() for c in contacts)
     return min(now, max(newest, now - ttl_s))
 
 

@@ -11,6 +11,7 @@ request ``(cluster, state_version)``. In order:
 3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
    timed with the injected ``timer``; a job the policy cannot model is left out of the plan
    and told why (``shockwave.policies.policy.decide_isolating``; an ``excluded`` event on the job).
+   Steps 2 and 3 run with the cycle collector quiet (:mod:`solver_service.collector`).
 4. Store the plan, holding the cluster row (``SELECT ... FOR UPDATE`` on Postgres; SQLite has
    one writer at a time): if another worker stored the same plan meanwhile, keep theirs. The
    policy's new memory is saved on the cluster row unless a plan made at a later state (a
@@ -46,6 +47,7 @@ from sqlmodel import Session, col, select
 
 from shockwave.domain import state_codec
 from shockwave.policies.policy import SolveSummary, decide_isolating, get_policy, service_params
+from solver_service.collector import quiet_collector
 from store.events import record_exclusions
 from store.plans import plan_at
 from store.snapshot import WITHOUT_POLICY_STATE, KnownSpecs, NoCapacity, load_snapshot
@@ -101,21 +103,22 @@ def plan_cluster(
             solver_time_limit_s=solver_time_limit_s,
             time_scale=time_scale,
         )
-    loading = time.perf_counter()
-    try:
-        snapshot, version = load_snapshot(
-            session, cluster_id, base_round, now, priority_classes, known
-        )
-    except NoCapacity:
-        log.info("plan %s@%s: no READY node, nothing to plan", cluster_id, state_version)
+    with quiet_collector():
+        loading = time.perf_counter()
+        try:
+            snapshot, version = load_snapshot(
+                session, cluster_id, base_round, now, priority_classes, known
+            )
+        except NoCapacity:
+            log.info("plan %s@%s: no READY node, nothing to plan", cluster_id, state_version)
+            session.rollback()
+            return None
         session.rollback()
-        return None
-    session.rollback()
-    loaded = time.perf_counter() - loading
+        loaded = time.perf_counter() - loading
 
-    started = timer()
-    decision = decide_isolating(policy, snapshot, params)
-    seconds = timer() - started
+        started = timer()
+        decision = decide_isolating(policy, snapshot, params)
+        seconds = timer() - started
     timings = PlanTimings(snapshot_s=loaded, solve_s=seconds)
 
     plan = PlanRow(

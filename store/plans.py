@@ -32,6 +32,11 @@ def plan_at(
     ).first()
 
 
+PlanRef = tuple[int, datetime]
+"""A stored plan's id and creation time: what names it (a stored plan never changes), so a
+reader that kept what it read of a plan need not read its row again."""
+
+
 def freshest_plan(
     session: Session, cluster_id: str, r: int, made_by: datetime | None = None
 ) -> PlanRow | None:
@@ -41,7 +46,15 @@ def freshest_plan(
     Only that one plan is loaded: the candidates are ranked by their ids, base rounds and
     column counts (``json_array_length``, on Postgres and SQLite alike), because a busy
     cluster stores a plan per change and each carries a whole window of job ids."""
-    query = select(PlanRow.id).where(
+    ref = freshest_plan_ref(session, cluster_id, r, made_by)
+    return None if ref is None else session.get(PlanRow, ref[0])
+
+
+def freshest_plan_ref(
+    session: Session, cluster_id: str, r: int, made_by: datetime | None = None
+) -> PlanRef | None:
+    """:func:`freshest_plan`'s plan named, not read (:data:`PlanRef`)."""
+    query = select(PlanRow.id, PlanRow.created_at).where(
         PlanRow.cluster_id == cluster_id,
         col(PlanRow.base_round) <= r,
         col(PlanRow.base_round) > r - MAX_PLAN_WINDOW,
@@ -52,7 +65,9 @@ def freshest_plan(
     ranked = session.exec(
         query.order_by(col(PlanRow.state_version).desc(), col(PlanRow.base_round).desc()).limit(1)
     ).first()
-    return None if ranked is None else session.get(PlanRow, ranked)
+    if ranked is None or ranked[0] is None:
+        return None
+    return ranked[0], ranked[1]
 
 
 def newest_plan(session: Session, cluster_id: str) -> PlanRow | None:
@@ -63,3 +78,16 @@ def newest_plan(session: Session, cluster_id: str) -> PlanRow | None:
         .order_by(col(PlanRow.state_version).desc(), col(PlanRow.id).desc())
         .limit(1)
     ).first()
+
+
+def newest_plan_ref(session: Session, cluster_id: str) -> PlanRef | None:
+    """:func:`newest_plan`'s plan named, not read (:data:`PlanRef`)."""
+    ranked = session.exec(
+        select(PlanRow.id, PlanRow.created_at)
+        .where(PlanRow.cluster_id == cluster_id)
+        .order_by(col(PlanRow.state_version).desc(), col(PlanRow.id).desc())
+        .limit(1)
+    ).first()
+    if ranked is None or ranked[0] is None:
+        return None
+    return ranked[0], ranked[1]

@@ -62,6 +62,7 @@ from shockwave.domain.stints import Stint
 from shockwave.domain.tenancy import AT_LIMIT, TenantUsage
 from shockwave.rounds.engine import unfit_for
 from store import events, population, tenants
+from store.db import among, one_statement
 from store.jobs import trained_since_change
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
 
@@ -286,7 +287,7 @@ def stints_of(
             col(LeaseRow.ends_at),
             col(LeaseRow.updated_at),
             col(LeaseRow.state),
-        ).where(col(LeaseRow.job_id).in_(list(job_ids)))
+        ).where(among(col(LeaseRow.job_id), job_ids, session))
     ).all()
     spans: dict[str, dict[datetime, Stint]] = {}
     for job_id, issued, began, first_end, ends, updated, state in rows:
@@ -342,9 +343,10 @@ class KnownSpecs:
         wanted = set(job_ids)
         self.specs = {j: spec for j, spec in self.specs.items() if j in wanted}
         unknown = [j for j in job_ids if j not in self.specs]
-        for start in range(0, len(unknown), SPEC_CHUNK):
-            chunk = unknown[start : start + SPEC_CHUNK]
-            query = select(JobRow).where(col(JobRow.id).in_(chunk))
+        size = len(unknown) if one_statement(session) else SPEC_CHUNK
+        for start in range(0, len(unknown), max(1, size)):
+            chunk = unknown[start : start + size]
+            query = select(JobRow).where(among(col(JobRow.id), chunk, session))
             for row in session.exec(query.execution_options(populate_existing=True)).all():
                 try:
                     self.specs[row.id] = events.spec_of_row(row)
@@ -410,19 +412,16 @@ def active_jobs(
 def gpu_layout(session: Session) -> GpuLayout | None:
     """The READY nodes an operator approved, as the core sees them (each with its reported
     GPUs, never more than approved), or None when there is none."""
-    nodes = session.exec(
-        select(NodeRow, NodeApprovalRow)
+    nodes = session.execute(
+        sa_select(col(NodeRow.id), _WIDTH, col(NodeRow.gpu_type))
         .join(NodeApprovalRow, _APPROVED)
         .where(_READY)
         .order_by(col(NodeRow.id))
     ).all()
     if not nodes:
         return None
-    return GpuLayout(
-        tuple(n.id for n, _ in nodes),
-        tuple(min(n.gpus, a.gpus) for n, a in nodes),
-        tuple(n.gpu_type for n, _ in nodes),
-    )
+    ids, widths, types = zip(*nodes, strict=True)
+    return GpuLayout(tuple(ids), tuple(widths), tuple(types))
 
 
 class Unread:

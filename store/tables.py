@@ -179,7 +179,7 @@ class NodeRow(SQLModel, table=True):
     hostname: str = Field(max_length=255)
     gpus: int
     gpu_type: str = Field(default="", max_length=64)
-    state: str = Field(default=NodeState.READY.value, index=True, max_length=16)
+    state: str = Field(default=NodeState.READY.value, max_length=16)
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     registered_at: datetime = _ts()
 

@@ -252,7 +252,7 @@ def _fewest_nodes(free: _FreeGpus, width: int) -> list[int]:
 class _FreeGpus:
     """The free GPUs of a cluster, by node and in all, while one placement is being built."""
 
-    __slots__ = ("_all", "_by_node", "_cluster", "largest", "nodes")
+    __slots__ = ("_all", "_by_count", "_by_node", "_cluster", "largest", "nodes")
 
     def __init__(self, cluster: Cluster, busy: Iterable[int] = ()) -> None:
         self._cluster = cluster
@@ -264,6 +264,11 @@ class _FreeGpus:
         for g in busy:
             self._by_node[node_of(g)].discard(g)
             self._all.discard(g)
+        self._by_count: list[set[int]] = [set() for _ in range(self.largest + 1)]
+        """The nodes by how many free GPUs each has (a best fit looks at few of them, not at
+        every node: a boundary places hundreds of gangs on a thousand nodes)."""
+        for n, gpus in enumerate(self._by_node):
+            self._by_count[len(gpus)].add(n)
 
     def size(self, node: int) -> int:
         return self._cluster.node_gpus[node]
@@ -280,8 +285,10 @@ class _FreeGpus:
 
     def best_fit(self, width: int) -> int | None:
         """The node with the fewest free GPUs that still holds ``width`` (lowest index on ties)."""
-        fits = [n for n in range(self.nodes) if self.count(n) >= width]
-        return min(fits, key=lambda n: (self.count(n), n)) if fits else None
+        for count in range(max(width, 0), self.largest + 1):
+            if self._by_count[count]:
+                return min(self._by_count[count])
+        return None
 
     def all_free(self, gpus: Sequence[int]) -> bool:
         return self._all.issuperset(gpus)
@@ -290,7 +297,11 @@ class _FreeGpus:
         """Mark ``gpus`` as used and return them as a sorted tuple."""
         node_of = self._cluster.node_of
         for g in gpus:
-            self._by_node[node_of(g)].remove(g)
+            node = node_of(g)
+            held = self._by_node[node]
+            held.remove(g)
+            self._by_count[len(held) + 1].discard(node)
+            self._by_count[len(held)].add(node)
             self._all.remove(g)
         return tuple(sorted(gpus))
 

@@ -21,7 +21,7 @@ from store.principals import Principal, Role
 from store.tables import NodeRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, Tokens
-from tests.integration.driving import agent_token, driver_on, leases, now, register
+from tests.integration.driving import agent_token, driver_on, leases, now, register, submit
 
 GHOST = "0b5c3a4e-0000-4000-8000-{:012d}"
 
@@ -255,3 +255,57 @@ def test_no_node_is_lost_for_a_ttl_after_an_api_process_said_it_was_overloaded(
         assert client.post("/v1/agent/poll", json={}, headers=bearer(other)).status_code == 200
         driver.step(now() + 31.0)
         assert _states(database, NODE, "node-2") == ["LOST", "READY"]
+
+
+def progress_event(attempt: str, seq: int, epoch: int) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt,
+        "seq": seq,
+        "kind": "progress",
+        "epoch": epoch,
+        "samples": 10,
+        "seconds": 1.0,
+        "batch_size": 32,
+    }
+
+
+def test_a_polls_events_cost_one_read_one_insert_and_one_update_for_all(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Eight new progress events of eight jobs in one poll cost about the statements one event
+    does (their leases and jobs read once, locked; on Postgres the events inserted in one
+    statement and the jobs' rows updated together, a statement per set of columns changed),
+    and each is recorded and folded into its job as if it came alone."""
+    register(client, tokens.agent, gpus=8)
+    jobs = [submit(client, tokens.admin, gpus=1) for _ in range(8)]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    assert sorted(attempts) == sorted(jobs)
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+
+    costs = []
+    for events in (
+        [progress_event(attempts[jobs[0]], 1, 1)],
+        [progress_event(attempts[jobs[0]], 2, 2)]
+        + [progress_event(attempts[job], 1, 1) for job in jobs[1:]],
+    ):
+        with counted(database) as seen:
+            answer = client.post(
+                "/v1/agent/poll",
+                json={"running": running, "events": events},
+                headers=bearer(tokens.agent),
+            )
+        assert answer.status_code == 200, answer.json()
+        assert [e["status"] for e in answer.json()["events"]] == [201] * len(events)
+        costs.append(dict(seen))
+    if database.kind == "postgres":
+        assert costs[1]["statements"] <= costs[0]["statements"] + 2, costs
+    assert costs[1]["commits"] == 1, costs
+    done = {
+        job: client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()["epochs_done"]
+        for job in jobs
+    }
+    assert done == {job: (2 if job == jobs[0] else 1) for job in jobs}, done

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlmodel import Session, col, select
 
 from solver_service import leases as round_leases
@@ -199,3 +199,35 @@ def test_free_gpus_counts_each_ready_gpu_once_as_the_layout_lays_them_out(
             for g in layout.global_gpus(lease.node_id, lease.gpus)
         }
         assert free_gpus(session) == layout.cluster.total_gpus - len(used) == 8 + 4 - 3 - 1
+
+
+def test_the_driver_reads_a_stored_plans_row_once_and_follows_it_from_what_it_kept(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A plan's row (a window of job ids: megabytes on a large cluster) is read by the first
+    boundary that follows it; the boundaries after it that follow the same plan name it in a
+    small read and use what the driver kept, and follow it exactly as the first did."""
+    register(client, tokens.agent)
+    jobs = [submit(client, tokens.admin, gpus=2, name=f"p{i}") for i in range(3)]
+    plan = store_plan(database, [[jobs[0], jobs[1]], [jobs[1], jobs[2]], [jobs[2], jobs[0]]])
+    rounds_read: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if "plans.rounds" in statement.split("FROM")[0]:  # the row's rounds selected
+            rounds_read.append(statement)
+
+    event.listen(database.engine, "before_cursor_execute", seen)
+    try:
+        with driver_on(database) as (driver, _):
+            t0 = now()
+            for index in range(3):
+                assert driver.step(t0 + index * ROUND_S)
+                assert driver.last_round is not None
+                assert (driver.last_round.source, driver.last_round.plan_id) == ("plan", plan)
+                assert {lease.job_id for lease in leases(database)} == set(
+                    [[jobs[0], jobs[1]], [jobs[1], jobs[2]], [jobs[2], jobs[0]]][index]
+                )
+            assert [ref[0] for ref in driver._known.plans] == [plan]
+    finally:
+        event.remove(database.engine, "before_cursor_execute", seen)
+    assert len(rounds_read) == 1, rounds_read

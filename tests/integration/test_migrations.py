@@ -120,3 +120,30 @@ def test_the_fold_migration_folds_the_stored_events(
             totals, scalings = (json.loads(v) if isinstance(v, str) else v for v in row)
             assert totals == {"32": [21.0, 2]}, url
             assert scalings == [[2, 3, 64], [3, 4, 64]], url
+
+
+def test_the_large_json_documents_are_stored_without_compression(
+    postgres_server: Engine,
+) -> None:
+    """A plan's rounds, the policy's memory and a round's jobs (lists of random ids, which
+    compression fails to shrink) are stored out of line without a compression attempt."""
+    with postgres_schema(postgres_server, "it_storage") as schema:
+        migrate.upgrade(POSTGRES_URL, schema=schema)
+        with postgres_server.connect() as connection:
+            storage: dict[str, str] = dict(
+                connection.execute(
+                    text(
+                        "SELECT c.relname || '.' || a.attname, a.attstorage FROM pg_attribute a "
+                        "JOIN pg_class c ON c.oid = a.attrelid "
+                        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = :schema AND a.atttypid = 'json'::regtype"
+                    ),
+                    {"schema": schema},
+                ).all()
+            )
+    assert {k: storage[k] for k in ("plans.rounds", "clusters.policy_state", "rounds.jobs")} == {
+        "plans.rounds": "e",
+        "clusters.policy_state": "e",
+        "rounds.jobs": "e",
+    }
+    assert storage["jobs.command"] == "x", "small documents keep the default"

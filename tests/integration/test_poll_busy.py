@@ -18,12 +18,21 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from store import boundary_gate
 from store.principals import Role
-from store.tables import JobEventRow, LeaseRow, NodeRow
+from store.tables import ClusterRow, JobEventRow, LeaseRow, NodeRow
 from store.tokens import create_token
 from tests.integration.api_calls import bearer
 from tests.integration.conftest import NODE, Database, build_app, migrated_postgres
-from tests.integration.driving import agent_token, driver_on, job_state, leases, now, submit
+from tests.integration.driving import (
+    ROUND_S,
+    agent_token,
+    driver_on,
+    job_state,
+    leases,
+    now,
+    submit,
+)
 from tests.integration.driving import register as register_node
 
 
@@ -144,3 +153,70 @@ def test_a_poll_without_defer_busy_waits_for_the_job_as_before(
     waiting.join(30.0)
     ((lease,),) = [answer["leases"] for answer in answers]
     assert (lease["attempt_id"], lease["state"]) == (attempt, "RUNNING")
+
+
+@contextmanager
+def gate_held(database: Database, statement: str) -> Iterator[None]:
+    """The boundary gate held by another transaction (``statement``: the driver's close, or a
+    poll's pass), as a boundary being written or a poll in flight holds it."""
+    with database.engine.connect() as connection:
+        connection.execute(text(statement), {"gate": boundary_gate.GATE})
+        yield
+        connection.rollback()
+
+
+CLOSED = "SELECT pg_advisory_xact_lock(:gate, hashtext(current_schema()))"
+PASSED = "SELECT pg_advisory_xact_lock_shared(:gate, hashtext(current_schema()))"
+
+
+def test_a_poll_during_a_boundary_defers_every_job_it_names(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    """While the driver writes a boundary (the gate closed), a poll that defers takes every job
+    it names for busy, one the driver has not locked yet too: its reports and events are
+    answered 503 at once, nothing recorded; once the boundary commits the same poll applies."""
+    client, _, agent, job, attempt = setup
+    body = {
+        "defer_busy": True,
+        "running": [attempt],
+        "reports": [{"attempt_id": attempt, "state": "running"}],
+        "events": [progress(attempt, 1)],
+    }
+    with gate_held(busy_database, CLOSED):
+        began = time.monotonic()
+        answer = contact(client, agent, **body)
+        assert time.monotonic() - began < 5.0, "the poll waited for the boundary"
+        assert [(r["status"], r["stop"]) for r in answer["reports"]] == [(503, False)]
+        assert [(e["seq"], e["status"]) for e in answer["events"]] == [(1, 503)]
+    assert stored(busy_database, attempt, job) == ("ISSUED", 0), "nothing recorded"
+
+    again = contact(client, agent, **body)
+    assert [(r["status"], r["lease"]["state"]) for r in again["reports"]] == [(200, "RUNNING")]
+    assert [(e["seq"], e["status"]) for e in again["events"]] == [(1, 201)]
+    assert stored(busy_database, attempt, job) == ("RUNNING", 1)
+
+
+def test_a_boundary_waits_at_the_gate_for_the_polls_in_flight(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    """A boundary begun while a poll that passed the gate is still in flight waits for it to end
+    before it locks any job, then is written; a poll that arrives while the boundary waits
+    defers (polls that keep arriving never hold the boundary off)."""
+    client, _, agent, job, attempt = setup
+    done: list[int] = []
+    with driver_on(busy_database, ttl_s=3600.0) as (driver, _):
+        with gate_held(busy_database, PASSED):
+            due = now() + ROUND_S + 1.0
+            boundary = threading.Thread(target=lambda: done.append(int(driver.step(due))))
+            boundary.start()
+            boundary.join(1.0)
+            assert boundary.is_alive() and not done, "the boundary waits for the poll"
+            later = contact(client, agent, defer_busy=True, events=[progress(attempt, 1)])
+            assert [(e["seq"], e["status"]) for e in later["events"]] == [(1, 503)]
+            assert boundary.is_alive() and not done
+        boundary.join(30.0)
+    assert done == [1]
+    with Session(busy_database.engine) as session:
+        cluster = session.get(ClusterRow, "default")
+        assert cluster is not None and cluster.current_round == 1
+    assert [(lease.job_id, lease.round_index) for lease in leases(busy_database)] == [(job, 1)]

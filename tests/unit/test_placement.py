@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shockwave.domain.model import Cluster
-from shockwave.rounds.placement import JobRequest, Placement, place
+from shockwave.rounds.placement import JobRequest, Placement, _FreeGpus, place
 
 Lease = Mapping[str, tuple[int, ...]]
 
@@ -318,3 +318,23 @@ def test_every_fitting_job_set_is_placed_without_overlap(
             assert set(placed) == set(previous[job_id])
         if job_id in result.moved:
             assert set(placed) != set(previous[job_id])
+
+
+@given(
+    st.lists(st.integers(1, 8), min_size=1, max_size=12),
+    st.lists(st.integers(0, 95), max_size=40),
+    st.lists(st.integers(0, 9), min_size=1, max_size=12),
+)
+def test_best_fit_is_the_fullest_node_that_holds_the_gang(
+    sizes: list[int], busy: list[int], widths: list[int]
+) -> None:
+    """The kept index of nodes by free count answers as the definition does, gang after gang:
+    the node with the fewest free GPUs that holds the gang, the lowest index on ties."""
+    cluster = Cluster(tuple(sizes))
+    free = _FreeGpus(cluster, [g for g in busy if g < cluster.total_gpus])
+    for width in widths:
+        fits = [n for n in range(cluster.nodes) if free.count(n) >= width]
+        expected = min(fits, key=lambda n: (free.count(n), n)) if fits else None
+        assert free.best_fit(width) == expected
+        if expected is not None:
+            free.take(free.lowest(expected, width))

@@ -1,0 +1,123 @@
+"""What reads the ``nodes`` table on Postgres, on a cluster of a thousand nodes: an agent's
+contact reads its own row, found by its key, also before the table's statistics are gathered
+(a cluster whose nodes just registered, or a database without autovacuum), when the planner
+has only the indexes to go by; the round driver's node reaper, every step, one aggregate row
+while no node is silent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import event, insert, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.elements import ClauseElement
+from sqlmodel import Session
+
+from api import agent
+from solver_service.leases import mark_lost_nodes
+from store.cluster_version import ensure_cluster
+from store.tables import NodeApprovalRow, NodeRow
+from tests.integration.conftest import Database, migrated_postgres
+
+NODES = 1024
+STAMP = 1_800_000_000.0
+"""Every node's last heartbeat."""
+
+
+@pytest.fixture(scope="module")
+def many_nodes(postgres_server: Engine) -> Iterator[Database]:
+    """A migrated schema with :data:`NODES` READY approved nodes and no statistics gathered."""
+    with migrated_postgres(postgres_server, "it_nodes") as database:
+        stamp = datetime.fromtimestamp(STAMP, UTC)
+        ids = [f"node-{i:04d}" for i in range(NODES)]
+        with database.engine.begin() as connection:
+            connection.execute(
+                insert(NodeRow),
+                [{"id": n, "hostname": n, "gpus": 8, "last_heartbeat_at": stamp} for n in ids],
+            )
+            connection.execute(insert(NodeApprovalRow), [{"node_id": n, "gpus": 8} for n in ids])
+        with Session(database.engine) as session:
+            ensure_cluster(session)
+            session.commit()
+        yield database
+
+
+class Explain(Executable, ClauseElement):
+    """``EXPLAIN (ANALYZE, FORMAT JSON)`` of a statement, its parameters bound as the
+    statement's own."""
+
+    inherit_cache = False
+
+    def __init__(self, statement: Any) -> None:
+        self.statement = statement
+
+
+@compiles(Explain, "postgresql")
+def _explain(element: Explain, compiler: Any, **kw: Any) -> str:
+    return "EXPLAIN (ANALYZE, FORMAT JSON) " + str(compiler.process(element.statement, **kw))
+
+
+def rows_read(connection: Connection, statement: Any, params: dict[str, Any]) -> dict[str, int]:
+    """The rows each table's scans read for ``statement`` (EXPLAIN ANALYZE: the rows a scan
+    returned and those its filter removed, over all its loops), run in a transaction rolled
+    back after."""
+    explained = connection.execute(Explain(statement), params).scalar_one()
+    read: dict[str, int] = {}
+
+    def walk(node: dict[str, Any]) -> None:
+        table = node.get("Relation Name")
+        if table is not None and "Scan" in node["Node Type"]:
+            loops = node.get("Actual Loops", 1)
+            rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            read[table] = read.get(table, 0) + rows * loops
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(explained[0]["Plan"])
+    connection.rollback()
+    return read
+
+
+def test_a_heartbeat_and_its_view_read_one_node_row(many_nodes: Database) -> None:
+    with many_nodes.engine.connect() as connection:
+        beat = rows_read(
+            connection, agent._BEAT_VIEW, {"node": "node-0500", "now": datetime.now(UTC)}
+        )
+        view = rows_read(connection, agent._VIEW, {"node": "node-0500"})
+        node_round = rows_read(connection, agent._NODE_ROUND, {"node": "node-0500"})
+    assert beat["nodes"] == 1, beat
+    assert view["nodes"] == 1, view
+    assert node_round["nodes"] == 1, node_round
+
+
+def test_a_reaper_step_with_no_node_silent_reads_one_aggregate_row(many_nodes: Database) -> None:
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(many_nodes.engine, "before_cursor_execute", seen)
+    try:
+        with Session(many_nodes.engine) as session:
+            assert mark_lost_nodes(session, "default", STAMP + 29, ttl_s=30) is None
+    finally:
+        event.remove(many_nodes.engine, "before_cursor_execute", seen)
+    assert len(statements) == 1, statements
+    assert "count(" in statements[0] and "max(" in statements[0], statements[0]
+
+
+def test_a_silent_node_among_many_is_lost(many_nodes: Database) -> None:
+    with many_nodes.engine.begin() as connection:
+        connection.execute(
+            update(NodeRow)
+            .where(NodeRow.id == "node-0007")  # type: ignore[arg-type]
+            .values(last_heartbeat_at=datetime.fromtimestamp(STAMP - 31, UTC))
+        )
+    with Session(many_nodes.engine) as session:
+        lost = mark_lost_nodes(session, "default", STAMP + 1, ttl_s=30)
+    assert lost is not None and lost.nodes == ("node-0007",)
