@@ -47,13 +47,13 @@ from shockwave.simulation.metrics import summarize
 from shockwave.simulation.simulator import simulate
 from shockwave.workloads.trace_import import ImportOptions, import_job_log
 from shockwave.workloads.workload import Workload
-from shockwave_cli.collector import quiet_collector
 from shockwave_cli.commands.inputs import (
     InputError,
     load_throughputs,
     policy_params,
     resolve_policies,
 )
+from solver_service.collector import quiet_collector
 
 CLUSTER_LOG = "itp/cluster04.csv"
 GPUS_PER_NODE = 8

@@ -54,7 +54,6 @@ from shockwave.workloads.throughput_knowledge import apply_knowledge
 from shockwave.workloads.traces import TRACE_MODES, format_trace, format_trajectories
 from shockwave.workloads.variation import apply_variation
 from shockwave.workloads.workload import Workload
-from shockwave_cli.collector import quiet_collector
 from shockwave_cli.commands import (
     knobs,
     tenant_options,
@@ -100,6 +99,7 @@ from shockwave_cli.reports.report import (
     write_jobs_csv,
     write_json,
 )
+from solver_service.collector import quiet_collector
 
 app = typer.Typer(
     help="Shockwave GPU-cluster scheduler: trace-driven simulator, REST API and its CLI.",
