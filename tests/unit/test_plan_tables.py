@@ -1,7 +1,10 @@
-"""A job's window tables made for many jobs at once are the ones made one job at a time."""
+"""A job's window tables made for many jobs at once are the ones made one job at a time (the
+definition, :func:`one_job_tables`)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +50,31 @@ def _outlook(
     )
 
 
+def one_job_tables(
+    look: JobOutlook,
+    base: float,
+    epochs: int,
+    overhead: float,
+    speed: float,
+    window: int,
+    length: float,
+) -> policy_module._Tables:
+    """One job's utility and remaining time after n = 0..cap rounds, and when it would finish,
+    by the definition: progress interpolated along its regimes' cumulative seconds."""
+    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
+    left_regimes = look.prediction.remaining_regimes()
+    seconds = list(itertools.accumulate([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)]))
+    gained = list(itertools.accumulate([0.0, *(r.epochs for r in left_regimes)]))
+    n = np.arange(cap + 1, dtype=float)
+    run = np.maximum(0.0, n * length - overhead) * speed
+    utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
+    utility[0] = base
+    remaining = np.maximum(0.0, look.remaining_s - run)
+    remaining[0] = look.remaining_s
+    finish = np.where(remaining <= 0, n * length, window * length + remaining)
+    return tuple(utility.tolist()), tuple(remaining.tolist()), finish
+
+
 # (regimes as (batch size, epochs, seconds per epoch), remaining s, error factor, base,
 #  epochs, overhead s, speed)
 CASES = [
@@ -73,9 +101,7 @@ def test_tables_of_many_jobs_are_bit_for_bit_those_of_each_job() -> None:
         looks.append(look)
     many = policy_module._plan_tables_many(rows, looks)
     for row, look, made in zip(rows, looks, many, strict=True):
-        alone = policy_module._plan_tables(
-            look, row.base, row.epochs, row.overhead, row.speed, window, length
-        )
+        alone = one_job_tables(look, row.base, row.epochs, row.overhead, row.speed, window, length)
         assert _bits(made) == _bits(alone)
         assert len(made[0]) == len(alone[0])
     assert policy_module._plan_tables_many([], []) == []

@@ -1134,13 +1134,9 @@ def _plan_job(
     ``width`` GPUs for an elastic job (a round there trains as ``speed`` rounds on its
     requested count; remaining time stays counted on the requested count)."""
     row = _TableRow.of(job, look, params, window, length, width)
-    # a waiting job's tables repeat from round to round with its prediction (_plan_tables);
+    # a waiting job's tables repeat from round to round with its prediction (_plan_tables_many);
     # only the deadline and the weight move with the clock
-    tables = _TABLES.get(
-        (look.prediction,),
-        row.key,
-        lambda: _plan_tables(look, row.base, row.epochs, row.overhead, row.speed, window, length),
-    )
+    tables = _TABLES.get((look.prediction,), row.key, lambda: _plan_tables_many([row], [look])[0])
     return row.planned(look, params, tables)
 
 
@@ -1179,7 +1175,7 @@ def _plan_jobs(
 
 
 class _TableRow(NamedTuple):
-    """What a job's window tables are made from (:func:`_plan_tables`) besides its outlook,
+    """What a job's window tables are made from (:func:`_plan_tables_many`) besides its outlook,
     and how its plan view reads them (:meth:`planned`); a tuple, made for every job of every
     re-plan."""
 
@@ -1226,43 +1222,16 @@ class _TableRow(NamedTuple):
 _Tables = tuple[tuple[float, ...], tuple[float, ...], "np.ndarray[Any, np.dtype[np.float64]]"]
 
 _TABLES: IdentityMemo[_Tables] = IdentityMemo()
-""":func:`_plan_tables` by (prediction; what else it reads)."""
-
-
-def _plan_tables(
-    look: JobOutlook,
-    base: float,
-    epochs: int,
-    overhead: float,
-    speed: float,
-    window: int,
-    length: float,
-) -> _Tables:
-    """A job's utility and remaining time after n = 0..cap rounds of the window, and when it
-    would finish (in the window where n rounds finish it, else after it), for
-    :func:`_plan_job`."""
-    cap = min(window, max(1, math.ceil((look.remaining_s / speed + overhead) / length)))
-    # progress is piecewise linear in the seconds run: epochs gained after each regime's
-    # cumulative seconds, interpolated (capped at the job's end), one array op per table
-    left_regimes = look.prediction.remaining_regimes()
-    # running sums of a few regimes (np.cumsum's sequential order, without its overhead)
-    seconds = list(itertools.accumulate([0.0, *(r.epochs * r.epoch_seconds for r in left_regimes)]))
-    gained = list(itertools.accumulate([0.0, *(r.epochs for r in left_regimes)]))
-    n = np.arange(cap + 1, dtype=float)
-    run = np.maximum(0.0, n * length - overhead) * speed
-    utility = np.minimum(1.0, base + np.interp(run / look.error_factor, seconds, gained) / epochs)
-    utility[0] = base
-    remaining = np.maximum(0.0, look.remaining_s - run)
-    remaining[0] = look.remaining_s
-    finish = np.where(remaining <= 0, n * length, window * length + remaining)
-    finish.setflags(write=False)
-    return tuple(utility.tolist()), tuple(remaining.tolist()), finish
+"""Each job's :func:`_plan_tables_many` by (prediction; what else it reads)."""
 
 
 def _plan_tables_many(rows: Sequence[_TableRow], looks: Sequence[JobOutlook]) -> list[_Tables]:
-    """:func:`_plan_tables` of several jobs of one window, the same floats: each job's row of
-    one array per table (the same elementwise operations, on n = 0..T; a row is cut at its
-    job's cap), the interpolation along each job's own regimes."""
+    """Each job's utility and remaining time after n = 0..cap rounds of the window, and when it
+    would finish (in the window where n rounds finish it, else after it), for
+    :func:`_plan_job` and :func:`_plan_jobs`. Progress is piecewise linear in the seconds run:
+    the epochs gained after each regime's cumulative seconds, interpolated (capped at the job's
+    end). The jobs are made together, one row of one array per table (on n = 0..T; a row is
+    cut at its job's cap), the same elementwise operations and floats as one job at a time."""
     if not rows:
         return []
     window, length = rows[0].window, rows[0].length
