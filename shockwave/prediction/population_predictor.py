@@ -830,33 +830,18 @@ def _choose(
     them in order, as numpy's row sum does), so that each loss is the one
     :func:`_choose_each` computes proposal by proposal, to the float.
     """
-    index = np.flatnonzero(alive)
-    width = max(1, int(pool.regimes[index].max())) if index.size else 1
-    total = index.size + 1
-    weights = np.append(pool.weights[index], static)
+    rows = _Rows.of(pool, alive, static)
+    shares, counts, weights = rows.shares, rows.counts, rows.weights
+    width = shares.shape[1]
     if width > _ROW_SUM_IN_ORDER or weights.sum() <= 0:
-        return _choose_each(pool, alive, static, observed)
-    shares = np.zeros((total, width))
-    shares[:-1] = pool.shares[index, :width]
-    shares[-1, 0] = 1.0
-    counts = np.append(pool.regimes[index], 1.0)
-    futures = pool.futures
-    stay = futures.index(()) if () in futures else len(futures)
-    codes = np.append(pool.codes[index], stay)
+        return _choose_each(rows, observed)
     per_regime = weights / (observed + counts) / weights.sum()
     made: list[tuple[int, FloatArray]] = []
-    # the continuations in the order of their first candidate
-    present = []
-    for code in range(max(len(futures), stay + 1)):
-        rows = np.flatnonzero(codes == code)
-        if rows.size:
-            present.append((int(rows[0]), code, rows))
-    present.sort()
-    for _, code, rows in present:
-        w = weights[rows]
+    for code, members_at in rows.continuations():
+        w = weights[members_at]
         if w.sum() <= 0:
             continue
-        members = shares[rows]
+        members = shares[members_at]
         made.append((code, w @ members / w.sum()))
         made.append((code, _weighted_median(members, w)))
     if not made:
@@ -874,8 +859,7 @@ def _choose(
             best = (loss, code, proposal)
     assert best is not None
     _, code, proposal = best
-    future = futures[code] if code < len(futures) else ()
-    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+    return rows.prediction(code, proposal)
 
 
 _ROW_SUM_IN_ORDER = 7
@@ -883,41 +867,19 @@ _ROW_SUM_IN_ORDER = 7
 it, in pairs of blocks): :func:`_choose` adds a regime at a time in that order."""
 
 
-def _choose_each(
-    pool: _Pool, alive: npt.NDArray[np.bool_], static: float, observed: int
-) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """:func:`_choose` proposal by proposal, nothing kept (and where every weight is zero).
-
-    The candidates are the ``alive`` rows of ``pool`` and the static guess (no further
-    change) at weight ``static``, last. Each distinct continuation proposes the weighted mean,
-    and the weighted median, of the shares of the candidates that follow it; the proposal
-    with the least expected regime-length error under all candidates' weights wins (the
-    Bayes point estimate for that loss). ``observed``: regimes the job has finished, which
-    count in each candidate's number of regimes but carry no error.
-    """
-    index = np.flatnonzero(alive)
-    width = max(1, int(pool.regimes[index].max())) if index.size else 1
-    total = index.size + 1
-    shares = np.zeros((total, width))
-    shares[:-1] = pool.shares[index, :width]
-    shares[-1, 0] = 1.0
-    counts = np.append(pool.regimes[index], 1.0)
-    weights = np.append(pool.weights[index], static)
-    futures = pool.futures
-    stay = futures.index(()) if () in futures else len(futures)
-    codes = np.append(pool.codes[index], stay)
-    if weights.sum() <= 0:
-        weights = np.ones(total)
-    in_truth = np.arange(width)[None, :] < counts[:, None]
+def _choose_each(rows: _Rows, observed: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """:func:`_choose` proposal by proposal, nothing kept (past :data:`_ROW_SUM_IN_ORDER`
+    regimes, and where every weight is zero: then every candidate counts alike)."""
+    shares, counts = rows.shares, rows.counts
+    weights = rows.weights if rows.weights.sum() > 0 else np.ones(len(rows.weights))
+    in_truth = np.arange(shares.shape[1])[None, :] < counts[:, None]
     per_regime = weights / (observed + counts) / weights.sum()
     best: tuple[float, int, FloatArray] | None = None
-    seen, first = np.unique(codes, return_index=True)
-    for code in seen[np.argsort(first)].tolist():
-        rows = np.flatnonzero(codes == code)
-        w = weights[rows]
+    for code, members_at in rows.continuations():
+        w = weights[members_at]
         if w.sum() <= 0:
             continue
-        members = shares[rows]
+        members = shares[members_at]
         for proposal in (w @ members / w.sum(), _weighted_median(members, w)):
             errors = (np.abs(shares - proposal[None, :]) * in_truth).sum(axis=1)
             loss = float(per_regime @ errors)
@@ -926,8 +888,55 @@ def _choose_each(
     if best is None:
         return (), (1.0,)
     _, code, proposal = best
-    future = futures[code] if code < len(futures) else ()
-    return future, tuple(float(x) for x in proposal[: len(future) + 1])
+    return rows.prediction(code, proposal)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """What :func:`_choose` weighs: the ``alive`` rows of a pool and the static guess (no
+    further change, one regime) last, as ``shares`` (cut to the widest alive candidate),
+    ``counts`` (each row's number of regimes), ``weights`` and ``codes`` (each row's
+    continuation in ``futures``; the static guess's is that of ``()``)."""
+
+    shares: FloatArray
+    counts: FloatArray
+    weights: FloatArray
+    codes: npt.NDArray[np.int64]
+    futures: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, pool: _Pool, alive: npt.NDArray[np.bool_], static: float) -> _Rows:
+        index = np.flatnonzero(alive)
+        width = max(1, int(pool.regimes[index].max())) if index.size else 1
+        shares = np.zeros((index.size + 1, width))
+        shares[:-1] = pool.shares[index, :width]
+        shares[-1, 0] = 1.0
+        futures = pool.futures
+        stay = futures.index(()) if () in futures else len(futures)
+        return cls(
+            shares,
+            np.append(pool.regimes[index], 1.0),
+            np.append(pool.weights[index], static),
+            np.append(pool.codes[index], stay),
+            futures,
+        )
+
+    def continuations(self) -> list[tuple[int, npt.NDArray[np.intp]]]:
+        """Each continuation present and its rows, in the order of its first row."""
+        present = []
+        for code in range(int(self.codes.max()) + 1):
+            rows = np.flatnonzero(self.codes == code)
+            if rows.size:
+                present.append((int(rows[0]), code, rows))
+        present.sort()
+        return [(code, rows) for _, code, rows in present]
+
+    def prediction(
+        self, code: int, proposal: FloatArray
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The continuation ``code`` and its shares from ``proposal`` (ongoing regime first)."""
+        future = self.futures[code] if code < len(self.futures) else ()
+        return future, tuple(float(x) for x in proposal[: len(future) + 1])
 
 
 def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:

@@ -288,7 +288,9 @@ def test_the_choice_with_every_proposals_errors_at_once_is_the_choice_one_by_one
         for static in (0.0, 0.3):
             for observed in (0, 2):
                 fast = population_predictor._choose(pool, alive, static, observed)
-                each = population_predictor._choose_each(pool, alive, static, observed)
+                each = population_predictor._choose_each(
+                    population_predictor._Rows.of(pool, alive, static), observed
+                )
                 assert fast == each
 
 
