@@ -156,17 +156,16 @@ def test_a_poll_without_defer_busy_waits_for_the_job_as_before(
 
 
 @contextmanager
-def gate_held(database: Database, statement: str) -> Iterator[None]:
-    """The boundary gate held by another transaction (``statement``: the driver's close, or a
-    poll's pass), as a boundary being written or a poll in flight holds it."""
-    with database.engine.connect() as connection:
-        connection.execute(text(statement), {"gate": boundary_gate.GATE})
+def gate_held(database: Database, *, closed: bool) -> Iterator[None]:
+    """The boundary gate held by another transaction, by the store's own calls: closed, as a
+    boundary being written holds it, or passed, as a poll in flight does."""
+    with Session(database.engine) as session:
+        if closed:
+            boundary_gate.close(session)
+        else:
+            assert boundary_gate.pass_through(session.connection(), wait=True)
         yield
-        connection.rollback()
-
-
-CLOSED = "SELECT pg_advisory_xact_lock(:gate, hashtext(current_schema()))"
-PASSED = "SELECT pg_advisory_xact_lock_shared(:gate, hashtext(current_schema()))"
+        session.rollback()
 
 
 def test_a_poll_during_a_boundary_defers_every_job_it_names(
@@ -182,7 +181,7 @@ def test_a_poll_during_a_boundary_defers_every_job_it_names(
         "reports": [{"attempt_id": attempt, "state": "running"}],
         "events": [progress(attempt, 1)],
     }
-    with gate_held(busy_database, CLOSED):
+    with gate_held(busy_database, closed=True):
         began = time.monotonic()
         answer = contact(client, agent, **body)
         assert time.monotonic() - began < 5.0, "the poll waited for the boundary"
@@ -205,7 +204,7 @@ def test_a_boundary_waits_at_the_gate_for_the_polls_in_flight(
     client, _, agent, job, attempt = setup
     done: list[int] = []
     with driver_on(busy_database, ttl_s=3600.0) as (driver, _):
-        with gate_held(busy_database, PASSED):
+        with gate_held(busy_database, closed=False):
             due = now() + ROUND_S + 1.0
             boundary = threading.Thread(target=lambda: done.append(int(driver.step(due))))
             boundary.start()
