@@ -330,6 +330,14 @@ def simulate_command(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
+    for result in results:
+        at_use = result.notes["predictions"].mean()
+        if at_use is not None:
+            console.print(
+                f"{result.policy}: predictions at the moment of use (every one it read for a "
+                f"decision, {result.notes['predictions'].uses:,}): regime error "
+                f"{at_use.regime_error:.1%}, run-time accuracy {at_use.runtime_accuracy:.1%}"
+            )
     _write_reports(out, setups, results, runs, str(knowledge), report)
     written = "metrics.json, jobs-*.csv, *.png" + (", report.html" if report else "")
     console.print(f"Reports written to {out}/ ({written})")

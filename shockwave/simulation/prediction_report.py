@@ -266,6 +266,44 @@ def score(prediction: Prediction, job: SimJob) -> Accuracy:
     )
 
 
+@dataclass(slots=True)
+class AtUse:
+    """Predictions scored at the moment of use: every trajectory a policy read of a dynamic job
+    (accordion, gns: the jobs the progress grid scores) for a decision
+    (:attr:`shockwave.policies.policy.Decision.predictions`), against the job's truth
+    (:func:`score`); a simulation adds each decision's (:meth:`add`). Every read weighs the
+    same, so a job predicted at many decisions (one that waits, or runs long) weighs more, as
+    it does in the policy's choices. ``as_dict``: ``{uses, regime_error, runtime_accuracy}``
+    (the means; None when nothing was read)."""
+
+    uses: int = 0
+    regime_error_sum: float = 0.0
+    runtime_accuracy_sum: float = 0.0
+
+    def add(self, predictions: Mapping[str, Prediction], jobs: Mapping[str, SimJob]) -> None:
+        for job_id, prediction in predictions.items():
+            job = jobs[job_id]
+            if job.spec.mode not in DYNAMIC_MODES:
+                continue
+            accuracy = score(prediction, job)
+            self.uses += 1
+            self.regime_error_sum += accuracy.regime_error
+            self.runtime_accuracy_sum += accuracy.runtime_accuracy
+
+    def mean(self) -> Accuracy | None:
+        if not self.uses:
+            return None
+        return Accuracy(self.regime_error_sum / self.uses, self.runtime_accuracy_sum / self.uses)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        mean = self.mean()
+        return {
+            "uses": self.uses,
+            "regime_error": None if mean is None else mean.regime_error,
+            "runtime_accuracy": None if mean is None else mean.runtime_accuracy,
+        }
+
+
 def score_job(
     job: SimJob,
     percent: int,

@@ -32,6 +32,7 @@ from rich.table import Table
 from shockwave.policies.policy import SolveSummary
 from shockwave.simulation.metrics import RunMetrics
 from shockwave.simulation.prediction_report import (
+    AtUse,
     HeldOut,
     PredictionReport,
     Predictor,
@@ -137,6 +138,9 @@ def run_record(result: SimResult, run: RunMetrics, params: object) -> dict[str, 
         "plan_sources": dict(result.notes.get("sources", {})),
         "fills": result.notes.get("fills", 0),
     }
+    at_use = result.notes.get("predictions")
+    if isinstance(at_use, AtUse) and at_use.uses:
+        record["prediction_at_use"] = at_use.as_dict()
     return record
 
 
