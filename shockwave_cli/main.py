@@ -45,6 +45,7 @@ from shockwave.policies.policy import Policy, get_policy, policy_names
 from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
 from shockwave.simulation.metrics import RunMetrics, summarize
 from shockwave.simulation.prediction_report import (
+    AtUse,
     HeldOut,
     held_out_as_dict,
     prediction_report,
@@ -331,11 +332,11 @@ def simulate_command(
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
     for result in results:
-        at_use = result.notes["predictions"].mean()
-        if at_use is not None:
+        reads = result.notes.get("predictions")
+        if isinstance(reads, AtUse) and (at_use := reads.mean()) is not None:
             console.print(
-                f"{result.policy}: predictions at the moment of use (every one it read for a "
-                f"decision, {result.notes['predictions'].uses:,}): regime error "
+                f"{result.policy}: predictions at the moment of use (every one it read of a "
+                f"dynamic job for a decision, {reads.uses:,}): regime error "
                 f"{at_use.regime_error:.1%}, run-time accuracy {at_use.runtime_accuracy:.1%}"
             )
     _write_reports(out, setups, results, runs, str(knowledge), report)
