@@ -44,7 +44,12 @@ from shockwave.policies import BASELINES
 from shockwave.policies.policy import Policy, get_policy, policy_names
 from shockwave.policies.shockwave_market.shockwave import ShockwaveParams
 from shockwave.simulation.metrics import RunMetrics, summarize
-from shockwave.simulation.prediction_report import held_out_as_dict, prediction_report
+from shockwave.simulation.prediction_report import (
+    AtUse,
+    HeldOut,
+    held_out_as_dict,
+    prediction_report,
+)
 from shockwave.simulation.prediction_report import (
     leave_one_model_out as leave_one_model_out_reports,
 )
@@ -326,6 +331,14 @@ def simulate_command(
         f"Makespan lower bound: {lower_bound:,.0f} s "
         "(max of total GPU-seconds / GPUs and latest arrival + exclusive run time)"
     )
+    for result in results:
+        reads = result.notes.get("predictions")
+        if isinstance(reads, AtUse) and (at_use := reads.mean()) is not None:
+            console.print(
+                f"{result.policy}: predictions at the moment of use (every one it read of a "
+                f"dynamic job for a decision, {reads.uses:,}): regime error "
+                f"{at_use.regime_error:.1%}, run-time accuracy {at_use.runtime_accuracy:.1%}"
+            )
     _write_reports(out, setups, results, runs, str(knowledge), report)
     written = "metrics.json, jobs-*.csv, *.png" + (", report.html" if report else "")
     console.print(f"Reports written to {out}/ ({written})")
@@ -384,8 +397,10 @@ def predict_report_command(
         bool,
         typer.Option(
             "--leave-one-model-out",
-            help="Also score each model's jobs with a prior built without that model: how the "
-            "predictors do on a model never seen (a table per model; in prediction.json).",
+            help="Also score each model's jobs with a prior built without that model, twice: "
+            "never seen (the prior never learns a job of it) and new to the cluster (the prior "
+            "starts with every other model's jobs and learns the model's own as they finish); "
+            "a table each, in prediction.json.",
         ),
     ] = False,
 ) -> None:
@@ -418,19 +433,20 @@ def predict_report_command(
         f"run-time accuracy {oracle.runtime_accuracy:.1%}. "
         "Paper: about 6% regime error, 84% run-time accuracy on average."
     )
-    held_out = (
-        leave_one_model_out_reports(
-            workload, slowdown=slowdown, throughput_knowledge=str(knowledge)
+    held_out = {
+        way: leave_one_model_out_reports(
+            workload, slowdown=slowdown, throughput_knowledge=str(knowledge), held_out=way
         )
-        if leave_one_model_out
-        else None
-    )
-    if held_out is not None:
-        console.print(held_out_table(held_out))
+        for way in (HeldOut if leave_one_model_out else ())
+    }
+    for way, reports in held_out.items():
+        console.print(held_out_table(reports, way))
     if out is not None:
         document = report.as_dict()
-        if held_out is not None:
-            document["leave_one_model_out"] = held_out_as_dict(held_out)
+        if held_out:
+            document["leave_one_model_out"] = {
+                str(way): held_out_as_dict(reports) for way, reports in held_out.items()
+            }
         write_json(document, out / "prediction.json")
         plot_prediction(report, out / "prediction.png")
         console.print(f"Reports written to {out}/ (prediction.json, prediction.png)")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from shockwave.domain.snapshot import ActiveJob, Snapshot
 from shockwave.market.planner import PlannerParams
+from shockwave.prediction.predictor import Prediction
 
 REPLAN_MODES = ("reactive", "lazy")
 """When a policy that plans ahead re-plans: on every change (reactive) or only when its plan
@@ -56,8 +57,11 @@ class Decision:
     them, with the reason (:func:`decide_isolating`). ``types``: on a typed cluster, the GPU
     type a heterogeneity-aware policy plans each job on (empty: any type will do).
     ``widths``: the GPU count of each elastic job the policy runs on other than its requested
-    one (docs/elastic.md); a job not named runs on its requested count. The shells read
-    these, never ``state`` (which only the policy reads).
+    one (docs/elastic.md); a job not named runs on its requested count. ``predictions``: the
+    trajectory the policy read of each job it predicted for this decision (the jobs whose
+    predictions it used, not necessarily every job; empty for a policy that predicts nothing),
+    so that a shell can score prediction at the moment of use. The shells read these, never
+    ``state`` (which only the policy reads).
     """
 
     jobs: tuple[str, ...]
@@ -69,6 +73,7 @@ class Decision:
     excluded: Mapping[str, str] = field(default_factory=dict)
     types: Mapping[str, str] = field(default_factory=dict)
     widths: Mapping[str, int] = field(default_factory=dict)
+    predictions: Mapping[str, Prediction] = field(default_factory=dict)
 
     def width(self, job: ActiveJob) -> int:
         """The GPUs ``job`` runs on when this decision runs it."""
@@ -85,6 +90,7 @@ class Decision:
         object.__setattr__(self, "excluded", MappingProxyType(dict(self.excluded)))
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
         object.__setattr__(self, "widths", MappingProxyType(dict(self.widths)))
+        object.__setattr__(self, "predictions", MappingProxyType(dict(self.predictions)))
 
 
 MODEL_ERRORS = (ArithmeticError, ValueError)

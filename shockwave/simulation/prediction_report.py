@@ -72,6 +72,22 @@ class Predictor(StrEnum):
     ORACLE = "oracle"
 
 
+class HeldOut(StrEnum):
+    """What a leave-one-model-out report withholds of the held-out model's jobs.
+
+    ``never-seen``: the population prior never learns one of them, the whole trace long (the
+    other models' jobs are learnt as they finish): a model no job of which ever finishes, so
+    every prediction of it is the fallback of a model never seen. ``new``: a model new to a
+    cluster with a history: the prior starts with every other model's finished jobs (the whole
+    trace's) and learns the held-out model's own jobs as they finish, as a deployment does
+    from a new model's first finished jobs on. In both, the throughput model learns every
+    job's measured epoch times as they are measured (a scheduler times a running job whatever
+    its model; in ``new``, the other models' from the start)."""
+
+    NEVER_SEEN = "never-seen"
+    NEW = "new"
+
+
 POLICY_PREDICTOR = Predictor(DEFAULT_REGIME_PREDICTOR)
 """The predictor the Shockwave policy plans with by default."""
 
@@ -225,12 +241,13 @@ def observed_job(job: SimJob, epochs_done: float) -> ActiveJob:
 def regime_length_error(
     predicted: Sequence[float], true: Sequence[int], total_epochs: int
 ) -> float:
-    """Mean over the true regimes of |predicted_i - true_i| / E (a missing predicted_i is 0)."""
-    terms = [
-        abs((predicted[i] if i < len(predicted) else 0.0) - epochs) / total_epochs
-        for i, epochs in enumerate(true)
-    ]
-    return float(np.mean(terms))
+    """Mean over the true regimes of |predicted_i - true_i| / E (a missing predicted_i is 0),
+    summed in order (as numpy's mean sums so few terms: the same float), without numpy, since a
+    simulation scores every prediction its policy reads (:class:`AtUse`)."""
+    total = 0.0
+    for i, epochs in enumerate(true):
+        total += abs((predicted[i] if i < len(predicted) else 0.0) - epochs) / total_epochs
+    return total / len(true)
 
 
 def runtime_accuracy(predicted_s: float, true_s: float) -> float:
@@ -248,6 +265,44 @@ def score(prediction: Prediction, job: SimJob) -> Accuracy:
         ),
         runtime_accuracy=runtime_accuracy(prediction.total_seconds, job.t_exclusive_s),
     )
+
+
+@dataclass(slots=True)
+class AtUse:
+    """Predictions scored at the moment of use: every trajectory a policy read of a dynamic job
+    (accordion, gns: the jobs the progress grid scores) for a decision
+    (:attr:`shockwave.policies.policy.Decision.predictions`), against the job's truth
+    (:func:`score`); a simulation adds each decision's (:meth:`add`). Every read weighs the
+    same, so a job predicted at many decisions (one that waits, or runs long) weighs more, as
+    it does in the policy's choices. ``as_dict``: ``{uses, regime_error, runtime_accuracy}``
+    (the means; None when nothing was read)."""
+
+    uses: int = 0
+    regime_error_sum: float = 0.0
+    runtime_accuracy_sum: float = 0.0
+
+    def add(self, predictions: Mapping[str, Prediction], jobs: Mapping[str, SimJob]) -> None:
+        for job_id, prediction in predictions.items():
+            job = jobs[job_id]
+            if job.spec.mode not in DYNAMIC_MODES:
+                continue
+            accuracy = score(prediction, job)
+            self.uses += 1
+            self.regime_error_sum += accuracy.regime_error
+            self.runtime_accuracy_sum += accuracy.runtime_accuracy
+
+    def mean(self) -> Accuracy | None:
+        if not self.uses:
+            return None
+        return Accuracy(self.regime_error_sum / self.uses, self.runtime_accuracy_sum / self.uses)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        mean = self.mean()
+        return {
+            "uses": self.uses,
+            "regime_error": None if mean is None else mean.regime_error,
+            "runtime_accuracy": None if mean is None else mean.runtime_accuracy,
+        }
 
 
 def score_job(
@@ -289,13 +344,14 @@ def prediction_report(
     slowdown: float = 1.0,
     throughput_knowledge: str = "declared",
     held_out_model: str | None = None,
+    held_out: HeldOut = HeldOut.NEVER_SEEN,
 ) -> PredictionReport:
     """Score every dynamic job of ``workload`` at each of ``percents`` (see the module doc),
     each prediction knowing only the jobs finished by then on the ``slowdown`` timeline.
     ``throughput_knowledge`` labels what the workload's specs declare (the caller applied it:
     :func:`shockwave.workloads.throughput_knowledge.apply_knowledge`). With ``held_out_model``, only
-    the jobs of that model are scored and the population prior never learns from a job of it: the
-    model is one the scheduler has never seen finish."""
+    the jobs of that model are scored, and the population prior learns them as ``held_out``
+    says: never, or only as they finish, after a history of every other model's jobs."""
     if not slowdown >= 1:
         raise ValueError(f"slowdown must be >= 1, got {slowdown}")
     jobs = [
@@ -307,7 +363,8 @@ def prediction_report(
     scores: dict[tuple[int, int], dict[Predictor, Accuracy]] = {}
     rate_errors: dict[tuple[int, int], float] = {}
     index = {id(job): i for i, job in enumerate(jobs)}
-    for known, job, percent in _timeline(workload, jobs, percents, slowdown, held_out_model):
+    withheld = None if held_out_model is None else (held_out_model, held_out)
+    for known, job, percent in _timeline(workload, jobs, percents, slowdown, withheld):
         key = (index[id(job)], percent)
         scores[key] = score_job(job, percent, params, known)
         error = throughput_error(job, percent, known.rates)
@@ -352,10 +409,12 @@ def leave_one_model_out(
     *,
     slowdown: float = 1.0,
     throughput_knowledge: str = "declared",
+    held_out: HeldOut = HeldOut.NEVER_SEEN,
 ) -> dict[str, PredictionReport]:
     """One report per model of the workload's dynamic jobs, each scoring that model's jobs with
-    a prior built from the other models only (:func:`prediction_report`, ``held_out_model``):
-    how the predictors do on a model never seen before. Keyed by model name, sorted."""
+    a prior built without that model (:func:`prediction_report`, ``held_out_model``; what of it
+    the prior withholds: ``held_out``): how the predictors do on a model never seen before, or
+    new to the cluster. Keyed by model name, sorted."""
     models = sorted(
         {
             job.spec.model
@@ -371,6 +430,7 @@ def leave_one_model_out(
             slowdown=slowdown,
             throughput_knowledge=throughput_knowledge,
             held_out_model=model,
+            held_out=held_out,
         )
         for model in models
     }
@@ -409,12 +469,13 @@ def _timeline(
     jobs: Sequence[SimJob],
     percents: Sequence[int],
     slowdown: float,
-    held_out_model: str | None = None,
+    withheld: tuple[str, HeldOut] | None = None,
 ) -> list[tuple[Knowledge, SimJob, int]]:
     """Each (job, percent) to score with what is known at its time: the jobs finished at or
-    before it (learnt in the order they finished; none of ``held_out_model``), the epoch times
-    measured by then (a job measures a batch size once it has run its first epoch at it) and how
-    far the declared rates were from them."""
+    before it (learnt in the order they finished), the epoch times measured by then (a job
+    measures a batch size once it has run its first epoch at it) and how far the declared rates
+    were from them. ``withheld``: a model and what of it the prior withholds (:class:`HeldOut`):
+    never one of its finished jobs, or every other model's jobs known from the start."""
     events: list[tuple[float, int, int, int]] = []
     for i, job in enumerate(workload.jobs):
         start = 0
@@ -423,37 +484,61 @@ def _timeline(
             events.append((job.spec.arrival_s + slowdown * first_epoch, 0, i, regime.batch_size))
             start += regime.epochs
         events.append((job.spec.arrival_s + slowdown * job.t_exclusive_s, 1, i, 0))
+    learning = _Learning(workload)
+    if withheld is not None and withheld[1] is HeldOut.NEW:
+        history = {i for i, job in enumerate(workload.jobs) if job.spec.model != withheld[0]}
+        for _, kind, i, value in sorted(e for e in events if e[2] in history):
+            learning.learn(kind, i, value)
+        events = [e for e in events if e[2] not in history]
+    never = withheld[0] if withheld is not None and withheld[1] is HeldOut.NEVER_SEEN else None
     for i, job in enumerate(jobs):
         for pct in percents:
             at = job.spec.arrival_s + slowdown * _seconds_to(job, job.spec.epochs * pct / 100)
             events.append((at, 2, i, pct))
-    prior = EMPTY_PRIOR
-    sums: dict[RateKey, list[float]] = {}
-    declarations = DeclarationErrors()
-    known = NO_KNOWLEDGE
-    stale = False
     timeline: list[tuple[Knowledge, SimJob, int]] = []
     for _, kind, i, value in sorted(events):
+        if kind == 2:
+            timeline.append((learning.known(), jobs[i], value))
+        elif kind == 0 or never is None or workload.jobs[i].spec.model != never:
+            learning.learn(kind, i, value)
+    return timeline
+
+
+class _Learning:
+    """What a scheduler has learnt of ``workload``'s jobs so far (:func:`_timeline`): the
+    population prior, the measured rates and the declaration errors, as :class:`Knowledge`
+    (made again only after something new was learnt)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self._jobs = workload.jobs
+        self._prior = EMPTY_PRIOR
+        self._sums: dict[RateKey, list[float]] = {}
+        self._declarations = DeclarationErrors()
+        self._known: Knowledge | None = NO_KNOWLEDGE
+
+    def learn(self, kind: int, i: int, batch_size: int) -> None:
+        """Job ``i``'s first epoch at ``batch_size`` (``kind`` 0), or its finish (1)."""
+        job = self._jobs[i]
         if kind == 0:
-            spec = workload.jobs[i].spec
-            seconds = workload.jobs[i].epoch_seconds[value]
+            spec, seconds = job.spec, job.epoch_seconds[batch_size]
             if spec.model:
-                sums.setdefault((spec.model, spec.gpus, value), []).append(
+                self._sums.setdefault((spec.model, spec.gpus, batch_size), []).append(
                     spec.samples_per_epoch / seconds
                 )
-            declarations = declarations.add(declaration_pairs(spec, {value: seconds}))
-            stale = True
-        elif kind == 1:
-            if held_out_model is None or workload.jobs[i].spec.model != held_out_model:
-                prior = prior.learn(finished_job(workload.jobs[i]))
-                stale = True
+            self._declarations = self._declarations.add(
+                declaration_pairs(spec, {batch_size: seconds})
+            )
         else:
-            if stale:
-                rates = {key: float(np.mean(values)) for key, values in sums.items()}
-                known = Knowledge(prior, ThroughputModel(rates, declarations=declarations))
-                stale = False
-            timeline.append((known, jobs[i], value))
-    return timeline
+            self._prior = self._prior.learn(finished_job(job))
+        self._known = None
+
+    def known(self) -> Knowledge:
+        if self._known is None:
+            rates = {key: float(np.mean(values)) for key, values in self._sums.items()}
+            self._known = Knowledge(
+                self._prior, ThroughputModel(rates, declarations=self._declarations)
+            )
+        return self._known
 
 
 def _seconds_to(job: SimJob, epochs: float) -> float:

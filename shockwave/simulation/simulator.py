@@ -55,6 +55,7 @@ from shockwave.market import heterogeneity
 from shockwave.policies.policy import Decision, Policy, SolveSummary
 from shockwave.rounds import engine
 from shockwave.rounds.engine import SOURCES, Plan
+from shockwave.simulation.prediction_report import AtUse
 from shockwave.simulation.tenant_ledger import TenantLedger
 from shockwave.workloads.workload import SimJob, Workload
 
@@ -345,7 +346,8 @@ def simulate(
 
     ``on_round(now, finished, total)`` is called after every round, for progress bars.
     ``notes`` of the result count the boundaries by plan source (``sources``) and the jobs
-    started mid-round (``fills``).
+    started mid-round (``fills``), and score the predictions the policy read at its decisions
+    against the truth (``predictions``: :class:`AtUse`, prediction at the moment of use).
     """
     settings = settings or SimSettings()
     for job in workload.jobs:
@@ -358,6 +360,8 @@ def simulate(
     plans: list[Plan] = []
     sources: dict[str, int] = dict.fromkeys(SOURCES, 0)
     fills = 0
+    at_use = AtUse()
+    truths = {r.job_id: r.sim for r in run.runs}
     now = run.pending[-1].sim.spec.arrival_s if run.pending else 0.0
     makespan = now
 
@@ -393,6 +397,7 @@ def simulate(
         spent = (timer() - started) if timer else 0.0
         state, solve = decision.state, decision.solve
         _check_decision(decision, run.by_id, cluster)
+        at_use.add(decision.predictions, truths)
         run.set_widths(decision)
         plans = [p for p in plans if p.base_round + len(p.rounds) > index]
         plans.append(
@@ -502,7 +507,7 @@ def simulate(
         lower_bound_s=heterogeneity.makespan_lower_bound(workload, cluster),
         jobs=outcomes,
         rounds=tuple(rounds),
-        notes={"sources": sources, "fills": fills},
+        notes={"sources": sources, "fills": fills, "predictions": at_use},
         final_state=state,
         solve=solve,
         tenant_hours=MappingProxyType(run.ledger.hours()),

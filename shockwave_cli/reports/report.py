@@ -31,7 +31,13 @@ from rich.table import Table
 
 from shockwave.policies.policy import SolveSummary
 from shockwave.simulation.metrics import RunMetrics
-from shockwave.simulation.prediction_report import PredictionReport, Predictor, held_out_means
+from shockwave.simulation.prediction_report import (
+    AtUse,
+    HeldOut,
+    PredictionReport,
+    Predictor,
+    held_out_means,
+)
 from shockwave.simulation.simulator import SimResult
 
 JOB_COLUMNS: tuple[str, ...] = (
@@ -132,6 +138,9 @@ def run_record(result: SimResult, run: RunMetrics, params: object) -> dict[str, 
         "plan_sources": dict(result.notes.get("sources", {})),
         "fills": result.notes.get("fills", 0),
     }
+    at_use = result.notes.get("predictions")
+    if isinstance(at_use, AtUse) and at_use.uses:
+        record["prediction_at_use"] = at_use.as_dict()
     return record
 
 
@@ -191,12 +200,22 @@ def prediction_table(report: PredictionReport) -> Table:
     return table
 
 
-def held_out_table(reports: Mapping[str, PredictionReport]) -> Table:
+HELD_OUT_TITLES: Mapping[HeldOut, str] = {
+    HeldOut.NEVER_SEEN: "Prediction accuracy on a model never seen (the prior never learns a job "
+    "of it; the other models' jobs learnt as they finish)",
+    HeldOut.NEW: "Prediction accuracy on a model new to the cluster (the prior starts with every "
+    "other model's jobs; the model's own learnt as they finish)",
+}
+
+
+def held_out_table(
+    reports: Mapping[str, PredictionReport], held_out: HeldOut = HeldOut.NEVER_SEEN
+) -> Table:
     """Per model, each predictor's regime-length error and run-time accuracy on that model's
-    jobs when the prior was built without it (leave-one-model-out), then the mean over models
-    (every model weighs the same)."""
+    jobs when the prior was built without it (leave-one-model-out; what it withholds:
+    ``held_out``), then the mean over models (every model weighs the same)."""
     table = Table(
-        title="Prediction accuracy on a model never seen (prior built from the other models)",
+        title=HELD_OUT_TITLES[held_out],
         title_justify="left",
     )
     shown = (Predictor.RESTATEMENT, Predictor.POPULATION, Predictor.GREEDY)

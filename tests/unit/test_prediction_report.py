@@ -15,6 +15,7 @@ from shockwave.prediction.throughput_model import ThroughputModel
 from shockwave.simulation.prediction_report import (
     POLICY_PREDICTOR,
     PROGRESS_PERCENTS,
+    HeldOut,
     Knowledge,
     Predictor,
     held_out_as_dict,
@@ -340,3 +341,33 @@ def test_leave_one_model_out_scores_each_model_with_a_prior_that_never_saw_it() 
     models = as_dict["models"]
     assert isinstance(models, dict) and set(models) == {"LM", "ResNet-18"}
     json.dumps(as_dict)
+
+
+def test_a_model_new_to_the_cluster_is_learnt_from_its_own_finished_jobs() -> None:
+    # The same three ResNet-18 jobs (30/70), and three other models that switch at 20%, four
+    # jobs each, all arriving after every ResNet-18 job has finished. Never seen: each
+    # ResNet-18 job at 0% has the paper's even split (0.2), the others not finished yet. New
+    # to the cluster: the others are the cluster's history from the start and pull the first
+    # job from the even split towards their switch; the next two have finished ResNet-18 jobs
+    # of their own and predict their 30/70 split exactly.
+    jobs = [accordion(str(i), 30, arrival=1000.0 * i) for i in range(3)]
+    others = [
+        replace(job, spec=replace(job.spec, job_id=f"{model}{i}", model=model))
+        for model in ("LM", "Transformer", "ResNet-50")
+        for i in range(4)
+        for job in [accordion(model, 20, arrival=1e6 + 1000.0 * i)]
+    ]
+
+    def held_out(way: HeldOut, *scored: SimJob) -> float:
+        report = prediction_report(
+            workload(*scored, *others), percents=(0,), held_out_model="ResNet-18", held_out=way
+        )
+        assert report.jobs == len(scored)
+        return report.overall[POPULATION].regime_error
+
+    assert held_out(HeldOut.NEVER_SEEN, *jobs) == pytest.approx(0.2)
+    first = held_out(HeldOut.NEW, jobs[0])
+    assert 0.05 <= first < 0.2 - 1e-6, "pulled towards the history's switch at 20%"
+    assert held_out(HeldOut.NEW, *jobs) == pytest.approx(first / 3)
+    reports = leave_one_model_out(workload(*jobs, *others), percents=(0,), held_out=HeldOut.NEW)
+    assert reports["ResNet-18"].overall[POPULATION].regime_error == pytest.approx(first / 3)

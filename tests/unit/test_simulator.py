@@ -9,6 +9,7 @@ import pytest
 from shockwave.domain.model import AdaptationMode, Cluster
 from shockwave.domain.snapshot import Snapshot
 from shockwave.policies.policy import Decision, get_policy, make_params
+from shockwave.prediction.predictor import PredictedRegime, Prediction
 from shockwave.simulation.metrics import contention_ftf, reference_ftf, summarize
 from shockwave.simulation.simulator import PolicyContractError, SimSettings, simulate
 from tests.builders import cluster, sim_job, workload
@@ -292,3 +293,90 @@ def test_batch_size_changes_are_noted_when_they_happen() -> None:
     assert [size for _, size in outcome.scalings] == [32, 64]
     assert [moment for moment, _ in outcome.scalings] == pytest.approx([20.0, 35.0])
     assert outcome.finish_s == pytest.approx(37.0)
+
+
+class StaticGuess(Recorder):
+    """Runs every job that fits, and reads for each job the prediction that it never changes
+    batch size again (whole epochs at its current size and declared speed)."""
+
+    def decide(self, snapshot: Snapshot, params: Any) -> Decision:
+        decision = super().decide(snapshot, params)
+        guesses = {
+            job.job_id: Prediction(
+                regimes=(
+                    PredictedRegime(
+                        job.progress.batch_size,
+                        float(job.spec.epochs),
+                        job.spec.samples_per_epoch
+                        / job.spec.throughput.samples_per_second[job.progress.batch_size],
+                    ),
+                ),
+                current=0,
+                epochs_done=job.progress.epochs_done,
+                total_epochs=job.spec.epochs,
+            )
+            for job in snapshot.jobs
+        }
+        return Decision(jobs=decision.jobs, predictions=guesses)
+
+
+def test_predictions_are_scored_against_the_truth_at_each_decision_that_reads_them() -> None:
+    # An accordion job: 20 epochs at 32 (2 s each), then 80 at 128 (1 s each): 120 s alone.
+    # Read at 32 as "100 epochs at 32" (200 s): regime error (|100 - 20| + |0 - 80|) / 2 / 100
+    # = 0.8, run-time accuracy 1 - 80 / 120. A static job's reads are not scored (the
+    # progress grid scores dynamic jobs only). Every read of the accordion job counts.
+    adaptive = sim_job("acc", [(32, 20, 2.0), (128, 80, 1.0)], mode=AdaptationMode.ACCORDION)
+    static = sim_job("static", [(32, 10, 1.0)])
+    policy = StaticGuess()
+
+    result = simulate(
+        workload(adaptive, static),
+        cluster(2),
+        policy,
+        {},
+        SimSettings(round_seconds=30, restart_overhead_s=0),
+    )
+
+    at_use = result.notes["predictions"]
+    reads_at_32 = sum(
+        1
+        for s in policy.snapshots
+        for j in s.jobs
+        if j.job_id == "acc" and j.progress.batch_size == 32
+    )
+    assert at_use.uses == sum(1 for s in policy.snapshots if any(j.job_id == "acc" for j in s.jobs))
+    assert reads_at_32 >= 1 and at_use.uses > reads_at_32, "read before and after its switch"
+    # once at 128 the guess is "100 epochs at 128": |100 - 20| + |0 - 80| again, 100 s
+    assert at_use.mean().regime_error == pytest.approx(0.8)
+    expected = (reads_at_32 * (1 - 80 / 120) + (at_use.uses - reads_at_32) * (1 - 20 / 120)) / (
+        at_use.uses
+    )
+    assert at_use.mean().runtime_accuracy == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "reads"),
+    [("shockwave", {"oracle": True}, True), ("fifo", {}, False)],
+)
+def test_a_policy_that_predicts_reports_its_reads_and_the_oracle_scores_perfectly(
+    name: str, overrides: dict[str, Any], reads: bool
+) -> None:
+    # Shockwave planning with the true trajectories reads them at every use: error 0,
+    # accuracy 1. FIFO predicts nothing and reports no read.
+    jobs = [
+        sim_job(f"j{i}", [(32, 5, 30.0), (64, 10, 20.0)], mode=AdaptationMode.GNS) for i in range(4)
+    ]
+    policy = get_policy(name)
+    result = simulate(
+        workload(*jobs),
+        cluster(2),
+        policy,
+        make_params(policy, overrides),
+        SimSettings(reveal_trajectories=True),
+    )
+
+    at_use = result.notes["predictions"]
+    assert (at_use.uses > 0) is reads
+    if reads:
+        assert at_use.mean().regime_error == pytest.approx(0.0)
+        assert at_use.mean().runtime_accuracy == pytest.approx(1.0)

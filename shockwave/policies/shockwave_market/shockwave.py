@@ -388,6 +388,10 @@ class _LazyOutlooks(Mapping[str, JobOutlook]):
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def read(self) -> dict[str, JobOutlook]:
+        """The outlooks computed so far: those of the jobs read."""
+        return dict(self._seen)
+
 
 _Predicted = tuple[Prediction, float, float, float, float, float]
 _Computed = tuple[_Predicted, Stage | None, int]
@@ -784,6 +788,12 @@ class Shockwave:
             solve=last.summary(),
             types=types,
             widths=chosen_widths,
+            predictions={
+                job_id: look.prediction
+                for job_id, look in (
+                    outlooks.read() if isinstance(outlooks, _LazyOutlooks) else outlooks
+                ).items()
+            },
         )
 
     def outlook(
