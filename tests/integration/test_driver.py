@@ -326,6 +326,32 @@ def test_the_driver_asks_for_the_next_plan_once_half_way_through_a_round(
         assert len(requests.calls) == 1
 
 
+def test_a_request_answered_asks_half_way_again_one_unanswered_asks_earlier(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Round 1's plan is stored at the version asked: round 2's is asked half-way again.
+    Round 2's never comes (the boundary runs on round 1's plan, older than asked): the plan
+    had the 5 s to the boundary and more, so round 3's is asked twice that ahead, at once."""
+    register(client, tokens.agent)
+    job = submit(client, tokens.admin)
+    with driver_on(database, round_s=10.0) as (driver, requests):
+        t0 = now()
+        driver.step(t0)
+        driver.step(t0 + 5.0)
+        asked = requests.calls[-1][1]
+        store_plan(database, [[job], [job], [job]], base_round=1, at=asked)
+        driver.step(t0 + 10.0)
+        assert round_row(database, 1).source == "plan"
+        submit(client, tokens.admin)  # round 2's plan is asked past the stored plan's version
+        driver.step(t0 + 14.9)
+        assert len(requests.calls) == 1, "answered: not asked before half-way"
+        driver.step(t0 + 15.0)
+        assert requests.calls[-1] == ("default", version(database)) != ("default", asked)
+        driver.step(t0 + 20.0)
+        assert round_row(database, 2).source == "previous_plan"
+        assert len(requests.calls) == 3, "round 3's plan asked at its start"
+
+
 def test_a_boundary_a_little_late_keeps_the_cadence(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
