@@ -100,6 +100,13 @@ def plan_cluster(
         )
         session.rollback()
         return None
+    if state_version is not None and state_version < cluster.state_version:
+        log.info(
+            "plan %s@%s: the cluster is at %s, planned as it is (lazy: no later request follows)",
+            cluster_id,
+            state_version,
+            cluster.state_version,
+        )
     base_round = cluster.current_round + 1
     existing = plan_at(session, cluster_id, cluster.state_version, base_round)
     if existing is not None:
@@ -197,6 +204,7 @@ def _store(
     if existing is not None:
         return _release(session, existing)
     newest = not _newer_plan_stored(session, plan)
+    plan.created_at = utcnow()  # when it is stored: what a round trip and a plan's age count to
     session.add(plan)
     record_exclusions(session, excluded)
     current = (
