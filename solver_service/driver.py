@@ -442,7 +442,7 @@ class RoundDriver:
         created = None if outcome.plan_age_s is None else now - outcome.plan_age_s
         settled = self._timing.settle(outcome.index, outcome.plan_version, created, now)
         if settled is not None and not settled[1] and asked is not None:
-            log.warning(
+            log.info(
                 "round %s: no plan at version %s or later stored %.1f s after it was asked "
                 "(the plan used: version %s); the next ones are asked earlier",
                 outcome.index,
