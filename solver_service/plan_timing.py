@@ -7,13 +7,15 @@ before the round's end, with
 
     lead_s = min(round, max(round / 2, boundary_lead + TRIP_FACTOR * trip))
 
-where ``trip`` is the longest of the last :data:`TRIPS_KEPT` round trips, each from the request
-to the ``created_at`` of the plan the next boundary used (stamped as its store begins, with the
-cluster row held) when that plan answers it, or to the boundary when none did (a lower bound:
-the plan came later, or never). So a service whose snapshot, solve and store take a quarter of
-a round or more asks that much earlier, and one whose plans take a second asks half-way, as a
-driver does before it has measured anything (one that has just taken office). The round's
-start is the earliest: a plan asked before the boundary would not see the round's own leases.
+where ``round`` is the round's span from its start (a boundary lead begins it that early) to its
+end, and ``trip`` is the longest of the last :data:`TRIPS_KEPT` round trips, each from the
+request to the ``created_at`` of the plan the next boundary used (stamped as its store begins,
+with the cluster row held) when that plan answers it, or to the boundary when none did (a lower
+bound: the plan came later, or never). So a service whose snapshot, solve and store take a
+quarter of a round or more asks that much earlier, and one whose plans take a second asks half-
+way, as a driver does before it has measured anything (one that has just taken office). The
+round's start is the earliest: a plan asked before the boundary would not see the round's own
+leases.
 
 Times are the driver's clock and the plan's ``created_at`` (the worker's clock): the same
 wall clock on one machine, and clocks kept in step by NTP across machines (a skew adds to the
