@@ -27,7 +27,8 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    ``NOTIFY`` from the API's processes), so this happens within a step of the commit.
 5. Once a round, ask for the next round's plan (``request_plan``) at the cluster's version:
    half-way through the round, or earlier when the plans' measured round trips need more
-   (:mod:`solver_service.plan_timing`: at most the whole round ahead). A plan at that version
+   (:mod:`solver_service.plan_timing`: at most the whole round ahead, and the whole round
+   before a round trip is measured). A plan at that version
    or a later one answers it; the boundary uses the freshest plan stored by then whatever
    came (a late plan never holds up a round: the previous plan's next column, else greedy),
    and a request left unanswered moves the next ones earlier.

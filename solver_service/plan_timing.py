@@ -13,9 +13,10 @@ request to the ``created_at`` of the plan the next boundary used (stamped as its
 with the cluster row held) when that plan answers it, or to the boundary when none did (a lower
 bound: the plan came later, or never). So a service whose snapshot, solve and store take a
 quarter of a round or more asks that much earlier, and one whose plans take a second asks half-
-way, as a driver does before it has measured anything (one that has just taken office). The
-round's start is the earliest: a plan asked before the boundary would not see the round's own
-leases.
+way. A driver that has measured nothing yet (it has just started or taken office) asks at the
+round's start: the first plan may come from a worker that has read no job's spec yet (a cold
+snapshot takes several times a warm one). The round's start is the earliest: a plan asked before
+the boundary would not see the round's own leases.
 
 Times are the driver's clock and the plan's ``created_at`` (the worker's clock): the same
 wall clock on one machine, and clocks kept in step by NTP across machines (a skew adds to the
@@ -57,9 +58,12 @@ class PlanTiming:
         return max(self._trips, default=None)
 
     def lead_s(self, round_s: float, boundary_lead_s: float = 0.0) -> float:
-        """Seconds before a round's end to ask for the next round's plan."""
-        wanted = boundary_lead_s + TRIP_FACTOR * (self.trip_s or 0.0)
-        return min(round_s, max(round_s / 2, wanted))
+        """Seconds before a round's end to ask for the next round's plan (the whole round
+        before a round trip is measured)."""
+        trip = self.trip_s
+        if trip is None:
+            return round_s
+        return min(round_s, max(round_s / 2, boundary_lead_s + TRIP_FACTOR * trip))
 
     def ask_at(self, started: float, ends: float, boundary_lead_s: float = 0.0) -> float:
         """When to ask for the plan of the round after the one from ``started`` to ``ends``."""

@@ -1,6 +1,7 @@
-"""When the round driver asks for the next plan (solver_service.plan_timing): half-way until a
-round trip is measured, earlier by twice the longest recent trip, never before the round's
-start; a plan older than the version asked does not answer the request."""
+"""When the round driver asks for the next plan (solver_service.plan_timing): at the round's
+start until a round trip is measured, then half-way or earlier by twice the longest recent
+trip, never before the round's start; a plan older than the version asked does not answer the
+request."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def timed(*trips: tuple[float, bool]) -> PlanTiming:
 @pytest.mark.parametrize(
     ("trips", "lead", "boundary_lead", "ask_at"),
     [
-        ((), 15.0, 0.0, 115.0),  # nothing measured: half-way
+        ((), 30.0, 0.0, 100.0),  # nothing measured: at the round's start
         (((1.0, True),), 15.0, 0.0, 115.0),  # a fast plan: still half-way
         (((1.0, True),), 15.0, 5.0, 115.0),  # the boundary's own lead counts too
         (((6.0, True),), 17.0, 5.0, 113.0),  # 5 + 2 x 6
