@@ -8,13 +8,15 @@ every 20 ms (so it includes the driver's wake-up delay and the whole materializa
 
 - that lateness exceeds ``late_after_s``, or
 - it ran without a plan (``greedy``), or on a plan older than the one the driver asked for
-  half-way through the round before (its state version is below the version asked for): the
-  solver service had half a round to deliver and did not.
+  during the round before (its state version is below the version asked for): the solver
+  service had from the request to the boundary to deliver and did not. The driver asks
+  half-way through a round, or earlier when its plans' measured round trips need more
+  (:mod:`solver_service.plan_timing`); its log line says when.
 
-A round made from a ``previous_plan`` whose version is at least the one asked for half-way is
-on time: the cluster changed again in the last half of the round (a batch-size change, a job
-that finished) and the reactive re-plan for that change was not stored before the boundary, so
-the boundary used that plan's next column, as designed (a late plan never holds up a round).
+A round made from a ``previous_plan`` whose version is at least the one asked for is on time:
+the cluster changed again after the request (a batch-size change, a job that finished) and
+the plan for that change was not stored before the boundary (lazy re-planning asks for none),
+so the boundary used that plan's column, as designed (a late plan never holds up a round).
 The table counts these, and ``missed`` says how many changes the plan used had not seen.
 """
 
@@ -34,7 +36,7 @@ DRIVER_LINE = re.compile(
     r"due, materialized in (?P<took>[\d.]+) s"
 )
 ASKED_LINE = re.compile(
-    r"round (?P<current>\d+) half-way: plan for round (?P<next>\d+) asked at version (?P<v>\d+)"
+    r"round (?P<current>\d+): plan for round (?P<next>\d+) asked at version (?P<v>\d+)"
 )
 PLAN_LINE = re.compile(
     r"plan (?P<cluster>\S+)@(?P<version>\d+) round (?P<base>\d+): (?P<jobs>\d+) jobs now, "
@@ -95,8 +97,7 @@ def parse_driver_log(text: str) -> dict[int, float]:
 
 
 def parse_asked(text: str) -> dict[int, int]:
-    """Round index -> the state version its plan was asked for at, half-way through the
-    round before."""
+    """Round index -> the state version its plan was asked for at, during the round before."""
     return {int(m["next"]): int(m["v"]) for m in ASKED_LINE.finditer(text)}
 
 

@@ -25,7 +25,13 @@ Each :meth:`RoundDriver.step` does what is due at ``now``, in order:
    (:func:`solver_service.leases.fill_round`, work conservation), with leases to the round's end.
    The change wakes the driver's sleep (store.lease_signal: in-process, or over Postgres
    ``NOTIFY`` from the API's processes), so this happens within a step of the commit.
-5. Half-way through a round, ask for the next round's plan (``request_plan``), once a round.
+5. Once a round, ask for the next round's plan (``request_plan``) at the cluster's version:
+   half-way through the round, or earlier when the plans' measured round trips need more
+   (:mod:`solver_service.plan_timing`: at most the whole round ahead, and the whole round
+   before a round trip is measured). A plan at that version
+   or a later one answers it; the boundary uses the freshest plan stored by then whatever
+   came (a late plan never holds up a round: the previous plan's next column, else greedy),
+   and a request left unanswered moves the next ones earlier.
 
 Time comes from the injected ``clock`` and waiting from the injected ``sleep``, so tests run
 rounds of milliseconds by calling :meth:`step` with the times they choose.
@@ -59,6 +65,7 @@ from sqlmodel import Session
 
 from solver_service import leases
 from solver_service.leases import SLACK_S, SOURCES, LostNodes, RoundOutcome
+from solver_service.plan_timing import PlanTiming
 from store import lease_signal
 from store.cluster_version import DEFAULT_CLUSTER, PlanRequest, ensure_cluster, no_plan_requests
 from store.settings import DatabaseSettings
@@ -114,7 +121,9 @@ class DriverMetrics:
             "shockwave_driver_nodes_lost", "Nodes marked LOST for silence.", registry=r
         )
         self.plan_requests = Counter(
-            "shockwave_driver_plan_requests", "Plans asked for half-way through rounds.", registry=r
+            "shockwave_driver_plan_requests",
+            "Plans asked for (once a round, and on lost nodes).",
+            registry=r,
         )
         self.plan_age = Gauge(
             "shockwave_driver_plan_age_seconds",
@@ -269,6 +278,7 @@ class RoundDriver:
             self._lock = LeaderLock(engine, lock_key(cluster_id, settings.database_schema))
         self._leading = False
         self._requested_round: int | None = None
+        self._timing = PlanTiming()
         self._filled_version: tuple[int, int] | None = None
         self._known = leases.KnownJobs()
         """The active jobs' fields fixed at submission, read once (not every boundary)."""
@@ -313,18 +323,24 @@ class RoundDriver:
                 took,
                 ", ".join(f"{phase} {s:.3f}" for phase, s in outcome.phases.items()),
             )
+            self._settle(outcome, now)
             cluster = self._cluster()
             self._filled_version = (cluster.current_round, cluster.state_version)
         elif self._filled_version != (cluster.current_round, cluster.state_version):
             self._filled_version = (cluster.current_round, cluster.state_version)
             did = self._fill(now) or did
-        if _halfway_due(cluster, now) and self._requested_round != cluster.current_round:
+        ask_at = self._ask_at(cluster)
+        asking = ask_at is not None and now >= ask_at - SLACK_S
+        if asking and self._requested_round != cluster.current_round:
             self._requested_round = cluster.current_round
+            self._timing.ask(cluster.current_round + 1, cluster.state_version, now)
+            assert cluster.round_ends_at is not None
             log.info(
-                "round %s half-way: plan for round %s asked at version %s",
+                "round %s: plan for round %s asked at version %s, %.1f s before its end",
                 cluster.current_round,
                 cluster.current_round + 1,
                 cluster.state_version,
+                cluster.round_ends_at.timestamp() - now,
             )
             self._ask(cluster.state_version)
             did = True
@@ -379,6 +395,7 @@ class RoundDriver:
                 session.add(cluster)
             session.commit()
         self._requested_round = None
+        self._timing = PlanTiming()
         self._filled_version = None
         log.info("round driver: active for cluster %s", self.cluster_id)
 
@@ -419,6 +436,21 @@ class RoundDriver:
         self.last_round = outcome
         self.metrics.observe_round(outcome)
         return outcome
+
+    def _settle(self, outcome: RoundOutcome, now: float) -> None:
+        """Measure the round trip of the request for this round's plan (plan_timing)."""
+        asked = self._timing.asked
+        created = None if outcome.plan_age_s is None else now - outcome.plan_age_s
+        settled = self._timing.settle(outcome.index, outcome.plan_version, created, now)
+        if settled is not None and not settled[1] and asked is not None:
+            log.info(
+                "round %s: no plan at version %s or later stored %.1f s after it was asked "
+                "(the plan used: version %s); the next ones are asked earlier",
+                outcome.index,
+                asked.version,
+                settled[0],
+                "-" if outcome.plan_version is None else outcome.plan_version,
+            )
 
     def _fill(self, now: float) -> bool:
         # Stamped after the fill's locks are held (fill_round): an exit report may commit
@@ -479,18 +511,22 @@ class RoundDriver:
         if cluster.round_ends_at is not None and cluster.round_started_at is not None:
             ends = cluster.round_ends_at.timestamp()
             due.append(ends - self.settings.boundary_lead_s - now)
-            if self._requested_round != cluster.current_round:
-                due.append((cluster.round_started_at.timestamp() + ends) / 2 - now)
+            ask_at = self._ask_at(cluster)
+            if self._requested_round != cluster.current_round and ask_at is not None:
+                due.append(ask_at - now)
         return max(0.001, min(due))
+
+    def _ask_at(self, cluster: ClusterRow) -> float | None:
+        """When to ask for the next round's plan (plan_timing); None before the first round."""
+        if cluster.round_started_at is None or cluster.round_ends_at is None:
+            return None
+        return self._timing.ask_at(
+            cluster.round_started_at.timestamp(),
+            cluster.round_ends_at.timestamp(),
+            self.settings.boundary_lead_s,
+        )
 
 
 def _boundary_due(cluster: ClusterRow, now: float, lead: float = 0.0) -> bool:
     ends = cluster.round_ends_at
     return ends is None or now >= ends.timestamp() - SLACK_S - lead
-
-
-def _halfway_due(cluster: ClusterRow, now: float) -> bool:
-    if cluster.round_started_at is None or cluster.round_ends_at is None:
-        return False
-    start, end = cluster.round_started_at.timestamp(), cluster.round_ends_at.timestamp()
-    return now >= (start + end) / 2 - SLACK_S

@@ -86,7 +86,8 @@ __all__ = [
 @dataclasses.dataclass(frozen=True, slots=True)
 class RoundOutcome:
     """What a boundary did. ``plan_age_s``: seconds from the plan's creation to the boundary
-    (None for greedy). ``jobs``: placed jobs in priority order. ``suspended``: jobs moved to
+    (None for greedy); ``plan_version``: the state version the plan was made at (None for
+    greedy). ``jobs``: placed jobs in priority order. ``suspended``: jobs moved to
     the queue because a revoked attempt never confirmed its checkpoint."""
 
     index: int
@@ -102,6 +103,7 @@ class RoundOutcome:
     suspended: tuple[str, ...]
     started_at: datetime
     ends_at: datetime
+    plan_version: int | None = None
     unfit: Mapping[str, str] = dataclasses.field(default_factory=dict)
     phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Wall seconds of each step of the boundary: ``gather`` (reads and locks), ``engine``,
@@ -237,6 +239,7 @@ def _start_round(
         plan_age_s=age,
         plan_solve_s=used.solve_seconds if used else None,
         plan_gap=used.gain_gap if used else None,
+        plan_version=used.view.state_version if used else None,
         jobs=tuple(changes.assignment),
         issued=issued,
         extended=extended,

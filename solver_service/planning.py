@@ -3,9 +3,15 @@
 :func:`plan_cluster` is what a solver worker (or the embedded in-process solver) runs for a
 request ``(cluster, state_version)``. In order:
 
-1. Skip the request if it is stale (the cluster has moved past ``state_version``) or if a plan
-   for the cluster's current version and the next round already exists (a redelivered or
-   duplicate request).
+1. Skip the request if a plan for the cluster's current version and the next round already
+   exists (a redelivered or duplicate request), or if it is stale (the cluster has moved past
+   ``state_version``) and a later request is sure to come: in reactive mode every change asks
+   for a plan at its own version once it commits, so the newest request plans. In lazy mode
+   a change only bumps the version and nobody asks again before the round driver's next
+   request, so a stale request plans the cluster as it is now: the plan is tagged with the
+   version its snapshot read (at least the one asked), which is what the driver's request
+   half-way through a round waits for (dropping it would leave the next round to the
+   previous plan).
 2. Read the snapshot for round ``current_round + 1`` (:mod:`store.snapshot`) and end
    the read transaction, so no lock or connection is held while the policy runs.
 3. Run the cluster's policy (``ClusterRow.policy``, looked up in the core's registry) on it,
@@ -70,11 +76,12 @@ def plan_cluster(
     known: KnownSpecs | None = None,
 ) -> PlanRow | None:
     """Plan the next round of ``cluster_id`` as of ``state_version`` (None: whatever version
-    the cluster is at). Returns the stored plan, the plan that already existed for this version
-    and round, or None when there is nothing to do (stale request, unknown cluster, no READY
-    node). ``params``: the policy's params (default: its defaults, with the cluster's re-plan
-    mode and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs
-    divided by ``time_scale``). ``priority_classes``: the setting's classes and multipliers.
+    the cluster is at; a lazy cluster past it is planned as it is now, step 1). Returns the
+    stored plan, the plan that already existed for this version and round, or None when there
+    is nothing to do (a stale request a later one supersedes, unknown cluster, no READY node).
+    ``params``: the policy's params (default: its defaults, with the cluster's re-plan mode
+    and ``solver_time_limit_s`` where the policy has those knobs, its duration knobs divided
+    by ``time_scale``). ``priority_classes``: the setting's classes and multipliers.
     ``known``: the job specs this process kept from its earlier plans (:class:`KnownSpecs`).
     Commits ``session``."""
     cluster = session.get(
@@ -84,12 +91,22 @@ def plan_cluster(
         log.info("plan %s@%s: no such cluster", cluster_id, state_version)
         session.rollback()
         return None
-    if _stale(state_version, cluster.state_version):
+    if _superseded(state_version, cluster):
         log.info(
-            "plan %s@%s: stale (cluster at %s)", cluster_id, state_version, cluster.state_version
+            "plan %s@%s: stale (cluster at %s, a request at its version follows)",
+            cluster_id,
+            state_version,
+            cluster.state_version,
         )
         session.rollback()
         return None
+    if state_version is not None and state_version < cluster.state_version:
+        log.info(
+            "plan %s@%s: the cluster is at %s, planned as it is (lazy: no later request follows)",
+            cluster_id,
+            state_version,
+            cluster.state_version,
+        )
     base_round = cluster.current_round + 1
     existing = plan_at(session, cluster_id, cluster.state_version, base_round)
     if existing is not None:
@@ -158,8 +175,11 @@ def solve_summary(solve: SolveSummary | None) -> dict[str, Any]:
     }
 
 
-def _stale(requested: int | None, current: int) -> bool:
-    return requested is not None and requested < current
+def _superseded(requested: int | None, cluster: ClusterRow) -> bool:
+    """Whether a request at ``requested`` is stale and a later one is sure to follow: in
+    reactive mode each change asks at its own version; in lazy mode nobody does (step 1)."""
+    stale = requested is not None and requested < cluster.state_version
+    return stale and cluster.replan == "reactive"
 
 
 def _store(
@@ -184,6 +204,7 @@ def _store(
     if existing is not None:
         return _release(session, existing)
     newest = not _newer_plan_stored(session, plan)
+    plan.created_at = utcnow()  # when it is stored: what a round trip and a plan's age count to
     session.add(plan)
     record_exclusions(session, excluded)
     current = (

@@ -85,8 +85,8 @@ def driver_command(
     ] = "info",
 ) -> None:
     """Run the round driver: at every round boundary it turns the freshest plan into leases
-    (previous plan or greedy as fallbacks), half-way through a round it asks for the next plan,
-    and it marks silent nodes LOST.
+    (previous plan or greedy as fallbacks), once a round it asks for the next plan (half-way,
+    or earlier when plans take longer to come back), and it marks silent nodes LOST.
 
     Start two for a standby: on Postgres one holds an advisory lock and drives, the other
     waits and takes over within a round if the first dies. SHOCKWAVE_DATABASE_URL names the

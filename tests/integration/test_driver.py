@@ -310,20 +310,52 @@ def test_a_fresh_plan_beats_an_older_one_and_later_columns_are_used_in_turn(
     assert round_row(database, 1).plan_id == fresh
 
 
-def test_the_driver_asks_for_the_next_plan_once_half_way_through_a_round(
+def test_the_driver_asks_for_the_next_plan_once_a_round_half_way_once_plans_come_back(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
+    """Nothing measured yet: the first round's request goes at its start. Its plan comes
+    back at once, so the next round's goes half-way, once."""
     register(client, tokens.agent)
-    submit(client, tokens.admin)
+    job = submit(client, tokens.admin)
     with driver_on(database, round_s=10.0) as (driver, requests):
         t0 = now()
         driver.step(t0)
-        driver.step(t0 + 4.9)
-        assert requests.calls == []
-        assert driver.step(t0 + 5.0)
         assert requests.calls == [("default", version(database))]
-        assert not driver.step(t0 + 6.0)
+        store_plan(database, [[job], [job]], base_round=1)
+        assert not driver.step(t0 + 5.0)
+        driver.step(t0 + 10.0)
+        assert round_row(database, 1).source == "plan"
+        driver.step(t0 + 14.9)
         assert len(requests.calls) == 1
+        assert driver.step(t0 + 15.0)
+        assert requests.calls[1:] == [("default", version(database))]
+        assert not driver.step(t0 + 16.0)
+        assert len(requests.calls) == 2
+
+
+def test_a_request_not_answered_by_the_boundary_moves_the_next_one_earlier(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Round 1's plan is stored at the version asked: round 2's is asked half-way. Round 2's
+    never comes (the boundary runs on round 1's plan, older than asked): the plan had the 5 s
+    to the boundary and more, so round 3's is asked twice that ahead: at once."""
+    register(client, tokens.agent)
+    job = submit(client, tokens.admin)
+    with driver_on(database, round_s=10.0) as (driver, requests):
+        t0 = now()
+        driver.step(t0)
+        asked = requests.calls[-1][1]
+        store_plan(database, [[job], [job], [job]], base_round=1, at=asked)
+        driver.step(t0 + 10.0)
+        assert round_row(database, 1).source == "plan"
+        submit(client, tokens.admin)  # round 2's plan is asked past the stored plan's version
+        driver.step(t0 + 14.9)
+        assert len(requests.calls) == 1, "answered: not asked before half-way"
+        driver.step(t0 + 15.0)
+        assert requests.calls[-1] == ("default", version(database)) != ("default", asked)
+        driver.step(t0 + 20.0)
+        assert round_row(database, 2).source == "previous_plan"
+        assert len(requests.calls) == 3, "round 3's plan asked at its start"
 
 
 def test_a_boundary_a_little_late_keeps_the_cadence(

@@ -321,6 +321,32 @@ def test_stale_and_repeated_requests_are_no_ops(
     assert [p.id for p in plans(database.engine)] == [first.id]
 
 
+def test_a_stale_request_in_lazy_mode_plans_the_version_the_cluster_is_at(
+    database: Database, client: TestClient, tokens: Tokens
+) -> None:
+    add_nodes(database.engine, ("n1", 4))
+    with Session(database.engine) as session:
+        ensure_cluster(session)
+        row = session.get(ClusterRow, DEFAULT_CLUSTER)
+        assert row is not None
+        row.replan = "lazy"
+        session.add(row)
+        session.commit()
+    asked = cluster_row(database.engine).state_version
+    for _ in range(2):  # changes after the request: they only bump the version
+        submit(client, tokens.admin)
+    current = cluster_row(database.engine).state_version
+    assert current > asked
+    with Session(database.engine) as session:
+        plan = plan_cluster(session, DEFAULT_CLUSTER, asked, now=NOW)
+        again = plan_cluster(session, DEFAULT_CLUSTER, asked, now=NOW)
+    assert plan is not None and again is not None
+    assert plan.state_version == current, "tagged with the version its snapshot read"
+    assert len(plan.rounds[0]) == 2, "both jobs submitted after the request are planned"
+    assert again.id == plan.id, "a repeated request finds the plan at the current version"
+    assert [p.id for p in plans(database.engine)] == [plan.id]
+
+
 def test_concurrent_workers_on_one_version_store_one_plan(
     database: Database, client: TestClient, tokens: Tokens
 ) -> None:
