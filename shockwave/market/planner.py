@@ -432,6 +432,32 @@ def soonest_bounds(jobs: Sequence[PlanJob], total_gpus: int) -> tuple[float, flo
     return work, max(soonest, default=0.0)
 
 
+def chain_blocked(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: int) -> list[bool]:
+    """Which jobs the chain of wide gangs holds on the makespan's path, one flag per job.
+
+    Gangs wider than half the GPUs cannot run beside one another: they run one after another,
+    a chain whose soonest end is C, the sum of their soonest remainders. A job that cannot run
+    beside any of them either (its GPUs plus the narrowest gang's exceed the cluster's) cannot
+    run while the chain does, so it ends no sooner than its own remainder plus C: a bound the
+    work bound W and the longest remainder L both miss (W spreads its GPU-seconds over the whole
+    cluster, L counts it alone). A job is flagged when that bound exceeds W: then every round
+    in which neither it nor a gang of the chain runs pushes the makespan out by a round
+    (``shockwave_market.shockwave``, ``chain_lane``). Shapes: ``gpus`` and ``soonest_s`` (each
+    job's soonest remainder, seconds) one entry per job; the gangs themselves are not flagged.
+    """
+    half = total_gpus / 2
+    chain = [s for g, s in zip(gpus, soonest_s, strict=True) if g > half]
+    if not chain or total_gpus <= 0:
+        return [False] * len(gpus)
+    narrowest = min(g for g in gpus if g > half)
+    work = sum(g * s for g, s in zip(gpus, soonest_s, strict=True)) / total_gpus
+    length = sum(chain)
+    return [
+        g <= half and g + narrowest > total_gpus and s + length > work
+        for g, s in zip(gpus, soonest_s, strict=True)
+    ]
+
+
 def path_jobs(problem: Problem, margin: float, round_seconds: float) -> frozenset[int]:
     """Indices of the jobs on the makespan's path, which the finishing lane never passes
     (:func:`pack_rounds`): those with a critical-path floor, and those whose latest remainder

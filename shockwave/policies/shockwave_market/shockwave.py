@@ -50,7 +50,7 @@ from shockwave.domain.tenancy import (
 from shockwave.market.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.market.estimators import contention_factor, finish_time_fairness, lifetime_contention
 from shockwave.market.heterogeneity import mean_speed
-from shockwave.market.planner import Plan, PlanJob, PlannerParams, plan
+from shockwave.market.planner import Plan, PlanJob, PlannerParams, chain_blocked, plan
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
 from shockwave.prediction.population_predictor import (
@@ -159,6 +159,11 @@ class ShockwaveParams:
     work projected to arrive (:func:`arriving_work_s`, from every arrival the policy has seen,
     finished jobs included); off: the reservation sees only the active jobs
     (docs/policy.md, "Critical-path reservation").
+    ``chain_lane``: a job that cannot run beside any gang wider than half the GPUs, and whose
+    remainder plus those gangs' bounds the makespan beyond the work bound
+    (:func:`shockwave.market.planner.chain_blocked`), runs in every round in which no such gang
+    runs, ahead of the round's planned jobs (:func:`_chain_lane`; off: the plan's column as
+    it is).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -191,6 +196,7 @@ class ShockwaveParams:
     tenant_slack_rounds: float = 0.0
     level_deadlines: bool = True
     project_arrivals: bool = True
+    chain_lane: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -206,6 +212,8 @@ class ShockwaveParams:
             raise ValueError("wait_for_ends must be a bool")
         if not isinstance(self.level_deadlines, (bool, int)):
             raise ValueError("level_deadlines must be a bool")
+        if not isinstance(self.chain_lane, (bool, int)):
+            raise ValueError("chain_lane must be a bool")
         if not (math.isfinite(self.patience) and self.patience >= 0):
             raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
@@ -324,6 +332,9 @@ class ShockwaveState:
     """What :func:`_round_start` restores when the same round is decided again: the
     contention sums, their rounds and the tenants' balances as they were before the first
     decision of round ``decided_round``."""
+    chain_held: frozenset[str] = frozenset()
+    """The jobs the chain of wide gangs holds on the makespan's path, as of the last plan
+    (:func:`_chain_held`; the chain lane, :func:`_chain_lane`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -733,6 +744,9 @@ class Shockwave:
                 solver=solved.solver,
                 solves=state.last.solves + 1,
             )
+        held = state.chain_held & active
+        if due and params.chain_lane and not typed:
+            held = _chain_held(snapshot, outlooks)
         column = rounds[offset] if offset < len(rounds) else ()
         if typed:
             chosen, reasons, types = fill_typed(
@@ -740,9 +754,12 @@ class Shockwave:
             )
             chosen_widths: Mapping[str, int] = {}
         else:
+            planned_now = [j for j in column if j in active]
+            if params.chain_lane:
+                planned_now = _chain_lane(snapshot, planned_now, held)
             chosen, reasons, chosen_widths = _fill(
                 snapshot,
-                [j for j in column if j in active],
+                planned_now,
                 outlooks,
                 widths,
                 params.restart_overhead_s,
@@ -775,6 +792,7 @@ class Shockwave:
             decided_round=snapshot.round_index,
             arrivals=arrivals,
             round_start=(base.contention_sum, base.contention_rounds, base.tenant_owed),
+            chain_held=held,
         )
         window = max(1, len(rounds))
         allocation = {j: counts.get(j, 0) / window for j in active}
@@ -1388,6 +1406,43 @@ def _short_job_due(
 def _has_elastic(snapshot: Snapshot) -> bool:
     """Whether any job of the snapshot is elastic (the elastic planner and re-plan mode)."""
     return any(job.spec.elastic is not None for job in snapshot.jobs)
+
+
+def _chain_held(snapshot: Snapshot, outlooks: Mapping[str, JobOutlook]) -> frozenset[str]:
+    """The ids of the jobs that the chain of gangs wider than half the GPUs holds on the
+    makespan's path (:func:`shockwave.market.planner.chain_blocked` on their soonest
+    remainders); none where no gang is that wide."""
+    total = snapshot.cluster.total_gpus
+    jobs = snapshot.jobs
+    if not any(j.spec.gpus > total / 2 for j in jobs):
+        return frozenset()
+    flags = chain_blocked(
+        [j.spec.gpus for j in jobs], [outlooks[j.job_id].soonest_remaining_s for j in jobs], total
+    )
+    return frozenset(j.job_id for j, flag in zip(jobs, flags, strict=True) if flag)
+
+
+def _chain_lane(snapshot: Snapshot, planned: Sequence[str], held: frozenset[str]) -> list[str]:
+    """``planned`` (a round's column) with the ``held`` jobs (:func:`_chain_held`) put first
+    when the column runs no gang wider than half the GPUs; unchanged otherwise.
+
+    Why: such a job and the chain of those gangs cannot run at the same time, so the makespan
+    is no sooner than its remainder plus the chain's, and a round that runs neither adds a
+    round to it. The market cannot see that bound (the job's fairness deadline is far, and its
+    remainder alone is short of the work bound), and the critical-path reservation would hold
+    it in every round of the window, the chain's rounds included, which the chain needs.
+    Running it in the rounds the chain leaves costs the round's planned jobs only its own
+    GPUs: a 4-GPU job of 16 hours that sat out 4.4 hours of such rounds, full of 1-GPU jobs,
+    ended the week alone behind gangs of all 64 GPUs (docs/policy.md, "the chain lane")."""
+    if not held:
+        return list(planned)
+    total = snapshot.cluster.total_gpus
+    wide = {j.job_id for j in snapshot.jobs if j.spec.gpus > total / 2}
+    if wide.intersection(planned):
+        return list(planned)
+    taken = set(planned)
+    lane = [j.job_id for j in snapshot.jobs if j.job_id in held and j.job_id not in taken]
+    return [*lane, *planned]
 
 
 def _fill(
