@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
@@ -80,17 +82,46 @@ def process_cpu_s(pid: int) -> float:
 
 
 def measure(
-    pid: int, send: Callable[[], httpx.Response], requests: int
+    pid: int,
+    send: Callable[[], httpx.Response],
+    requests: int,
+    before: Callable[[], None] | None = None,
 ) -> tuple[float, float, int]:
-    """(server CPU ms per request, client wall ms per request, last status) of ``send``."""
+    """(server CPU ms per request, client wall ms per request, last status) of ``send``.
+    ``before``: run ahead of each request, outside the server (its CPU is not counted; its
+    wall time is)."""
     for _ in range(WARMUP):
+        if before is not None:
+            before()
         send()
     cpu, wall = process_cpu_s(pid), time.perf_counter()
     status = 0
     for _ in range(requests):
+        if before is not None:
+            before()
         status = send().status_code
     per = 1000.0 / requests
     return (process_cpu_s(pid) - cpu) * per, (time.perf_counter() - wall) * per, status
+
+
+def reissue(
+    connection: psycopg.Connection[Any], attempts: Sequence[str], job_state: str
+) -> Callable[[], None]:
+    """Put ``attempts`` back to ISSUED and their jobs to ``job_state`` (straight in the
+    database, not through the server): the next poll listing them as running acknowledges
+    them again, as a node's first poll after a round boundary does. ``PENDING``: their jobs
+    start (each one's state changes, with a state event); ``RUNNING``: they ran elsewhere
+    (a moved job: only the leases change)."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute("UPDATE leases SET state = 'ISSUED' WHERE id = ANY(%s)", (ids,))
+        connection.execute(
+            "UPDATE jobs SET state = %s WHERE id IN (SELECT job_id FROM leases WHERE id = ANY(%s))",
+            (job_state, ids),
+        )
+
+    return run
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -204,9 +235,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
         ]
+
+        def acknowledge() -> httpx.Response:
+            return client.post(
+                "/v1/agent/poll", json={"running": attempts, "defer_busy": True}, headers=agent
+            )
+
+        measured: list[tuple[str, Callable[[], httpx.Response], Callable[[], None] | None]] = [
+            (name, send, None) for name, send in endpoints
+        ]
+        database = stack.enter_context(
+            psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
+        )
+        for job_state, what in (("PENDING", "their jobs start"), ("RUNNING", "jobs moved")):
+            measured.append(
+                (
+                    f"POST /v1/agent/poll ({GPUS} new attempts acknowledged: {what})",
+                    acknowledge,
+                    reissue(database, attempts, job_state),
+                )
+            )
         pid = server.pid
-        for name, send in endpoints:
-            cpu_ms, wall_ms, status = measure(pid, send, args.requests)
+        for name, send, before in measured:
+            cpu_ms, wall_ms, status = measure(pid, send, args.requests, before)
             rows.append({"endpoint": name, "status": status, "cpu_ms": cpu_ms, "wall_ms": wall_ms})
     table = Table(title=f"one API process, one client, {args.requests} requests each")
     for column in ("endpoint", "status", "server CPU ms/request", "wall ms", "req/s per core"):
