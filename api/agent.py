@@ -10,6 +10,7 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,6 +51,7 @@ from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
+    JobLeases,
     checkpoint_dir,
     move_lease,
     revoke_live_leases,
@@ -879,6 +881,8 @@ def _apply_reports(
     order)."""
     answers = []
     applied = False
+    pinned: list[Any] | None = None
+    known: JobLeases | None = None
     for index, report in enumerate(reports):
         attempt_id = report.attempt_id
         if attempt_id not in attempts:
@@ -895,7 +899,11 @@ def _apply_reports(
         status = settled.get(index)
         refused = None
         if status is None:
-            outcome = report_status(session, principal, attempt_id, report)
+            if pinned is None:
+                pinned, known = _load_reported(session, reports, attempts, settled, busy)
+            outcome = report_status(
+                session, principal, attempt_id, report, attempt=attempts[attempt_id], known=known
+            )
             status, refused, applied = outcome.status, outcome.refused, True
         if refused is not None:
             detail = f"{refused}: stop it"
@@ -908,7 +916,53 @@ def _apply_reports(
             )
     if applied:
         session.flush()  # what follows reads with Core statements
+    del pinned
     return answers
+
+
+def _load_reported(
+    session: Session,
+    reports: list[AttemptReport],
+    attempts: dict[str, Any],
+    settled: dict[int, LeaseStatusPublic],
+    busy: Collection[str],
+) -> tuple[list[Any], JobLeases]:
+    """Load the jobs (locked by the poll already) and lock and load the leases of the reports
+    that take the locking path, one statement each for all of them, into the session, where
+    :func:`report_status` finds them (``attempt`` given): not three statements a report.
+    The rows, to be kept referenced while the reports are applied (the session's identity
+    map holds its objects weakly), and the leases of the jobs reported on once in the poll,
+    read in one statement (:class:`store.leases.JobLeases`: what applying a report reads of
+    its job's other leases; a job reported on twice is read again for each, as the first
+    report may have moved its other leases)."""
+    applying = [
+        report.attempt_id
+        for index, report in enumerate(reports)
+        if index not in settled
+        and report.attempt_id in attempts
+        and attempts[report.attempt_id].job_id not in busy
+    ]
+    ids = sorted(set(applying))
+    jobs = sorted({attempts[attempt].job_id for attempt in ids})
+    reported = Counter(
+        attempts[report.attempt_id].job_id for report in reports if report.attempt_id in attempts
+    )
+    loaded: list[Any] = list(
+        session.execute(
+            select(JobRow).where(col(JobRow.id).in_(jobs)).execution_options(populate_existing=True)
+        ).scalars()
+    )
+    loaded.extend(
+        session.execute(
+            select(LeaseRow)
+            .where(col(LeaseRow.id).in_(ids))
+            .order_by(col(LeaseRow.id))
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
+    once = [job for job in jobs if reported[job] == 1]
+    return loaded, JobLeases(session, once)
 
 
 def _locked(connection: Connection, statement: Any, job_ids: Collection[str]) -> dict[str, str]:
@@ -1004,7 +1058,13 @@ class ReportOutcome:
 
 
 def report_status(
-    session: Session, principal: Principal, attempt_id: str, report: LeaseStatusReport
+    session: Session,
+    principal: Principal,
+    attempt_id: str,
+    report: LeaseStatusReport,
+    *,
+    attempt: Any = None,
+    known: JobLeases | None = None,
 ) -> ReportOutcome:
     """Apply an agent's report on one attempt (see the module docstring of :mod:`store.leases`).
 
@@ -1026,16 +1086,24 @@ def report_status(
     sends for each lease a new round extends; ``started`` again) is answered from a read
     without locks: :func:`_settled`. Any other locks the job, then the lease (then the cluster
     row, when the version is bumped): the order the round driver takes them in.
+
+    ``attempt``: the attempt as :data:`_ATTEMPTS` read it, its job locked and its job and
+    lease loaded into the session, locked (:func:`_load_reported`, for a poll's reports):
+    they are not read again. ``known``: the leases of the job, read already.
     """
-    attempt = visible_attempt(session, principal, attempt_id)
-    settled = _settled(attempt_id, attempt, report)
-    if settled is not None:
-        return ReportOutcome(status=settled)
-    job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
-    lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
+    if attempt is not None:
+        job = session.get(JobRow, attempt.job_id)
+        lease = session.get(LeaseRow, attempt_id)
+    else:
+        attempt = visible_attempt(session, principal, attempt_id)
+        settled = _settled(attempt_id, attempt, report)
+        if settled is not None:
+            return ReportOutcome(status=settled)
+        job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
+        lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
     if job is None or lease is None:
         raise NotFound(f"no attempt {attempt_id}")
-    refused = _apply(session, lease, job, report)
+    refused = _apply(session, lease, job, report, known)
     stop = lease.state not in LIVE_LEASES or JobState(job.state).terminal
     status = LeaseStatusPublic(
         attempt_id=lease.id,
@@ -1071,9 +1139,16 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
     )
 
 
-def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
+def _apply(
+    session: Session,
+    lease: LeaseRow,
+    job: JobRow,
+    report: LeaseStatusReport,
+    known: JobLeases | None = None,
+) -> str | None:
     """Apply ``report`` as the lease lifecycle says
-    (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None."""
+    (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None.
+    ``known``: the leases of the job, read already (:class:`store.leases.JobLeases`)."""
     reported = Report(report.state)
     revoked = lease.state == LeaseState.REVOKED.value
     effect = report_effect(
@@ -1085,7 +1160,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         reported,
         report.exit_code,
         report.stop_requested,
-        superseded_by=successor_of(session, lease) if revoked else None,
+        superseded_by=successor_of(session, lease, known) if revoked else None,
     )
     if effect.lease is not None:
         move_lease(session, lease, effect.lease, exit_code=effect.exit_code)
@@ -1102,7 +1177,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         )
         if lease.reason:
             why = f"{why}; {lease.reason}"
-        stop_running(session, job, f"{where} {why}", except_attempt=lease.id)
+        stop_running(session, job, f"{where} {why}", except_attempt=lease.id, known=known)
     elif effect.job is JobEffect.SUCCEED:
         _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
     elif effect.job is JobEffect.FAIL:

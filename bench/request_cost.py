@@ -104,6 +104,25 @@ def measure(
     return (process_cpu_s(pid) - cpu) * per, (time.perf_counter() - wall) * per, status
 
 
+def revoke(connection: psycopg.Connection[Any], attempts: Sequence[str]) -> Callable[[], None]:
+    """Put ``attempts`` back to REVOKED and their jobs to RUNNING (straight in the database):
+    the next poll reporting them ``checkpointed`` stops them and suspends their jobs, as a
+    node's report poll after a round boundary that took its attempts back does."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute(
+            "UPDATE leases SET state = 'REVOKED', exit_code = NULL WHERE id = ANY(%s)", (ids,)
+        )
+        connection.execute(
+            "UPDATE jobs SET state = 'RUNNING' WHERE id IN "
+            "(SELECT job_id FROM leases WHERE id = ANY(%s))",
+            (ids,),
+        )
+
+    return run
+
+
 def reissue(
     connection: psycopg.Connection[Any], attempts: Sequence[str], job_state: str
 ) -> Callable[[], None]:
@@ -255,6 +274,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reissue(database, attempts, job_state),
                 )
             )
+        checkpointed = [{"attempt_id": a, "state": "checkpointed"} for a in attempts]
+        measured.append(
+            (
+                f"POST /v1/agent/poll ({GPUS} revoked attempts report checkpointed)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"reports": checkpointed, "heartbeat": False, "defer_busy": True},
+                    headers=agent,
+                ),
+                revoke(database, attempts),
+            )
+        )
         pid = server.pid
         for name, send, before in measured:
             cpu_ms, wall_ms, status = measure(pid, send, args.requests, before)
