@@ -715,13 +715,18 @@ def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
     )
 
 
-def owes_acknowledgement(answer: PollAnswer, data: AgentPoll) -> bool:
-    """Whether a lease the poll listed in ``running`` is still not RUNNING in its ``answer``
-    (its acknowledgement was deferred: its job or lease busy). A long poll is not held then:
-    the node sends it again in its next poll, which should come soon, not after the hold."""
+def deferred(answer: PollAnswer, data: AgentPoll) -> bool:
+    """Whether some of what a poll said waits for a later poll (``defer_busy``): a report or an
+    event answered 503, or a lease it listed in ``running`` still not RUNNING in its
+    ``answer`` (its job or lease was busy). A long poll is not held then: the node sends it
+    again in its next poll, which should come soon, not after the hold."""
     running = set(data.running)
-    return any(
-        lease.attempt_id in running and lease.state in _NOT_RUNNING for lease in answer.leases
+    return (
+        any(report.status == BUSY for report in answer.reports)
+        or any(event.status == BUSY for event in answer.events)
+        or any(
+            lease.attempt_id in running and lease.state in _NOT_RUNNING for lease in answer.leases
+        )
     )
 
 

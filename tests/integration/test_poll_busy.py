@@ -331,3 +331,24 @@ def test_a_long_poll_whose_acknowledgement_waits_is_answered_at_once(
     answer = contact(client, agent, **body)
     assert time.monotonic() - began >= 1.5, "acknowledged, then held: nothing new"
     assert [lease["state"] for lease in answer["leases"]] == ["RUNNING"]
+
+
+def test_a_long_poll_whose_event_waits_is_answered_at_once(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    client, _, agent, job, attempt = setup
+    contact(client, agent, defer_busy=True, running=[attempt])  # acknowledged: RUNNING
+    seen = contact(client, agent)["current_round"]
+    body = {
+        "defer_busy": True,
+        "running": [attempt],
+        "events": [progress(attempt, 1)],
+        "wait_s": 2.0,
+        "seen_round": seen,
+    }
+    with job_locked(busy_database, job):
+        began = time.monotonic()
+        answer = contact(client, agent, **body)
+        assert time.monotonic() - began < 1.5, "held although its event waits"
+        assert [(e["seq"], e["status"]) for e in answer["events"]] == [(1, 503)]
+    assert stored(busy_database, attempt, job) == ("RUNNING", 0)

@@ -465,3 +465,37 @@ def test_under_the_simulators_rule_a_revoke_before_the_leases_end_trains_to_its_
     asyncio.run(fleet._changeover(node, answer([])))
     assert "a2" not in node.attempts
     assert jobs["j2"].partial_s < 4.0 + (time.time() - now) < 60.0
+
+
+class ScriptedFleet(RecordingFleet):
+    """A long-polling fleet answered from ``answers`` in turn; once they run out, it stops."""
+
+    def __init__(self, jobs: dict[str, TrainingJob], answers: list[Any]) -> None:
+        super().__init__(jobs)
+        self.wait_s = 10.0
+        self.boundary_retry_s = 0.01
+        self.answers = answers
+        self.stop = asyncio.Event()
+
+    async def _call(
+        self, kind: str, method: str, path: str, token: str, body: Any = None, **_: Any
+    ) -> Any:
+        self.calls.append((kind, path, body))
+        if not self.answers:
+            self.stop.set()
+            return None
+        return self.answers.pop(0)
+
+
+def test_a_long_polling_node_acknowledges_what_it_started_in_its_next_long_poll() -> None:
+    """No poll of its own for an acknowledgement when no report is owed: the next long poll
+    lists the new attempt as running (the server acknowledges it before holding the poll)."""
+    started = answer([lease("a1", "j1", T2)], a1="token-a1")
+    running = answer([lease("a1", "j1", T2)])
+    fleet = ScriptedFleet({"j1": job("j1", epochs=100)}, [started, running])
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    sent = [
+        (kind, (body or {})["running"], (body or {}).get("wait_s")) for kind, _, body in fleet.calls
+    ]
+    assert sent[:2] == [("poll", [], 10.0), ("poll", ["a1"], 10.0)]
+    assert all(kind == "poll" for kind, _, _ in sent), sent
