@@ -579,15 +579,14 @@ def poll(
     found = _leases_of(connection, node_id, round_, data.running)
     tokens = {}
     if data.tokens:
-        starting = {
-            lease.attempt_id: lease for lease in found.leases if lease.attempt_id not in running
-        }
-        held = attempts_with_tokens(session, list(starting))
-        tokens = {
-            attempt: _mint(session, lease.job_id, attempt)
-            for attempt, lease in starting.items()
-            if attempt not in held
-        }
+        tokens = _new_tokens(
+            session,
+            {
+                lease.attempt_id: lease.job_id
+                for lease in found.leases
+                if lease.attempt_id not in running
+            },
+        )
     if not (locking - busy or tokens):
         _commit_contact(session)
     else:
@@ -602,9 +601,11 @@ def _quiet_poll(
     nothing is new for the agent to start: its heartbeat (when asked), the node, the cluster's
     round and the node's leases (:func:`_node_view`), then a commit that does not wait for
     the WAL's flush. A lease it runs that is not RUNNING yet is acknowledged from that read
-    (with ``defer_busy``, on Postgres: :func:`_acknowledge_quietly`; committed waiting for the
-    flush). The answer, committed; None, nothing committed, when the agent needs a token, or
-    must be acknowledged without ``defer_busy``: that takes :func:`poll`'s full path."""
+    (with ``defer_busy``, on Postgres: :func:`_acknowledge_quietly`), and the job tokens it
+    asks for are minted from it (:func:`_new_tokens`: a held poll's re-read that brings a
+    round's new leases); either is committed waiting for the flush. The answer, committed;
+    None, nothing committed, when it must be acknowledged without ``defer_busy``: that takes
+    :func:`poll`'s full path."""
     connection = session.connection()
     if data.heartbeat and connection.dialect.name == "postgresql":
         rows = connection.execute(_BEAT_VIEW, {"node": node_id, "now": now}).all()
@@ -623,26 +624,41 @@ def _quiet_poll(
     shown = [
         row for row in leases if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
     ]
-    if data.tokens and any(row.id not in running for row in shown):
-        return None
     fresh = [row for row in shown if row.id in running and row.state in _NOT_RUNNING]
     moved: set[str] = set()
     if fresh:
         if not (data.defer_busy and connection.dialect.name == "postgresql"):
             return None
         moved = _acknowledge_quietly(connection, node_id, fresh)
+    starting = {row.id: row.job_id for row in shown if row.id not in running}
+    tokens = _new_tokens(session, starting) if data.tokens else {}
     round_ = _as_round(rows[0])
     found = _answer_leases(connection, node_id, round_, leases, data.running)
-    if moved:
+    if moved or tokens:
         found = _as_running(found, moved)
-        if data.heartbeat:
+        if data.heartbeat and connection.dialect.name == "postgresql":
             connection.execute(_SYNC_COMMIT)  # the heartbeat's statement set it off
         session.commit()
     elif revived:
         _commit_contact(session)
     else:
         session.commit()  # a heartbeat set to commit without the WAL's flush, or a read
-    return _poll_answer(found, rows[0].node_state, round_, [], [], {})
+    return _poll_answer(found, rows[0].node_state, round_, [], [], tokens)
+
+
+def _new_tokens(session: Session, starting: Mapping[str, str]) -> dict[str, str]:
+    """A job token for each of ``starting`` (attempt id -> job id: live leases the agent is
+    about to start) that has none yet, not committed: one token per attempt, never one per
+    poll (an agent that lost it asks :func:`job_token`, which replaces it). Those without
+    one have nothing to revoke."""
+    held = attempts_with_tokens(session, sorted(starting))
+    return {
+        attempt: add_token(
+            session, Role.JOB, job_id=job_id, attempt_id=attempt, name=f"attempt {attempt}"
+        )
+        for attempt, job_id in sorted(starting.items())
+        if attempt not in held
+    }
 
 
 def _acknowledge_quietly(connection: Connection, node_id: str, fresh: Sequence[Any]) -> set[str]:

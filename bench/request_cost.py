@@ -253,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
+            (
+                "GET /v1/jobs (the default page: 50 of the jobs posted)",
+                lambda: client.get("/v1/jobs", headers=user),
+            ),
         ]
 
         def acknowledge() -> httpx.Response:
