@@ -123,6 +123,19 @@ def revoke(connection: psycopg.Connection[Any], attempts: Sequence[str]) -> Call
     return run
 
 
+def unstarted(connection: psycopg.Connection[Any], attempts: Sequence[str]) -> Callable[[], None]:
+    """Put ``attempts`` back to ISSUED with no job token (straight in the database): the next
+    poll that asks for tokens and does not list them as running mints one for each, as a
+    held poll's re-read that brings a round's new leases does."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute("UPDATE leases SET state = 'ISSUED' WHERE id = ANY(%s)", (ids,))
+        connection.execute("DELETE FROM tokens WHERE attempt_id = ANY(%s)", (ids,))
+
+    return run
+
+
 def reissue(
     connection: psycopg.Connection[Any], attempts: Sequence[str], job_state: str
 ) -> Callable[[], None]:
@@ -278,6 +291,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reissue(database, attempts, job_state),
                 )
             )
+        measured.append(
+            (
+                f"POST /v1/agent/poll (a held poll's re-read bringing {GPUS} new leases: tokens)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"heartbeat": False, "tokens": True, "defer_busy": True},
+                    headers=agent,
+                ),
+                unstarted(database, attempts),
+            )
+        )
         checkpointed = [{"attempt_id": a, "state": "checkpointed"} for a in attempts]
         measured.append(
             (
