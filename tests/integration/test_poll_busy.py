@@ -352,3 +352,66 @@ def test_a_long_poll_whose_event_waits_is_answered_at_once(
         assert time.monotonic() - began < 1.5, "held although its event waits"
         assert [(e["seq"], e["status"]) for e in answer["events"]] == [(1, 503)]
     assert stored(busy_database, attempt, job) == ("RUNNING", 0)
+
+
+def second_attempt(database: Database, attempt: str, state: str) -> str:
+    """A newer lease of the attempt's job, in ``state`` (a copy of its row, issued later)."""
+    newer = "0b5c3a4e-0000-4000-8000-0000000000aa"
+    with database.engine.begin() as connection:
+        connection.execute(
+            text("CREATE TEMP TABLE newer ON COMMIT DROP AS SELECT * FROM leases WHERE id = :a"),
+            {"a": attempt},
+        )
+        connection.execute(
+            text(
+                "UPDATE newer SET id = :b, state = :state, "
+                "issued_at = issued_at + interval '1 second'"
+            ),
+            {"b": newer, "state": state},
+        )
+        connection.execute(text("INSERT INTO leases SELECT * FROM newer"))
+    return newer
+
+
+@pytest.mark.parametrize("via", ["poll", "status"])
+@pytest.mark.parametrize(
+    ("newer", "expected"),
+    [
+        (None, (200, "CHECKPOINTED", "SUSPENDED")),
+        ("ISSUED", (200, "CHECKPOINTED", "RUNNING")),
+        ("RUNNING", (409, "REVOKED", "RUNNING")),
+    ],
+    ids=["runs-nowhere-else", "issued-elsewhere", "successor-running"],
+)
+def test_a_checkpoint_report_in_a_poll_reads_its_jobs_other_leases_as_one_alone_does(
+    setup: tuple[TestClient, str, str, str, str],
+    busy_database: Database,
+    via: str,
+    newer: str | None,
+    expected: tuple[int, str, str],
+) -> None:
+    """A poll's reports read their jobs' other leases once for all (store.leases.JobLeases),
+    and answer as a report of its own does: a revoked attempt that checkpointed suspends its
+    job only when no other lease of the job is live, and is refused (fenced) once a newer
+    attempt of its job has started."""
+    client, _, agent, job, attempt = setup
+    with busy_database.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE leases SET state = 'REVOKED' WHERE id = :a"), {"a": attempt}
+        )
+    moved(busy_database, job)
+    if newer is not None:
+        second_attempt(busy_database, attempt, newer)
+    report = {"attempt_id": attempt, "state": "checkpointed"}
+    if via == "poll":
+        answer = contact(client, agent, defer_busy=True, heartbeat=False, reports=[report])
+        (status,) = [r["status"] for r in answer["reports"]]
+    else:
+        status = client.post(
+            f"/v1/agent/leases/{attempt}/status",
+            json={"state": "checkpointed"},
+            headers=bearer(agent),
+        ).status_code
+    assert (status, stored(busy_database, attempt, job)[0], job_state(busy_database, job)) == (
+        expected
+    )
