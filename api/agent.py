@@ -558,10 +558,13 @@ def poll(
     events = _record_events(session, node_id, data.events, attempts, busy)
     reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)
     fresh = [row for row in fresh if row.job_id not in busy]
+    acknowledged: set[str] = set()
     if fresh:
         if data.reports and locked:  # a report may have moved a job since it was locked
             locked = _locked(session.connection(), _JOB_STATES, locked.keys())
-        _acknowledge(session.connection(), node_id, fresh, locked, free=data.defer_busy)
+        acknowledged = _acknowledge(
+            session.connection(), node_id, fresh, locked, free=data.defer_busy
+        )
     connection = session.connection()
     if data.logs:
         _store_logs(connection, node_id, data.logs)
@@ -587,7 +590,7 @@ def poll(
                 if lease.attempt_id not in running
             },
         )
-    if not (locking - busy or tokens):
+    if not (locking - busy or tokens or acknowledged):
         _commit_contact(session)
     else:
         session.commit()
