@@ -381,6 +381,10 @@ class Fleet:
                 await self._deliver(here)
             elif acted:
                 continue  # the next long poll lists what started: it acknowledges it
+            elif deferred(poll, here):
+                # answered at once because something it said must wait (a busy job: the
+                # driver writing a boundary or a fill): send it again, not at once
+                await _first_of(stop, timeout=BUSY_RETRY_S)
             elif loop.time() - started < self.wait_s / 2:
                 # answered early with nothing to start (a new round that only extends, or a
                 # lease of a job this fleet does not run yet): do not spin on the server
@@ -785,6 +789,16 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+def deferred(poll: Mapping[str, Any], here: Node) -> bool:
+    """Whether ``poll``'s answer left something ``here`` said for a later poll (its job was
+    busy): an event answered 503, or an attempt the node runs whose lease is not RUNNING yet
+    (its acknowledgement waits). The server answers such a long poll at once."""
+    return any(answer.get("status") == BUSY for answer in poll.get("events", [])) or any(
+        lease["attempt_id"] in here.attempts and lease.get("state") in ("ISSUED", "STARTED")
+        for lease in poll["leases"]
+    )
 
 
 def here_job(here: Node, attempt_id: str) -> str | None:

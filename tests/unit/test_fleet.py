@@ -22,7 +22,7 @@ from shockwave_cli.runtime.replay import (
     first_arrival_at,
     round_start_at,
 )
-from shockwave_fleet.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
+from shockwave_fleet.fleet import BUSY_RETRY_S, Attempt, Fleet, FleetLog, Node, TrainingJob
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -499,3 +499,26 @@ def test_a_long_polling_node_acknowledges_what_it_started_in_its_next_long_poll(
     ]
     assert sent[:2] == [("poll", [], 10.0), ("poll", ["a1"], 10.0)]
     assert all(kind == "poll" for kind, _, _ in sent), sent
+
+
+def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_again_later() -> (
+    None
+):
+    """The server answers a long poll whose acknowledgement must wait (a busy job) at once: the
+    node sends it again after ``BUSY_RETRY_S``, not at the pace of a round's boundary polls."""
+    started = answer([lease("a1", "j1", T2)], a1="token-a1")
+    waiting = answer([{**lease("a1", "j1", T2), "state": "ISSUED"}])
+    running = answer([{**lease("a1", "j1", T2), "state": "RUNNING"}])
+    fleet = ScriptedFleet({"j1": job("j1", epochs=100)}, [started, waiting, running])
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    assert len(sent_at) >= 3
+    assert sent_at[1] - sent_at[0] < BUSY_RETRY_S / 2, "the acknowledgement rides at once"
+    assert sent_at[2] - sent_at[1] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
