@@ -16,7 +16,11 @@ database). Requests wait in two lines, each in arrival order: the machines' requ
 under ``background_prefixes``: the agents') and everyone else's (users, operators, probes). A
 freed slot goes to the first of everyone else's line when it is not empty: a thousand agents
 polling at a round boundary queue behind each other, never in front of a user listing their
-jobs (the agents' requests still get every slot the users leave, and users are few).
+jobs (the agents' requests still get every slot the users leave, and users are few). A held
+long poll that wakes to read again (:func:`released`) waits in a third line, behind both: a
+round boundary wakes every held poll at once, and the agents' other requests (a node
+acknowledging what it started, reporting, asking again) are served before that wave, which
+nobody waits on but the node it answers.
 
 A second, smaller bound: at most ``threads`` of the admitted requests run their sync part (the
 route, in FastAPI's thread pool) at once; the others wait for a thread on the event loop,
@@ -49,25 +53,37 @@ DEFAULT_LIMIT = 30
 """The bound for pools whose size is not known (not a QueuePool)."""
 
 
+FIRST, SECOND, LAST = 0, 1, 2
+"""The lines of :class:`Slots`, served in this order: users and operators, the agents'
+requests, the agents' held long polls waking to read again."""
+LAST_PATIENCE_S = 2.0
+"""How long the oldest waiter of the :data:`LAST` line waits at most before it goes ahead of
+the :data:`SECOND` line: a process that the agents keep saturated still answers its held
+polls."""
+
+
 class Slots:
-    """A counting semaphore with two lines of waiters: a slot given back goes to the oldest
-    waiter of the ``first`` line, else to the oldest of the other line, else back to the pool.
-    Belongs to the event loop it is used on."""
+    """A counting semaphore with three lines of waiters: a slot given back goes to the oldest
+    waiter of the :data:`FIRST` line, else of the :data:`SECOND`, else of the :data:`LAST`
+    (before the :data:`SECOND` once it has waited :data:`LAST_PATIENCE_S`), else back to the
+    pool. Belongs to the event loop it is used on."""
 
     def __init__(self, limit: int) -> None:
         self.free = max(1, limit)
-        self._lines: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (
+        self._lines: tuple[deque[tuple[float, asyncio.Future[None]]], ...] = (
+            deque(),
             deque(),
             deque(),
         )
 
-    async def acquire(self, first: bool = False) -> None:
+    async def acquire(self, line_index: int = SECOND) -> None:
         if self.free > 0:
             self.free -= 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        line = self._lines[0 if first else 1]
-        line.append(waiter)
+        line = self._lines[line_index]
+        entry = (time.monotonic(), waiter)
+        line.append(entry)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -75,13 +91,17 @@ class Slots:
                 self.release()  # handed a slot while being cancelled: pass it on
             else:
                 with contextlib.suppress(ValueError):
-                    line.remove(waiter)
+                    line.remove(entry)
             raise
 
     def release(self) -> None:
-        for line in self._lines:
+        first, second, last = self._lines
+        order = (first, second, last)
+        if last and time.monotonic() - last[0][0] > LAST_PATIENCE_S:
+            order = (first, last, second)
+        for line in order:
             while line:
-                waiter = line.popleft()
+                _, waiter = line.popleft()
                 if not waiter.done():
                     waiter.set_result(None)
                     return
@@ -94,15 +114,15 @@ class Slots:
 
 class _Slot:
     """One request's place among those in progress; given back at most once per take.
-    ``first``: the request waits in the first line (:class:`Slots`)."""
+    ``line``: the line it waits in (:class:`Slots`)."""
 
-    def __init__(self, slots: Slots, first: bool = True) -> None:
+    def __init__(self, slots: Slots, line: int = FIRST) -> None:
         self._slots = slots
-        self.first = first
+        self.line = line
         self.held = False
 
-    async def take(self) -> None:
-        await self._slots.acquire(self.first)
+    async def take(self, line: int | None = None) -> None:
+        await self._slots.acquire(self.line if line is None else line)
         self.held = True
 
     def give(self) -> None:
@@ -116,10 +136,11 @@ _SLOT: ContextVar[_Slot | None] = ContextVar("admission_slot", default=None)
 
 @asynccontextmanager
 async def released() -> AsyncIterator[None]:
-    """Give the current request's slot back for the duration, and wait for one again after:
-    a request that waits for news (a long poll, ``POST /v1/agent/poll`` with ``wait_s``)
-    holds no connection and no thread meanwhile, and must not keep others out. A no-op
-    outside :class:`InFlightLimit`."""
+    """Give the current request's slot back for the duration, and wait for one again after,
+    in the :data:`LAST` line: a request that waits for news (a long poll, ``POST
+    /v1/agent/poll`` with ``wait_s``) holds no connection and no thread meanwhile, and must not
+    keep others out, nor, when news wakes every held poll at once, get ahead of the requests
+    that arrived meanwhile. A no-op outside :class:`InFlightLimit`."""
     slot = _SLOT.get()
     if slot is None or not slot.held:
         yield
@@ -128,7 +149,7 @@ async def released() -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await slot.take()
+        await slot.take(LAST)
 
 
 async def close_session(session: Session) -> None:
@@ -193,8 +214,8 @@ class InFlightLimit:
         if scope["type"] != "http" or path in self.exempt or path.startswith(self.exempt_prefixes):
             await self.app(scope, receive, send)
             return
-        first = not (self.background_prefixes and path.startswith(self.background_prefixes))
-        slot = _Slot(self._semaphore(), first)
+        background = bool(self.background_prefixes) and path.startswith(self.background_prefixes)
+        slot = _Slot(self._semaphore(), SECOND if background else FIRST)
         queued = time.monotonic()
         await slot.take()
         waited = time.monotonic() - queued

@@ -10,7 +10,8 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -50,6 +51,7 @@ from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
+    JobLeases,
     checkpoint_dir,
     move_lease,
     revoke_live_leases,
@@ -183,20 +185,33 @@ waits for a boundary instead of deadlocking with it."""
 _LOCK_FREE_JOBS = _LOCK_JOBS.with_for_update(skip_locked=True)
 """Lock those of the jobs that no other transaction holds, without waiting (a poll with
 ``defer_busy``): the others are left for a later poll."""
+_JOB_STATES = select(JOBS.c.id, JOBS.c.state).where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
+"""The jobs' states, read again (under the locks the poll holds already)."""
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 BUSY = 503
 BUSY_DETAIL = "its job is busy (a round being written); nothing was recorded: send it again"
+_STARTING = (
+    LEASES.c.id.in_(bindparam("ids", expanding=True)),
+    LEASES.c.node_id == bindparam("node"),
+    LEASES.c.state.in_((LeaseState.ISSUED, LeaseState.STARTED)),
+)
+"""A node's live, not yet RUNNING leases among ``ids``."""
 _RUN_LEASES = (
     update(LEASES)
-    .where(
-        LEASES.c.id.in_(bindparam("ids", expanding=True)),
-        LEASES.c.node_id == bindparam("node"),
-        LEASES.c.state.in_((LeaseState.ISSUED, LeaseState.STARTED)),
-    )
+    .where(*_STARTING)
     .values(state=LeaseState.RUNNING, updated_at=bindparam("now"))
     .returning(LEASES.c.id, LEASES.c.job_id)
 )
-"""A node's live, not yet RUNNING leases among ``ids``, RUNNING (their jobs locked first)."""
+"""Those of :data:`_STARTING`, RUNNING (waiting for any other transaction's lock on them)."""
+_RUN_FREE_LEASES = (
+    update(LEASES)
+    .where(LEASES.c.id.in_(select(LEASES.c.id).where(*_STARTING).with_for_update(skip_locked=True)))
+    .values(state=LeaseState.RUNNING, updated_at=bindparam("now"))
+    .returning(LEASES.c.id, LEASES.c.job_id)
+)
+"""Those of :data:`_STARTING` that no other transaction holds, RUNNING, without waiting (a
+poll with ``defer_busy``): the others are acknowledged by a later poll."""
+_SYNC_COMMIT = text("SET LOCAL synchronous_commit TO ON")
 _RUN_JOBS = (
     update(JOBS)
     .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
@@ -230,12 +245,13 @@ _ATTEMPTS = (
 reports, however many."""
 _NOT_RUNNING = (LeaseState.ISSUED, LeaseState.STARTED)
 """Live leases whose attempt has not been acknowledged as running yet."""
-_FRESH = select(LEASES.c.id, LEASES.c.job_id).where(
-    LEASES.c.id.in_(bindparam("ids", expanding=True)),
-    LEASES.c.node_id == bindparam("node"),
-    LEASES.c.state.in_(_NOT_RUNNING),
+_FRESH = (
+    select(LEASES.c.id, LEASES.c.job_id, JOBS.c.state.label("job_state"))
+    .join(JOBS, JOBS.c.id == LEASES.c.job_id)
+    .where(*_STARTING)
 )
-"""The node's leases among ``ids`` that are live and not RUNNING yet (read without locks)."""
+"""The node's leases among ``ids`` that are live and not RUNNING yet, with their jobs' states
+(read without locks)."""
 
 
 def acting_node(principal: Principal, requested: str | None) -> str:
@@ -471,7 +487,8 @@ def poll(
        node's GPUs (more is a 422 naming ``reports``, as are more log tails: ``logs``), so
        the server's work per request is bounded by what the node can run;
     2. each live lease listed in ``running`` that is not yet RUNNING (it just started, its
-       ``started`` report is implied) becomes RUNNING (:func:`_acknowledge`);
+       ``started`` report is implied) becomes RUNNING (:func:`_acknowledge`: its job is
+       locked only when the job starts);
     3. the log tails, and the heartbeat (unless ``data.heartbeat`` is false), stamped
        ``arrived`` (when the request reached the server: :func:`heartbeat`);
     4. the leases, as :func:`node_leases` reads them with ``data.running``; with
@@ -483,7 +500,9 @@ def poll(
     driver's order), then leases, then the node's row: the order of the round driver and of
     the node reaper, so a poll waits for them rather than deadlocking. Before its job locks a
     poll passes the boundary gate (:mod:`store.boundary_gate`): while the driver writes a
-    boundary or a fill, a poll with ``defer_busy`` takes every job it names for busy.
+    boundary or a fill, a poll with ``defer_busy`` takes every job it names for busy. A poll
+    with ``defer_busy`` that says nothing but what it runs acknowledges in the transaction of
+    its heartbeat (:func:`_acknowledge_quietly`), taking no lock it would wait for.
 
     It replaces a heartbeat, a lease poll, a token request per new attempt and a report per
     attempt that started or was extended: at a round boundary the requests of a whole cluster
@@ -521,23 +540,31 @@ def poll(
     named = {report.attempt_id for report in data.reports} | {e.attempt_id for e in data.events}
     attempts = _attempts(connection, principal, named)
     settled, locking = _triage(data.reports, attempts)
-    locking |= {row.job_id for row in fresh}
+    locking |= {row.job_id for row in fresh if row.job_state != JobState.RUNNING.value}
     locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
     busy: set[str] = set()
-    if locking and data.defer_busy:
+    locked: dict[str, str] = {}
+    if (locking or fresh) and data.defer_busy:
         if boundary_gate.pass_through(connection, wait=False):
-            locked = connection.execute(_LOCK_FREE_JOBS, {"ids": sorted(locking)}).all()
-            busy = locking - {row.id for row in locked}
+            if locking:
+                locked = _locked(connection, _LOCK_FREE_JOBS, locking)
+            busy = locking - locked.keys()
         else:  # the driver is writing a boundary: every job is busy
-            busy = set(locking)
-    elif locking:
+            busy = locking | {row.job_id for row in fresh}
+    elif locking or fresh:
         boundary_gate.pass_through(connection, wait=True)
-        connection.execute(_LOCK_JOBS, {"ids": sorted(locking)}).all()
+        if locking:
+            locked = _locked(connection, _LOCK_JOBS, locking)
     events = _record_events(session, node_id, data.events, attempts, busy)
     reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)
     fresh = [row for row in fresh if row.job_id not in busy]
+    acknowledged: set[str] = set()
     if fresh:
-        _acknowledge(session, node_id, [(row.id, row.job_id) for row in fresh])
+        if data.reports and locked:  # a report may have moved a job since it was locked
+            locked = _locked(session.connection(), _JOB_STATES, locked.keys())
+        acknowledged = _acknowledge(
+            session.connection(), node_id, fresh, locked, free=data.defer_busy
+        )
     connection = session.connection()
     if data.logs:
         _store_logs(connection, node_id, data.logs)
@@ -555,16 +582,15 @@ def poll(
     found = _leases_of(connection, node_id, round_, data.running)
     tokens = {}
     if data.tokens:
-        starting = {
-            lease.attempt_id: lease for lease in found.leases if lease.attempt_id not in running
-        }
-        held = attempts_with_tokens(session, list(starting))
-        tokens = {
-            attempt: _mint(session, lease.job_id, attempt)
-            for attempt, lease in starting.items()
-            if attempt not in held
-        }
-    if not (locking - busy or tokens):
+        tokens = _new_tokens(
+            session,
+            {
+                lease.attempt_id: lease.job_id
+                for lease in found.leases
+                if lease.attempt_id not in running
+            },
+        )
+    if not (locking - busy or tokens or acknowledged):
         _commit_contact(session)
     else:
         session.commit()
@@ -577,8 +603,11 @@ def _quiet_poll(
     """A poll that says nothing (no reports, events or log tails), in one statement when
     nothing is new for the agent to start: its heartbeat (when asked), the node, the cluster's
     round and the node's leases (:func:`_node_view`), then a commit that does not wait for
-    the WAL's flush. The answer, committed; None, nothing committed, when the agent must be
-    told of a start (a lease it runs is not RUNNING yet, or it needs a token): that takes
+    the WAL's flush. A lease it runs that is not RUNNING yet is acknowledged from that read
+    (with ``defer_busy``, on Postgres: :func:`_acknowledge_quietly`), and the job tokens it
+    asks for are minted from it (:func:`_new_tokens`: a held poll's re-read that brings a
+    round's new leases); either is committed waiting for the flush. The answer, committed;
+    None, nothing committed, when it must be acknowledged without ``defer_busy``: that takes
     :func:`poll`'s full path."""
     connection = session.connection()
     if data.heartbeat and connection.dialect.name == "postgresql":
@@ -595,17 +624,70 @@ def _quiet_poll(
         raise NotFound(f"no node {node_id}: register it first")
     running = set(data.running)
     leases = [row for row in rows if row.id is not None]
-    if any(row.id in running and row.state in _NOT_RUNNING for row in leases):
-        return None
+    shown = [
+        row for row in leases if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
+    ]
+    fresh = [row for row in shown if row.id in running and row.state in _NOT_RUNNING]
+    moved: set[str] = set()
+    if fresh:
+        if not (data.defer_busy and connection.dialect.name == "postgresql"):
+            return None
+        moved = _acknowledge_quietly(connection, node_id, fresh)
+    starting = {row.id: row.job_id for row in shown if row.id not in running}
+    tokens = _new_tokens(session, starting) if data.tokens else {}
     round_ = _as_round(rows[0])
     found = _answer_leases(connection, node_id, round_, leases, data.running)
-    if data.tokens and any(lease.attempt_id not in running for lease in found.leases):
-        return None
-    if revived:
+    if moved or tokens:
+        found = _as_running(found, moved)
+        if data.heartbeat and connection.dialect.name == "postgresql":
+            connection.execute(_SYNC_COMMIT)  # the heartbeat's statement set it off
+        session.commit()
+    elif revived:
         _commit_contact(session)
     else:
         session.commit()  # a heartbeat set to commit without the WAL's flush, or a read
-    return _poll_answer(found, rows[0].node_state, round_, [], [], {})
+    return _poll_answer(found, rows[0].node_state, round_, [], [], tokens)
+
+
+def _new_tokens(session: Session, starting: Mapping[str, str]) -> dict[str, str]:
+    """A job token for each of ``starting`` (attempt id -> job id: live leases the agent is
+    about to start) that has none yet, not committed: one token per attempt, never one per
+    poll (an agent that lost it asks :func:`job_token`, which replaces it). Those without
+    one have nothing to revoke."""
+    held = attempts_with_tokens(session, sorted(starting))
+    return {
+        attempt: add_token(
+            session, Role.JOB, job_id=job_id, attempt_id=attempt, name=f"attempt {attempt}"
+        )
+        for attempt, job_id in sorted(starting.items())
+        if attempt not in held
+    }
+
+
+def _acknowledge_quietly(connection: Connection, node_id: str, fresh: Sequence[Any]) -> set[str]:
+    """The acknowledgement of a poll with ``defer_busy`` that says nothing else (a node's
+    first poll after it started a round's new attempts), in the transaction of its read
+    (:func:`_quiet_poll`), after the heartbeat: nothing here waits for a lock (the boundary
+    gate tried, jobs and leases taken only when free), so holding the node's row first
+    cannot deadlock. Jobs are locked only for the attempts whose job starts
+    (:func:`_acknowledge`); the attempts that became RUNNING (none while the gate is
+    closed: a round driver writing a boundary holds every live lease)."""
+    if not boundary_gate.pass_through(connection, wait=False):
+        return set()
+    starting = {row.job_id for row in fresh if row.job_state != JobState.RUNNING.value}
+    locked = _locked(connection, _LOCK_FREE_JOBS, starting) if starting else {}
+    return _acknowledge(connection, node_id, fresh, locked, free=True)
+
+
+def _as_running(found: NodeLeases, moved: set[str]) -> NodeLeases:
+    """``found`` with the leases ``moved`` (acknowledged since it was read) RUNNING."""
+    leases = [
+        lease.model_copy(update={"state": LeaseState.RUNNING})
+        if lease.attempt_id in moved
+        else lease
+        for lease in found.leases
+    ]
+    return found.model_copy(update={"leases": leases})
 
 
 def _commit_contact(session: Session) -> None:
@@ -649,6 +731,21 @@ def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
         (data.seen_round is not None and answer.current_round != data.seen_round)
         or any(lease.attempt_id not in running for lease in answer.leases)
         or any(attempt in running for attempt in answer.stop)
+    )
+
+
+def deferred(answer: PollAnswer, data: AgentPoll) -> bool:
+    """Whether some of what a poll said waits for a later poll (``defer_busy``): a report or an
+    event answered 503, or a lease it listed in ``running`` still not RUNNING in its
+    ``answer`` (its job or lease was busy). A long poll is not held then: the node sends it
+    again in its next poll, which should come soon, not after the hold."""
+    running = set(data.running)
+    return (
+        any(report.status == BUSY for report in answer.reports)
+        or any(event.status == BUSY for event in answer.events)
+        or any(
+            lease.attempt_id in running and lease.state in _NOT_RUNNING for lease in answer.leases
+        )
     )
 
 
@@ -808,6 +905,8 @@ def _apply_reports(
     order)."""
     answers = []
     applied = False
+    pinned: list[Any] | None = None
+    known: JobLeases | None = None
     for index, report in enumerate(reports):
         attempt_id = report.attempt_id
         if attempt_id not in attempts:
@@ -824,7 +923,11 @@ def _apply_reports(
         status = settled.get(index)
         refused = None
         if status is None:
-            outcome = report_status(session, principal, attempt_id, report)
+            if pinned is None:
+                pinned, known = _load_reported(session, reports, attempts, settled, busy)
+            outcome = report_status(
+                session, principal, attempt_id, report, attempt=attempts[attempt_id], known=known
+            )
             status, refused, applied = outcome.status, outcome.refused, True
         if refused is not None:
             detail = f"{refused}: stop it"
@@ -837,35 +940,108 @@ def _apply_reports(
             )
     if applied:
         session.flush()  # what follows reads with Core statements
+    del pinned
     return answers
 
 
-def _acknowledge(session: Session, node_id: str, fresh: list[tuple[str, str]]) -> None:
-    """A ``running`` report for each of ``fresh`` (attempt id, job id: the node's leases a
-    poll lists as running that are not RUNNING yet), in the caller's transaction, their jobs
-    already locked (:func:`_apply_reports`).
+def _load_reported(
+    session: Session,
+    reports: list[AttemptReport],
+    attempts: dict[str, Any],
+    settled: dict[int, LeaseStatusPublic],
+    busy: Collection[str],
+) -> tuple[list[Any], JobLeases]:
+    """Load the jobs (locked by the poll already) and lock and load the leases of the reports
+    that take the locking path, one statement each for all of them, into the session, where
+    :func:`report_status` finds them (``attempt`` given): not three statements a report.
+    The rows, to be kept referenced while the reports are applied (the session's identity
+    map holds its objects weakly), and the leases of the jobs reported on once in the poll,
+    read in one statement (:class:`store.leases.JobLeases`: what applying a report reads of
+    its job's other leases; a job reported on twice is read again for each, as the first
+    report may have moved its other leases)."""
+    applying = [
+        report.attempt_id
+        for index, report in enumerate(reports)
+        if index not in settled
+        and report.attempt_id in attempts
+        and attempts[report.attempt_id].job_id not in busy
+    ]
+    ids = sorted(set(applying))
+    jobs = sorted({attempts[attempt].job_id for attempt in ids})
+    reported = Counter(
+        attempts[report.attempt_id].job_id for report in reports if report.attempt_id in attempts
+    )
+    loaded: list[Any] = list(
+        session.execute(
+            select(JobRow).where(col(JobRow.id).in_(jobs)).execution_options(populate_existing=True)
+        ).scalars()
+    )
+    loaded.extend(
+        session.execute(
+            select(LeaseRow)
+            .where(col(LeaseRow.id).in_(ids))
+            .order_by(col(LeaseRow.id))
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
+    once = [job for job in jobs if reported[job] == 1]
+    return loaded, JobLeases(session, once)
 
-    A round boundary brings every node its new attempts at once, so this is one statement per
-    step, not a report per lease: move the live leases of unfinished jobs to RUNNING; move
-    their jobs that are not RUNNING yet to RUNNING, with a state event each, as :func:`_run`
-    does. Any other lease (revoked, lost or stopped meanwhile, or its job finished) stays as
-    it is: not live, it comes back in the poll's ``stop``."""
-    connection = session.connection()
-    now = utcnow()
-    job_ids = sorted({job_id for _, job_id in fresh})
-    jobs = {row.id: row.state for row in connection.execute(_LOCK_JOBS, {"ids": job_ids})}
-    running = {job_id for job_id, state in jobs.items() if not JobState(state).terminal}
-    wanted = [attempt for attempt, job_id in fresh if job_id in running]
+
+def _locked(connection: Connection, statement: Any, job_ids: Collection[str]) -> dict[str, str]:
+    """Job id -> state of those of ``job_ids`` that ``statement`` (:data:`_LOCK_JOBS`,
+    :data:`_LOCK_FREE_JOBS` or :data:`_JOB_STATES`) returns."""
+    return {row.id: row.state for row in connection.execute(statement, {"ids": sorted(job_ids)})}
+
+
+def _acknowledge(
+    connection: Connection,
+    node_id: str,
+    fresh: Sequence[Any],
+    locked: Mapping[str, str],
+    *,
+    free: bool,
+) -> set[str]:
+    """A ``running`` report for each of ``fresh`` (rows with ``id``, ``job_id`` and
+    ``job_state``: the node's leases a poll lists as running that are not RUNNING yet), in the
+    caller's transaction, past the boundary gate; the attempts that became RUNNING.
+
+    An acknowledgement is the node's own lease moving on, so it is guarded by the lease row
+    (the node's, live and not yet RUNNING: a lease revoked, lost or stopped meanwhile stays as
+    it is and comes back in the poll's ``stop``), not by its job's: a lease of a job that is
+    RUNNING already (it moved: its earlier attempt is stopping) becomes RUNNING and its job
+    is left alone, unlocked. That job cannot leave RUNNING meanwhile (a job with a live lease
+    stays RUNNING until it finishes, and whatever finishes it revokes this lease under the
+    lease's lock). Only a job that starts (not RUNNING) changes: it must be in ``locked`` (job
+    id -> state, locked by the caller; one that is not is busy and left for a later poll),
+    becomes RUNNING with a state event, as a ``running`` report would make it, unless it
+    finished. ``free``: a
+    lease another transaction holds is left for a later poll instead of waited for.
+
+    A round boundary brings every node its new attempts at once, so this is one statement
+    per step, not a report per lease."""
+    wanted = []
+    for row in fresh:
+        state = locked.get(row.job_id)
+        if state is None:
+            if row.job_state == JobState.RUNNING.value:
+                wanted.append(row.id)
+        elif not JobState(state).terminal:
+            wanted.append(row.id)
     if not wanted:
-        return
+        return set()
+    now = utcnow()
+    statement = _RUN_FREE_LEASES if free else _RUN_LEASES
     moved = {
         row.id: row.job_id
-        for row in connection.execute(_RUN_LEASES, {"ids": wanted, "node": node_id, "now": now})
+        for row in connection.execute(statement, {"ids": wanted, "node": node_id, "now": now})
     }
     started: dict[str, str] = {}
     for attempt_id, job_id in sorted(moved.items()):
-        if jobs[job_id] != JobState.RUNNING.value and job_id not in started:
-            transition(JobState(jobs[job_id]), JobState.RUNNING)
+        state = locked.get(job_id)
+        if state is not None and state != JobState.RUNNING.value and job_id not in started:
+            transition(JobState(state), JobState.RUNNING)
             started[job_id] = attempt_id
     if started:
         connection.execute(_RUN_JOBS, {"ids": sorted(started), "now": now})
@@ -875,13 +1051,14 @@ def _acknowledge(session: Session, node_id: str, fresh: list[tuple[str, str]]) -
                 {
                     "job_id": job_id,
                     "kind": "state",
-                    "payload": {"from": jobs[job_id], "to": JobState.RUNNING.value},
+                    "payload": {"from": locked[job_id], "to": JobState.RUNNING.value},
                     "reason": f"attempt {attempt_id} started on {node_id}",
                     "created_at": now,
                 }
                 for job_id, attempt_id in sorted(started.items())
             ],
         )
+    return set(moved)
 
 
 def visible_attempt(session: Session, principal: Principal, attempt_id: str) -> Any:
@@ -905,7 +1082,13 @@ class ReportOutcome:
 
 
 def report_status(
-    session: Session, principal: Principal, attempt_id: str, report: LeaseStatusReport
+    session: Session,
+    principal: Principal,
+    attempt_id: str,
+    report: LeaseStatusReport,
+    *,
+    attempt: Any = None,
+    known: JobLeases | None = None,
 ) -> ReportOutcome:
     """Apply an agent's report on one attempt (see the module docstring of :mod:`store.leases`).
 
@@ -927,16 +1110,24 @@ def report_status(
     sends for each lease a new round extends; ``started`` again) is answered from a read
     without locks: :func:`_settled`. Any other locks the job, then the lease (then the cluster
     row, when the version is bumped): the order the round driver takes them in.
+
+    ``attempt``: the attempt as :data:`_ATTEMPTS` read it, its job locked and its job and
+    lease loaded into the session, locked (:func:`_load_reported`, for a poll's reports):
+    they are not read again. ``known``: the leases of the job, read already.
     """
-    attempt = visible_attempt(session, principal, attempt_id)
-    settled = _settled(attempt_id, attempt, report)
-    if settled is not None:
-        return ReportOutcome(status=settled)
-    job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
-    lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
+    if attempt is not None:
+        job = session.get(JobRow, attempt.job_id)
+        lease = session.get(LeaseRow, attempt_id)
+    else:
+        attempt = visible_attempt(session, principal, attempt_id)
+        settled = _settled(attempt_id, attempt, report)
+        if settled is not None:
+            return ReportOutcome(status=settled)
+        job = session.get(JobRow, attempt.job_id, with_for_update=True, populate_existing=True)
+        lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
     if job is None or lease is None:
         raise NotFound(f"no attempt {attempt_id}")
-    refused = _apply(session, lease, job, report)
+    refused = _apply(session, lease, job, report, known)
     stop = lease.state not in LIVE_LEASES or JobState(job.state).terminal
     status = LeaseStatusPublic(
         attempt_id=lease.id,
@@ -972,9 +1163,16 @@ def _settled(attempt_id: str, row: Any, report: LeaseStatusReport) -> LeaseStatu
     )
 
 
-def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusReport) -> str | None:
+def _apply(
+    session: Session,
+    lease: LeaseRow,
+    job: JobRow,
+    report: LeaseStatusReport,
+    known: JobLeases | None = None,
+) -> str | None:
     """Apply ``report`` as the lease lifecycle says
-    (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None."""
+    (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None.
+    ``known``: the leases of the job, read already (:class:`store.leases.JobLeases`)."""
     reported = Report(report.state)
     revoked = lease.state == LeaseState.REVOKED.value
     effect = report_effect(
@@ -986,7 +1184,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         reported,
         report.exit_code,
         report.stop_requested,
-        superseded_by=successor_of(session, lease) if revoked else None,
+        superseded_by=successor_of(session, lease, known) if revoked else None,
     )
     if effect.lease is not None:
         move_lease(session, lease, effect.lease, exit_code=effect.exit_code)
@@ -1003,7 +1201,7 @@ def _apply(session: Session, lease: LeaseRow, job: JobRow, report: LeaseStatusRe
         )
         if lease.reason:
             why = f"{why}; {lease.reason}"
-        stop_running(session, job, f"{where} {why}", except_attempt=lease.id)
+        stop_running(session, job, f"{where} {why}", except_attempt=lease.id, known=known)
     elif effect.job is JobEffect.SUCCEED:
         _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
     elif effect.job is JobEffect.FAIL:

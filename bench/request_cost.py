@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
@@ -80,17 +82,78 @@ def process_cpu_s(pid: int) -> float:
 
 
 def measure(
-    pid: int, send: Callable[[], httpx.Response], requests: int
+    pid: int,
+    send: Callable[[], httpx.Response],
+    requests: int,
+    before: Callable[[], None] | None = None,
 ) -> tuple[float, float, int]:
-    """(server CPU ms per request, client wall ms per request, last status) of ``send``."""
+    """(server CPU ms per request, client wall ms per request, last status) of ``send``.
+    ``before``: run ahead of each request, outside the server (its CPU is not counted; its
+    wall time is)."""
     for _ in range(WARMUP):
+        if before is not None:
+            before()
         send()
     cpu, wall = process_cpu_s(pid), time.perf_counter()
     status = 0
     for _ in range(requests):
+        if before is not None:
+            before()
         status = send().status_code
     per = 1000.0 / requests
     return (process_cpu_s(pid) - cpu) * per, (time.perf_counter() - wall) * per, status
+
+
+def revoke(connection: psycopg.Connection[Any], attempts: Sequence[str]) -> Callable[[], None]:
+    """Put ``attempts`` back to REVOKED and their jobs to RUNNING (straight in the database):
+    the next poll reporting them ``checkpointed`` stops them and suspends their jobs, as a
+    node's report poll after a round boundary that took its attempts back does."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute(
+            "UPDATE leases SET state = 'REVOKED', exit_code = NULL WHERE id = ANY(%s)", (ids,)
+        )
+        connection.execute(
+            "UPDATE jobs SET state = 'RUNNING' WHERE id IN "
+            "(SELECT job_id FROM leases WHERE id = ANY(%s))",
+            (ids,),
+        )
+
+    return run
+
+
+def unstarted(connection: psycopg.Connection[Any], attempts: Sequence[str]) -> Callable[[], None]:
+    """Put ``attempts`` back to ISSUED with no job token (straight in the database): the next
+    poll that asks for tokens and does not list them as running mints one for each, as a
+    held poll's re-read that brings a round's new leases does."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute("UPDATE leases SET state = 'ISSUED' WHERE id = ANY(%s)", (ids,))
+        connection.execute("DELETE FROM tokens WHERE attempt_id = ANY(%s)", (ids,))
+
+    return run
+
+
+def reissue(
+    connection: psycopg.Connection[Any], attempts: Sequence[str], job_state: str
+) -> Callable[[], None]:
+    """Put ``attempts`` back to ISSUED and their jobs to ``job_state`` (straight in the
+    database, not through the server): the next poll listing them as running acknowledges
+    them again, as a node's first poll after a round boundary does. ``PENDING``: their jobs
+    start (each one's state changes, with a state event); ``RUNNING``: they ran elsewhere
+    (a moved job: only the leases change)."""
+    ids = list(attempts)
+
+    def run() -> None:
+        connection.execute("UPDATE leases SET state = 'ISSUED' WHERE id = ANY(%s)", (ids,))
+        connection.execute(
+            "UPDATE jobs SET state = %s WHERE id IN (SELECT job_id FROM leases WHERE id = ANY(%s))",
+            (job_state, ids),
+        )
+
+    return run
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -203,10 +266,57 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             ("GET /v1/jobs", lambda: client.get("/v1/jobs?page_size=10", headers=user)),
             ("POST /v1/jobs", lambda: client.post("/v1/jobs", json=job, headers=user)),
+            (
+                "GET /v1/jobs (the default page: 50 of the jobs posted)",
+                lambda: client.get("/v1/jobs", headers=user),
+            ),
         ]
+
+        def acknowledge() -> httpx.Response:
+            return client.post(
+                "/v1/agent/poll", json={"running": attempts, "defer_busy": True}, headers=agent
+            )
+
+        measured: list[tuple[str, Callable[[], httpx.Response], Callable[[], None] | None]] = [
+            (name, send, None) for name, send in endpoints
+        ]
+        database = stack.enter_context(
+            psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
+        )
+        for job_state, what in (("PENDING", "their jobs start"), ("RUNNING", "jobs moved")):
+            measured.append(
+                (
+                    f"POST /v1/agent/poll ({GPUS} new attempts acknowledged: {what})",
+                    acknowledge,
+                    reissue(database, attempts, job_state),
+                )
+            )
+        measured.append(
+            (
+                f"POST /v1/agent/poll (a held poll's re-read bringing {GPUS} new leases: tokens)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"heartbeat": False, "tokens": True, "defer_busy": True},
+                    headers=agent,
+                ),
+                unstarted(database, attempts),
+            )
+        )
+        checkpointed = [{"attempt_id": a, "state": "checkpointed"} for a in attempts]
+        measured.append(
+            (
+                f"POST /v1/agent/poll ({GPUS} revoked attempts report checkpointed)",
+                lambda: client.post(
+                    "/v1/agent/poll",
+                    json={"reports": checkpointed, "heartbeat": False, "defer_busy": True},
+                    headers=agent,
+                ),
+                revoke(database, attempts),
+            )
+        )
         pid = server.pid
-        for name, send in endpoints:
-            cpu_ms, wall_ms, status = measure(pid, send, args.requests)
+        for name, send, before in measured:
+            cpu_ms, wall_ms, status = measure(pid, send, args.requests, before)
             rows.append({"endpoint": name, "status": status, "cpu_ms": cpu_ms, "wall_ms": wall_ms})
     table = Table(title=f"one API process, one client, {args.requests} requests each")
     for column in ("endpoint", "status", "server CPU ms/request", "wall ms", "req/s per core"):

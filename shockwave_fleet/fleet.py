@@ -7,7 +7,8 @@ one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an a
 longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
 runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
 started something or owed reports, a second poll at once acknowledges the new attempts (no
-heartbeat). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
+heartbeat; with long polls, only when reports are owed: else the next long poll
+acknowledges them). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
 that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
 an agent whose lease ends then would, so a new round's leases start without a poll interval's
 delay; while a poll answer still names the round that has ended (the driver is materializing
@@ -339,7 +340,12 @@ class Fleet:
         up to ``wait_s`` until something is new for the node, so a new round's leases and a
         mid-round fill start as soon as the driver commits them; the reports owed go at once
         in polls of their own (:meth:`_reporter`), as an agent reports an exit when it sees
-        it. Without an answer (an error) the node waits ``poll_s`` before trying again."""
+        it. What a poll's answer started is acknowledged by the next poll, which lists it as
+        running: the reports' poll when some are owed, else the next long poll (the server
+        acknowledges before it holds it, and answers at once when the acknowledgement must
+        wait), so a node that only starts something costs no request of its own at a round
+        boundary. Without an answer (an error) the node waits ``poll_s`` before trying
+        again."""
         assert self.wait_s is not None
         loop = asyncio.get_running_loop()
         reporter = asyncio.create_task(self._reporter(here, stop))
@@ -371,9 +377,14 @@ class Fleet:
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
             acted = await self._changeover(here, poll)
-            if acted or here.outbox:
-                async with here.sending:
-                    await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+            if here.outbox:  # owed at once; the poll that carries them acknowledges too
+                await self._deliver(here)
+            elif acted:
+                continue  # the next long poll lists what started: it acknowledges it
+            elif deferred(poll, here):
+                # answered at once because something it said must wait (a busy job: the
+                # driver writing a boundary or a fill): send it again, not at once
+                await _first_of(stop, timeout=BUSY_RETRY_S)
             elif loop.time() - started < self.wait_s / 2:
                 # answered early with nothing to start (a new round that only extends, or a
                 # lease of a job this fleet does not run yet): do not spin on the server
@@ -778,6 +789,16 @@ class Fleet:
         if not self.log.refused_last:
             self.log.errors[(kind, str(response.status_code))] += 1
         return None
+
+
+def deferred(poll: Mapping[str, Any], here: Node) -> bool:
+    """Whether ``poll``'s answer left something ``here`` said for a later poll (its job was
+    busy): an event answered 503, or an attempt the node runs whose lease is not RUNNING yet
+    (its acknowledgement waits). The server answers such a long poll at once."""
+    return any(answer.get("status") == BUSY for answer in poll.get("events", [])) or any(
+        lease["attempt_id"] in here.attempts and lease.get("state") in ("ISSUED", "STARTED")
+        for lease in poll["leases"]
+    )
 
 
 def here_job(here: Node, attempt_id: str) -> str | None:

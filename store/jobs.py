@@ -314,10 +314,14 @@ def list_jobs(
     tenant: str | None,
     name: str | None,
     id_prefix: str | None = None,
-) -> tuple[list[JobRow], str | None]:
+    columns: Sequence[Any] = (),
+) -> tuple[list[Any], str | None]:
     """One page of the jobs the caller sees (oldest first), filtered by state, tenant, exact
-    name and id prefix (``id_prefix``: the start of a job id, as the CLI accepts them)."""
-    query = select(JobRow)
+    name and id prefix (``id_prefix``: the start of a job id, as the CLI accepts them): whole
+    rows, or only ``columns`` of :class:`JobRow` (``created_at`` and ``id`` among them: the
+    page's key) for a caller that shows a summary (a list then reads none of a job's JSON
+    fields, which grow with its epochs)."""
+    query: Any = select(*columns) if columns else select(JobRow)
     if principal.role is Role.USER:
         if tenant is not None and tenant != principal.tenant:
             return [], None

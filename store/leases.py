@@ -16,8 +16,11 @@ has a checkpoint to resume from (an earlier attempt checkpointed), else PENDING.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Collection
 from datetime import datetime
 
+from sqlalchemy.orm.util import identity_key
 from sqlmodel import Session, col, func, select
 
 from shockwave.domain.lifecycle import (
@@ -76,8 +79,66 @@ def fenced_reason(session: Session, attempt_id: str) -> str | None:
     return None
 
 
-def successor_of(session: Session, lease: LeaseRow) -> str | None:
-    """A newer attempt of ``lease``'s job that has started (it owns the job now), or None."""
+class JobLeases:
+    """The leases of some jobs, read in one statement (the jobs of a poll's reports, which the
+    poll holds locked, so no other transaction moves their leases meanwhile): what
+    :func:`successor_of`, :func:`stop_running` and :func:`requeue_state` read of those jobs,
+    answered without a statement each. A lease the session holds counts in its state there
+    (moved by the poll since the read, perhaps), so the answers follow the poll's own moves.
+    """
+
+    def __init__(self, session: Session, job_ids: Collection[str]) -> None:
+        self._session = session
+        self._leases: dict[str, list[tuple[str, str, datetime]]] = defaultdict(list)
+        self.jobs = frozenset(job_ids)
+        if not job_ids:
+            return
+        rows = session.exec(
+            select(LeaseRow.id, LeaseRow.job_id, LeaseRow.state, LeaseRow.issued_at).where(
+                col(LeaseRow.job_id).in_(sorted(job_ids))
+            )
+        ).all()
+        for attempt, job_id, state, issued in rows:
+            self._leases[job_id].append((attempt, state, issued))
+
+    def _states(self, job_id: str) -> list[tuple[str, str, datetime]]:
+        """(id, state now, issued at) of each of the job's leases."""
+        held = self._session.identity_map
+        states = []
+        for attempt, state, issued in self._leases[job_id]:
+            lease = held.get(identity_key(LeaseRow, attempt))
+            states.append((attempt, state if lease is None else lease.state, issued))
+        return states
+
+    def successor(self, lease: LeaseRow) -> str | None:
+        """As :func:`successor_of`."""
+        return next(
+            (
+                attempt
+                for attempt, state, issued in self._states(lease.job_id)
+                if issued > lease.issued_at and state in STARTED_LEASES
+            ),
+            None,
+        )
+
+    def other_live(self, job_id: str, except_attempt: str | None) -> bool:
+        """As :func:`has_other_live_lease`."""
+        return any(
+            state in LIVE_LEASES and attempt != except_attempt
+            for attempt, state, _ in self._states(job_id)
+        )
+
+    def requeue_state(self, job_id: str) -> JobState:
+        """As :func:`requeue_state`."""
+        checkpointed = any(s == LeaseState.CHECKPOINTED for _, s, _ in self._states(job_id))
+        return JobState.SUSPENDED if checkpointed else JobState.PENDING
+
+
+def successor_of(session: Session, lease: LeaseRow, known: JobLeases | None = None) -> str | None:
+    """A newer attempt of ``lease``'s job that has started (it owns the job now), or None.
+    ``known``: the job's leases, read already."""
+    if known is not None and lease.job_id in known.jobs:
+        return known.successor(lease)
     return session.exec(
         select(LeaseRow.id).where(
             LeaseRow.job_id == lease.job_id,
@@ -115,11 +176,24 @@ def requeue_state(session: Session, job_id: str) -> JobState:
     return JobState.SUSPENDED if int(checkpointed) > 0 else JobState.PENDING
 
 
-def stop_running(session: Session, job: JobRow, reason: str, *, except_attempt: str | None) -> bool:
+def stop_running(
+    session: Session,
+    job: JobRow,
+    reason: str,
+    *,
+    except_attempt: str | None,
+    known: JobLeases | None = None,
+) -> bool:
     """Move a RUNNING ``job`` that no longer runs anywhere (no live lease but
-    ``except_attempt``) back to the queue (:func:`requeue_state`). Returns whether it moved."""
+    ``except_attempt``) back to the queue (:func:`requeue_state`). Returns whether it moved.
+    ``known``: the job's leases, read already."""
     if job.state != JobState.RUNNING.value:
         return False
+    if known is not None and job.id in known.jobs:
+        if known.other_live(job.id, except_attempt):
+            return False
+        record_state(session, job, known.requeue_state(job.id), reason)
+        return True
     if has_other_live_lease(session, job.id, except_attempt):
         return False
     record_state(session, job, requeue_state(session, job.id), reason)

@@ -153,13 +153,15 @@ async def poll(
     round driver (of this process, or of another over the database's notification channel)
     commits a round or a fill (store.lease_signal), and, while no channel feeds the signal, at
     least every ``poll_recheck_s``. While held the request takes no thread, no connection and
-    no admission slot."""
+    no admission slot. A long poll that had to defer some of what it said (``defer_busy``: a
+    report or event answered 503, a lease in ``running`` still not RUNNING) is answered at
+    once, not held."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
     seen = signal.generation
     arrived = admission.arrived_at(request.scope)
     answer = await run_in_threadpool(agent.poll, session, principal, node_id, data, arrived)
-    if data.wait_s <= 0 or agent.has_news(answer, data):
+    if data.wait_s <= 0 or agent.has_news(answer, data) or agent.deferred(answer, data):
         return answer
     settings: Settings = request.app.state.settings
     deadline = time.monotonic() + data.wait_s

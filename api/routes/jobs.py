@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -33,15 +33,22 @@ def _public(row: JobRow, session: Session) -> JobPublic:
     return _with_reason(JobPublic, row, session, None, UNREAD)
 
 
+SUMMARY_COLUMNS = tuple(
+    getattr(JobRow, name) for name in JobSummary.model_fields if name != "waiting_reason"
+)
+"""The columns a list reads of each job: its summary's (and what its ``waiting_reason``
+needs: state, GPUs, tenant, id), none of the heavy JSON fields."""
+
+
 def _summary(
-    row: JobRow, session: Session, ready: Mapping[str, int] | None, usage: TenantHold | None
+    row: Any, session: Session, ready: Mapping[str, int] | None, usage: TenantHold | None
 ) -> JobSummary:
     return _with_reason(JobSummary, row, session, ready, usage)
 
 
 def _with_reason(
     model: type[J],
-    row: JobRow,
+    row: Any,
     session: Session,
     ready: Mapping[str, int] | None,
     usage: TenantHold | Unread | None,
@@ -137,6 +144,7 @@ def list_jobs(
     rows, token = jobs.list_jobs(
         session,
         principal,
+        columns=SUMMARY_COLUMNS,
         page_size=size,
         page_token=page_token,
         state=state,

@@ -219,3 +219,199 @@ def test_a_boundary_waits_at_the_gate_for_the_polls_in_flight(
         cluster = session.get(ClusterRow, "default")
         assert cluster is not None and cluster.current_round == 1
     assert [(lease.job_id, lease.round_index) for lease in leases(busy_database)] == [(job, 1)]
+
+
+@contextmanager
+def row_locked(database: Database, table: str, key: str) -> Iterator[None]:
+    """A row of ``table`` held by another transaction."""
+    with database.engine.connect() as connection:
+        connection.execute(text(f"SELECT id FROM {table} WHERE id = :key FOR UPDATE"), {"key": key})
+        yield
+        connection.rollback()
+
+
+def started_events(database: Database, job: str) -> int:
+    """The job's state events into RUNNING."""
+    with Session(database.engine) as session:
+        rows = session.exec(
+            select(JobEventRow).where(JobEventRow.job_id == job, JobEventRow.kind == "state")
+        ).all()
+        return sum(1 for row in rows if row.payload.get("to") == "RUNNING")
+
+
+def moved(database: Database, job: str) -> None:
+    """The job RUNNING already, as one whose earlier attempt elsewhere is stopping while its
+    new lease waits to be acknowledged."""
+    with database.engine.begin() as connection:
+        connection.execute(text("UPDATE jobs SET state = 'RUNNING' WHERE id = :job"), {"job": job})
+
+
+GHOST = {"attempt_id": "0b5c3a4e-0000-4000-8000-000000000001", "state": "checkpointed"}
+
+
+@pytest.mark.parametrize(
+    "says", [{}, {"reports": [GHOST]}], ids=["nothing-else", "a-report-besides"]
+)
+def test_a_job_already_running_is_acknowledged_without_its_jobs_lock(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database, says: dict[str, Any]
+) -> None:
+    """An acknowledgement moves the node's own lease: a lease of a job that is RUNNING
+    already becomes RUNNING while another transaction holds the job (a boundary being written
+    holds every active job), and the job is left as it was, with no state event."""
+    client, _, agent, job, attempt = setup
+    moved(busy_database, job)
+    with job_locked(busy_database, job):
+        began = time.monotonic()
+        answer = contact(client, agent, defer_busy=True, running=[attempt], **says)
+        assert time.monotonic() - began < 5.0, "the poll waited for the job"
+        assert [(lease["attempt_id"], lease["state"]) for lease in answer["leases"]] == [
+            (attempt, "RUNNING")
+        ]
+    assert stored(busy_database, attempt, job) == ("RUNNING", 0)
+    assert (job_state(busy_database, job), started_events(busy_database, job)) == ("RUNNING", 0)
+
+
+def test_a_starting_job_that_is_busy_is_acknowledged_by_a_later_poll(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    """A poll that only lists what it runs (a node's first poll after starting a round's new
+    attempts) locks the jobs that start, without waiting: a busy one is acknowledged by the
+    next poll, which starts the job once, with its state event."""
+    client, _, agent, job, attempt = setup
+    with job_locked(busy_database, job):
+        answer = contact(client, agent, defer_busy=True, running=[attempt])
+        assert [lease["state"] for lease in answer["leases"]] == ["ISSUED"]
+    assert (stored(busy_database, attempt, job), job_state(busy_database, job)) == (
+        ("ISSUED", 0),
+        "PENDING",
+    )
+    again = contact(client, agent, defer_busy=True, running=[attempt])
+    assert [lease["state"] for lease in again["leases"]] == ["RUNNING"]
+    assert (job_state(busy_database, job), started_events(busy_database, job)) == ("RUNNING", 1)
+    contact(client, agent, defer_busy=True, running=[attempt])
+    assert started_events(busy_database, job) == 1, "acknowledged once"
+
+
+def test_a_lease_another_transaction_holds_is_acknowledged_later_not_waited_for(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    client, _, agent, job, attempt = setup
+    moved(busy_database, job)
+    answers: list[dict[str, Any]] = []
+    with row_locked(busy_database, "leases", attempt):
+        polling = threading.Thread(
+            target=lambda: answers.append(
+                contact(client, agent, defer_busy=True, running=[attempt])
+            )
+        )
+        polling.start()
+        polling.join(5.0)
+        assert answers, "the poll waited for the lease"
+    polling.join(30.0)
+    assert [lease["state"] for lease in answers[0]["leases"]] == ["ISSUED"]
+    again = contact(client, agent, defer_busy=True, running=[attempt])
+    assert [lease["state"] for lease in again["leases"]] == ["RUNNING"]
+
+
+def test_a_long_poll_whose_acknowledgement_waits_is_answered_at_once(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    """A long poll that acknowledges what its node started is held like any other once the
+    acknowledgement is recorded; one whose acknowledgement had to wait (a busy job) is answered
+    at once instead, so that the node sends it again soon rather than after the hold."""
+    client, _, agent, job, attempt = setup
+    seen = contact(client, agent)["current_round"]
+    body = {"defer_busy": True, "running": [attempt], "wait_s": 2.0, "seen_round": seen}
+    with job_locked(busy_database, job):
+        began = time.monotonic()
+        answer = contact(client, agent, **body)
+        assert time.monotonic() - began < 1.5, "held although its acknowledgement waits"
+        assert [lease["state"] for lease in answer["leases"]] == ["ISSUED"]
+    began = time.monotonic()
+    answer = contact(client, agent, **body)
+    assert time.monotonic() - began >= 1.5, "acknowledged, then held: nothing new"
+    assert [lease["state"] for lease in answer["leases"]] == ["RUNNING"]
+
+
+def test_a_long_poll_whose_event_waits_is_answered_at_once(
+    setup: tuple[TestClient, str, str, str, str], busy_database: Database
+) -> None:
+    client, _, agent, job, attempt = setup
+    contact(client, agent, defer_busy=True, running=[attempt])  # acknowledged: RUNNING
+    seen = contact(client, agent)["current_round"]
+    body = {
+        "defer_busy": True,
+        "running": [attempt],
+        "events": [progress(attempt, 1)],
+        "wait_s": 2.0,
+        "seen_round": seen,
+    }
+    with job_locked(busy_database, job):
+        began = time.monotonic()
+        answer = contact(client, agent, **body)
+        assert time.monotonic() - began < 1.5, "held although its event waits"
+        assert [(e["seq"], e["status"]) for e in answer["events"]] == [(1, 503)]
+    assert stored(busy_database, attempt, job) == ("RUNNING", 0)
+
+
+def second_attempt(database: Database, attempt: str, state: str) -> str:
+    """A newer lease of the attempt's job, in ``state`` (a copy of its row, issued later)."""
+    newer = "0b5c3a4e-0000-4000-8000-0000000000aa"
+    with database.engine.begin() as connection:
+        connection.execute(
+            text("CREATE TEMP TABLE newer ON COMMIT DROP AS SELECT * FROM leases WHERE id = :a"),
+            {"a": attempt},
+        )
+        connection.execute(
+            text(
+                "UPDATE newer SET id = :b, state = :state, "
+                "issued_at = issued_at + interval '1 second'"
+            ),
+            {"b": newer, "state": state},
+        )
+        connection.execute(text("INSERT INTO leases SELECT * FROM newer"))
+    return newer
+
+
+@pytest.mark.parametrize("via", ["poll", "status"])
+@pytest.mark.parametrize(
+    ("newer", "expected"),
+    [
+        (None, (200, "CHECKPOINTED", "SUSPENDED")),
+        ("ISSUED", (200, "CHECKPOINTED", "RUNNING")),
+        ("RUNNING", (409, "REVOKED", "RUNNING")),
+    ],
+    ids=["runs-nowhere-else", "issued-elsewhere", "successor-running"],
+)
+def test_a_checkpoint_report_in_a_poll_reads_its_jobs_other_leases_as_one_alone_does(
+    setup: tuple[TestClient, str, str, str, str],
+    busy_database: Database,
+    via: str,
+    newer: str | None,
+    expected: tuple[int, str, str],
+) -> None:
+    """A poll's reports read their jobs' other leases once for all (store.leases.JobLeases),
+    and answer as a report of its own does: a revoked attempt that checkpointed suspends its
+    job only when no other lease of the job is live, and is refused (fenced) once a newer
+    attempt of its job has started."""
+    client, _, agent, job, attempt = setup
+    with busy_database.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE leases SET state = 'REVOKED' WHERE id = :a"), {"a": attempt}
+        )
+    moved(busy_database, job)
+    if newer is not None:
+        second_attempt(busy_database, attempt, newer)
+    report = {"attempt_id": attempt, "state": "checkpointed"}
+    if via == "poll":
+        answer = contact(client, agent, defer_busy=True, heartbeat=False, reports=[report])
+        (status,) = [r["status"] for r in answer["reports"]]
+    else:
+        status = client.post(
+            f"/v1/agent/leases/{attempt}/status",
+            json={"state": "checkpointed"},
+            headers=bearer(agent),
+        ).status_code
+    assert (status, stored(busy_database, attempt, job)[0], job_state(busy_database, job)) == (
+        expected
+    )

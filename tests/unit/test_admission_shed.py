@@ -9,7 +9,10 @@ import json
 import time
 from typing import Any
 
-from api.admission import ARRIVED_AT, ArrivalStamp, InFlightLimit, arrived_at
+import pytest
+
+from api import admission
+from api.admission import ARRIVED_AT, ArrivalStamp, InFlightLimit, arrived_at, released
 
 
 def _scope(path: str = "/v1/agent/poll") -> dict[str, Any]:
@@ -134,3 +137,60 @@ def test_a_waiter_cancelled_while_queued_gives_its_turn_to_the_next() -> None:
 
     asyncio.run(scenario())
     assert order == ["/v1/agent/poll", "/v1/agent/last"]
+
+
+def _holding(order: list[str], news: asyncio.Event, gate: asyncio.Event) -> Any:
+    """A route that, under ``/held``, gives its slot back until ``news`` (a long poll's hold),
+    then notes its path; any other path notes itself and waits for ``gate``."""
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"].endswith("/held"):
+            async with released():
+                await news.wait()
+            order.append(scope["path"])
+        else:
+            order.append(scope["path"])
+            await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return route
+
+
+def _wake_a_held_poll_behind_an_agents_request(patience_s: float) -> list[str]:
+    """The order in which a woken held poll and an agent's request queued after it (both
+    waiting while another agent's request holds the only slot) are served."""
+    order: list[str] = []
+
+    async def scenario() -> None:
+        news, gate = asyncio.Event(), asyncio.Event()
+        app = InFlightLimit(
+            _holding(order, news, gate), limit=1, background_prefixes=("/v1/agent/",)
+        )
+        held = asyncio.create_task(_call(app, _scope("/v1/agent/held")))
+        await asyncio.sleep(0.01)  # it holds no slot while it waits for news
+        busy = asyncio.create_task(_call(app, _scope("/v1/agent/busy")))
+        await asyncio.sleep(0.01)
+        news.set()
+        await _queued(app, 1)  # the held poll woke and waits for a slot
+        await asyncio.sleep(patience_s)
+        ack = asyncio.create_task(_call(app, _scope("/v1/agent/ack")))
+        await _queued(app, 2)
+        gate.set()
+        await asyncio.gather(held, busy, ack)
+
+    asyncio.run(scenario())
+    return order
+
+
+def test_a_woken_held_poll_is_served_after_the_agents_requests_that_wait() -> None:
+    order = _wake_a_held_poll_behind_an_agents_request(0.0)
+    assert order == ["/v1/agent/busy", "/v1/agent/ack", "/v1/agent/held"]
+
+
+def test_a_woken_held_poll_goes_first_once_it_has_waited_its_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(admission, "LAST_PATIENCE_S", 0.05)
+    order = _wake_a_held_poll_behind_an_agents_request(0.1)
+    assert order == ["/v1/agent/busy", "/v1/agent/held", "/v1/agent/ack"]

@@ -22,7 +22,7 @@ from shockwave_cli.runtime.replay import (
     first_arrival_at,
     round_start_at,
 )
-from shockwave_fleet.fleet import Attempt, Fleet, FleetLog, Node, TrainingJob
+from shockwave_fleet.fleet import BUSY_RETRY_S, Attempt, Fleet, FleetLog, Node, TrainingJob
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -465,3 +465,60 @@ def test_under_the_simulators_rule_a_revoke_before_the_leases_end_trains_to_its_
     asyncio.run(fleet._changeover(node, answer([])))
     assert "a2" not in node.attempts
     assert jobs["j2"].partial_s < 4.0 + (time.time() - now) < 60.0
+
+
+class ScriptedFleet(RecordingFleet):
+    """A long-polling fleet answered from ``answers`` in turn; once they run out, it stops."""
+
+    def __init__(self, jobs: dict[str, TrainingJob], answers: list[Any]) -> None:
+        super().__init__(jobs)
+        self.wait_s = 10.0
+        self.boundary_retry_s = 0.01
+        self.answers = answers
+        self.stop = asyncio.Event()
+
+    async def _call(
+        self, kind: str, method: str, path: str, token: str, body: Any = None, **_: Any
+    ) -> Any:
+        self.calls.append((kind, path, body))
+        if not self.answers:
+            self.stop.set()
+            return None
+        return self.answers.pop(0)
+
+
+def test_a_long_polling_node_acknowledges_what_it_started_in_its_next_long_poll() -> None:
+    """No poll of its own for an acknowledgement when no report is owed: the next long poll
+    lists the new attempt as running (the server acknowledges it before holding the poll)."""
+    started = answer([lease("a1", "j1", T2)], a1="token-a1")
+    running = answer([lease("a1", "j1", T2)])
+    fleet = ScriptedFleet({"j1": job("j1", epochs=100)}, [started, running])
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    sent = [
+        (kind, (body or {})["running"], (body or {}).get("wait_s")) for kind, _, body in fleet.calls
+    ]
+    assert sent[:2] == [("poll", [], 10.0), ("poll", ["a1"], 10.0)]
+    assert all(kind == "poll" for kind, _, _ in sent), sent
+
+
+def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_again_later() -> (
+    None
+):
+    """The server answers a long poll whose acknowledgement must wait (a busy job) at once: the
+    node sends it again after ``BUSY_RETRY_S``, not at the pace of a round's boundary polls."""
+    started = answer([lease("a1", "j1", T2)], a1="token-a1")
+    waiting = answer([{**lease("a1", "j1", T2), "state": "ISSUED"}])
+    running = answer([{**lease("a1", "j1", T2), "state": "RUNNING"}])
+    fleet = ScriptedFleet({"j1": job("j1", epochs=100)}, [started, waiting, running])
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    assert len(sent_at) >= 3
+    assert sent_at[1] - sent_at[0] < BUSY_RETRY_S / 2, "the acknowledgement rides at once"
+    assert sent_at[2] - sent_at[1] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
