@@ -37,7 +37,10 @@ Where and why this departs from the paper (measured in docs/policy.md):
   fit after the window gets a floor n_j >= ceil((R_latest - (path - T D)) / D). The market
   cannot do this itself: those jobs' fairness deadlines are far, and the deadline term of many
   late short jobs outbids the soft term above. Floors that together ask for more GPU-rounds
-  than the window has are cut where the remainders are shortest (:func:`fit_floors`).
+  than the window has are cut where the remainders are shortest (:func:`fit_floors`). With
+  ``path_slack`` delta, a job's floor keeps its latest remainder inside the later of the path
+  and its own deadline, arrival + (1 + delta) x its soonest run time (:func:`own_deadline_s`):
+  it is reserved once waiting longer would cost the makespan more than delta of its run time.
 
 We solve the count problem by a greedy on marginal gain per GPU-round over each phi_j's upper
 concave envelope. The fractional greedy on the envelopes solves the relaxation exactly, so it
@@ -86,7 +89,10 @@ class PlanJob:
     job's speed is unknown (it has measured nothing, and jobs of its shape differ): it gets a
     floor of one round and takes round 0 ahead of the rest of the packing
     (:func:`pack_rounds`), so that what it measures replaces the guess before the market and
-    the critical path rely on it.
+    the critical path rely on it. ``run_time_s``: the soonest the job runs from start to end
+    alone (None: unknown), and ``age_s`` the seconds since it arrived: with
+    :attr:`PlannerParams.path_slack` they set how long it may still wait on the makespan's
+    path (:func:`own_deadline_s`).
     """
 
     job_id: str
@@ -101,6 +107,8 @@ class PlanJob:
     soonest_remaining_s: float | None = None
     latest_remaining_s: float | None = None
     probe: bool = False
+    run_time_s: float | None = None
+    age_s: float = 0.0
 
     @property
     def remaining_range(self) -> tuple[float, float]:
@@ -141,6 +149,10 @@ class PlannerParams:
     only while the gate also holds against the work bound plus ``arriving_s`` (the wide path,
     :func:`critical_path_s`); 1, or ``arriving_s`` 0, keeps the rule before
     (docs/policy.md, "Critical-path reservation").
+    ``path_slack``: delta, the share of its own run time a job on the makespan's path may lose
+    to waiting: its critical-path floor keeps its latest remainder inside the later of the
+    path and its own deadline, arrival + (1 + delta) x its soonest run time
+    (:func:`own_deadline_s`); 0: the path alone (docs/policy.md, "Critical-path reservation").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -160,6 +172,7 @@ class PlannerParams:
     finishing_lane: bool = True
     arriving_s: float = 0.0
     wide_path_share: float = 0.25
+    path_slack: float = 0.05
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -181,6 +194,7 @@ class PlannerParams:
             "horizon_margin",
             "relative_gap",
             "arriving_s",
+            "path_slack",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -340,7 +354,9 @@ class ObjectiveTerms:
         penalty += params.deadline_weight * job.gpus * overdue
         value -= penalty / self.z0
         window_s = t * self.round_seconds
-        floor = critical_floor(job, self.path_of(job), window_s, self.round_seconds, cap)
+        floor = critical_floor(
+            job, self.path_of(job), window_s, self.round_seconds, cap, params.path_slack
+        )
         return value, left, cap, max(floor, min(cap, int(job.probe)))
 
     def rows(
@@ -375,7 +391,14 @@ class ObjectiveTerms:
         floors = np.array(
             [
                 max(
-                    critical_floor(j, self.path_of(j), window_s, self.round_seconds, int(c)),
+                    critical_floor(
+                        j,
+                        self.path_of(j),
+                        window_s,
+                        self.round_seconds,
+                        int(c),
+                        params.path_slack,
+                    ),
                     min(int(c), int(j.probe)),
                 )
                 for j, c in zip(jobs, caps, strict=True)
@@ -458,11 +481,14 @@ def chain_blocked(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: i
     ]
 
 
-def path_jobs(problem: Problem, margin: float, round_seconds: float) -> frozenset[int]:
+def path_jobs(
+    problem: Problem, margin: float, round_seconds: float, slack: float = 0.0
+) -> frozenset[int]:
     """Indices of the jobs on the makespan's path, which the finishing lane never passes
     (:func:`pack_rounds`): those with a critical-path floor, and those whose latest remainder
     would not fit after the window inside max(W, theta_c L) (:func:`critical_floor` on that
-    path, whether or not the reservation's gate holds). A round such a job loses to the
+    path, whether or not the reservation's gate holds; a job with ``slack`` left before its own
+    deadline, :func:`own_deadline_s`, is not on it yet). A round such a job loses to the
     lane can push the makespan out by a round; any other full-window job has that round's
     slack before the work or the longest job bounds the end."""
     work, longest = soonest_bounds(problem.jobs, problem.total_gpus)
@@ -473,21 +499,47 @@ def path_jobs(problem: Problem, margin: float, round_seconds: float) -> frozense
         i
         for i, job in enumerate(problem.jobs)
         if (floors is not None and floors[i] > 0)
-        or critical_floor(job, path_s, window_s, round_seconds, problem.rounds) > 0
+        or critical_floor(job, path_s, window_s, round_seconds, problem.rounds, slack) > 0
     )
 
 
 def critical_floor(
-    job: PlanJob, path_s: float | None, window_s: float, round_seconds: float, cap: int
+    job: PlanJob,
+    path_s: float | None,
+    window_s: float,
+    round_seconds: float,
+    cap: int,
+    slack: float = 0.0,
 ) -> int:
-    """Rounds of the window that keep the job's latest remainder inside ``path_s``: its
-    remainder after n rounds must fit the time left after the window, R - n D <= path - T D."""
+    """Rounds of the window that keep the job's latest remainder inside its horizon, the later
+    of ``path_s`` and its own deadline (:func:`own_deadline_s` with ``slack``): its remainder
+    after n rounds must fit the time left after the window, R - n D <= horizon - T D."""
     if path_s is None:
         return 0
-    excess = job.remaining_range[1] - (path_s - window_s)
+    horizon = max(path_s, own_deadline_s(job, slack))
+    excess = job.remaining_range[1] - (horizon - window_s)
     if excess <= 0:
         return 0
     return min(cap, math.ceil(excess / round_seconds))
+
+
+def own_deadline_s(job: PlanJob, slack: float) -> float:
+    """Seconds from now to the job's own deadline on the makespan's path: arrival plus
+    (1 + ``slack``) times its soonest run time, (1 + delta) T - age; -inf where ``slack`` is 0
+    or the run time unknown (the path alone then sets the floor).
+
+    Why: the path, max(W, theta_c L) from now, moves with every plan, so the longest job and
+    every job near it get the whole window in every plan from the moment they are on it, all
+    of them at once; a job that ends by arrival + (1 + delta) T keeps the makespan within
+    (1 + delta) of its lower bound, max over jobs of arrival + T, on that job's account. Up to
+    then a reserved round buys no makespan, while on a full cluster it is a round taken from
+    the jobs waiting behind it (six 4-GPU jobs of 7.7 days on 88 GPUs, each reserved from its
+    arrival, held 24 GPUs while the week's other jobs queued). The deadline is fixed, so the
+    slack is spent once: a job that waited while it was not on the path has less of it left.
+    """
+    if slack <= 0 or job.run_time_s is None:
+        return -math.inf
+    return (1.0 + slack) * job.run_time_s - job.age_s
 
 
 def fit_floors(
@@ -995,7 +1047,7 @@ def plan(
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
     path = None
     if params.finishing_lane and len(jobs) <= total_gpus:
-        path = path_jobs(problem, params.critical_path_margin, round_seconds)
+        path = path_jobs(problem, params.critical_path_margin, round_seconds, params.path_slack)
     rounds, lost = pack_rounds(
         problem, counts, weights, deadlines, wait_for_ends, patient, params.short_lane, path
     )

@@ -344,7 +344,7 @@ class JobOutlook:
     job has measured no epoch time while jobs of one shape are known to run at different
     speeds (:meth:`ThroughputModel.unseen_factor` > 1): its estimate is other jobs' typical
     speed, so the plan runs it a round to measure its own
-    (:attr:`shockwave.market.planner.PlanJob.probe`)."""
+    (:attr:`shockwave.market.planner.PlanJob.probe`). ``age_s``: seconds since it arrived."""
 
     prediction: Prediction
     remaining_s: float
@@ -358,6 +358,7 @@ class JobOutlook:
     latest_remaining_s: float
     budget: float = 1.0
     probe: bool = False
+    age_s: float = 0.0
 
     @property
     def laxity_s(self) -> float:
@@ -883,6 +884,7 @@ class Shockwave:
             max(cautious, remaining),
             job.spec.budget if budget is None else budget,
             rates.unseen_factor(job) > 1.0,
+            age,
         )
 
     def solve(
@@ -934,8 +936,12 @@ class Shockwave:
         priority: Sequence[float],
     ) -> ElasticPlan:
         """The elastic planner on :meth:`elastic_jobs`' tables, with the policy's knobs (one
-        call for the policy and for ``bench/solver.py --elastic``, so both time the same)."""
-        planner = replace(params.planner, critical_path_gate=params.elastic_critical_gate)
+        call for the policy and for ``bench/solver.py --elastic``, so both time the same).
+        Elastic plans keep the path alone (``path_slack`` 0): their own path rules judge each
+        job against max(W, L) at its widths already and were measured without the slack."""
+        planner = replace(
+            params.planner, critical_path_gate=params.elastic_critical_gate, path_slack=0.0
+        )
         return plan_elastic(
             jobs,
             snapshot.cluster.total_gpus,
@@ -1147,6 +1153,8 @@ def _planned(
         latest_remaining_s=look.latest_remaining_s,
         fair_share_s=max(1.0, look.fair_share_s),
         probe=look.probe,
+        run_time_s=look.total_s - look.remaining_s + look.soonest_remaining_s,
+        age_s=look.age_s,
     )
 
 
