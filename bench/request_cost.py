@@ -272,10 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         ]
 
-        def acknowledge() -> httpx.Response:
-            return client.post(
-                "/v1/agent/poll", json={"running": attempts, "defer_busy": True}, headers=agent
-            )
+        def agent_poll(body: dict[str, Any]) -> Callable[[], httpx.Response]:
+            """A sender of one agent poll with ``body`` (the lambda binds this ``body``)."""
+            return lambda: client.post("/v1/agent/poll", json=body, headers=agent)
+
+        acknowledge = agent_poll({"running": attempts, "defer_busy": True})
 
         measured: list[tuple[str, Callable[[], httpx.Response], Callable[[], None] | None]] = [
             (name, send, None) for name, send in endpoints
@@ -291,29 +292,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reissue(database, attempts, job_state),
                 )
             )
-        measured.append(
-            (
-                f"POST /v1/agent/poll (a held poll's re-read bringing {GPUS} new leases: tokens)",
-                lambda: client.post(
-                    "/v1/agent/poll",
-                    json={"heartbeat": False, "tokens": True, "defer_busy": True},
-                    headers=agent,
-                ),
-                unstarted(database, attempts),
-            )
-        )
         checkpointed = [{"attempt_id": a, "state": "checkpointed"} for a in attempts]
-        measured.append(
+        for what, body, reset in (
             (
-                f"POST /v1/agent/poll ({GPUS} revoked attempts report checkpointed)",
-                lambda: client.post(
-                    "/v1/agent/poll",
-                    json={"reports": checkpointed, "heartbeat": False, "defer_busy": True},
-                    headers=agent,
-                ),
+                f"a held poll's re-read bringing {GPUS} new leases: tokens",
+                {"heartbeat": False, "tokens": True, "defer_busy": True},
+                unstarted(database, attempts),
+            ),
+            (
+                f"{GPUS} revoked attempts report checkpointed",
+                {"reports": checkpointed, "heartbeat": False, "defer_busy": True},
                 revoke(database, attempts),
-            )
-        )
+            ),
+        ):
+            measured.append((f"POST /v1/agent/poll ({what})", agent_poll(body), reset))
         pid = server.pid
         for name, send, before in measured:
             cpu_ms, wall_ms, status = measure(pid, send, args.requests, before)
