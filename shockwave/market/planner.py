@@ -468,17 +468,22 @@ def chain_blocked(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: i
     (``shockwave_market.shockwave``, ``chain_lane``). Shapes: ``gpus`` and ``soonest_s`` (each
     job's soonest remainder, seconds) one entry per job; the gangs themselves are not flagged.
     """
-    half = total_gpus / 2
-    chain = [s for g, s in zip(gpus, soonest_s, strict=True) if g > half]
+    chain = [s for g, s in zip(gpus, soonest_s, strict=True) if chain_gang(g, total_gpus)]
     if not chain or total_gpus <= 0:
         return [False] * len(gpus)
-    narrowest = min(g for g in gpus if g > half)
+    narrowest = min(g for g in gpus if chain_gang(g, total_gpus))
     work = sum(g * s for g, s in zip(gpus, soonest_s, strict=True)) / total_gpus
     length = sum(chain)
     return [
-        g <= half and g + narrowest > total_gpus and s + length > work
+        not chain_gang(g, total_gpus) and g + narrowest > total_gpus and s + length > work
         for g, s in zip(gpus, soonest_s, strict=True)
     ]
+
+
+def chain_gang(gpus: int, total_gpus: int) -> bool:
+    """Whether a gang of ``gpus`` is one of the chain (:func:`chain_blocked`): wider than half
+    the GPUs, so no two such gangs run at once."""
+    return gpus > total_gpus / 2
 
 
 def path_jobs(

@@ -50,7 +50,14 @@ from shockwave.domain.tenancy import (
 from shockwave.market.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
 from shockwave.market.estimators import contention_factor, finish_time_fairness, lifetime_contention
 from shockwave.market.heterogeneity import mean_speed
-from shockwave.market.planner import Plan, PlanJob, PlannerParams, chain_blocked, plan
+from shockwave.market.planner import (
+    Plan,
+    PlanJob,
+    PlannerParams,
+    chain_blocked,
+    chain_gang,
+    plan,
+)
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
 from shockwave.prediction.population_predictor import (
@@ -1422,7 +1429,7 @@ def _chain_held(snapshot: Snapshot, outlooks: Mapping[str, JobOutlook]) -> froze
     remainders); none where no gang is that wide."""
     total = snapshot.cluster.total_gpus
     jobs = snapshot.jobs
-    if not any(j.spec.gpus > total / 2 for j in jobs):
+    if not any(chain_gang(j.spec.gpus, total) for j in jobs):
         return frozenset()
     flags = chain_blocked(
         [j.spec.gpus for j in jobs], [outlooks[j.job_id].soonest_remaining_s for j in jobs], total
@@ -1445,7 +1452,7 @@ def _chain_lane(snapshot: Snapshot, planned: Sequence[str], held: frozenset[str]
     if not held:
         return list(planned)
     total = snapshot.cluster.total_gpus
-    wide = {j.job_id for j in snapshot.jobs if j.spec.gpus > total / 2}
+    wide = {j.job_id for j in snapshot.jobs if chain_gang(j.spec.gpus, total)}
     if wide.intersection(planned):
         return list(planned)
     taken = set(planned)
