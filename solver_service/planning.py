@@ -91,7 +91,8 @@ def plan_cluster(
         log.info("plan %s@%s: no such cluster", cluster_id, state_version)
         session.rollback()
         return None
-    if _superseded(state_version, cluster):
+    stale = state_version is not None and state_version < cluster.state_version
+    if stale and cluster.replan == "reactive":  # a request at the cluster's version follows
         log.info(
             "plan %s@%s: stale (cluster at %s, a request at its version follows)",
             cluster_id,
@@ -100,7 +101,7 @@ def plan_cluster(
         )
         session.rollback()
         return None
-    if state_version is not None and state_version < cluster.state_version:
+    if stale:
         log.info(
             "plan %s@%s: the cluster is at %s, planned as it is (lazy: no later request follows)",
             cluster_id,
@@ -173,13 +174,6 @@ def solve_summary(solve: SolveSummary | None) -> dict[str, Any]:
         "status": solve.status,
         "solver": solve.solver,
     }
-
-
-def _superseded(requested: int | None, cluster: ClusterRow) -> bool:
-    """Whether a request at ``requested`` is stale and a later one is sure to follow: in
-    reactive mode each change asks at its own version; in lazy mode nobody does (step 1)."""
-    stale = requested is not None and requested < cluster.state_version
-    return stale and cluster.replan == "reactive"
 
 
 def _store(
