@@ -107,6 +107,7 @@ class PopulationParams:
     grown_static_weight: float = 0.0
     neutral_weight: float = 3.0
     neutral_jobs: float = 10.0
+    mode_hazard: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
@@ -222,9 +223,9 @@ def predict_staged(
             _from_paper(unrefined, population.prior_weight),
         )
         pool = _pool(candidates)
-        cached = (pool, _survival_thresholds(pool))
+        cached = (pool, _survival_thresholds(pool), bool(groups[1]) and population.mode_hazard)
         _CANDIDATES.put(key, groups, cached)
-    pool, thresholds = cached
+    pool, thresholds, fallback = cached
     # which candidates survive depends only on how many thresholds done_share has passed
     passed = bisect.bisect_right(thresholds, done_share + _EPS)
     decision = _SURVIVORS.get((key, passed), groups)
@@ -237,7 +238,8 @@ def predict_staged(
         signature = (key, int(alive.sum()))
         decision = _DECISIONS.get(signature, groups)
         if decision is None:
-            decision = _choose(pool, alive, static, len(observed))
+            chosen = _paper_by_hazard(pool, alive) if fallback else pool
+            decision = _choose(chosen, alive, static, len(observed))
             _DECISIONS.put(signature, groups, decision)
         _SURVIVORS.put((key, passed), groups, decision)
     future, shares = decision
@@ -800,6 +802,27 @@ def _surviving(pool: _Pool, done_share: float) -> npt.NDArray[np.bool_]:
     candidate's when it is its last regime)."""
     alive: npt.NDArray[np.bool_] = pool.ongoing > done_share + _EPS
     return alive
+
+
+def _paper_by_hazard(pool: _Pool, alive: npt.NDArray[np.bool_]) -> _Pool:
+    """``pool`` with the paper's pseudo-template (its last row) weighing as much as the
+    finished jobs say a switch ahead still comes: its weight times the share, among the
+    templates that had a switch ahead at the ongoing regime's start, of those still ``alive``.
+
+    The paper's rule puts the next switch at a fixed share of the remaining epochs; the
+    templates of the mode's models say when their jobs switched. A job that has run past the
+    switches of most of them without switching is, by their account, unlikely to switch at all,
+    and the paper's point keeps it alive only because it is a point. Read for a model whose own
+    jobs are too few to be consulted alone (a model never seen, or rare): the mode then speaks
+    of when, and the paper's rule of how the rest splits."""
+    templates = np.isfinite(pool.ongoing[:-1])
+    ahead = float(pool.weights[:-1][templates].sum())
+    if ahead <= 0 or not np.isfinite(pool.ongoing[-1]):
+        return pool
+    still = float(pool.weights[:-1][templates & alive[:-1]].sum())
+    weights = pool.weights.copy()
+    weights[-1] *= still / ahead
+    return replace(pool, weights=weights)
 
 
 def _from_paper(paper: Prediction, weight: float) -> _Candidates:
