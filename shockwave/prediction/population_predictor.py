@@ -32,7 +32,10 @@ paper's prior, and the job's own observations update it the restatement way:
    shares, the rest split as the prior's). A template whose batch sizes so far differ from the
    job's, or whose ongoing regime would already have ended, is ruled out (the paper's
    pseudo-template too, taken without its restatement of an overlong ongoing regime: a job that
-   has outrun every switch point left is predicted static).
+   has outrun every switch point left is predicted static). While the job's own model is too
+   thin to be consulted alone, the paper's pseudo-template weighs as much as the consulted
+   templates say a switch is still ahead (:func:`_paper_by_hazard`): the mode says when, the
+   paper's rule how the rest splits.
 4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5). Each
    distinct continuation of batch sizes proposes the weighted mean and the weighted median of its
    candidates' shares; the proposal with the least expected regime-length error under all the
@@ -95,7 +98,9 @@ class PopulationParams:
     4's loss would let it outvote finished jobs that all climbed).
     ``neutral_weight`` and ``neutral_jobs``: for a prior a tenant learns apart
     (:func:`apart_params`), the paper's rule weighs ``neutral_weight * neutral_jobs /
-    (neutral_jobs + n)`` more, n the tenant's finished jobs.
+    (neutral_jobs + n)`` more, n the tenant's finished jobs. ``mode_hazard``: while other
+    models are consulted, the paper's rule weighs as much as their templates say a switch is
+    still ahead of the job (:func:`_paper_by_hazard`).
     """
 
     length_bandwidth: float = 1.0
