@@ -32,10 +32,9 @@ paper's prior, and the job's own observations update it the restatement way:
    shares, the rest split as the prior's). A template whose batch sizes so far differ from the
    job's, or whose ongoing regime would already have ended, is ruled out (the paper's
    pseudo-template too, taken without its restatement of an overlong ongoing regime: a job that
-   has outrun every switch point left is predicted static). While the job's own model is too
-   thin to be consulted alone, the paper's pseudo-template weighs as much as the consulted
-   templates say a switch is still ahead (:func:`_paper_by_hazard`): the mode says when, the
-   paper's rule how the rest splits.
+   has outrun every switch point left is predicted static). For a model never seen, the
+   paper's pseudo-template weighs as much as the other models' templates say a switch is still
+   ahead (:func:`_paper_by_hazard`): the mode says when, the paper's rule how the rest splits.
 4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5). Each
    distinct continuation of batch sizes proposes the weighted mean and the weighted median of its
    candidates' shares; the proposal with the least expected regime-length error under all the
@@ -98,9 +97,9 @@ class PopulationParams:
     4's loss would let it outvote finished jobs that all climbed).
     ``neutral_weight`` and ``neutral_jobs``: for a prior a tenant learns apart
     (:func:`apart_params`), the paper's rule weighs ``neutral_weight * neutral_jobs /
-    (neutral_jobs + n)`` more, n the tenant's finished jobs. ``mode_hazard``: while other
-    models are consulted, the paper's rule weighs as much as their templates say a switch is
-    still ahead of the job (:func:`_paper_by_hazard`).
+    (neutral_jobs + n)`` more, n the tenant's finished jobs. ``mode_hazard``: for a model never
+    seen, the paper's rule weighs as much as the other models' templates say a switch is still
+    ahead of the job (:func:`_paper_by_hazard`).
     """
 
     length_bandwidth: float = 1.0
@@ -228,7 +227,8 @@ def predict_staged(
             _from_paper(unrefined, population.prior_weight),
         )
         pool = _pool(candidates)
-        cached = (pool, _survival_thresholds(pool), bool(groups[1]) and population.mode_hazard)
+        unseen = population.mode_hazard and bool(groups[1]) and not any(groups[0])
+        cached = (pool, _survival_thresholds(pool), unseen)
         _CANDIDATES.put(key, groups, cached)
     pool, thresholds, fallback = cached
     # which candidates survive depends only on how many thresholds done_share has passed
@@ -811,22 +811,25 @@ def _surviving(pool: _Pool, done_share: float) -> npt.NDArray[np.bool_]:
 
 def _paper_by_hazard(pool: _Pool, alive: npt.NDArray[np.bool_]) -> _Pool:
     """``pool`` with the paper's pseudo-template (its last row) weighing as much as the
-    finished jobs say a switch ahead still comes: its weight times the share, among the
-    templates that had a switch ahead at the ongoing regime's start, of those still ``alive``.
+    finished jobs say a switch ahead still comes: its weight p times (s + p) / (a + p), with a
+    the weight of the templates that had a switch ahead at the ongoing regime's start and s
+    that of those still ``alive`` (the mode's survival curve, the paper's own point counted in
+    it at its weight, so that a few templates cannot silence it).
 
     The paper's rule puts the next switch at a fixed share of the remaining epochs; the
-    templates of the mode's models say when their jobs switched. A job that has run past the
-    switches of most of them without switching is, by their account, unlikely to switch at all,
-    and the paper's point keeps it alive only because it is a point. Read for a model whose own
-    jobs are too few to be consulted alone (a model never seen, or rare): the mode then speaks
-    of when, and the paper's rule of how the rest splits."""
+    templates of the mode's other models say when their jobs switched. A job that has run past
+    the switches of most of them without switching is, by their account, unlikely to switch at
+    all, and the paper's point keeps it alive only because it is a point. Read for a model
+    never seen (no template of its own): the mode then speaks of when, and the paper's rule of
+    how the rest splits. A model with templates of its own, however few, is timed by them."""
     templates = np.isfinite(pool.ongoing[:-1])
     ahead = float(pool.weights[:-1][templates].sum())
     if ahead <= 0 or not np.isfinite(pool.ongoing[-1]):
         return pool
     still = float(pool.weights[:-1][templates & alive[:-1]].sum())
     weights = pool.weights.copy()
-    weights[-1] *= still / ahead
+    paper = float(weights[-1])
+    weights[-1] *= (still + paper) / (ahead + paper)
     return replace(pool, weights=weights)
 
 

@@ -313,8 +313,9 @@ def test_an_unseen_model_past_every_switch_of_its_mode_is_predicted_static() -> 
 
 def test_the_mode_times_an_unseen_model_only_by_the_switches_still_ahead() -> None:
     # Of three other models, one switches at 30 and two at 70: at 40 epochs two thirds of the
-    # mode's switches are still ahead, and the job keeps a switch. A model seen often enough is
-    # not timed by the mode: past its own switches, the paper's rule keeps its whole weight.
+    # mode's switches are still ahead, and the job keeps a switch. A model with a finished job
+    # of its own is not timed by the mode: past every switch, the paper's rule keeps its whole
+    # weight and ties with the static guess (the paper's even split wins the tie).
     others = learnt(
         *(finished([(32, 30), (256, 70)], model="LM") for _ in range(10)),
         *(
@@ -326,8 +327,11 @@ def test_the_mode_times_an_unseen_model_only_by_the_switches_still_ahead() -> No
 
     kept = regimes(predict_population(job(epochs_done=40.0), others))
     assert len(kept) == 2 and kept[0][1] > 40.0
-    seen = learnt(*(finished([(32, 30), (256, 70)]) for _ in range(3)))
-    assert regimes(predict_population(job(epochs_done=40.0), seen)) == [(32, 50.0), (256, 50.0)]
+    rare = learnt(
+        finished([(32, 30), (256, 70)]),
+        *(finished([(32, 30), (256, 70)], model="LM") for _ in range(10)),
+    )
+    assert regimes(predict_population(job(epochs_done=40.0), rare)) == [(32, 50.0), (256, 50.0)]
 
 
 # --- GNS: a job that ended is not a job that stopped climbing (issue 19) ----------------------
