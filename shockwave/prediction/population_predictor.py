@@ -32,7 +32,9 @@ paper's prior, and the job's own observations update it the restatement way:
    shares, the rest split as the prior's). A template whose batch sizes so far differ from the
    job's, or whose ongoing regime would already have ended, is ruled out (the paper's
    pseudo-template too, taken without its restatement of an overlong ongoing regime: a job that
-   has outrun every switch point left is predicted static).
+   has outrun every switch point left is predicted static). For a model never seen, the
+   paper's pseudo-template weighs as much as the other models' templates say a switch is still
+   ahead (:func:`_paper_by_hazard`): the mode says when, the paper's rule how the rest splits.
 4. **One trajectory.** The scheduler plans with a single trajectory (paper section 5). Each
    distinct continuation of batch sizes proposes the weighted mean and the weighted median of its
    candidates' shares; the proposal with the least expected regime-length error under all the
@@ -95,7 +97,9 @@ class PopulationParams:
     4's loss would let it outvote finished jobs that all climbed).
     ``neutral_weight`` and ``neutral_jobs``: for a prior a tenant learns apart
     (:func:`apart_params`), the paper's rule weighs ``neutral_weight * neutral_jobs /
-    (neutral_jobs + n)`` more, n the tenant's finished jobs.
+    (neutral_jobs + n)`` more, n the tenant's finished jobs. ``mode_hazard``: for a model never
+    seen, the paper's rule weighs as much as the other models' templates say a switch is still
+    ahead of the job (:func:`_paper_by_hazard`).
     """
 
     length_bandwidth: float = 1.0
@@ -107,6 +111,7 @@ class PopulationParams:
     grown_static_weight: float = 0.0
     neutral_weight: float = 3.0
     neutral_jobs: float = 10.0
+    mode_hazard: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.length_bandwidth) and self.length_bandwidth > 0):
@@ -222,9 +227,10 @@ def predict_staged(
             _from_paper(unrefined, population.prior_weight),
         )
         pool = _pool(candidates)
-        cached = (pool, _survival_thresholds(pool))
+        unseen = population.mode_hazard and bool(groups[1]) and not any(groups[0])
+        cached = (pool, _survival_thresholds(pool), unseen)
         _CANDIDATES.put(key, groups, cached)
-    pool, thresholds = cached
+    pool, thresholds, fallback = cached
     # which candidates survive depends only on how many thresholds done_share has passed
     passed = bisect.bisect_right(thresholds, done_share + _EPS)
     decision = _SURVIVORS.get((key, passed), groups)
@@ -237,7 +243,8 @@ def predict_staged(
         signature = (key, int(alive.sum()))
         decision = _DECISIONS.get(signature, groups)
         if decision is None:
-            decision = _choose(pool, alive, static, len(observed))
+            chosen = _paper_by_hazard(pool, alive) if fallback else pool
+            decision = _choose(chosen, alive, static, len(observed))
             _DECISIONS.put(signature, groups, decision)
         _SURVIVORS.put((key, passed), groups, decision)
     future, shares = decision
@@ -800,6 +807,30 @@ def _surviving(pool: _Pool, done_share: float) -> npt.NDArray[np.bool_]:
     candidate's when it is its last regime)."""
     alive: npt.NDArray[np.bool_] = pool.ongoing > done_share + _EPS
     return alive
+
+
+def _paper_by_hazard(pool: _Pool, alive: npt.NDArray[np.bool_]) -> _Pool:
+    """``pool`` with the paper's pseudo-template (its last row) weighing as much as the
+    finished jobs say a switch ahead still comes: its weight p times (s + p) / (a + p), with a
+    the weight of the templates that had a switch ahead at the ongoing regime's start and s
+    that of those still ``alive`` (the mode's survival curve, the paper's own point counted in
+    it at its weight, so that a few templates cannot silence it).
+
+    The paper's rule puts the next switch at a fixed share of the remaining epochs; the
+    templates of the mode's other models say when their jobs switched. A job that has run past
+    the switches of most of them without switching is, by their account, unlikely to switch at
+    all, and the paper's point keeps it alive only because it is a point. Read for a model
+    never seen (no template of its own): the mode then speaks of when, and the paper's rule of
+    how the rest splits. A model with templates of its own, however few, is timed by them."""
+    templates = np.isfinite(pool.ongoing[:-1])
+    ahead = float(pool.weights[:-1][templates].sum())
+    if ahead <= 0 or not np.isfinite(pool.ongoing[-1]):
+        return pool
+    still = float(pool.weights[:-1][templates & alive[:-1]].sum())
+    weights = pool.weights.copy()
+    paper = float(weights[-1])
+    weights[-1] *= (still + paper) / (ahead + paper)
+    return replace(pool, weights=weights)
 
 
 def _from_paper(paper: Prediction, weight: float) -> _Candidates:

@@ -289,6 +289,51 @@ def test_an_unseen_model_hears_other_models_as_models_not_as_their_jobs() -> Non
     assert many == two == regimes(predict(job()))
 
 
+def test_an_unseen_model_past_every_switch_of_its_mode_is_predicted_static() -> None:
+    # Three other models switch at 30 of 100 epochs. An unseen model's job at 20 epochs may
+    # still switch (the paper's rule and the mode agree it will); at 40 it has outlived every
+    # switch its mode has seen, so the paper's switch at 50 no longer speaks for it.
+    others = learnt(
+        *(
+            finished([(32, 30), (256, 70)], model=model)
+            for model in ("LM", "Transformer", "ResNet-50")
+            for _ in range(10)
+        )
+    )
+
+    (_, before), _ = regimes(predict_population(job(epochs_done=20.0), others))
+    assert 30.0 <= before <= 50.0
+    assert regimes(predict_population(job(epochs_done=40.0), others)) == [(32, 100.0)]
+    unscaled = PopulationParams(mode_hazard=False)
+    assert regimes(predict_population(job(epochs_done=40.0), others, population=unscaled)) == [
+        (32, 50.0),
+        (256, 50.0),
+    ]
+
+
+def test_the_mode_times_an_unseen_model_only_by_the_switches_still_ahead() -> None:
+    # Of three other models, one switches at 30 and two at 70: at 40 epochs two thirds of the
+    # mode's switches are still ahead, and the job keeps a switch. A model with a finished job
+    # of its own is not timed by the mode: past every switch, the paper's rule keeps its whole
+    # weight and ties with the static guess (the paper's even split wins the tie).
+    others = learnt(
+        *(finished([(32, 30), (256, 70)], model="LM") for _ in range(10)),
+        *(
+            finished([(32, 70), (256, 30)], model=model)
+            for model in ("Transformer", "ResNet-50")
+            for _ in range(10)
+        ),
+    )
+
+    kept = regimes(predict_population(job(epochs_done=40.0), others))
+    assert len(kept) == 2 and kept[0][1] > 40.0
+    rare = learnt(
+        finished([(32, 30), (256, 70)]),
+        *(finished([(32, 30), (256, 70)], model="LM") for _ in range(10)),
+    )
+    assert regimes(predict_population(job(epochs_done=40.0), rare)) == [(32, 50.0), (256, 50.0)]
+
+
 # --- GNS: a job that ended is not a job that stopped climbing (issue 19) ----------------------
 
 LM_LADDER = (5, 10, 20, 40, 80)
