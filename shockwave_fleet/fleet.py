@@ -7,8 +7,8 @@ one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an a
 longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
 runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
 started something or owed reports, a second poll at once acknowledges the new attempts (no
-heartbeat; with long polls, only when reports are owed: else the next long poll
-acknowledges them). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
+heartbeat; with long polls the next long poll acknowledges them and carries those reports, and
+only a job's exit is reported in a poll of its own, at once). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
 that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
 an agent whose lease ends then would, so a new round's leases start without a poll interval's
 delay; while a poll answer still names the round that has ended (the driver is materializing
@@ -218,16 +218,20 @@ class Node:
             break
         self.events.append(event)
 
-    def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
+    def end(self, attempt_id: str, report: dict[str, Any] | None, *, at_once: bool = True) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
-        for one whose events were refused: it was fenced, its lease is gone already)."""
+        for one whose events were refused: it was fenced, its lease is gone already).
+        ``at_once``: the node polls at once to deliver it (a job's exit, which frees GPUs the
+        driver may fill); else it rides in the node's next poll (an attempt the server told
+        to stop: the poll that follows the answer carries it)."""
         ended = self.attempts.pop(attempt_id)
         if self.attempt_of.get(ended.job_id) == attempt_id:
             del self.attempt_of[ended.job_id]
         self.ended.add(attempt_id)
         if report is not None:
             self.outbox.append({"attempt_id": attempt_id, **report})
-            self.wake.set()
+            if at_once:
+                self.wake.set()
 
 
 class Fleet:
@@ -264,8 +268,8 @@ class Fleet:
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
         self.wait_s = wait_s
         """Long polls: each poll asks the server to hold its answer up to this long while
-        nothing is new for the node (``wait_s``, ``seen_round``); reports go in polls of their
-        own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
+        nothing is new for the node (``wait_s``, ``seen_round``), carrying the reports owed;
+        a job's exit is reported in a poll of its own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
         self.lease_slack_s = lease_slack_s
         """Wall seconds an attempt trains past its lease's end while no word of an extension
         has come (the real agent's ``lease_slack_s``, scaled by the caller)."""
@@ -338,14 +342,14 @@ class Fleet:
     async def _long_polls(self, here: Node, node: str, stop: asyncio.Event) -> None:
         """The node's loop with long polls: one poll after the other, each held by the server
         up to ``wait_s`` until something is new for the node, so a new round's leases and a
-        mid-round fill start as soon as the driver commits them; the reports owed go at once
-        in polls of their own (:meth:`_reporter`), as an agent reports an exit when it sees
-        it. What a poll's answer started is acknowledged by the next poll, which lists it as
-        running: the reports' poll when some are owed, else the next long poll (the server
-        acknowledges before it holds it, and answers at once when the acknowledgement must
-        wait), so a node that only starts something costs no request of its own at a round
-        boundary. Without an answer (an error) the node waits ``poll_s`` before trying
-        again."""
+        mid-round fill start as soon as the driver commits them. Each long poll carries the
+        reports owed; a job's exit is reported at once in a poll of its own
+        (:meth:`_reporter`), as an agent reports an exit when it sees it. What a poll's answer
+        started is acknowledged by the next long poll, which lists it as running and carries
+        the reports on the attempts that answer stopped (the server applies both before it
+        holds the poll, and answers at once when either must wait), so a round boundary
+        costs a node one request. Without an answer (an error) the node waits ``poll_s``
+        before trying again."""
         assert self.wait_s is not None
         loop = asyncio.get_running_loop()
         reporter = asyncio.create_task(self._reporter(here, stop))
@@ -353,16 +357,8 @@ class Fleet:
         while not stop.is_set():
             started = loop.time()
             beat = started >= next_beat
-            await self._deliver(here)  # what is owed goes first, so the server's view is current
             polling = asyncio.create_task(
-                self._poll(
-                    here,
-                    "poll",
-                    heartbeat=beat,
-                    tokens=True,
-                    wait_s=self.wait_s,
-                    reports=False,
-                )
+                self._poll(here, "poll", heartbeat=beat, tokens=True, wait_s=self.wait_s)
             )
             await _first_of_task(polling, stop)
             if not polling.done():
@@ -377,11 +373,11 @@ class Fleet:
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
             acted = await self._changeover(here, poll)
-            if here.outbox:  # owed at once; the poll that carries them acknowledges too
-                await self._deliver(here)
-            elif acted:
-                continue  # the next long poll lists what started: it acknowledges it
-            elif deferred(poll, here):
+            if acted or here.outbox:
+                # the next long poll lists what started (it acknowledges it) and carries the
+                # reports on what stopped: one request of the node's per boundary
+                continue
+            if deferred(poll, here):
                 # answered at once because something it said must wait (a busy job: the
                 # driver writing a boundary or a fill): send it again, not at once
                 await _first_of(stop, timeout=BUSY_RETRY_S)
@@ -431,14 +427,17 @@ class Fleet:
         heartbeat: bool,
         tokens: bool,
         wait_s: float = 0.0,
-        reports: bool = True,
     ) -> Any:
-        """One ``POST /v1/agent/poll`` with the reports owed (unless not ``reports``); a report
-        answered (applied, refused or unknown) leaves the outbox, one lost with the request
+        """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
+        refused or unknown) leaves the outbox, one lost with the request or answered 503
         stays owed, as do those past the node's cap per poll (the next poll carries them).
         ``wait_s``: a long poll from the round the node last saw."""
-        sent = here.outbox[: here.reports_max] if reports else []
+        sent = here.outbox[: here.reports_max]
         events = here.events[: here.reports_max]
+        # taken out now, not when answered: a long poll carrying them may be held for
+        # seconds, and a report owed meanwhile goes in another poll, never these twice
+        del here.outbox[: len(sent)]
+        del here.events[: len(events)]
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
@@ -454,10 +453,10 @@ class Fleet:
         if here.name is not None:
             body["node"] = here.name
         poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body, held_s=wait_s)
-        if poll is None:
+        if poll is None:  # not answered: owed still, first in line, in their order
+            here.outbox[:0] = sent
+            here.events[:0] = events
             return None
-        del here.outbox[: len(sent)]
-        del here.events[: len(events)]
         # answered 503 (their job was busy): owed still, first in line, in their order
         here.outbox[:0] = [
             report
@@ -573,7 +572,7 @@ class Fleet:
                 if self.restore_guard_s is not None and now < attempt.ends_t:
                     attempt.revoked = True
                     continue
-                here.end(attempt_id, {"state": "checkpointed"})
+                here.end(attempt_id, {"state": "checkpointed"}, at_once=False)
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
                 here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])

@@ -296,15 +296,36 @@ def test_a_changeover_starts_the_new_lease_before_the_stopping_attempt_posts_its
     assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
 
 
-def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_no_reports() -> None:
+def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_the_reports_owed() -> None:
     fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
     node = Node("agent-token", seen_round=7)
-    node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
-    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True, wait_s=0.1, reports=False))
+    owed = {"attempt_id": "a1", "state": "checkpointed"}
+    exited = {"attempt_id": "a2", "state": "exited", "exit_code": 0}
+    node.outbox.append(owed)
+    recorded = fleet._call
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        assert node.outbox == [], "taken out when sent, not when answered"
+        node.outbox.append(exited)  # a job exits while the poll is held
+        return await recorded(*args, **kwargs)
+
+    fleet._call = held  # type: ignore[method-assign]
+    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True, wait_s=0.1))
     (_, _, body) = fleet.calls[0]
     assert body is not None
-    assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [])
-    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}], "still owed"
+    assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [owed])
+    assert node.outbox == [exited], "the exit is owed still, the report sent is not"
+
+
+def test_a_stop_the_server_asked_for_rides_in_the_next_poll_and_an_exit_is_sent_at_once() -> None:
+    jobs = {"j1": job("j1", epochs=100), "j2": job("j2", epochs=100)}
+    fleet, node = RecordingFleet(jobs), Node("agent-token")
+    fleet._reconcile(node, answer([lease("a1", "j1"), lease("a2", "j2")], a1="t1", a2="t2"))
+    fleet._settle(node, answer([lease("a2", "j2")], stop=["a1"]))
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert not node.wake.is_set(), "no poll of its own: the next long poll carries it"
+    node.end("a2", {"state": "exited", "exit_code": 0})
+    assert node.wake.is_set()
 
 
 def test_the_replay_long_polls_wherever_its_own_driver_wakes_the_held_polls(
