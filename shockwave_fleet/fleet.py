@@ -8,13 +8,14 @@ longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), th
 runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
 started something or owed reports, a second poll at once acknowledges the new attempts (no
 heartbeat; with long polls the next long poll acknowledges them and carries those reports, and
-only a job's exit is reported in a poll of its own, at once). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
-that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
-an agent whose lease ends then would, so a new round's leases start without a poll interval's
-delay; while a poll answer still names the round that has ended (the driver is materializing
-the next one), it polls again every ``boundary_retry_s`` for at most one poll interval: the
-real agent polls every second (``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall
-time, and the fleet keeps that pace only where it decides when a new round's leases start.
+only a job's exit is reported in a poll of its own, at once). Extensions need no report: an
+attempt listed in ``running`` is RUNNING. A node that knows the round's end (``round_ends_at``)
+polls again just after it (``boundary_lag_s``), as an agent whose lease ends then would, so a
+new round's leases start without a poll interval's delay; while a poll answer still names the
+round that has ended (the driver is materializing the next one), it polls again every
+``boundary_retry_s`` for at most one poll interval: the real agent polls every second
+(``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall time, and the fleet keeps that
+pace only where it decides when a new round's leases start.
 
 Instead of a process, each attempt "trains" at the job's true pace from the reference
 trajectory, in a coroutine of the node's own (a training process does not wait for its
@@ -269,7 +270,8 @@ class Fleet:
         self.wait_s = wait_s
         """Long polls: each poll asks the server to hold its answer up to this long while
         nothing is new for the node (``wait_s``, ``seen_round``), carrying the reports owed;
-        a job's exit is reported in a poll of its own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
+        a job's exit is reported in a poll of its own, at once. None: plain polls every
+        ``poll_s`` (and the boundary polls)."""
         self.lease_slack_s = lease_slack_s
         """Wall seconds an attempt trains past its lease's end while no word of an extension
         has come (the real agent's ``lease_slack_s``, scaled by the caller)."""
