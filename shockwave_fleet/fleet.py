@@ -374,15 +374,16 @@ class Fleet:
                 next_beat = started + self.heartbeat_s
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
+            busy = deferred(poll, here)  # what it said, before the answer starts anything
             acted = await self._changeover(here, poll)
-            if acted or here.outbox:
-                # the next long poll lists what started (it acknowledges it) and carries the
-                # reports on what stopped: one request of the node's per boundary
-                continue
-            if deferred(poll, here):
+            if busy:
                 # answered at once because something it said must wait (a busy job: the
                 # driver writing a boundary or a fill): send it again, not at once
                 await _first_of(stop, timeout=BUSY_RETRY_S)
+            elif acted or here.outbox:
+                # the next long poll lists what started (it acknowledges it) and carries the
+                # reports on what stopped: one request of the node's per boundary
+                continue
             elif loop.time() - started < self.wait_s / 2:
                 # answered early with nothing to start (a new round that only extends, or a
                 # lease of a job this fleet does not run yet): do not spin on the server
@@ -794,9 +795,10 @@ class Fleet:
 
 def deferred(poll: Mapping[str, Any], here: Node) -> bool:
     """Whether ``poll``'s answer left something ``here`` said for a later poll (its job was
-    busy): an event answered 503, or an attempt the node runs whose lease is not RUNNING yet
-    (its acknowledgement waits). The server answers such a long poll at once."""
-    return any(answer.get("status") == BUSY for answer in poll.get("events", [])) or any(
+    busy): a report or an event answered 503, or an attempt the node runs whose lease is not
+    RUNNING yet (its acknowledgement waits). The server answers such a long poll at once."""
+    answers = [*poll.get("reports", []), *poll.get("events", [])]
+    return any(answer.get("status") == BUSY for answer in answers) or any(
         lease["attempt_id"] in here.attempts and lease.get("state") in ("ISSUED", "STARTED")
         for lease in poll["leases"]
     )

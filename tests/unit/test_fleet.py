@@ -543,3 +543,42 @@ def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_
     assert len(sent_at) >= 3
     assert sent_at[1] - sent_at[0] < BUSY_RETRY_S / 2, "the acknowledgement rides at once"
     assert sent_at[2] - sent_at[1] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
+
+
+def test_reports_a_long_poll_answered_503_are_sent_again_later_not_at_once() -> None:
+    """The next long poll carries the reports on what an answer stopped, with what it started,
+    at once; when the server answers those reports 503 (the driver writing a boundary) they
+    go again after ``BUSY_RETRY_S``, not in a loop as fast as the server answers."""
+    jobs = {"j1": job("j1", epochs=100), "j2": job("j2", epochs=100)}
+    first = answer([lease("a1", "j1", T2)], a1="token-a1")
+    moved = answer([lease("a2", "j2", T2)], a2="token-a2")  # a1 stops, a2 starts
+    busy = {
+        **answer([{**lease("a2", "j2", T2), "state": "RUNNING"}]),
+        "reports": [{"attempt_id": "a1", "status": 503, "stop": False}],
+    }
+    done = {
+        **answer([{**lease("a2", "j2", T2), "state": "RUNNING"}]),
+        "reports": [{"attempt_id": "a1", "status": 200, "stop": True}],
+    }
+    fleet = ScriptedFleet(jobs, [first, moved, busy, done])
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    node = Node("agent-token")
+    asyncio.run(fleet._long_polls(node, "n1", fleet.stop))
+    bodies = [body or {} for _, _, body in fleet.calls]
+    checkpointed = [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert [(b["running"], b["reports"]) for b in bodies[1:4]] == [
+        (["a1"], []),
+        (["a2"], checkpointed),
+        (["a2"], checkpointed),
+    ]
+    assert all(kind == "poll" for kind, _, _ in fleet.calls[:4])
+    assert sent_at[2] - sent_at[1] < BUSY_RETRY_S / 2, "the report rides in the next long poll"
+    assert sent_at[3] - sent_at[2] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
+    assert node.outbox == []
