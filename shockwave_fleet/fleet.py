@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shockwave.domain.backoff import Backoff
 from shockwave.domain.lifecycle import reports_per_poll
 from shockwave.domain.model import Regime
 from shockwave.workloads.workload import SimJob
@@ -309,8 +310,9 @@ class Fleet:
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
         if token == self.admin_token:
             body["node"] = node
+        turned_away = self.backoff()
         while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(turned_away.failure())
         self.registered.add(node)
         training = asyncio.create_task(self._trainer(here, stop))
         if self.wait_s is not None:
@@ -350,11 +352,12 @@ class Fleet:
         started is acknowledged by the next long poll, which lists it as running and carries
         the reports on the attempts that answer stopped (the server applies both before it
         holds the poll, and answers at once when either must wait), so a round boundary
-        costs a node one request. Without an answer (an error) the node waits ``poll_s``
-        before trying again."""
+        costs a node one request. Without an answer (an error, a 503 from a server that
+        shed it) the node tries again after the real agent's backoff (:meth:`backoff`)."""
         assert self.wait_s is not None
         loop = asyncio.get_running_loop()
         reporter = asyncio.create_task(self._reporter(here, stop))
+        turned_away = self.backoff()
         next_beat = 0.0
         while not stop.is_set():
             started = loop.time()
@@ -368,8 +371,9 @@ class Fleet:
                 break
             poll = polling.result()
             if poll is None:
-                await _first_of(stop, timeout=self.poll_s)
+                await _first_of(stop, timeout=turned_away.failure())
                 continue
+            turned_away.reset()
             if beat:
                 next_beat = started + self.heartbeat_s
             here.seen_round = poll["current_round"]
@@ -410,6 +414,13 @@ class Fleet:
         async with here.sending:
             if here.outbox:
                 await self._poll(here, "poll ack", heartbeat=False, tokens=False)
+
+    def backoff(self) -> Backoff:
+        """The delays between a node's failed requests: the real agent's (``agent/loop.py``:
+        from half its poll interval, doubling up to ten of them, with jitter), on ``poll_s``.
+        A fixed pause of ``poll_s`` brought every node a server turned away back in the same
+        second, again and again, and kept an overloaded server overloaded."""
+        return Backoff(base_s=self.poll_s / 2, cap_s=10 * self.poll_s)
 
     def until_boundary_poll(self, round_ends_in: float) -> float:
         """Seconds until the poll for the next round, given that the round a poll answer

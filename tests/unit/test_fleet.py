@@ -5,6 +5,7 @@ its training owes, with the HTTP calls recorded instead of sent."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -582,3 +583,23 @@ def test_reports_a_long_poll_answered_503_are_sent_again_later_not_at_once() -> 
     assert sent_at[2] - sent_at[1] < BUSY_RETRY_S / 2, "the report rides in the next long poll"
     assert sent_at[3] - sent_at[2] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
     assert node.outbox == []
+
+
+def test_a_node_the_server_turns_away_backs_off_as_the_real_agent_does() -> None:
+    """Each failed long poll in a row waits longer (from half the poll interval, doubling,
+    jittered), so the nodes an overloaded server shed do not all come back every second."""
+    fleet = ScriptedFleet({"j1": job("j1")}, [None, None, None, answer([])])
+    fleet.poll_s = 0.02
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)][:3]
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.9 * fleet.poll_s / 4, "at least half of half the poll interval"
+    assert gaps[2] >= 0.9 * fleet.poll_s, "the third failure in a row: at least a poll interval"
