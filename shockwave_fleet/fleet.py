@@ -451,7 +451,6 @@ class Fleet:
         # taken out now, not when answered: a long poll carrying them may be held for
         # seconds, and a report owed meanwhile goes in another poll, never these twice
         del here.outbox[: len(sent)]
-        del here.events[: len(events)]
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
@@ -469,8 +468,8 @@ class Fleet:
         poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body, held_s=wait_s)
         if poll is None:  # not answered: owed still, first in line, in their order
             here.outbox[:0] = sent
-            here.events[:0] = events
             return None
+        del here.events[: len(events)]
         # answered 503 (their job was busy): owed still, first in line, in their order
         here.outbox[:0] = [
             report
