@@ -1,18 +1,16 @@
-"""The /v1/agent API over HTTP (docs/service.md, "Agent endpoints"), and the backoff between
-failed contacts.
+"""The /v1/agent API over HTTP (docs/service.md, "Agent endpoints").
 
 Every call is one request with a short timeout; it never retries on its own, so a call never
 holds the agent loop longer than the timeout. What failed is told apart:
 
 - :class:`ApiUnavailable`: no answer, a timeout, a 5xx or a 429. Transient: the loop keeps
-  every process running and tries again after :class:`Backoff`'s delay.
+  every process running and tries again after :class:`shockwave.domain.backoff.Backoff`'s delay.
 - :class:`ApiRefused`: a 4xx problem. The server answered; ``stop`` says it wants the attempt
   stopped (attempt fencing, a 409 with ``stop: true``).
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -276,23 +274,3 @@ class AgentClient:
         if response.status_code >= 400:
             raise ApiRefused(response.status_code, body)
         return body
-
-
-class Backoff:
-    """Exponential backoff with jitter between failed contacts: the n-th failure in a row
-    waits a random time in [d/2, d], d = min(cap, base * 2**(n-1)); a success resets it."""
-
-    def __init__(self, base_s: float, cap_s: float, rng: random.Random | None = None) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.failures = 0
-        self._rng = rng or random.Random()
-
-    def failure(self) -> float:
-        """Record one more failure; the delay before the next try."""
-        self.failures += 1
-        delay = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 32))
-        return self._rng.uniform(delay / 2, delay)
-
-    def reset(self) -> None:
-        self.failures = 0

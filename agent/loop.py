@@ -41,7 +41,6 @@ from agent.client import (
     AgentApi,
     ApiRefused,
     ApiUnavailable,
-    Backoff,
     Lease,
     LeasePoll,
     Report,
@@ -68,6 +67,7 @@ from agent.state import (
     save,
 )
 from agent.wrap import Watch
+from shockwave.domain.backoff import Backoff
 from shockwave.domain.lifecycle import reports_per_poll
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from shockwave.domain.lifecycle import (
 from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
+from store.db import PLANNED_EACH_TIME
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -133,8 +135,10 @@ _NODE_LEASES = (
     .where(LEASES.c.node_id == bindparam("node"))
     .where(_shown(bindparam("since")))
     .order_by(LEASES.c.round_index, LEASES.c.id)
+    .execution_options(**{PLANNED_EACH_TIME: True})
 )
-"""A node's live leases with their jobs, and its attempts revoked or lost since a round."""
+"""A node's live leases with their jobs, and its attempts revoked or lost since a round
+(planned at each execution, as :data:`_VIEW`)."""
 
 
 def _node_view(node: Any) -> Any:
@@ -161,10 +165,13 @@ def _node_view(node: Any) -> Any:
     )
 
 
-_VIEW = _node_view(NODES)
-"""A node's view (:func:`_node_view`) without a heartbeat."""
-_BEAT_VIEW = _node_view(_BEATEN).add_columns(
-    func.set_config("synchronous_commit", "off", True).label("async_commit")
+_VIEW = _node_view(NODES).execution_options(**{PLANNED_EACH_TIME: True})
+"""A node's view (:func:`_node_view`) without a heartbeat; planned at each execution
+(:data:`store.db.PLANNED_EACH_TIME`: agents poll before the first lease exists)."""
+_BEAT_VIEW = (
+    _node_view(_BEATEN)
+    .add_columns(func.set_config("synchronous_commit", "off", True).label("async_commit"))
+    .execution_options(**{PLANNED_EACH_TIME: True})
 )
 """A READY node's heartbeat and its view in one round trip (Postgres: SQLite has no
 ``UPDATE`` in a ``WITH``), its transaction set not to wait for the WAL's flush at commit
@@ -720,6 +727,31 @@ def _poll_answer(
         events=events,
         tokens=tokens,
     )
+
+
+STAGGER_SHARE = 0.5
+"""The share of the time left before a round is due over which the held polls it wakes are
+spread (:func:`stagger_s`)."""
+STAGGER_WINDOW_S = 10.0
+"""How long before its due time a round may wake the held polls and have them take turns:
+the longest boundary lead the round driver takes."""
+
+
+def stagger_s(node_id: str, due: datetime | None, now: datetime | None = None) -> float:
+    """How long the held poll of ``node_id`` waits before it reads what woke every held poll
+    (a round), due at ``due`` (the end of the round its answer named): its fixed share (a
+    hash of its id) of :data:`STAGGER_SHARE` of the time left until then. A round that the
+    driver commits ahead of its due time (its boundary lead) wakes every held poll at once;
+    taken in turns, their re-reads and the polls that acknowledge what they bring arrive
+    spread over the lead instead of queueing for seconds at each API process, and every
+    node has its leases with half the time left to spare. 0 when no round is due within
+    :data:`STAGGER_WINDOW_S` (a round out late, nodes lost mid-round)."""
+    if due is None:
+        return 0.0
+    left = (due - (now or utcnow())).total_seconds()
+    if not 0 < left <= STAGGER_WINDOW_S:
+        return 0.0
+    return zlib.crc32(node_id.encode()) / 2**32 * STAGGER_SHARE * left
 
 
 def has_news(answer: PollAnswer, data: AgentPoll) -> bool:

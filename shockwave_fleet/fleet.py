@@ -7,14 +7,15 @@ one ``POST /v1/agent/poll`` carrying the reports owed (``checkpointed`` for an a
 longer leased or listed in ``stop``, ``exited 0`` for one whose job is done), the attempts it
 runs, a heartbeat every ``heartbeat_s``, and asking for job tokens for new leases; when it
 started something or owed reports, a second poll at once acknowledges the new attempts (no
-heartbeat; with long polls, only when reports are owed: else the next long poll
-acknowledges them). Extensions need no report: an attempt listed in ``running`` is RUNNING. A node
-that knows the round's end (``round_ends_at``) polls again just after it (``boundary_lag_s``), as
-an agent whose lease ends then would, so a new round's leases start without a poll interval's
-delay; while a poll answer still names the round that has ended (the driver is materializing
-the next one), it polls again every ``boundary_retry_s`` for at most one poll interval: the
-real agent polls every second (``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall
-time, and the fleet keeps that pace only where it decides when a new round's leases start.
+heartbeat; with long polls the next long poll acknowledges them and carries those reports, and
+only a job's exit is reported in a poll of its own, at once). Extensions need no report: an
+attempt listed in ``running`` is RUNNING. A node that knows the round's end (``round_ends_at``)
+polls again just after it (``boundary_lag_s``), as an agent whose lease ends then would, so a
+new round's leases start without a poll interval's delay; while a poll answer still names the
+round that has ended (the driver is materializing the next one), it polls again every
+``boundary_retry_s`` for at most one poll interval: the real agent polls every second
+(``AgentConfig.poll_interval_s``), which at 120x is 8 ms of wall time, and the fleet keeps that
+pace only where it decides when a new round's leases start.
 
 Instead of a process, each attempt "trains" at the job's true pace from the reference
 trajectory, in a coroutine of the node's own (a training process does not wait for its
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shockwave.domain.backoff import Backoff
 from shockwave.domain.lifecycle import reports_per_poll
 from shockwave.domain.model import Regime
 from shockwave.workloads.workload import SimJob
@@ -218,16 +220,20 @@ class Node:
             break
         self.events.append(event)
 
-    def end(self, attempt_id: str, report: dict[str, Any] | None) -> None:
+    def end(self, attempt_id: str, report: dict[str, Any] | None, *, at_once: bool = True) -> None:
         """The attempt's process is gone: never start it again, and owe ``report`` on it (none
-        for one whose events were refused: it was fenced, its lease is gone already)."""
+        for one whose events were refused: it was fenced, its lease is gone already).
+        ``at_once``: the node polls at once to deliver it (a job's exit, which frees GPUs the
+        driver may fill); else it rides in the node's next poll (an attempt the server told
+        to stop: the poll that follows the answer carries it)."""
         ended = self.attempts.pop(attempt_id)
         if self.attempt_of.get(ended.job_id) == attempt_id:
             del self.attempt_of[ended.job_id]
         self.ended.add(attempt_id)
         if report is not None:
             self.outbox.append({"attempt_id": attempt_id, **report})
-            self.wake.set()
+            if at_once:
+                self.wake.set()
 
 
 class Fleet:
@@ -264,8 +270,9 @@ class Fleet:
         """Nodes whose token is this one are acted for by an admin (they name themselves)."""
         self.wait_s = wait_s
         """Long polls: each poll asks the server to hold its answer up to this long while
-        nothing is new for the node (``wait_s``, ``seen_round``); reports go in polls of their
-        own, at once. None: plain polls every ``poll_s`` (and the boundary polls)."""
+        nothing is new for the node (``wait_s``, ``seen_round``), carrying the reports owed;
+        a job's exit is reported in a poll of its own, at once. None: plain polls every
+        ``poll_s`` (and the boundary polls)."""
         self.lease_slack_s = lease_slack_s
         """Wall seconds an attempt trains past its lease's end while no word of an extension
         has come (the real agent's ``lease_slack_s``, scaled by the caller)."""
@@ -303,8 +310,9 @@ class Fleet:
         body = {"gpus": self.nodes[node][1], "hostname": f"{node}.scale", "gpu_type": "v100"}
         if token == self.admin_token:
             body["node"] = node
+        turned_away = self.backoff()
         while await self._call("register", "POST", "/v1/agent/register", token, body) is None:
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(turned_away.failure())
         self.registered.add(node)
         training = asyncio.create_task(self._trainer(here, stop))
         if self.wait_s is not None:
@@ -338,31 +346,24 @@ class Fleet:
     async def _long_polls(self, here: Node, node: str, stop: asyncio.Event) -> None:
         """The node's loop with long polls: one poll after the other, each held by the server
         up to ``wait_s`` until something is new for the node, so a new round's leases and a
-        mid-round fill start as soon as the driver commits them; the reports owed go at once
-        in polls of their own (:meth:`_reporter`), as an agent reports an exit when it sees
-        it. What a poll's answer started is acknowledged by the next poll, which lists it as
-        running: the reports' poll when some are owed, else the next long poll (the server
-        acknowledges before it holds it, and answers at once when the acknowledgement must
-        wait), so a node that only starts something costs no request of its own at a round
-        boundary. Without an answer (an error) the node waits ``poll_s`` before trying
-        again."""
+        mid-round fill start as soon as the driver commits them. Each long poll carries the
+        reports owed; a job's exit is reported at once in a poll of its own
+        (:meth:`_reporter`), as an agent reports an exit when it sees it. What a poll's answer
+        started is acknowledged by the next long poll, which lists it as running and carries
+        the reports on the attempts that answer stopped (the server applies both before it
+        holds the poll, and answers at once when either must wait), so a round boundary
+        costs a node one request. Without an answer (an error, a 503 from a server that
+        shed it) the node tries again after the real agent's backoff (:meth:`backoff`)."""
         assert self.wait_s is not None
         loop = asyncio.get_running_loop()
         reporter = asyncio.create_task(self._reporter(here, stop))
+        turned_away = self.backoff()
         next_beat = 0.0
         while not stop.is_set():
             started = loop.time()
             beat = started >= next_beat
-            await self._deliver(here)  # what is owed goes first, so the server's view is current
             polling = asyncio.create_task(
-                self._poll(
-                    here,
-                    "poll",
-                    heartbeat=beat,
-                    tokens=True,
-                    wait_s=self.wait_s,
-                    reports=False,
-                )
+                self._poll(here, "poll", heartbeat=beat, tokens=True, wait_s=self.wait_s)
             )
             await _first_of_task(polling, stop)
             if not polling.done():
@@ -370,21 +371,23 @@ class Fleet:
                 break
             poll = polling.result()
             if poll is None:
-                await _first_of(stop, timeout=self.poll_s)
+                await _first_of(stop, timeout=turned_away.failure())
                 continue
+            turned_away.reset()
             if beat:
                 next_beat = started + self.heartbeat_s
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
+            busy = deferred(poll, here)  # what it said, before the answer starts anything
             acted = await self._changeover(here, poll)
-            if here.outbox:  # owed at once; the poll that carries them acknowledges too
-                await self._deliver(here)
-            elif acted:
-                continue  # the next long poll lists what started: it acknowledges it
-            elif deferred(poll, here):
+            if busy:
                 # answered at once because something it said must wait (a busy job: the
                 # driver writing a boundary or a fill): send it again, not at once
                 await _first_of(stop, timeout=BUSY_RETRY_S)
+            elif acted or here.outbox:
+                # the next long poll lists what started (it acknowledges it) and carries the
+                # reports on what stopped: one request of the node's per boundary
+                continue
             elif loop.time() - started < self.wait_s / 2:
                 # answered early with nothing to start (a new round that only extends, or a
                 # lease of a job this fleet does not run yet): do not spin on the server
@@ -412,6 +415,13 @@ class Fleet:
             if here.outbox:
                 await self._poll(here, "poll ack", heartbeat=False, tokens=False)
 
+    def backoff(self) -> Backoff:
+        """The delays between a node's failed requests: the real agent's (``agent/loop.py``:
+        from half its poll interval, doubling up to ten of them, with jitter), on ``poll_s``.
+        A fixed pause of ``poll_s`` brought every node a server turned away back in the same
+        second, again and again, and kept an overloaded server overloaded."""
+        return Backoff(base_s=self.poll_s / 2, cap_s=10 * self.poll_s)
+
     def until_boundary_poll(self, round_ends_in: float) -> float:
         """Seconds until the poll for the next round, given that the round a poll answer
         named ends in ``round_ends_in`` seconds (negative: it has ended and the next one is
@@ -431,14 +441,16 @@ class Fleet:
         heartbeat: bool,
         tokens: bool,
         wait_s: float = 0.0,
-        reports: bool = True,
     ) -> Any:
-        """One ``POST /v1/agent/poll`` with the reports owed (unless not ``reports``); a report
-        answered (applied, refused or unknown) leaves the outbox, one lost with the request
+        """One ``POST /v1/agent/poll`` with the reports owed; a report answered (applied,
+        refused or unknown) leaves the outbox, one lost with the request or answered 503
         stays owed, as do those past the node's cap per poll (the next poll carries them).
         ``wait_s``: a long poll from the round the node last saw."""
-        sent = here.outbox[: here.reports_max] if reports else []
+        sent = here.outbox[: here.reports_max]
         events = here.events[: here.reports_max]
+        # taken out now, not when answered: a long poll carrying them may be held for
+        # seconds, and a report owed meanwhile goes in another poll, never these twice
+        del here.outbox[: len(sent)]
         body: dict[str, Any] = {
             "heartbeat": heartbeat,
             "tokens": tokens,
@@ -454,9 +466,9 @@ class Fleet:
         if here.name is not None:
             body["node"] = here.name
         poll = await self._call(kind, "POST", "/v1/agent/poll", here.token, body, held_s=wait_s)
-        if poll is None:
+        if poll is None:  # not answered: owed still, first in line, in their order
+            here.outbox[:0] = sent
             return None
-        del here.outbox[: len(sent)]
         del here.events[: len(events)]
         # answered 503 (their job was busy): owed still, first in line, in their order
         here.outbox[:0] = [
@@ -573,7 +585,7 @@ class Fleet:
                 if self.restore_guard_s is not None and now < attempt.ends_t:
                     attempt.revoked = True
                     continue
-                here.end(attempt_id, {"state": "checkpointed"})
+                here.end(attempt_id, {"state": "checkpointed"}, at_once=False)
             else:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
                 here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
@@ -793,9 +805,10 @@ class Fleet:
 
 def deferred(poll: Mapping[str, Any], here: Node) -> bool:
     """Whether ``poll``'s answer left something ``here`` said for a later poll (its job was
-    busy): an event answered 503, or an attempt the node runs whose lease is not RUNNING yet
-    (its acknowledgement waits). The server answers such a long poll at once."""
-    return any(answer.get("status") == BUSY for answer in poll.get("events", [])) or any(
+    busy): a report or an event answered 503, or an attempt the node runs whose lease is not
+    RUNNING yet (its acknowledgement waits). The server answers such a long poll at once."""
+    answers = [*poll.get("reports", []), *poll.get("events", [])]
+    return any(answer.get("status") == BUSY for answer in answers) or any(
         lease["attempt_id"] in here.attempts and lease.get("state") in ("ISSUED", "STARTED")
         for lease in poll["leases"]
     )

@@ -44,9 +44,32 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     # contend for the GIL and churn overflow connections (each one a new Postgres backend):
     # docs/reliability.md, "Load", measured a boundary burst's worst latency at 620 ms with
     # 10 + 20 overflow and 190 ms with 10 + 0.
-    return create_engine(
+    engine = create_engine(
         url, pool_pre_ping=True, pool_size=10, max_overflow=0, connect_args=connect_args
     )
+    event.listen(engine, "do_execute", _execute)
+    return engine
+
+
+PLANNED_EACH_TIME = "planned_each_time"
+"""An execution option (``statement.execution_options(planned_each_time=True)``): on Postgres
+the statement is never prepared on the server, so it is planned at each execution for the
+tables as they are then. A prepared statement (psycopg prepares one at its fifth execution on
+a connection) keeps the generic plan it got then for the connection's life, until the
+tables' statistics change: a node's view, polled by every agent from its start, is prepared
+while no lease exists yet, and its plan then read every lease the cluster ever issued at
+each poll (a sequential scan) where the index reads the node's few. Statistics would mend it
+only where autovacuum runs; this does not depend on them. For statements whose best plan
+changes as a table grows from nothing; planning them costs a fraction of a millisecond."""
+
+
+def _execute(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+    """The engine's ``do_execute``: a statement with :data:`PLANNED_EACH_TIME` is sent
+    unprepared (whether it was executed here); any other is left to the driver."""
+    if context is None or not context.execution_options.get(PLANNED_EACH_TIME):
+        return False
+    cursor.execute(statement, parameters, prepare=False)
+    return True
 
 
 def sessions(engine: Engine) -> Iterator[Session]:

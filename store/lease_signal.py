@@ -144,6 +144,17 @@ class LeaseSignal:
                 self._waiters.discard(waiter)
         return True
 
+    def everyone_since(self, generation: int) -> bool:
+        """Whether a notification later than ``generation`` concerned every node (a round, or
+        nodes lost: not a fill of a few); true when the remembered scopes do not reach back
+        that far."""
+        with self._lock:
+            if self._generation == generation:
+                return False
+            if not self._recent or self._recent[0][0] > generation + 1:
+                return True
+            return any(g > generation and scope is None for g, scope in self._recent)
+
     def _missed(self, generation: int, node: str | None) -> bool:
         """Whether a notification later than ``generation`` concerned ``node`` (under the
         lock); true when the remembered scopes do not reach back that far."""

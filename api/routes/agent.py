@@ -6,6 +6,7 @@ node). See :mod:`api.agent` for what each one does.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -153,9 +154,12 @@ async def poll(
     round driver (of this process, or of another over the database's notification channel)
     commits a round or a fill (store.lease_signal), and, while no channel feeds the signal, at
     least every ``poll_recheck_s``. While held the request takes no thread, no connection and
-    no admission slot. A long poll that had to defer some of what it said (``defer_busy``: a
-    report or event answered 503, a lease in ``running`` still not RUNNING) is answered at
-    once, not held."""
+    no admission slot. A round out before it is due (the round driver's boundary lead) wakes
+    every held poll at once: each node's re-read waits its turn (:func:`api.agent.stagger_s`),
+    so the answers, and the polls that acknowledge them, come spread over the first half of
+    the time left before the round is due, not in one burst. A long poll that had to defer
+    some of what it said (``defer_busy``: a report or event answered 503, a lease in
+    ``running`` still not RUNNING) is answered at once, not held."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
     seen = signal.generation
@@ -171,6 +175,8 @@ async def poll(
         recheck = left if signal.live else min(left, settings.poll_recheck_s)
         async with admission.released():
             notified = await signal.wait(seen, recheck, node_id)
+            if notified and signal.everyone_since(seen):
+                await asyncio.sleep(agent.stagger_s(node_id, answer.round_ends_at))
         if not notified and deadline - time.monotonic() <= 0:
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation

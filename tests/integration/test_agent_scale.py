@@ -11,16 +11,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event
+from sqlalchemy import bindparam, event, select, text
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from api import agent
+from api.agent import NODES
 from api.agent_schemas import AgentPoll
 from shockwave.domain.lifecycle import reports_per_poll
 from store.principals import Principal, Role
 from store.tables import NodeRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
-from tests.integration.conftest import NODE, Database, Tokens
+from tests.integration.conftest import NODE, Database, Tokens, migrated_postgres
 from tests.integration.driving import agent_token, driver_on, leases, now, register, submit
 
 GHOST = "0b5c3a4e-0000-4000-8000-{:012d}"
@@ -309,3 +311,21 @@ def test_a_polls_events_cost_one_read_one_insert_and_one_update_for_all(
         for job in jobs
     }
     assert done == {job: (2 if job == jobs[0] else 1) for job in jobs}, done
+
+
+def test_a_nodes_view_is_planned_at_each_poll_never_kept_from_before_its_first_lease(
+    postgres_server: Engine,
+) -> None:
+    """psycopg prepares a statement at its fifth execution on a connection, and Postgres keeps
+    the plan it made then: a node's view prepared while no lease existed read every lease at
+    each later poll. The view is sent unprepared; an ordinary statement still is prepared."""
+    with migrated_postgres(postgres_server) as database, database.engine.connect() as connection:
+        ordinary = select(NODES.c.id).where(NODES.c.id == bindparam("node"))
+        for _ in range(8):
+            connection.execute(agent._VIEW, {"node": NODE}).all()
+            connection.execute(agent._NODE_LEASES, {"node": NODE, "since": 0}).all()
+            connection.execute(ordinary, {"node": NODE}).all()
+        prepared = connection.execute(text("SELECT statement FROM pg_prepared_statements"))
+        statements = [row.statement for row in prepared]
+    assert any(s.startswith("SELECT nodes.id") and "FROM nodes" in s for s in statements)
+    assert not [s for s in statements if "leases" in s], statements

@@ -26,7 +26,6 @@ from agent import wrap
 from agent.client import (
     AgentClient,
     ApiUnavailable,
-    Backoff,
     Lease,
     LeasePoll,
     Report,
@@ -47,6 +46,7 @@ from agent.runtime import (
 )
 from agent.state import load
 from api.schemas import JobCreate
+from shockwave.domain.backoff import Backoff
 
 GRACE_S = 10.0
 SLACK_S = 3.0

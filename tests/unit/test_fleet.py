@@ -5,6 +5,7 @@ its training owes, with the HTTP calls recorded instead of sent."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -296,15 +297,36 @@ def test_a_changeover_starts_the_new_lease_before_the_stopping_attempt_posts_its
     assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
 
 
-def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_no_reports() -> None:
+def test_a_long_poll_names_its_wait_and_the_round_it_saw_and_carries_the_reports_owed() -> None:
     fleet = RecordingFleet({"j1": job("j1")}, answer=answer([]))
     node = Node("agent-token", seen_round=7)
-    node.outbox.append({"attempt_id": "a1", "state": "checkpointed"})
-    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True, wait_s=0.1, reports=False))
+    owed = {"attempt_id": "a1", "state": "checkpointed"}
+    exited = {"attempt_id": "a2", "state": "exited", "exit_code": 0}
+    node.outbox.append(owed)
+    recorded = fleet._call
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        assert node.outbox == [], "taken out when sent, not when answered"
+        node.outbox.append(exited)  # a job exits while the poll is held
+        return await recorded(*args, **kwargs)
+
+    fleet._call = held  # type: ignore[method-assign]
+    asyncio.run(fleet._poll(node, "poll", heartbeat=True, tokens=True, wait_s=0.1))
     (_, _, body) = fleet.calls[0]
     assert body is not None
-    assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [])
-    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}], "still owed"
+    assert (body["wait_s"], body["seen_round"], body["reports"]) == (0.1, 7, [owed])
+    assert node.outbox == [exited], "the exit is owed still, the report sent is not"
+
+
+def test_a_stop_the_server_asked_for_rides_in_the_next_poll_and_an_exit_is_sent_at_once() -> None:
+    jobs = {"j1": job("j1", epochs=100), "j2": job("j2", epochs=100)}
+    fleet, node = RecordingFleet(jobs), Node("agent-token")
+    fleet._reconcile(node, answer([lease("a1", "j1"), lease("a2", "j2")], a1="t1", a2="t2"))
+    fleet._settle(node, answer([lease("a2", "j2")], stop=["a1"]))
+    assert node.outbox == [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert not node.wake.is_set(), "no poll of its own: the next long poll carries it"
+    node.end("a2", {"state": "exited", "exit_code": 0})
+    assert node.wake.is_set()
 
 
 def test_the_replay_long_polls_wherever_its_own_driver_wakes_the_held_polls(
@@ -522,3 +544,62 @@ def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_
     assert len(sent_at) >= 3
     assert sent_at[1] - sent_at[0] < BUSY_RETRY_S / 2, "the acknowledgement rides at once"
     assert sent_at[2] - sent_at[1] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
+
+
+def test_reports_a_long_poll_answered_503_are_sent_again_later_not_at_once() -> None:
+    """The next long poll carries the reports on what an answer stopped, with what it started,
+    at once; when the server answers those reports 503 (the driver writing a boundary) they
+    go again after ``BUSY_RETRY_S``, not in a loop as fast as the server answers."""
+    jobs = {"j1": job("j1", epochs=100), "j2": job("j2", epochs=100)}
+    first = answer([lease("a1", "j1", T2)], a1="token-a1")
+    moved = answer([lease("a2", "j2", T2)], a2="token-a2")  # a1 stops, a2 starts
+    busy = {
+        **answer([{**lease("a2", "j2", T2), "state": "RUNNING"}]),
+        "reports": [{"attempt_id": "a1", "status": 503, "stop": False}],
+    }
+    done = {
+        **answer([{**lease("a2", "j2", T2), "state": "RUNNING"}]),
+        "reports": [{"attempt_id": "a1", "status": 200, "stop": True}],
+    }
+    fleet = ScriptedFleet(jobs, [first, moved, busy, done])
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    node = Node("agent-token")
+    asyncio.run(fleet._long_polls(node, "n1", fleet.stop))
+    bodies = [body or {} for _, _, body in fleet.calls]
+    checkpointed = [{"attempt_id": "a1", "state": "checkpointed"}]
+    assert [(b["running"], b["reports"]) for b in bodies[1:4]] == [
+        (["a1"], []),
+        (["a2"], checkpointed),
+        (["a2"], checkpointed),
+    ]
+    assert all(kind == "poll" for kind, _, _ in fleet.calls[:4])
+    assert sent_at[2] - sent_at[1] < BUSY_RETRY_S / 2, "the report rides in the next long poll"
+    assert sent_at[3] - sent_at[2] >= BUSY_RETRY_S * 0.9, "then again after the busy retry"
+    assert node.outbox == []
+
+
+def test_a_node_the_server_turns_away_backs_off_as_the_real_agent_does() -> None:
+    """Each failed long poll in a row waits longer (from half the poll interval, doubling,
+    jittered), so the nodes an overloaded server shed do not all come back every second."""
+    fleet = ScriptedFleet({"j1": job("j1")}, [None, None, None, answer([])])
+    fleet.poll_s = 0.02
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)][:3]
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.9 * fleet.poll_s / 4, "at least half of half the poll interval"
+    assert gaps[2] >= 0.9 * fleet.poll_s, "the third failure in a row: at least a poll interval"

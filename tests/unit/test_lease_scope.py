@@ -55,3 +55,17 @@ def test_payloads_name_the_nodes_or_everyone() -> None:
     assert payload_of(None) == payload_of(()) == ""
     assert scope_of("") is None
     assert payload_of(tuple(f"node-{i:05d}" for i in range(1000))) == ""
+
+
+def test_whether_a_notification_since_a_look_concerned_every_node() -> None:
+    signal = LeaseSignal()
+    seen = signal.generation
+    assert not signal.everyone_since(seen), "nothing since"
+    signal.notify("node-a")
+    assert not signal.everyone_since(seen), "a fill of one node"
+    signal.notify()
+    assert signal.everyone_since(seen)
+    assert not signal.everyone_since(signal.generation)
+    for _ in range(RECENT + 1):
+        signal.notify("node-a")
+    assert signal.everyone_since(seen), "too far behind to tell: taken for every node"
