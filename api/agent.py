@@ -49,7 +49,6 @@ from shockwave.domain.lifecycle import (
 from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
-from store.db import PLANNED_EACH_TIME
 from store.errors import Conflict, InvalidInput, NotFound
 from store.jobs import record_state
 from store.leases import (
@@ -135,10 +134,8 @@ _NODE_LEASES = (
     .where(LEASES.c.node_id == bindparam("node"))
     .where(_shown(bindparam("since")))
     .order_by(LEASES.c.round_index, LEASES.c.id)
-    .execution_options(**{PLANNED_EACH_TIME: True})
 )
-"""A node's live leases with their jobs, and its attempts revoked or lost since a round
-(planned at each execution, as :data:`_VIEW`)."""
+"""A node's live leases with their jobs, and its attempts revoked or lost since a round."""
 
 
 def _node_view(node: Any) -> Any:
@@ -165,13 +162,10 @@ def _node_view(node: Any) -> Any:
     )
 
 
-_VIEW = _node_view(NODES).execution_options(**{PLANNED_EACH_TIME: True})
-"""A node's view (:func:`_node_view`) without a heartbeat; planned at each execution
-(:data:`store.db.PLANNED_EACH_TIME`: agents poll before the first lease exists)."""
-_BEAT_VIEW = (
-    _node_view(_BEATEN)
-    .add_columns(func.set_config("synchronous_commit", "off", True).label("async_commit"))
-    .execution_options(**{PLANNED_EACH_TIME: True})
+_VIEW = _node_view(NODES)
+"""A node's view (:func:`_node_view`) without a heartbeat."""
+_BEAT_VIEW = _node_view(_BEATEN).add_columns(
+    func.set_config("synchronous_commit", "off", True).label("async_commit")
 )
 """A READY node's heartbeat and its view in one round trip (Postgres: SQLite has no
 ``UPDATE`` in a ``WITH``), its transaction set not to wait for the WAL's flush at commit

@@ -34,11 +34,20 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    connect_args: dict[str, str] = {}
+    # Every statement is planned at each execution for the tables as they are then
+    # (plan_cache_mode=force_custom_plan): psycopg prepares a statement at its fifth execution on
+    # a connection, and Postgres would keep the generic plan it chose then, until the tables'
+    # statistics change. A node's view, polled by every agent from its start, is prepared while
+    # no lease exists yet; kept, its plan read every lease the cluster ever issued at each poll
+    # (a sequential scan) where the index reads the node's few, and the token lookups read every
+    # token ever minted. Statistics would mend it only where autovacuum runs; this does not
+    # depend on them, and planning costs a fraction of a millisecond (the parse is still saved).
+    options = ["-cplan_cache_mode=force_custom_plan"]
     if schema is not None:
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(f"not a plain schema name: {schema!r}")
-        connect_args["options"] = f"-csearch_path={schema}"
+        options.append(f"-csearch_path={schema}")
+    connect_args = {"options": " ".join(options)}
     # Ten connections and no overflow: the API admits as many requests at once as its pool
     # holds (api.admission), and on a busy machine more requests in progress at once only
     # contend for the GIL and churn overflow connections (each one a new Postgres backend):
@@ -47,29 +56,7 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     engine = create_engine(
         url, pool_pre_ping=True, pool_size=10, max_overflow=0, connect_args=connect_args
     )
-    event.listen(engine, "do_execute", _execute)
     return engine
-
-
-PLANNED_EACH_TIME = "planned_each_time"
-"""An execution option (``statement.execution_options(planned_each_time=True)``): on Postgres
-the statement is never prepared on the server, so it is planned at each execution for the
-tables as they are then. A prepared statement (psycopg prepares one at its fifth execution on
-a connection) keeps the generic plan it got then for the connection's life, until the
-tables' statistics change: a node's view, polled by every agent from its start, is prepared
-while no lease exists yet, and its plan then read every lease the cluster ever issued at
-each poll (a sequential scan) where the index reads the node's few. Statistics would mend it
-only where autovacuum runs; this does not depend on them. For statements whose best plan
-changes as a table grows from nothing; planning them costs a fraction of a millisecond."""
-
-
-def _execute(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
-    """The engine's ``do_execute``: a statement with :data:`PLANNED_EACH_TIME` is sent
-    unprepared (whether it was executed here); any other is left to the driver."""
-    if context is None or not context.execution_options.get(PLANNED_EACH_TIME):
-        return False
-    cursor.execute(statement, parameters, prepare=False)
-    return True
 
 
 def sessions(engine: Engine) -> Iterator[Session]:

@@ -19,18 +19,11 @@ from typing import TypedDict
 from sqlmodel import Session, col, select, update
 from typing_extensions import Unpack
 
-from store.db import PLANNED_EACH_TIME
 from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason
 from store.paging import MALFORMED, cut, page_key
 from store.principals import Principal, Role
 from store.tables import INT4_MAX, TokenRow, utcnow
-
-_PLANNED = {PLANNED_EACH_TIME: True}
-"""The lookups of the hot path (every request's token, every poll's new attempts) are planned
-at each execution (:data:`store.db.PLANNED_EACH_TIME`): the table grows from the few tokens
-made at setup to one per attempt ever run, and a plan kept from when it was small reads all
-of it."""
 
 
 def new_token() -> str:
@@ -111,10 +104,7 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
     A token found is stamped ``last_used_at`` (committed at once, apart from the caller's
     work)."""
     now = now or utcnow()
-    # planned at each lookup: the table grows from a few tokens to one per attempt ever run
-    row = session.exec(
-        select(TokenRow).where(TokenRow.token_hash == digest).execution_options(**_PLANNED)
-    ).first()
+    row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None or row.revoked_at is not None:
         return None
     if row.expires_at is not None and row.expires_at <= now:
@@ -131,12 +121,7 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
         fenced=fenced,
     )
     # built before the commit, which expires the row: reading it after cost a second query
-    session.exec(
-        update(TokenRow)
-        .where(col(TokenRow.id) == row.id)
-        .values(last_used_at=now)
-        .execution_options(**_PLANNED)
-    )
+    session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
     session.commit()
     return principal
 
@@ -146,9 +131,9 @@ def attempts_with_tokens(session: Session, attempt_ids: Sequence[str]) -> set[st
     if not attempt_ids:
         return set()
     rows = session.exec(
-        select(TokenRow.attempt_id)
-        .where(col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None))
-        .execution_options(**_PLANNED)
+        select(TokenRow.attempt_id).where(
+            col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None)
+        )
     ).all()
     return {row for row in rows if row is not None}
 
@@ -162,7 +147,6 @@ def revoke_attempt_tokens(session: Session, attempt_ids: Sequence[str]) -> None:
                 col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None)
             )
             .values(revoked_at=utcnow())
-            .execution_options(**_PLANNED)
         )
 
 
