@@ -396,12 +396,12 @@ class ObjectiveTerms:
                         self.path_of(j),
                         window_s,
                         self.round_seconds,
-                        int(c),
+                        c,
                         params.path_slack,
                     ),
-                    min(int(c), int(j.probe)),
+                    min(c, int(j.probe)),
                 )
-                for j, c in zip(jobs, caps, strict=True)
+                for j, c in zip(jobs, caps.tolist(), strict=True)
             ],
             dtype=np.int64,
         )

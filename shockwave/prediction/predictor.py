@@ -253,6 +253,24 @@ def predict_greedy(
     )
 
 
+def greedy_remaining_seconds(
+    job: ActiveJob,
+    params: PredictorParams | None = None,
+    throughput: ThroughputModel | None = None,
+) -> float:
+    """:func:`predict_greedy`'s ``remaining_seconds``, the same float, without building the
+    prediction (the policy asks it of every job it looks at): the epochs left of the job at its
+    latest batch size, times that size's epoch time. Only that epoch time is asked of
+    ``throughput`` (the finished regimes' do not count in what is left)."""
+    params = params or PredictorParams()
+    finished = sum(float(r.epochs) for r in job.progress.observed_regimes)
+    # the operations of remaining_regimes on the greedy trajectory, in its order
+    left = max(0.0, finished + (job.spec.epochs - finished) - job.progress.epochs_done)
+    if left <= 0:
+        return 0.0
+    return left * epoch_seconds(job, job.progress.batch_size, params, throughput)
+
+
 _OWN_KNOWLEDGE = ThroughputModel({})
 """A throughput model with no rates measured by other jobs: a job's own measurements and
 declarations only."""

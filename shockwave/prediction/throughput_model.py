@@ -41,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from shockwave.domain.memo import IdentityMemo
+from shockwave.domain.model import JobSpec
 from shockwave.domain.population import (
     EMPTY_PRIOR,
     DeclarationErrors,
@@ -150,21 +151,17 @@ class ThroughputModel:
             k: s.samples_per_second * s.jobs for k, s in prior.rates.items()
         }
         counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
-        declarations = prior.declarations
+        errors, sum_sq = prior.declarations.count, prior.declarations.sum_sq
         active_logs: dict[RateKey, list[float]] = defaultdict(list)
         for job in jobs:
-            declarations = declarations.add(
-                declaration_pairs(job.spec, job.progress.measured_epoch_seconds)
-            )
-            if not job.spec.model:
-                continue
-            for batch_size, seconds in job.progress.measured_epoch_seconds.items():
-                if seconds > 0 and math.isfinite(seconds):
-                    key = (job.spec.model, job.spec.gpus, batch_size)
-                    rate = job.spec.samples_per_epoch / seconds
-                    sums[key] = sums.get(key, 0.0) + rate
-                    counts[key] = counts.get(key, 0) + 1
-                    active_logs[key].append(math.log(rate))
+            # the sums in the order DeclarationErrors.add takes them, job by job
+            count, squares, measured = _measured_rates(job)
+            errors, sum_sq = errors + count, sum_sq + squares
+            for key, rate, log_rate in measured:
+                sums[key] = sums.get(key, 0.0) + rate
+                counts[key] = counts.get(key, 0) + 1
+                active_logs[key].append(log_rate)
+        declarations = DeclarationErrors(errors, sum_sq)
         rates = {k: sums[k] / counts[k] for k in sums if counts[k]}
         speed = _speed_variance(active_logs)
         # the same measurements give the same model object, so the predictions made with it
@@ -306,6 +303,36 @@ def answers_alike(model: ThroughputModel, job: ActiveJob, reads: Sequence[Read])
 
 _MODELS: IdentityMemo[ThroughputModel] = IdentityMemo(limit=64)
 """Models by (params, rates, declaration errors): :meth:`ThroughputModel.build`."""
+
+
+_JobRates = tuple[int, float, tuple[tuple[RateKey, float, float], ...]]
+
+
+def _measured_rates(job: ActiveJob) -> _JobRates:
+    """What one active job adds to :meth:`ThroughputModel.build`: the number of its
+    (declared, measured) pairs and the sum of their squared log ratios
+    (:meth:`DeclarationErrors.add`'s terms), and (key, rate, log rate) of each epoch time it
+    measured, in its order (none for a job without a model). Memoized per (spec, measured
+    times): a job's measurements change when it reaches a new batch size, not every round."""
+    measured = job.progress.measured_epoch_seconds
+    return _JOB_RATES.get(
+        (job.spec,), tuple(measured.items()), lambda: _job_rates(job.spec, measured)
+    )
+
+
+def _job_rates(spec: JobSpec, measured: Mapping[int, float]) -> _JobRates:
+    errors = [math.log(d / m) ** 2 for d, m in declaration_pairs(spec, measured) if d > 0 and m > 0]
+    rates: list[tuple[RateKey, float, float]] = []
+    if spec.model:
+        for batch_size, seconds in measured.items():
+            if seconds > 0 and math.isfinite(seconds):
+                rate = spec.samples_per_epoch / seconds
+                rates.append(((spec.model, spec.gpus, batch_size), rate, math.log(rate)))
+    return len(errors), sum(errors), tuple(rates)
+
+
+_JOB_RATES: IdentityMemo[_JobRates] = IdentityMemo(limit=50_000)
+"""Per (spec, measured epoch times): :func:`_measured_rates`."""
 
 
 def declared_or_blend(

@@ -17,6 +17,7 @@ from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
     batch_size_pattern,
+    greedy_remaining_seconds,
     predict,
     predict_from_truth,
     predict_greedy,
@@ -485,3 +486,22 @@ def test_predict_greedy_uses_the_current_epoch_time(
     assert_regimes(prediction, expected)
     assert prediction.current == len(job.progress.observed_regimes)
     assert prediction.remaining_seconds == pytest.approx(remaining)
+
+
+@pytest.mark.parametrize("done", [0.0, 10.0, 33.3, 99.99999, 100.0])
+@pytest.mark.parametrize("observed", [[], [(32, 10)], [(32, 7), (256, 3)]])
+def test_greedy_remaining_seconds_is_predict_greedys_float(
+    done: float, observed: list[tuple[int, int]]
+) -> None:
+    # the policy reads this of every job it looks at: it must be the very float, not close
+    done = max(done, float(sum(e for _, e in observed)))
+    job = adaptive_job(
+        mode=ACCORDION,
+        initial=32,
+        batch_sizes=(32, 256),
+        observed=observed,
+        batch_size=256 if len(observed) % 2 else 32,
+        epochs_done=done,
+        measured={32: 2.0 / 3.0, 256: 0.1},
+    )
+    assert greedy_remaining_seconds(job) == predict_greedy(job).remaining_seconds

@@ -8,7 +8,12 @@ import math
 import pytest
 
 from shockwave.domain.model import AdaptationMode
-from shockwave.domain.population import EMPTY_PRIOR, FinishedJob, PopulationPrior
+from shockwave.domain.population import (
+    EMPTY_PRIOR,
+    FinishedJob,
+    PopulationPrior,
+    declaration_pairs,
+)
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.prediction.throughput_model import ThroughputModel, ThroughputModelParams
 from shockwave.workloads.throughput_knowledge import ThroughputKnowledge, apply_knowledge
@@ -157,6 +162,32 @@ def test_build_merges_finished_and_running_jobs_measurements() -> None:
     assert model.rates[("ResNet-18", 1, 32)] == pytest.approx((100.0 + 200.0) / 2)
     assert model.rates[("ResNet-18", 1, 64)] == pytest.approx(250.0)
     assert ThroughputModel.build(EMPTY_PRIOR).rates == {}
+
+
+def test_build_sums_declaration_errors_as_adding_each_job_does() -> None:
+    # the model's declaration errors are the prior's with each active job's pairs added in turn
+    done = FinishedJob(job().spec, (), {32: 10.0})
+    prior = PopulationPrior().learn(done)
+    declared = {32: 9.0, 64: 4.5}
+    jobs = [
+        job(measured={32: 5.0, 64: 4.0}, profile=declared),
+        job(measured={}, profile=declared),
+        job(measured={32: 3.3}, profile=declared),
+    ]
+    expected = prior.declarations
+    for active in jobs:
+        expected = expected.add(
+            declaration_pairs(active.spec, active.progress.measured_epoch_seconds)
+        )
+
+    model = ThroughputModel.build(prior, jobs)
+    again = ThroughputModel.build(prior, jobs)
+
+    assert expected.count == 3
+    assert model.declaration_variance == (model.params.declaration_variance + expected.sum_sq) / (
+        1 + expected.count
+    )
+    assert again is model, "the same measurements give the same model"
 
 
 # --- what users declare ---------------------------------------------------------------------

@@ -69,8 +69,8 @@ from shockwave.prediction.population_predictor import (
 from shockwave.prediction.predictor import (
     Prediction,
     PredictorParams,
+    greedy_remaining_seconds,
     predict_from_truth,
-    predict_greedy,
 )
 from shockwave.prediction.regime_predictors import (
     DEFAULT_REGIME_PREDICTOR,
@@ -502,12 +502,18 @@ class _PredictionMemo:
                     seen.job, seen.prior, seen.rates = job, prior, rates
                     return seen.value
                 recording = RecordingModel(rates)
-                prediction = replace(seen.value[0], epochs_done=job.progress.epochs_done)
+                was = seen.value[0]
+                prediction = Prediction(
+                    was.regimes, was.current, job.progress.epochs_done, was.total_epochs
+                )
                 value = _estimates(job, prediction, params, recording, speed)
                 trajectory = seen.rates_read[: seen.trajectory_reads]
                 computed = (value, seen.stage, len(trajectory))
                 reads = (*trajectory, *recording.reads)
-                self._store(key, seen, job, progress, prior, rates, computed, reads)
+                # the prior gives the job the very groups the entry read (_same_inputs)
+                self._store(
+                    key, seen, job, progress, prior, rates, computed, reads, seen.prior_read
+                )
                 return value
         recording = RecordingModel(rates)
         computed = compute(recording)
@@ -548,9 +554,11 @@ class _PredictionMemo:
         rates: ThroughputModel,
         computed: _Computed,
         reads: Sequence[Read],
+        read: tuple[object, ...] | None = None,
     ) -> None:
         """Keep ``computed`` for ``job`` with the model's answers ``reads`` it was made from,
-        the trajectory's first; spec, params, population knobs and speed as ``basis``'s."""
+        the trajectory's first; spec, params, population knobs and speed as ``basis``'s;
+        ``read``: the groups of ``prior`` it read, where known (None: asked of ``prior``)."""
         value, stage, trajectory_reads = computed
         params, population = basis.params, basis.population
         entry = _Seen(
@@ -560,7 +568,7 @@ class _PredictionMemo:
             progress,
             basis.speed,
             prior,
-            prior_read(params.regime_predictor, prior, job, population),
+            prior_read(params.regime_predictor, prior, job, population) if read is None else read,
             rates,
             reads,
             value,
@@ -624,9 +632,7 @@ def _estimates(
     done = prediction.total_seconds - left
     total = done / speed + remaining
     cautious = (
-        predict_greedy(job, params.predictor, rates).remaining_seconds
-        * factor
-        * rates.unseen_factor(job)
+        greedy_remaining_seconds(job, params.predictor, rates) * factor * rates.unseen_factor(job)
     )
     soonest = _soonest_remaining(prediction) * factor
     return prediction, remaining, total, factor, cautious, soonest
