@@ -224,6 +224,7 @@ def simulate_command(
     oracle: knobs.Oracle = False,
     prediction_error: knobs.PredictionError = None,
     predictor: knobs.RegimePredictorOption = None,
+    forecast_contention: knobs.ForecastContention = False,
     throughput_knowledge: knobs.ThroughputKnowledgeOption = "declared",
     variation: knobs.VariationOption = "none",
     elastic: Annotated[
@@ -273,6 +274,7 @@ def simulate_command(
         oracle=oracle,
         prediction_error=prediction_error,
         predictor=predictor,
+        forecast_contention=forecast_contention,
     )
     try:
         knowledge = knobs.parse_knowledge(throughput_knowledge)

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def finish_time_fairness(
@@ -46,6 +46,45 @@ def lifetime_contention(
     if total_rounds <= 0:
         return max(1.0, current)
     return max(1.0, (contention_sum + max(1.0, current) * ahead) / total_rounds)
+
+
+def forecast_contention(
+    past: Sequence[tuple[float, int]],
+    remaining_s: Sequence[float],
+    total_gpus: int,
+    round_s: float,
+) -> list[float]:
+    """Each present job's N over its whole life, its future forecast: (its contention summed
+    over its rounds so far + the jobs per GPU summed over the rounds it has left) / (its rounds
+    so far + the rounds it has left), at least 1. ``past``: each job's (contention sum, rounds);
+    ``remaining_s``: its predicted remaining run time, in the same order.
+
+    The forecast lets the jobs present share the cluster equally from now on with no arrival:
+    with n jobs each runs at min(1, G/n) of its exclusive speed, so the shortest remainders end
+    first, the jobs left speed up and the jobs per GPU fall as they end. Where contention is
+    about to fall (the end of a burst of arrivals) a long job's life runs on into the quiet
+    that follows, which the mean of its past alone does not see and finish-time fairness by
+    its own contention does; where jobs keep arriving the forecast is low, and the next
+    decisions count them as they come."""
+    if len(past) != len(remaining_s):
+        raise ValueError("past and remaining_s must have one entry per job")
+    gpus = max(1, total_gpus)
+    length = max(round_s, 1e-9)
+    order = sorted(range(len(remaining_s)), key=lambda i: max(0.0, remaining_s[i]))
+    forecast = [1.0] * len(remaining_s)
+    clock = integral = done = 0.0
+    for k, i in enumerate(order):
+        present = len(order) - k
+        left = max(0.0, remaining_s[i])
+        step = (left - done) / min(1.0, gpus / present)
+        clock += step
+        integral += step * present / gpus
+        done = left
+        total, rounds = past[i]
+        span = rounds + clock / length
+        if span > 0:
+            forecast[i] = max(1.0, (total + integral / length) / span)
+    return forecast
 
 
 def contention_factor(active_jobs: int, total_gpus: int) -> float:

@@ -116,6 +116,14 @@ Oracle = Annotated[
         help="Shockwave: predict from the true trajectories (measures what prediction costs).",
     ),
 ]
+ForecastContention = Annotated[
+    bool,
+    typer.Option(
+        "--forecast-contention",
+        help="Shockwave: fairness by each job's contention over its whole life, the rest of it "
+        "forecast from the jobs present (off: the contention it has seen; docs/policy.md).",
+    ),
+]
 PredictionError = Annotated[
     float | None,
     typer.Option(
@@ -170,7 +178,8 @@ def parse_knowledge(text: str) -> ThroughputKnowledge:
 
 @dataclass(frozen=True, slots=True)
 class ShockwaveKnobs:
-    """What the user passed for each knob; None (or False for ``oracle``): not passed."""
+    """What the user passed for each knob; None (or False for the flags ``oracle`` and
+    ``forecast_contention``): not passed."""
 
     window_rounds: int | None = None
     makespan_weight: float | None = None
@@ -188,6 +197,7 @@ class ShockwaveKnobs:
     oracle: bool = False
     prediction_error: float | None = None
     predictor: str | None = None
+    forecast_contention: bool = False
 
     def given(self) -> list[str]:
         """The options the user passed, as flags (``--window-rounds``), in declaration order."""
@@ -285,6 +295,8 @@ def apply_knobs(
         params = replace(params, elastic_replan=None)
     if knobs.oracle:
         params = replace(params, oracle=True)
+    if knobs.forecast_contention:
+        params = replace(params, forecast_contention=True)
     if seed is not None:
         params = replace(params, error_seed=seed)
     return params

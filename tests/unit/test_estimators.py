@@ -7,6 +7,7 @@ import pytest
 from shockwave.market.estimators import (
     contention_factor,
     finish_time_fairness,
+    forecast_contention,
     lifetime_contention,
     makespan_lower_bound,
 )
@@ -80,3 +81,23 @@ def test_lifetime_contention_counts_the_rounds_still_to_run_at_todays_contention
     assert lifetime_contention(30.0, 10, 3.0, 10.0) == 3.0  # unchanged contention: the mean
     assert lifetime_contention(30.0, 10, 1.0, 0.0) == 3.0  # nothing left to run: the past
     assert lifetime_contention(0.0, 0, 0.5, 0.0) == 1.0  # floored at 1
+
+
+def test_forecast_contention_lets_the_jobs_present_share_the_cluster_until_each_ends() -> None:
+    # 3 jobs on 2 GPUs, rounds of 100 s, no past: each runs at 2/3 until the 100 s job ends
+    # (150 s at 1.5 jobs per GPU), the two left at full speed for 100 s (1.0), the last
+    # alone for 100 s (0.5)
+    forecast = forecast_contention([(0.0, 0)] * 3, [200.0, 100.0, 300.0], 2, 100.0)
+    assert forecast == pytest.approx([325.0 / 250.0, 1.5, 375.0 / 350.0])
+
+
+def test_forecast_contention_weighs_the_past_by_its_rounds() -> None:
+    # 10 rounds at 3 so far, then alone on 1 GPU for 10 rounds: (30 + 10) / 20
+    assert forecast_contention([(30.0, 10)], [1_000.0], 1, 100.0) == [2.0]
+    # a job with nothing left keeps the mean of its past; fewer jobs than GPUs floor at 1
+    assert forecast_contention([(30.0, 10), (0.0, 0)], [0.0, 500.0], 8, 100.0) == [3.0, 1.0]
+
+
+def test_forecast_contention_needs_a_past_per_job() -> None:
+    with pytest.raises(ValueError, match="one entry per job"):
+        forecast_contention([(0.0, 0)], [1.0, 2.0], 1, 100.0)

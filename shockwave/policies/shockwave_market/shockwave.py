@@ -48,7 +48,12 @@ from shockwave.domain.tenancy import (
     share_round,
 )
 from shockwave.market.elastic import ElasticPlan, ElasticPlanJob, plan_elastic
-from shockwave.market.estimators import contention_factor, finish_time_fairness, lifetime_contention
+from shockwave.market.estimators import (
+    contention_factor,
+    finish_time_fairness,
+    forecast_contention,
+    lifetime_contention,
+)
 from shockwave.market.heterogeneity import mean_speed
 from shockwave.market.planner import (
     Plan,
@@ -115,6 +120,10 @@ class ShockwaveParams:
     least this often. ``restart_overhead_s``: what the planner expects a start or resume to cost.
     ``deadline_contention``: N in each job's fairness deadline arrival + N P_hat; None (default)
     uses the job's observed contention factor N_avg, as rho_hat does.
+    ``forecast_contention``: with a single tenant, N in rho_hat and the deadline is each job's
+    contention over its whole life, its rounds still to run forecast from the jobs present
+    (:func:`shockwave.market.estimators.forecast_contention`) rather than the mean of its past
+    alone (off: the past; docs/policy.md, "Known limitations").
     ``regime_predictor``: which predictor plans (:data:`REGIME_PREDICTORS`: population,
     restatement, greedy), with ``population`` its knobs; ``throughput``: the priors of the
     throughput model's scaling laws.
@@ -183,6 +192,7 @@ class ShockwaveParams:
     replan_every_rounds: int = 8
     restart_overhead_s: float = 20.0
     deadline_contention: float | None = None
+    forecast_contention: bool = False
     oracle: bool = False
     prediction_error: float = 0.0
     error_seed: int = 0
@@ -221,6 +231,8 @@ class ShockwaveParams:
             raise ValueError("level_deadlines must be a bool")
         if not isinstance(self.chain_lane, (bool, int)):
             raise ValueError("chain_lane must be a bool")
+        if not isinstance(self.forecast_contention, (bool, int)):
+            raise ValueError("forecast_contention must be a bool")
         if not (math.isfinite(self.patience) and self.patience >= 0):
             raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
@@ -701,6 +713,11 @@ class Shockwave:
         contention_sum, contention_rounds = _update_contention(snapshot, base, shares)
         rates = rates_by_job(snapshot, params.throughput)
         typed = snapshot.cluster.is_typed
+        lifetime: Mapping[str, float] = {}
+        if params.forecast_contention and shares.single:
+            lifetime = self.lifetime_contention(
+                snapshot, params, contention_sum, contention_rounds, rates, shares
+            )
 
         def look(job: ActiveJob) -> JobOutlook:
             speed = mean_speed(job, snapshot.cluster) if typed else 1.0
@@ -715,6 +732,7 @@ class Shockwave:
                 shares.budgets[job.job_id],
                 None if shares.single else shares.contention[job.job_id],
                 shares,
+                lifetime.get(job.job_id),
             )
 
         active = frozenset(j.job_id for j in snapshot.jobs)
@@ -840,6 +858,7 @@ class Shockwave:
         budget: float | None = None,
         current_contention: float | None = None,
         shares: TenantMarket | None = None,
+        lifetime: float | None = None,
     ) -> JobOutlook:
         """What the policy expects of ``job``; ``rates``: the throughput model of the
         snapshot (built from it when not given). ``speed``: the GPUs' speed relative to the
@@ -847,33 +866,18 @@ class Shockwave:
         :func:`shockwave.market.heterogeneity.mean_speed`), dividing every time estimate.
         ``budget``: the job's market weight this round (:meth:`Snapshot.market`); None: its
         own ``budget``. ``shares``: that market, where the caller holds it (None: the
-        snapshot's, asked when the job's tenant learns apart)."""
+        snapshot's, asked when the job's tenant learns apart). ``lifetime``: the job's
+        contention over its whole life, forecast (:meth:`lifetime_contention`); None: from
+        ``contention_sum`` and ``contention_rounds`` (and ``current_contention``)."""
         if rates is None:
             rates = rates_by_job(snapshot, params.throughput)[job.job_id]
-        revealed = snapshot.revealed.get(job.job_id)
-        if params.oracle:
-            if revealed is None:
-                raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            prior = snapshot.prior_of(job.job_id)
-            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
-        else:
-            # a job whose progress is as last round and whose prior and throughput model give
-            # it the same answers predicts as it did then (_PredictionMemo)
-            prior = snapshot.prior_of(job.job_id)
-            population = _population_of(snapshot, job.job_id, prior, params, shares)
-            seen = _PREDICTIONS.get(
-                job,
-                params,
-                population,
-                prior,
-                rates,
-                speed,
-                lambda model: _predicted(job, prior, params, model, speed, None, population),
-            )
+        seen = self.predicted(snapshot, job, params, rates, speed, shares)
         prediction, remaining, total, factor, cautious, soonest = seen
         rounds = contention_rounds.get(job.job_id, 0)
         contention = contention_sum.get(job.job_id, 0.0) / rounds if rounds else 1.0
-        if current_contention is not None:
+        if lifetime is not None:
+            contention = lifetime
+        elif current_contention is not None:
             contention = lifetime_contention(
                 contention_sum.get(job.job_id, 0.0),
                 rounds,
@@ -899,6 +903,73 @@ class Shockwave:
             rates.unseen_factor(job) > 1.0,
             age,
         )
+
+    def predicted(
+        self,
+        snapshot: Snapshot,
+        job: ActiveJob,
+        params: ShockwaveParams,
+        rates: ThroughputModel,
+        speed: float = 1.0,
+        shares: TenantMarket | None = None,
+    ) -> _Predicted:
+        """The job's prediction and run-time estimates (:func:`_predicted`; the arguments as
+        :meth:`outlook`'s)."""
+        revealed = snapshot.revealed.get(job.job_id)
+        if params.oracle:
+            if revealed is None:
+                raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
+            prior = snapshot.prior_of(job.job_id)
+            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
+        else:
+            # a job whose progress is as last round and whose prior and throughput model give
+            # it the same answers predicts as it did then (_PredictionMemo)
+            prior = snapshot.prior_of(job.job_id)
+            population = _population_of(snapshot, job.job_id, prior, params, shares)
+            seen = _PREDICTIONS.get(
+                job,
+                params,
+                population,
+                prior,
+                rates,
+                speed,
+                lambda model: _predicted(job, prior, params, model, speed, None, population),
+            )
+        return seen
+
+    def lifetime_contention(
+        self,
+        snapshot: Snapshot,
+        params: ShockwaveParams,
+        contention_sum: Mapping[str, float],
+        contention_rounds: Mapping[str, int],
+        rates: Mapping[str, ThroughputModel],
+        shares: TenantMarket | None = None,
+    ) -> dict[str, float]:
+        """Job id -> its contention over its whole life, its past as counted and its rounds
+        still to run forecast from every present job's predicted remaining run time
+        (:func:`shockwave.market.estimators.forecast_contention`); ``shares`` as
+        :meth:`outlook`'s."""
+        typed = snapshot.cluster.is_typed
+        remaining = [
+            self.predicted(
+                snapshot,
+                job,
+                params,
+                rates[job.job_id],
+                mean_speed(job, snapshot.cluster) if typed else 1.0,
+                shares,
+            )[1]
+            for job in snapshot.jobs
+        ]
+        past = [
+            (contention_sum.get(job.job_id, 0.0), contention_rounds.get(job.job_id, 0))
+            for job in snapshot.jobs
+        ]
+        forecast = forecast_contention(
+            past, remaining, snapshot.cluster.total_gpus, snapshot.round_seconds
+        )
+        return {job.job_id: n for job, n in zip(snapshot.jobs, forecast, strict=True)}
 
     def solve(
         self, snapshot: Snapshot, params: ShockwaveParams, outlooks: Mapping[str, JobOutlook]
