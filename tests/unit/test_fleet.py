@@ -523,6 +523,20 @@ def test_a_long_polling_node_acknowledges_what_it_started_in_its_next_long_poll(
     assert all(kind == "poll" for kind, _, _ in sent), sent
 
 
+def _send_times(fleet: ScriptedFleet) -> list[float]:
+    """The monotonic time of each of ``fleet``'s requests from now on, in order, as they are
+    sent (the list fills as the fleet runs)."""
+    sent_at: list[float] = []
+    record = fleet._call
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(time.monotonic())
+        return await record(*args, **kwargs)
+
+    fleet._call = timed  # type: ignore[method-assign]
+    return sent_at
+
+
 def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_again_later() -> (
     None
 ):
@@ -532,14 +546,7 @@ def test_a_long_poll_answered_at_once_because_its_acknowledgement_waits_is_sent_
     waiting = answer([{**lease("a1", "j1", T2), "state": "ISSUED"}])
     running = answer([{**lease("a1", "j1", T2), "state": "RUNNING"}])
     fleet = ScriptedFleet({"j1": job("j1", epochs=100)}, [started, waiting, running])
-    sent_at: list[float] = []
-    record = fleet._call
-
-    async def timed(*args: Any, **kwargs: Any) -> Any:
-        sent_at.append(time.monotonic())
-        return await record(*args, **kwargs)
-
-    fleet._call = timed  # type: ignore[method-assign]
+    sent_at = _send_times(fleet)
     asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
     assert len(sent_at) >= 3
     assert sent_at[1] - sent_at[0] < BUSY_RETRY_S / 2, "the acknowledgement rides at once"
@@ -562,14 +569,7 @@ def test_reports_a_long_poll_answered_503_are_sent_again_later_not_at_once() -> 
         "reports": [{"attempt_id": "a1", "status": 200, "stop": True}],
     }
     fleet = ScriptedFleet(jobs, [first, moved, busy, done])
-    sent_at: list[float] = []
-    record = fleet._call
-
-    async def timed(*args: Any, **kwargs: Any) -> Any:
-        sent_at.append(time.monotonic())
-        return await record(*args, **kwargs)
-
-    fleet._call = timed  # type: ignore[method-assign]
+    sent_at = _send_times(fleet)
     node = Node("agent-token")
     asyncio.run(fleet._long_polls(node, "n1", fleet.stop))
     bodies = [body or {} for _, _, body in fleet.calls]
@@ -590,14 +590,7 @@ def test_a_node_the_server_turns_away_backs_off_as_the_real_agent_does() -> None
     jittered), so the nodes an overloaded server shed do not all come back every second."""
     fleet = ScriptedFleet({"j1": job("j1")}, [None, None, None, answer([])])
     fleet.poll_s = 0.02
-    sent_at: list[float] = []
-    record = fleet._call
-
-    async def timed(*args: Any, **kwargs: Any) -> Any:
-        sent_at.append(time.monotonic())
-        return await record(*args, **kwargs)
-
-    fleet._call = timed  # type: ignore[method-assign]
+    sent_at = _send_times(fleet)
     asyncio.run(fleet._long_polls(Node("agent-token"), "n1", fleet.stop))
     gaps = [b - a for a, b in itertools.pairwise(sent_at)][:3]
     assert len(gaps) == 3
