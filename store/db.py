@@ -53,10 +53,9 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     # contend for the GIL and churn overflow connections (each one a new Postgres backend):
     # docs/reliability.md, "Load", measured a boundary burst's worst latency at 620 ms with
     # 10 + 20 overflow and 190 ms with 10 + 0.
-    engine = create_engine(
+    return create_engine(
         url, pool_pre_ping=True, pool_size=10, max_overflow=0, connect_args=connect_args
     )
-    return engine
 
 
 def sessions(engine: Engine) -> Iterator[Session]:

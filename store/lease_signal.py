@@ -149,20 +149,23 @@ class LeaseSignal:
         nodes lost: not a fill of a few); true when the remembered scopes do not reach back
         that far."""
         with self._lock:
-            if self._generation == generation:
-                return False
-            if not self._recent or self._recent[0][0] > generation + 1:
-                return True
-            return any(g > generation and scope is None for g, scope in self._recent)
+            return self._any_since(generation, lambda scope: scope is None)
 
     def _missed(self, generation: int, node: str | None) -> bool:
         """Whether a notification later than ``generation`` concerned ``node`` (under the
         lock); true when the remembered scopes do not reach back that far."""
+        return self._any_since(generation, lambda scope: _concerned(scope, node))
+
+    def _any_since(
+        self, generation: int, concerns: Callable[[frozenset[str] | None], bool]
+    ) -> bool:
+        """Whether a notification later than ``generation`` has a scope that ``concerns``
+        (under the lock); true when the remembered scopes do not reach back that far."""
         if self._generation == generation:
             return False
-        if node is None or not self._recent or self._recent[0][0] > generation + 1:
+        if not self._recent or self._recent[0][0] > generation + 1:
             return True
-        return any(g > generation and _concerned(scope, node) for g, scope in self._recent)
+        return any(g > generation and concerns(scope) for g, scope in self._recent)
 
 
 def _concerned(scope: frozenset[str] | None, node: str | None) -> bool:
