@@ -629,6 +629,12 @@ def _predicted(
     return _estimates(job, prediction, params, rates, speed), stage, trajectory_reads
 
 
+def _gpu_speed(job: ActiveJob, snapshot: Snapshot) -> float:
+    """The speed of the GPUs ``job`` may run on relative to the table's
+    (:func:`shockwave.market.heterogeneity.mean_speed`): 1 on a cluster of one GPU type."""
+    return mean_speed(job, snapshot.cluster) if snapshot.cluster.is_typed else 1.0
+
+
 def _estimates(
     job: ActiveJob,
     prediction: Prediction,
@@ -720,7 +726,7 @@ class Shockwave:
             )
 
         def look(job: ActiveJob) -> JobOutlook:
-            speed = mean_speed(job, snapshot.cluster) if typed else 1.0
+            speed = _gpu_speed(job, snapshot)
             return self.outlook(
                 snapshot,
                 job,
@@ -916,26 +922,23 @@ class Shockwave:
         """The job's prediction and run-time estimates (:func:`_predicted`; the arguments as
         :meth:`outlook`'s)."""
         revealed = snapshot.revealed.get(job.job_id)
+        prior = snapshot.prior_of(job.job_id)
         if params.oracle:
             if revealed is None:
                 raise ValueError("oracle prediction needs the simulator's reveal_trajectories")
-            prior = snapshot.prior_of(job.job_id)
-            seen = _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
-        else:
-            # a job whose progress is as last round and whose prior and throughput model give
-            # it the same answers predicts as it did then (_PredictionMemo)
-            prior = snapshot.prior_of(job.job_id)
-            population = _population_of(snapshot, job.job_id, prior, params, shares)
-            seen = _PREDICTIONS.get(
-                job,
-                params,
-                population,
-                prior,
-                rates,
-                speed,
-                lambda model: _predicted(job, prior, params, model, speed, None, population),
-            )
-        return seen
+            return _predicted(job, prior, params, rates, speed, revealed, params.population)[0]
+        # a job whose progress is as last round and whose prior and throughput model give it
+        # the same answers predicts as it did then (_PredictionMemo)
+        population = _population_of(snapshot, job.job_id, prior, params, shares)
+        return _PREDICTIONS.get(
+            job,
+            params,
+            population,
+            prior,
+            rates,
+            speed,
+            lambda model: _predicted(job, prior, params, model, speed, None, population),
+        )
 
     def lifetime_contention(
         self,
@@ -950,15 +953,9 @@ class Shockwave:
         still to run forecast from every present job's predicted remaining run time
         (:func:`shockwave.market.estimators.forecast_contention`); ``shares`` as
         :meth:`outlook`'s."""
-        typed = snapshot.cluster.is_typed
         remaining = [
             self.predicted(
-                snapshot,
-                job,
-                params,
-                rates[job.job_id],
-                mean_speed(job, snapshot.cluster) if typed else 1.0,
-                shares,
+                snapshot, job, params, rates[job.job_id], _gpu_speed(job, snapshot), shares
             )[1]
             for job in snapshot.jobs
         ]
