@@ -153,6 +153,11 @@ class PlannerParams:
     to waiting: its critical-path floor keeps its latest remainder inside the later of the
     path and its own deadline, arrival + (1 + delta) x its soonest run time
     (:func:`own_deadline_s`); 0: the path alone (docs/policy.md, "Critical-path reservation").
+    ``path_first``: the jobs that outlast the makespan's path go first in the packing, and a
+    job on the path whose count runs it to its end packs with the full-window jobs
+    (:func:`leading_jobs`, :func:`pack_rounds`); the policy turns it on where jobs of one
+    shape run at different speeds (docs/policy.md, "Critical-path reservation"). Off: the
+    packing before.
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -173,6 +178,7 @@ class PlannerParams:
     arriving_s: float = 0.0
     wide_path_share: float = 0.25
     path_slack: float = 0.05
+    path_first: bool = False
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -508,6 +514,24 @@ def path_jobs(
     )
 
 
+def leading_jobs(problem: Problem, margin: float) -> frozenset[int]:
+    """Indices of the jobs that lead the makespan's path: held by a critical-path floor (not
+    only a probe's round) and with a latest remainder past max(W, theta_c L), the path's
+    finish. Each round such a job waits pushes the makespan out by a round whatever the
+    others do, so the packing gives them round 0 before any job that still has slack
+    (:attr:`PlannerParams.path_first`)."""
+    floors = problem.floors
+    if floors is None:
+        return frozenset()
+    work, longest = soonest_bounds(problem.jobs, problem.total_gpus)
+    path_s = max(work, margin * longest)
+    return frozenset(
+        i
+        for i, job in enumerate(problem.jobs)
+        if int(floors[i]) > int(job.probe) and job.remaining_range[1] > path_s
+    )
+
+
 def critical_floor(
     job: PlanJob,
     path_s: float | None,
@@ -715,6 +739,7 @@ def pack_rounds(
     patient: Sequence[bool] | None = None,
     short_lane: bool = False,
     path: frozenset[int] | None = None,
+    lead: frozenset[int] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], int]:
     """Turn counts into rounds; only round 0 runs before the next re-plan, so order matters.
 
@@ -759,6 +784,13 @@ def pack_rounds(
     which only a block from round 0 delivers, while a full-window job it displaces loses a
     few rounds of many and finishes later by as much, a small part of its own run time
     (docs/policy.md, "Jobs that finish inside the window"). None: off.
+
+    With ``lead`` (:attr:`PlannerParams.path_first`; the jobs that lead the makespan's path,
+    :func:`leading_jobs`), those jobs go first within their group; and a job in
+    ``path`` whose count is its cap (it runs every round until it ends) packs with the
+    full-window jobs: its count, not the window, is all it needs, and behind the late jobs
+    of the lane a job that ends inside the window lost round 0 re-plan after re-plan while
+    it set the makespan. None: off.
     """
     finishing_late = {
         i
@@ -777,7 +809,7 @@ def pack_rounds(
     path = path or frozenset()
     while True:
         members, placed = _pack(
-            problem, counts, priority, first, deadlines, later, patient, lane, path
+            problem, counts, priority, first, deadlines, later, patient, lane, path, lead
         )
         stranded = {i for i in finishing_late - first if placed[i] == 0}
         if members:
@@ -825,10 +857,12 @@ def _pack(
     patient: Sequence[bool] | None = None,
     lane: set[int] | None = None,
     path: frozenset[int] = frozenset(),
+    lead: frozenset[int] | None = None,
 ) -> tuple[list[list[str]], list[int]]:
     """One packing pass (see :func:`pack_rounds`), jobs in ``first`` ahead of the rest and
     those in ``later`` after it; the finishing ``lane`` with the full-window jobs not in
-    ``path``; returns the rounds' members and the rounds each job got."""
+    ``path``; the jobs of ``lead`` first in their group; returns the rounds' members and the
+    rounds each job got."""
     t = problem.rounds
     free = [problem.total_gpus] * t
     members: list[list[str]] = [[] for _ in range(t)]
@@ -841,16 +875,21 @@ def _pack(
     later = later or set()
     lane = lane or set()
 
+    leading = lead or frozenset()
+
     def tier(i: int) -> int:
         """0: full window (on the path, or any while the lane is empty); 1: the lane and
-        the other full-window jobs; 2: the rest."""
-        if int(counts[i]) >= problem.rounds:
+        the other full-window jobs; 2: the rest. With ``lead``, a job of ``path`` that runs
+        until it ends counts as full window."""
+        n = int(counts[i])
+        whole = n >= problem.rounds or (lead is not None and i in path and n >= problem.caps[i])
+        if whole:
             return 0 if not lane or i in path else 1
         return 1 if i in lane else 2
 
-    def group(i: int) -> tuple[bool, bool, int, bool]:
+    def group(i: int) -> tuple[bool, bool, int, bool, bool]:
         urgent = problem.jobs[i].running or priority[i] > 0
-        return (i not in first, i in later, tier(i), not urgent)
+        return (i not in first, i in later, tier(i), i not in leading, not urgent)
 
     order = sorted(range(len(problem.jobs)), key=lambda i: (*group(i), urgency(i), i))
     if patient is not None and deadlines is not None:
@@ -884,14 +923,15 @@ def _earliest_block(free: Sequence[int], gpus: int, n: int) -> range | None:
 def _pareto_order(
     problem: Problem,
     order: Sequence[int],
-    group: Callable[[int], tuple[bool, bool, int, bool]],
+    group: Callable[[int], tuple[bool, bool, int, bool, bool]],
     deadlines: Sequence[float],
     patient: Sequence[bool],
 ) -> list[int]:
     """``order`` with each group of running and late jobs (the same ``group`` key, in
     earliest-deadline order; not the stranded jobs packed first) merged again so that a job not
     running passes a running one only where it is due earlier *and* has fewer remaining
-    GPU-seconds (GPUs x r_j(0)).
+    GPU-seconds (GPUs x r_j(0)). The jobs that lead the makespan's path (``group``'s fourth
+    key False) keep their order.
 
     Why: taking round 0 from a running job costs it a restart, and is worth it only where it
     helps. Earliest deadline first is the order of least maximum lateness (the fairness
@@ -904,7 +944,7 @@ def _pareto_order(
     merged: list[int] = []
     for key, members in itertools.groupby(order, key=group):
         block = list(members)
-        if key[3] or not key[0]:
+        if key[4] or not key[0] or not key[3]:
             merged.extend(block)
             continue
         running = [i for i in block if problem.jobs[i].running]
@@ -1053,8 +1093,17 @@ def plan(
     path = None
     if params.finishing_lane and len(jobs) <= total_gpus:
         path = path_jobs(problem, params.critical_path_margin, round_seconds, params.path_slack)
+    lead = leading_jobs(problem, params.critical_path_margin) if params.path_first else None
     rounds, lost = pack_rounds(
-        problem, counts, weights, deadlines, wait_for_ends, patient, params.short_lane, path
+        problem,
+        counts,
+        weights,
+        deadlines,
+        wait_for_ends,
+        patient,
+        params.short_lane,
+        path,
+        lead,
     )
     return Plan(
         counts={j.job_id: int(c) for j, c in zip(jobs, counts, strict=True)},

@@ -5,6 +5,7 @@ Shapes: jobs of 1 GPU, 60 s rounds, a 10-round window; remainders in seconds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -17,10 +18,12 @@ from shockwave.market.planner import (
     critical_floor,
     critical_path_s,
     fit_floors,
+    leading_jobs,
     plan,
 )
 from shockwave.policies.shockwave_market import shockwave as policy
 from shockwave.policies.shockwave_market.shockwave import Shockwave, ShockwaveParams
+from shockwave.prediction.throughput_model import ThroughputModel
 from shockwave_cli.commands.inputs import InputError
 from shockwave_cli.commands.knobs import ShockwaveKnobs, apply_knobs
 from tests.builders import plan_job, snapshot
@@ -194,3 +197,67 @@ def test_the_gate_is_a_knob_and_elastic_plans_keep_theta_c(
     assert seen[-1].critical_path_gate is None  # None: theta_c, the gate before
     Shockwave.plan_elastic_jobs(snap, replace(params, elastic_critical_gate=1.0), [], [])
     assert seen[-1].critical_path_gate == 1.0
+
+
+def ending_job(job_id: str, rounds: int, *, gpus: int = 1, running: bool = False) -> PlanJob:
+    """A job that ``rounds`` rounds finish (its cap), inside the window."""
+    base = plan_job(job_id, [n / rounds for n in range(rounds + 1)], gpus=gpus, running=running)
+    left = tuple(ROUND * (rounds - n) for n in range(rounds + 1))
+    return replace(base, remaining=left, soonest_remaining_s=left[0], latest_remaining_s=left[0])
+
+
+def tail() -> tuple[list[PlanJob], list[float], list[float]]:
+    """The last stretch on 4 GPUs: "a" (540 s, waiting, its fairness deadline far) sets the
+    makespan; three running jobs past their deadlines (300 s each, one of them 2 GPUs wide)
+    take the lane. Jobs, priorities (> 0: late), deadlines."""
+    jobs = [
+        ending_job("a", 9),
+        ending_job("b", 5, running=True),
+        ending_job("c", 5, running=True),
+        ending_job("d", 5, gpus=2, running=True),
+    ]
+    return jobs, [-1.0, 1.0, 1.0, 1.0], [1e9, 0.0, 0.0, 0.0]
+
+
+def test_the_job_that_sets_the_makespan_takes_round_zero_with_path_first() -> None:
+    jobs, priority, deadlines = tail()
+    params = PlannerParams(
+        rounds=T, deadline_weight=0.0, makespan_weight=0.0, critical_path_gate=1.0
+    )
+    problem = build_problem(jobs, 4, params, ROUND)
+    # W = (540 + 300 + 300 + 600) / 4 = 435 s; "a" outlasts it and leads the path
+    assert leading_jobs(problem, params.critical_path_margin) == frozenset({0})
+    before = plan(jobs, 4, params, ROUND, priority, deadlines)
+    # its count (9 rounds, its cap) is short of the window, so the lane's jobs went first
+    assert before.counts["a"] == 9
+    assert "a" not in before.rounds[0]
+    first = plan(jobs, 4, replace(params, path_first=True), ROUND, priority, deadlines)
+    assert first.counts == before.counts
+    assert "a" in first.rounds[0]
+    assert all("a" in column for column in first.rounds[:9])
+
+
+def test_only_floored_jobs_past_the_path_lead() -> None:
+    jobs, _, _ = tail()
+    params = PlannerParams(rounds=T, critical_path_gate=1.0)
+    # every job has a floor, but only "a" outlasts W = 435 s; with the gate closed (0.75 L =
+    # 405 s < W) nothing is floored and none leads
+    assert leading_jobs(build_problem(jobs, 4, params, ROUND), 0.75) == frozenset({0})
+    closed = replace(params, critical_path_gate=None)
+    assert leading_jobs(build_problem(jobs, 4, closed, ROUND), 0.75) == frozenset()
+
+
+def test_a_speed_spread_holds_the_path_tighter() -> None:
+    params = ShockwaveParams()
+    alike = [ThroughputModel({}, speed_variance=0.0)]
+    assert policy._with_spread(params, alike) is params
+    assert policy._with_spread(params, []) is params
+    sigma = 0.1
+    spread = [ThroughputModel({}, speed_variance=0.0), ThroughputModel({}, speed_variance=sigma**2)]
+    held = policy._with_spread(params, spread).planner
+    assert held.path_first
+    assert held.critical_path_gate == pytest.approx(0.75 * math.exp(1.645 * sigma))
+    wide = policy._with_spread(params, [ThroughputModel({}, speed_variance=0.3**2)]).planner
+    assert wide.critical_path_gate == 1.0  # at most: whenever the longest job bounds it
+    off = replace(params, planner=replace(params.planner, critical_path_margin=0.0))
+    assert policy._with_spread(off, spread) is off

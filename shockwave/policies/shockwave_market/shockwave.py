@@ -30,7 +30,7 @@ import itertools
 import math
 import threading
 import zlib
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
@@ -763,6 +763,7 @@ class Shockwave:
             if params.project_arrivals:
                 arrivals = arrivals.seen(snapshot, outlooks)
                 params = _with_arrivals(snapshot, params, outlooks, arrivals)
+            params = _with_spread(params, rates.values())
             if typed:
                 solved, types = plan_typed(snapshot, params, outlooks, _plan_job)
             else:
@@ -1090,6 +1091,29 @@ def _with_arrivals(
     if arriving == params.planner.arriving_s:
         return params
     return replace(params, planner=replace(params.planner, arriving_s=arriving))
+
+
+def _with_spread(params: ShockwaveParams, models: Iterable[ThroughputModel]) -> ShockwaveParams:
+    """``params`` with the critical-path reservation held tighter where jobs of one shape run
+    at different speeds (sigma > 0, the largest spread of ``models``,
+    :attr:`ThroughputModel.speed_variance`); unchanged where they all run alike.
+
+    The gate g (hold the path while g L > W) widens to min(1, g e^(z sigma)), z the
+    throughput model's ``unseen_caution``: a remainder estimated from a typical speed, or
+    from one batch size for another, is short by e^(z sigma) for one job in twenty, so a
+    job whose estimate looks a little shorter than the work bound may bound the makespan.
+    And the packing puts the jobs that outlast the path first
+    (:attr:`shockwave.market.planner.PlannerParams.path_first`): where remainders spread,
+    the last hour holds a few long jobs whose every lost round is a round of makespan."""
+    planner = params.planner
+    margin = planner.critical_path_margin
+    spread = max((m.speed_variance for m in models), default=0.0)
+    if spread <= 0 or margin <= 0:
+        return params
+    gate = planner.critical_path_gate or margin
+    z = params.throughput.unseen_caution
+    wider = min(1.0, gate * math.exp(z * math.sqrt(spread)))
+    return replace(params, planner=replace(planner, critical_path_gate=wider, path_first=True))
 
 
 def _crowded(snapshot: Snapshot, load: float) -> bool:
