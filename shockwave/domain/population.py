@@ -16,6 +16,9 @@ fast each batch size runs. This module keeps that knowledge as plain values:
 - rates: samples per second by (model, GPUs, batch size), averaged over the finished jobs that
   measured them, for the throughput model (:mod:`shockwave.prediction.throughput_model`); a job that
   names no model teaches no rate (its rates would mix with any other unnamed model's).
+- size steps: log(rate at b / rate at a) by (model, GPUs, a, b), summed over the finished jobs
+  that measured both sizes, so that the throughput model can carry a job's speed from one size
+  to another by what one job's rates did, not by the ratio of different jobs' mean rates.
 - declaration errors: how far the rates users declared were from what their jobs measured (the
   squared log ratio, summed over every batch size a finished job both declared and measured),
   so the throughput model learns how much to trust a declaration.
@@ -43,6 +46,8 @@ GroupKey = tuple[AdaptationMode, str, int]
 """(adaptation mode, model, initial batch size)."""
 RateKey = tuple[str, int, int]
 """(model, GPUs, batch size)."""
+StepKey = tuple[str, int, int, int]
+"""(model, GPUs, from batch size, to batch size)."""
 
 DEFAULT_MAX_PER_GROUP = 256
 """Templates kept per group: enough for a stable estimate, bounded for storage."""
@@ -144,6 +149,33 @@ class RateStat:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStat:
+    """``jobs`` jobs measured both sizes of a step; their log(rate at to / rate at from) sum to
+    ``log_ratio_sum``."""
+
+    jobs: int
+    log_ratio_sum: float
+
+    def add(self, log_ratio: float) -> StepStat:
+        return StepStat(self.jobs + 1, self.log_ratio_sum + log_ratio)
+
+
+def size_steps(spec: JobSpec, measured: Mapping[int, float]) -> list[tuple[StepKey, float]]:
+    """(key, log(rate at b / rate at a)) for every ordered pair of distinct batch sizes a, b
+    the job measured (``measured``: seconds per epoch), in the order of ``measured``; none for
+    a job that names no model (its steps would mix with any other unnamed model's)."""
+    if not spec.model:
+        return []
+    seconds = {bs: x for bs, x in measured.items() if x > 0 and math.isfinite(x)}
+    return [
+        ((spec.model, spec.gpus, a, b), math.log(seconds[a] / seconds[b]))
+        for a in seconds
+        for b in seconds
+        if a != b
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class DeclarationErrors:
     """``count`` (declared, measured) pairs whose squared log ratios sum to ``sum_sq``."""
 
@@ -169,18 +201,20 @@ def declaration_pairs(spec: JobSpec, measured: Mapping[int, float]) -> list[tupl
 
 @dataclass(frozen=True, slots=True)
 class PopulationPrior:
-    """Templates by group, measured rates and declaration errors, learnt from ``learnt``
-    finished jobs."""
+    """Templates by group, measured rates, declaration errors and size steps
+    (:func:`size_steps`), learnt from ``learnt`` finished jobs."""
 
     templates: Mapping[GroupKey, tuple[Template, ...]] = field(default_factory=dict)
     rates: Mapping[RateKey, RateStat] = field(default_factory=dict)
     learnt: int = 0
     max_per_group: int = DEFAULT_MAX_PER_GROUP
     declarations: DeclarationErrors = field(default_factory=DeclarationErrors)
+    steps: Mapping[StepKey, StepStat] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "templates", MappingProxyType(dict(self.templates)))
         object.__setattr__(self, "rates", MappingProxyType(dict(self.rates)))
+        object.__setattr__(self, "steps", MappingProxyType(dict(self.steps)))
         if self.max_per_group <= 0:
             raise ValueError(f"max_per_group must be > 0, got {self.max_per_group}")
 
@@ -201,7 +235,12 @@ class PopulationPrior:
         declarations = self.declarations.add(
             declaration_pairs(job.spec, job.measured_epoch_seconds)
         )
-        return PopulationPrior(templates, rates, self.learnt + 1, self.max_per_group, declarations)
+        steps = dict(self.steps)
+        for step, log_ratio in size_steps(job.spec, job.measured_epoch_seconds):
+            steps[step] = steps.get(step, StepStat(0, 0.0)).add(log_ratio)
+        return PopulationPrior(
+            templates, rates, self.learnt + 1, self.max_per_group, declarations, steps
+        )
 
     def group(self, key: GroupKey) -> tuple[Template, ...]:
         return self.templates.get(key, ())
@@ -209,7 +248,8 @@ class PopulationPrior:
     def as_json(self) -> dict[str, Any]:
         """JSON-ready: ``{learnt, max_per_group, groups: [{mode, model, initial_batch_size,
         templates: [{epochs, batch_sizes, symbols, lengths}]}], rates: [{model, gpus,
-        batch_size, jobs, samples_per_second}], declarations: {count, sum_sq}}``."""
+        batch_size, jobs, samples_per_second}], declarations: {count, sum_sq}, steps: [{model,
+        gpus, from_batch_size, to_batch_size, jobs, log_ratio_sum}]}``."""
         return {
             "learnt": self.learnt,
             "max_per_group": self.max_per_group,
@@ -244,11 +284,23 @@ class PopulationPrior:
                 }
                 for (model, gpus, batch_size), stat in self.rates.items()
             ],
+            "steps": [
+                {
+                    "model": model,
+                    "gpus": gpus,
+                    "from_batch_size": a,
+                    "to_batch_size": b,
+                    "jobs": stat.jobs,
+                    "log_ratio_sum": stat.log_ratio_sum,
+                }
+                for (model, gpus, a, b), stat in self.steps.items()
+            ],
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PopulationPrior:
-        """The prior :meth:`as_json` wrote; :class:`PriorFormatError` when it is malformed."""
+        """The prior :meth:`as_json` wrote; :class:`PriorFormatError` when it is malformed. A
+        prior stored without ``steps`` reads back with none."""
         try:
             templates = {
                 (AdaptationMode(g["mode"]), str(g["model"]), int(g["initial_batch_size"])): tuple(
@@ -270,8 +322,22 @@ class PopulationPrior:
             }
             declared = data["declarations"]
             declarations = DeclarationErrors(int(declared["count"]), float(declared["sum_sq"]))
+            steps = {
+                (
+                    str(r["model"]),
+                    int(r["gpus"]),
+                    int(r["from_batch_size"]),
+                    int(r["to_batch_size"]),
+                ): StepStat(int(r["jobs"]), float(r["log_ratio_sum"]))
+                for r in data.get("steps", ())
+            }
             return cls(
-                templates, rates, int(data["learnt"]), int(data["max_per_group"]), declarations
+                templates,
+                rates,
+                int(data["learnt"]),
+                int(data["max_per_group"]),
+                declarations,
+                steps,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise PriorFormatError(f"unreadable population prior: {error!r}") from error

@@ -9,6 +9,14 @@ time at a batch size (and GPU count) from that, in this order, first that applie
 2. ``population`` (ratio): the job's own measurement at another size, scaled by the ratio of the
    rates other jobs of its model measured at the two sizes. A ratio transfers between jobs of
    one model far better than an absolute rate (another dataset, another input pipeline).
+   Where jobs of one shape run at different speeds (a measured spread,
+   :attr:`ThroughputModel.speed_variance` > 0), the ratio is the mean of the ratios of the
+   jobs, finished (the prior's size steps) or active, that measured both sizes, where any did
+   (:attr:`ThroughputModel.ratios`): the
+   ratio of two means averages different jobs at each size, so a slow job's speed carried
+   to a size that mostly fast jobs have reached comes out short (one job measured at its
+   first size was estimated at 10,000 s left against a true 12,560 s). Without a spread the
+   two ratios are the same and the mean of rates is kept.
 3. ``population`` (rate): what other jobs of its model measured at that size and GPU count.
 4. ``declared``: the user's declared throughput profile, as far as declarations have proven
    right: where a measurement-based estimate (step 5) exists too, the two are averaged in log
@@ -47,7 +55,9 @@ from shockwave.domain.population import (
     DeclarationErrors,
     PopulationPrior,
     RateKey,
+    StepKey,
     declaration_pairs,
+    size_steps,
 )
 from shockwave.domain.snapshot import ActiveJob
 
@@ -105,7 +115,11 @@ class ThroughputModel:
     """Epoch-time estimates from measured rates (see the module docstring).
 
     ``rates``: mean samples/s measured at each (model, GPUs, batch size); ``declarations``:
-    how far declared rates were from measured ones.
+    how far declared rates were from measured ones; ``speed_variance``: the spread of speeds
+    among jobs of one shape (:func:`_speed_variance`); ``ratios``: the mean log ratio
+    log(rate at b / rate at a) of the jobs, finished or active, that measured both sizes, by
+    (model, GPUs, a, b)
+    (:meth:`build` fills it only where ``speed_variance`` > 0; see the module docstring, step 2).
     """
 
     def __init__(
@@ -114,8 +128,10 @@ class ThroughputModel:
         params: ThroughputModelParams | None = None,
         declarations: DeclarationErrors | None = None,
         speed_variance: float = 0.0,
+        ratios: Mapping[StepKey, float] | None = None,
     ) -> None:
         self.params = params or ThroughputModelParams()
+        self.ratios = dict(ratios or {})
         self.rates = dict(rates)
         self._by_model: dict[str, list[RateKey]] = defaultdict(list)
         for key in self.rates:
@@ -153,22 +169,29 @@ class ThroughputModel:
         counts: dict[RateKey, int] = {k: s.jobs for k, s in prior.rates.items()}
         errors, sum_sq = prior.declarations.count, prior.declarations.sum_sq
         active_logs: dict[RateKey, list[float]] = defaultdict(list)
+        steps = {k: (s.log_ratio_sum, s.jobs) for k, s in prior.steps.items()}
         for job in jobs:
             # the sums in the order DeclarationErrors.add takes them, job by job
-            count, squares, measured = _measured_rates(job)
+            count, squares, measured, job_steps = _measured_rates(job)
             errors, sum_sq = errors + count, sum_sq + squares
             for key, rate, log_rate in measured:
                 sums[key] = sums.get(key, 0.0) + rate
                 counts[key] = counts.get(key, 0) + 1
                 active_logs[key].append(log_rate)
+            for step, log_ratio in job_steps:
+                total, n = steps.get(step, (0.0, 0))
+                steps[step] = (total + log_ratio, n + 1)
         declarations = DeclarationErrors(errors, sum_sq)
         rates = {k: sums[k] / counts[k] for k in sums if counts[k]}
         speed = _speed_variance(active_logs)
         # the same measurements give the same model object, so the predictions made with it
         # can be reused (shockwave.domain.memo); the key keeps the rates' order, which the fits
         # sum in
-        content = (tuple(rates.items()), declarations, speed)
-        return _MODELS.get((params,), content, lambda: cls(rates, params, declarations, speed))
+        ratios = {k: total / n for k, (total, n) in steps.items() if n} if speed > 0 else {}
+        content = (tuple(rates.items()), declarations, speed, tuple(ratios.items()))
+        return _MODELS.get(
+            (params,), content, lambda: cls(rates, params, declarations, speed, ratios)
+        )
 
     def alpha(self, model: str) -> float:
         return self._alpha.get(model, self._alpha.get("", self.params.batch_exponent))
@@ -191,6 +214,9 @@ class ThroughputModel:
         anchor = self._anchor(job, declared=False)
         if anchor is not None and target is not None:
             anchor_bs, anchor_seconds = anchor
+            step = self.ratios.get((spec.model, spec.gpus, anchor_bs, batch_size))
+            if step is not None and gpus == spec.gpus:
+                return EpochTime(anchor_seconds / math.exp(step), "population")
             base = self.rates.get((spec.model, spec.gpus, anchor_bs))
             if base is not None:
                 return EpochTime(anchor_seconds * base / target, "population")
@@ -305,14 +331,17 @@ _MODELS: IdentityMemo[ThroughputModel] = IdentityMemo(limit=64)
 """Models by (params, rates, declaration errors): :meth:`ThroughputModel.build`."""
 
 
-_JobRates = tuple[int, float, tuple[tuple[RateKey, float, float], ...]]
+_JobRates = tuple[
+    int, float, tuple[tuple[RateKey, float, float], ...], tuple[tuple[StepKey, float], ...]
+]
 
 
 def _measured_rates(job: ActiveJob) -> _JobRates:
     """What one active job adds to :meth:`ThroughputModel.build`: the number of its
     (declared, measured) pairs and the sum of their squared log ratios
-    (:meth:`DeclarationErrors.add`'s terms), and (key, rate, log rate) of each epoch time it
-    measured, in its order (none for a job without a model). Memoized per (spec, measured
+    (:meth:`DeclarationErrors.add`'s terms), (key, rate, log rate) of each epoch time it
+    measured, in its order (none for a job without a model), and its size steps
+    (:func:`shockwave.domain.population.size_steps`). Memoized per (spec, measured
     times): a job's measurements change when it reaches a new batch size, not every round."""
     measured = job.progress.measured_epoch_seconds
     return _JOB_RATES.get(
@@ -328,7 +357,7 @@ def _job_rates(spec: JobSpec, measured: Mapping[int, float]) -> _JobRates:
             if seconds > 0 and math.isfinite(seconds):
                 rate = spec.samples_per_epoch / seconds
                 rates.append(((spec.model, spec.gpus, batch_size), rate, math.log(rate)))
-    return len(errors), sum(errors), tuple(rates)
+    return len(errors), sum(errors), tuple(rates), tuple(size_steps(spec, measured))
 
 
 _JOB_RATES: IdentityMemo[_JobRates] = IdentityMemo(limit=50_000)

@@ -18,6 +18,7 @@ from shockwave.market.planner import (
     critical_floor,
     critical_path_s,
     fit_floors,
+    held_path_s,
     leading_jobs,
     plan,
 )
@@ -256,8 +257,28 @@ def test_a_speed_spread_holds_the_path_tighter() -> None:
     spread = [ThroughputModel({}, speed_variance=0.0), ThroughputModel({}, speed_variance=sigma**2)]
     held = policy._with_spread(params, spread).planner
     assert held.path_first
-    assert held.critical_path_gate == pytest.approx(0.75 * math.exp(1.645 * sigma))
+    assert held.critical_path_gate is None, "the gate against the work alone is kept"
+    assert held.spread_gate == pytest.approx(0.75 * math.exp(1.645 * sigma))
     wide = policy._with_spread(params, [ThroughputModel({}, speed_variance=0.3**2)]).planner
-    assert wide.critical_path_gate == 1.0  # at most: whenever the longest job bounds it
+    assert wide.spread_gate == 1.0  # at most: whenever the longest job bounds it
     off = replace(params, planner=replace(params.planner, critical_path_margin=0.0))
     assert policy._with_spread(off, spread) is off
+
+
+def test_the_spread_gate_holds_the_path_only_against_the_work_still_to_arrive() -> None:
+    # On 2 GPUs: W = (1000 + 900) / 2 = 950 s, L = 1000 s. The gate theta_c = 0.75 is shut
+    # (750 < 950); the spread gate 1 holds (1000 > 950) while the projected arrivals leave
+    # the longest job on the path, and lets go once they outweigh the gap (1000 < 950 + 100).
+    jobs = [long_job("a", 1000.0, 1200.0), long_job("b", 900.0, 1000.0)]
+    shut = PlannerParams(rounds=T)
+    assert held_path_s(jobs, 2, shut) is None
+    spread = replace(shut, spread_gate=1.0)
+    assert held_path_s(jobs, 2, spread) == pytest.approx(950.0)
+    assert build_problem(jobs, 2, spread, ROUND).floors is not None
+    assert held_path_s(jobs, 2, replace(spread, arriving_s=40.0)) == pytest.approx(950.0)
+    assert held_path_s(jobs, 2, replace(spread, arriving_s=100.0)) is None
+    # the gate of the work alone still holds whatever arrives
+    alone = replace(spread, critical_path_gate=1.0, arriving_s=100.0)
+    assert held_path_s(jobs, 2, alone) == pytest.approx(950.0)
+    with pytest.raises(ValueError, match="spread_gate"):
+        PlannerParams(spread_gate=1.5)

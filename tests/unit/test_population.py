@@ -4,6 +4,7 @@ storing finished jobs, and predictions worked by hand on small populations."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -15,6 +16,7 @@ from shockwave.domain.population import (
     FinishedJob,
     PopulationPrior,
     PriorFormatError,
+    StepStat,
     size_of,
     symbol_of,
 )
@@ -163,11 +165,14 @@ def test_a_group_keeps_its_most_recent_templates() -> None:
 
 def test_the_prior_survives_json_and_a_malformed_one_is_refused() -> None:
     prior = learnt(
-        finished([(32, 3), (256, 7)], measured={32: 10.0}),
+        finished([(32, 3), (256, 7)], measured={32: 10.0, 256: 4.0}),
         finished([(5, 11), (10, 20), (5, 1)], mode=GNS, model="LM", ladder=(5, 10, 80)),
     )
 
+    assert prior.steps
     assert PopulationPrior.from_json(prior.as_json()) == prior
+    older = {k: v for k, v in prior.as_json().items() if k != "steps"}
+    assert PopulationPrior.from_json(older).steps == {}, "a prior stored before steps reads"
     with pytest.raises(PriorFormatError, match="unreadable"):
         PopulationPrior.from_json({"groups": [{"mode": "sideways"}], "rates": []})
 
@@ -464,3 +469,20 @@ def test_the_papers_rule_weighs_less_as_the_tenants_jobs_finish() -> None:
     assert apart_params(off, 3) is off
     with pytest.raises(ValueError, match="neutral_jobs"):
         PopulationParams(neutral_jobs=-1.0)
+
+
+def test_a_finished_job_teaches_the_step_between_each_two_sizes_it_measured() -> None:
+    # 10 s an epoch at 32, 4 s at 256 (the rate 2.5 times), twice; an unnamed model teaches none
+    prior = learnt(
+        finished([(32, 3), (256, 7)], measured={32: 10.0, 256: 4.0}),
+        finished([(32, 3), (256, 7)], measured={32: 10.0, 256: 4.0}),
+        finished([(32, 3), (256, 7)], model="", measured={32: 10.0, 256: 4.0}),
+        finished([(32, 10)], measured={32: 7.0}),
+    )
+
+    assert set(prior.steps) == {("ResNet-18", 1, 32, 256), ("ResNet-18", 1, 256, 32)}
+    up = prior.steps[("ResNet-18", 1, 32, 256)]
+    assert up.jobs == 2
+    assert up.log_ratio_sum == pytest.approx(2 * math.log(2.5))
+    assert prior.steps[("ResNet-18", 1, 256, 32)].log_ratio_sum == pytest.approx(-up.log_ratio_sum)
+    assert StepStat(0, 0.0).add(1.0).add(2.0) == StepStat(2, 3.0)

@@ -272,3 +272,57 @@ def test_rounding_noise_in_equal_rates_is_no_spread() -> None:
 
     assert rates.speed_variance == 0.0
     assert rates.unseen_factor(adaptive_job("new", model="ResNet-18")) == 1.0
+
+
+def test_with_a_spread_a_speed_is_carried_by_the_ratio_of_jobs_that_measured_both_sizes() -> None:
+    # Every job's epoch at 256 takes half its epoch at 32, but the slow jobs ("s", 4 s at 32)
+    # have not reached 256 and the fast ones (1 s at 32) have: the ratio of the mean rates
+    # (0.5 of a sample rate unit at 32 over 2 at 256) would carry the slow "x" to 4 x 0.25 =
+    # 1 s at 256; "f", which measured both sizes, says 4 x 0.5 = 2 s.
+    def one(job_id: str, measured: dict[int, float]) -> ActiveJob:
+        return adaptive_job(job_id, model="ResNet-18", batch_sizes=LADDER, measured=measured)
+
+    slow = one("x", {32: 4.0})
+    jobs = [slow, one("s", {32: 4.0}), one("f", {32: 1.0, 256: 0.5}), one("g", {256: 0.5})]
+    model = ThroughputModel.build(jobs=jobs)
+
+    assert model.speed_variance > 0
+    assert model.ratios[("ResNet-18", 1, 32, 256)] == pytest.approx(math.log(2.0))
+    estimate = model.epoch_time(slow, 256)
+    assert estimate is not None and estimate.source == "population"
+    assert estimate.seconds == pytest.approx(2.0)
+    # on another GPU count the pairs say nothing: the mean rates and the law carry it
+    other = model.epoch_time(slow, 256, gpus=2)
+    assert other is not None and other.seconds != pytest.approx(2.0 / 2**0.8)
+
+
+def test_without_a_spread_the_ratio_is_the_mean_rates_one() -> None:
+    # Jobs of one shape that run alike: the two ratios are the same, and the model keeps the
+    # one of the mean rates (its estimates, and so every decision, as without the pairs).
+    def one(job_id: str, measured: dict[int, float]) -> ActiveJob:
+        return adaptive_job(job_id, model="ResNet-18", batch_sizes=LADDER, measured=measured)
+
+    jobs = [one("x", {32: 1.0}), one("f", {32: 1.0, 256: 0.5}), one("g", {256: 0.5})]
+    model = ThroughputModel.build(jobs=jobs)
+
+    assert model.speed_variance == 0.0
+    assert model.ratios == {}
+    estimate = model.epoch_time(jobs[0], 256)
+    assert estimate is not None and estimate.seconds == pytest.approx(0.5)
+
+
+def test_finished_jobs_that_measured_both_sizes_carry_a_speed_too() -> None:
+    # No active job measured both sizes; a finished one did (half the epoch time at 256). The
+    # active ones differ in speed (4 s and 1 s at 32), so the slow "x" is carried by it: 2 s.
+    done = FinishedJob(
+        adaptive_job("done", model="ResNet-18", batch_sizes=LADDER).spec, (), {32: 1.0, 256: 0.5}
+    )
+    prior = PopulationPrior().learn(done)
+    slow = adaptive_job("x", model="ResNet-18", batch_sizes=LADDER, measured={32: 4.0})
+    fast = adaptive_job("f", model="ResNet-18", batch_sizes=LADDER, measured={32: 1.0})
+
+    model = ThroughputModel.build(prior, [slow, fast])
+
+    assert model.ratios[("ResNet-18", 1, 32, 256)] == pytest.approx(math.log(2.0))
+    estimate = model.epoch_time(slow, 256)
+    assert estimate is not None and estimate.seconds == pytest.approx(2.0)

@@ -1098,11 +1098,13 @@ def _with_spread(params: ShockwaveParams, models: Iterable[ThroughputModel]) -> 
     at different speeds (sigma > 0, the largest spread of ``models``,
     :attr:`ThroughputModel.speed_variance`); unchanged where they all run alike.
 
-    The gate g (hold the path while g L > W) widens to min(1, g e^(z sigma)), z the
-    throughput model's ``unseen_caution``: a remainder estimated from a typical speed, or
-    from one batch size for another, is short by e^(z sigma) for one job in twenty, so a
-    job whose estimate looks a little shorter than the work bound may bound the makespan.
-    And the packing puts the jobs that outlast the path first
+    A wider gate g' = min(1, g e^(z sigma)) (``spread_gate``; g holds the path while
+    g L > W), z the throughput model's ``unseen_caution``: a remainder estimated from a
+    typical speed, or from one batch size for another, is short by e^(z sigma) for one job
+    in twenty, so a job whose estimate looks a little shorter than the work bound may bound
+    the makespan. It holds the path only while g' L > W + A, A the work projected to arrive
+    (:func:`shockwave.market.planner.held_path_s`): earlier the arrivals set the end. And
+    the packing puts the jobs that outlast the path first
     (:attr:`shockwave.market.planner.PlannerParams.path_first`): where remainders spread,
     the last hour holds a few long jobs whose every lost round is a round of makespan."""
     planner = params.planner
@@ -1113,7 +1115,7 @@ def _with_spread(params: ShockwaveParams, models: Iterable[ThroughputModel]) -> 
     gate = planner.critical_path_gate or margin
     z = params.throughput.unseen_caution
     wider = min(1.0, gate * math.exp(z * math.sqrt(spread)))
-    return replace(params, planner=replace(planner, critical_path_gate=wider, path_first=True))
+    return replace(params, planner=replace(planner, spread_gate=wider, path_first=True))
 
 
 def _crowded(snapshot: Snapshot, load: float) -> bool:
