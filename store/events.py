@@ -73,47 +73,25 @@ def active_job(row: JobRow, gpus: tuple[int, ...] = ()) -> ActiveJob:
 
 
 def record_event(
-    session: Session,
-    principal: Principal,
-    job_id: str,
-    event: ClientEvent,
-    *,
-    held: JobRow | None = None,
+    session: Session, principal: Principal, job_id: str, event: ClientEvent
 ) -> tuple[int, JobEventRow]:
     """Store ``event`` for the job and update its observed state; (201, new event) or, for a
     duplicate, (200, the stored event). Raises :mod:`store.errors`: Forbidden, NotFound,
     Conflict (fenced attempt, conflicting duplicate, finished job) or InvalidInput (an epoch
-    beyond the job's length).
-
-    ``held``: the job's row, read under its lock in this transaction by a caller that records
-    several events at once (:func:`locked_jobs`; the agent's poll): neither it nor the new
-    event is written here, both at the caller's next flush, so a poll's events cost one read,
-    one ``INSERT`` and one ``UPDATE`` a job's batch, not a read and two writes each. The
-    event's row has no id until then. Under the job's lock, with every stored event folded into
-    its row, an event past the row's last seq cannot collide with a stored one."""
+    beyond the job's length)."""
     require(principal, *REPORTERS)
-    if held is not None:
-        if held.id != job_id or principal.job_id not in (None, job_id):
-            raise NotFound(f"no job {job_id}")
-        row = held
-    else:
-        row = jobs.locked_job(session, principal, job_id)
+    row = jobs.locked_job(session, principal, job_id)
     _check_attempt(session, principal)
     payload = dict(event.payload)
     # every event stored for the job was folded into its row in the same transaction, so an
     # event past the row's last seq is new: only one at or below it may be a duplicate
     stored = _event_at(session, job_id, event.seq) if event.seq <= (row.last_seq or 0) else None
     if stored is not None:
-        return 200, _same_or_conflict(stored, event.kind, payload)
-    if JobState(row.state).terminal:
-        raise Conflict(f"job {job_id} is {row.state}; it takes no more events")
-    _check_epoch(row, event)
-    _check_room(row, event)
-    new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
+        _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+        return 200, stored
+    _check_new(row, event)
+    new = JobEventRow(**_event_row(job_id, event, payload))
     session.add(new)
-    if held is not None:
-        _apply(row, fold(observed_of(row), event))
-        return 201, new
     try:
         session.flush()
     except IntegrityError:
@@ -121,16 +99,75 @@ def record_event(
         stored = _event_at(session, job_id, event.seq)
         if stored is None:
             raise
-        return 200, _same_or_conflict(stored, event.kind, payload)
+        _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+        return 200, stored
     _apply(row, fold(observed_of(row), event))
     session.add(row)
     return 201, new
 
 
+def record_held_event(
+    session: Session,
+    principal: Principal,
+    row: JobRow,
+    event: ClientEvent,
+    pending: list[dict[str, Any]],
+) -> int:
+    """:func:`record_event` for a caller that records several events at once (the agent's
+    poll) and holds the job's ``row``, read under its lock in this transaction
+    (:func:`locked_jobs`): the event is folded into the row in memory and its new row
+    appended to ``pending`` (its columns but the id), for the caller to insert with the
+    others in one statement after its next flush, which writes the job's row; neither is
+    written here. A poll's events cost one read, one ``UPDATE`` a job and one ``INSERT``,
+    not a read and two writes each. 201 for a new event, 200 for a duplicate of one stored
+    or pending. Under the job's lock, with every stored event folded into its row, an event
+    past the row's last seq cannot collide with a stored one."""
+    require(principal, *REPORTERS)
+    if principal.job_id not in (None, row.id):
+        raise NotFound(f"no job {row.id}")
+    _check_attempt(session, principal)
+    payload = dict(event.payload)
+    key = (row.id, event.seq)
+    if event.seq <= (row.last_seq or 0):
+        same = [(p["kind"], p["payload"]) for p in pending if (p["job_id"], p["seq"]) == key]
+        if same:
+            _same_or_conflict(event.seq, same[0], (event.kind, payload))
+            return 200
+        stored = _event_at(session, row.id, event.seq)
+        if stored is not None:
+            _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+            return 200
+    _check_new(row, event)
+    pending.append(_event_row(row.id, event, payload))
+    _apply(row, fold(observed_of(row), event))
+    return 201
+
+
+def _event_row(job_id: str, event: ClientEvent, payload: dict[str, Any]) -> dict[str, Any]:
+    """The ``job_events`` row (its columns but the id) of a client's new ``event``."""
+    return {
+        "job_id": job_id,
+        "seq": event.seq,
+        "kind": event.kind,
+        "payload": payload,
+        "reason": "",
+        "created_at": utcnow(),
+    }
+
+
+def _check_new(row: JobRow, event: ClientEvent) -> None:
+    """Whether the job in ``row`` takes ``event`` as a new one: Conflict for a finished job,
+    InvalidInput for an epoch beyond it or a state grown past its bounds."""
+    if JobState(row.state).terminal:
+        raise Conflict(f"job {row.id} is {row.state}; it takes no more events")
+    _check_epoch(row, event)
+    _check_room(row, event)
+
+
 def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, JobRow]:
     """The rows of ``job_ids`` that exist, read under their locks (``FOR UPDATE``, in the
     round driver's order: arrival, then id) in one statement, by id: what
-    :func:`record_event` takes as ``held``."""
+    :func:`record_held_event` takes."""
     if not job_ids:
         return {}
     rows = session.exec(
@@ -166,12 +203,13 @@ def _event_at(session: Session, job_id: str, seq: int) -> JobEventRow | None:
     ).first()
 
 
-def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -> JobEventRow:
-    if stored.kind != kind or stored.payload != payload:
-        raise Conflict(
-            f"event seq {stored.seq} was already recorded with a different body", field="seq"
-        )
-    return stored
+def _same_or_conflict(
+    seq: int | None, stored: tuple[str, dict[str, Any]], sent: tuple[str, dict[str, Any]]
+) -> None:
+    """A conflict unless event ``seq`` was ``stored`` with what was ``sent`` again (kind,
+    payload)."""
+    if stored != sent:
+        raise Conflict(f"event seq {seq} was already recorded with a different body", field="seq")
 
 
 MAX_SCALINGS = 1024

@@ -151,10 +151,21 @@ def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
         row.carried_s = 0.0
 
 
-def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
+def record_state(
+    session: Session,
+    row: JobRow,
+    target: JobState,
+    reason: str,
+    *,
+    events: list[dict[str, Any]] | None = None,
+) -> None:
     """Move ``row`` through the state machine and record the change as an event. A job that
     stops running banks what it trained since its last report (:func:`bank_training`): kept
-    when it is SUSPENDED (an attempt checkpointed), lost when it goes back PENDING."""
+    when it is SUSPENDED (an attempt checkpointed), lost when it goes back PENDING.
+
+    ``events``: the event's row is appended there (:func:`state_event`) for the caller to
+    insert with its others in one statement, after its next flush, instead of added to the
+    session as an ORM object (an agent's poll moves up to a node's jobs at once)."""
     current = JobState(row.state)
     transition(current, target)
     now = utcnow()
@@ -162,14 +173,25 @@ def record_state(session: Session, row: JobRow, target: JobState, reason: str) -
     row.state = target.value
     row.updated_at = now
     session.add(row)
-    session.add(
-        JobEventRow(
-            job_id=row.id,
-            kind="state",
-            payload={"from": current.value, "to": target.value},
-            reason=reason[:256],
-        )
-    )
+    event = state_event(row.id, current, target, reason, now)
+    if events is None:
+        session.add(JobEventRow(**event))
+    else:
+        events.append(event)
+
+
+def state_event(
+    job_id: str, current: JobState | str, target: JobState | str, reason: str, now: datetime
+) -> dict[str, Any]:
+    """The ``job_events`` row (its columns but the id) that records job ``job_id`` moving from
+    ``current`` to ``target`` at ``now``, for ``reason`` (cut to the column's 256 characters)."""
+    return {
+        "job_id": job_id,
+        "kind": "state",
+        "payload": {"from": JobState(current).value, "to": JobState(target).value},
+        "reason": reason[:256],
+        "created_at": now,
+    }
 
 
 def create_job(
