@@ -50,7 +50,7 @@ from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
-from store.jobs import record_state, state_event
+from store.jobs import polled, record_state, state_event
 from store.leases import (
     JobLeases,
     checkpoint_dir,
@@ -1010,7 +1010,10 @@ def _load_reported(
     )
     loaded: list[Any] = list(
         session.execute(
-            select(JobRow).where(col(JobRow.id).in_(jobs)).execution_options(populate_existing=True)
+            select(JobRow)
+            .where(col(JobRow.id).in_(jobs))
+            .options(polled())
+            .execution_options(populate_existing=True)
         ).scalars()
     )
     loaded.extend(

@@ -483,3 +483,69 @@ def test_the_tokens_a_poll_mints_are_stored_as_the_token_endpoint_stores_one(
         assert own.status_code == 200, own.json()
         other = next(job for job in jobs if job != attempts[attempt])
         assert client.get(f"/v1/jobs/{other}", headers=bearer(token)).status_code in (403, 404)
+
+
+def _prior(database: Database, tenant: str) -> tuple[int, Any]:
+    with database.engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT learnt, prior FROM population_priors WHERE tenant = :tenant"),
+            {"tenant": tenant},
+        ).one()
+    prior = row.prior if isinstance(row.prior, dict) else json.loads(row.prior)
+    return row.learnt, prior
+
+
+def test_a_job_that_succeeds_in_a_poll_is_learnt_as_one_reported_alone(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A poll reads only part of its jobs' rows; a job whose progress and exit 0 come in one
+    poll still succeeds with its whole row learnt into its tenant's prior, as the same job's
+    events and exit posted one at a time are."""
+    register(client, tokens.agent, gpus=8)
+    body = job_body(epochs=2, model="resnet18")
+    jobs = {
+        tenant: client.post(
+            "/v1/jobs", json={**body, "tenant": tenant}, headers=bearer(tokens.admin)
+        ).json()["id"]
+        for tenant in ("alone", "polled")
+    }
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+
+    alone = attempts[jobs["alone"]]
+    for seq in (1, 2):
+        sent = client.post(
+            "/v1/agent/poll",
+            json={"running": running, "events": [progress_event(alone, seq, seq)]},
+            headers=bearer(tokens.agent),
+        )
+        assert [e["status"] for e in sent.json()["events"]] == [201]
+    report(client, tokens.agent, alone, "exited", 0)
+
+    polled = attempts[jobs["polled"]]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={
+            "running": [polled],
+            "events": [progress_event(polled, 1, 1), progress_event(polled, 2, 2)],
+            "reports": [{"attempt_id": polled, "state": "exited", "exit_code": 0}],
+        },
+        headers=bearer(tokens.agent),
+    )
+    assert answer.status_code == 200, answer.json()
+    assert [e["status"] for e in answer.json()["events"]] == [201, 201]
+    ((done,),) = (answer.json()["reports"],)
+    assert done["lease"]["job_state"] == "SUCCEEDED", done
+
+    shown = {
+        tenant: client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+        for tenant, job in jobs.items()
+    }
+    assert {s["state"] for s in shown.values()} == {"SUCCEEDED"}
+    assert shown["polled"]["epochs_done"] == shown["alone"]["epochs_done"] == 2
+    assert _prior(database, "polled") == _prior(database, "alone")
+    assert _prior(database, "polled")[0] == 1
