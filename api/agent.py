@@ -50,7 +50,7 @@ from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
-from store.jobs import polled, record_state, state_event
+from store.jobs import POLLED, record_state, state_event
 from store.leases import (
     JobLeases,
     checkpoint_dir,
@@ -847,11 +847,7 @@ def _record_events(
     # a poll instead of one an event). Kept referenced until the events are recorded: the
     # session's identity map holds its objects weakly, and one nobody references is gone
     # (the check then read its lease again).
-    pinned = (
-        session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
-        if recorded
-        else []
-    )
+    pinned = session.execute(_EVENT_LEASES, {"ids": recorded}).scalars().all() if recorded else []
     # and their jobs' rows, read once for all under the locks the poll holds: each event is
     # folded into its row in memory, the rows written at the flush below and the new events
     # inserted after it in one statement (store.events.record_held_event)
@@ -1008,25 +1004,29 @@ def _load_reported(
     reported = Counter(
         attempts[report.attempt_id].job_id for report in reports if report.attempt_id in attempts
     )
-    loaded: list[Any] = list(
-        session.execute(
-            select(JobRow)
-            .where(col(JobRow.id).in_(jobs))
-            .options(polled())
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
-    loaded.extend(
-        session.execute(
-            select(LeaseRow)
-            .where(col(LeaseRow.id).in_(ids))
-            .order_by(col(LeaseRow.id))
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
+    loaded: list[Any] = list(session.execute(_REPORTED_JOBS, {"ids": jobs}).scalars())
+    loaded.extend(session.execute(_REPORTED_LEASES, {"ids": ids}).scalars())
     once = [job for job in jobs if reported[job] == 1]
     return loaded, JobLeases(session, once)
+
+
+_EVENT_LEASES = select(LeaseRow).where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
+"""The leases of a poll's events' attempts (their jobs locked by the poll already)."""
+_REPORTED_JOBS = (
+    select(JobRow)
+    .where(col(JobRow.id).in_(bindparam("ids", expanding=True)))
+    .options(POLLED)
+    .execution_options(populate_existing=True)
+)
+"""The rows of a poll's reported jobs (locked by the poll already), what it reads of them."""
+_REPORTED_LEASES = (
+    select(LeaseRow)
+    .where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
+    .order_by(col(LeaseRow.id))
+    .with_for_update()
+    .execution_options(populate_existing=True)
+)
+"""The leases of a poll's reports, locked."""
 
 
 def _locked(connection: Connection, statement: Any, job_ids: Collection[str]) -> dict[str, str]:

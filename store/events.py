@@ -165,7 +165,7 @@ def _check_new(row: JobRow, event: ClientEvent) -> None:
 
 
 def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, JobRow]:
-    """The rows of ``job_ids`` that exist (what a poll reads of them: :func:`store.jobs.polled`),
+    """The rows of ``job_ids`` that exist (what a poll reads of them: :data:`store.jobs.POLLED`),
     read under their locks (``FOR UPDATE``, in the round driver's order: arrival, then id) in
     one statement, by id: what
     :func:`record_held_event` takes."""
@@ -174,7 +174,7 @@ def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, JobRow]
     rows = session.exec(
         select(JobRow)
         .where(among(col(JobRow.id), sorted(job_ids), session))
-        .options(jobs.polled())
+        .options(jobs.POLLED)
         .order_by(col(JobRow.created_at), col(JobRow.id))
         .with_for_update()
         .execution_options(populate_existing=True)

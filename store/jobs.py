@@ -171,16 +171,14 @@ POLLED_COLUMNS = (
 """What an agent's poll reads of its jobs' rows (their events folded in, their attempts'
 reports applied): not the launch fields, the spec's profiles, nor what the API shows only,
 whose JSON a poll of 8 jobs decoded about 60 times for nothing. A row read with these only
-(:func:`polled`) loads the rest on first use (:func:`load_rest`)."""
-
-
-def polled() -> Any:
-    """The loader option that reads :data:`POLLED_COLUMNS` of a job's row."""
-    return load_only(*(getattr(JobRow, name) for name in POLLED_COLUMNS))
+(:data:`POLLED`) loads the rest on first use (:func:`load_rest`)."""
+POLLED = load_only(*(getattr(JobRow, name) for name in POLLED_COLUMNS))
+"""The loader option that reads :data:`POLLED_COLUMNS` of a job's row (built once: building
+it took as long as the read)."""
 
 
 def load_rest(session: Session, row: JobRow) -> None:
-    """Read the columns of ``row`` not loaded yet (:func:`polled`) in one statement, before a
+    """Read the columns of ``row`` not loaded yet (:data:`POLLED`) in one statement, before a
     use that reads most of them (each would otherwise be a statement of its own); what the
     session changed on the row stays as it is."""
     unloaded = sa_inspect(row).unloaded

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import bindparam
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm.util import identity_key
 from sqlmodel import Session, SQLModel, col, func, select
@@ -37,6 +38,10 @@ from store.jobs import record_state
 from store.tables import JobRow, LeaseRow, utcnow
 
 LEASES = SQLModel.metadata.tables["leases"]
+_JOB_LEASES = sa_select(LEASES.c.id, LEASES.c.job_id, LEASES.c.state, LEASES.c.issued_at).where(
+    LEASES.c.job_id.in_(bindparam("ids", expanding=True))
+)
+"""The leases of the jobs ``ids``: what :class:`JobLeases` reads of them."""
 
 
 def move_lease(
@@ -98,11 +103,7 @@ class JobLeases:
         if not job_ids:
             return
         session.flush()  # a Core read (no ORM compilation): the session's moves written first
-        rows = session.connection().execute(
-            sa_select(LEASES.c.id, LEASES.c.job_id, LEASES.c.state, LEASES.c.issued_at).where(
-                LEASES.c.job_id.in_(sorted(job_ids))
-            )
-        )
+        rows = session.connection().execute(_JOB_LEASES, {"ids": sorted(job_ids)})
         for attempt, job_id, state, issued in rows:
             self._leases[job_id].append((attempt, state, issued))
 

@@ -52,7 +52,7 @@ def finished_job(row: JobRow, state: Observed) -> FinishedJob:
 def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLUSTER) -> None:
     """Learn the job in ``row``, which has just succeeded, into its tenant's prior (in the
     caller's transaction)."""
-    load_rest(session, row)  # a poll reads only part of a job's row (store.jobs.polled)
+    load_rest(session, row)  # a poll reads only part of a job's row (store.jobs.POLLED)
     finished = finished_job(row, events.observed_of(row))
     _ensure_row(session, cluster_id, row.tenant)
     stored = session.get(

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict
 
-from sqlalchemy import insert
+from sqlalchemy import bindparam, insert
 from sqlmodel import Session, SQLModel, col, select, update
 from typing_extensions import Unpack
 
@@ -98,6 +98,11 @@ def _values(role: Role, scope: Scope) -> tuple[str, dict[str, Any]]:
 
 
 TOKENS = SQLModel.metadata.tables["tokens"]
+_INSERT = insert(TOKENS)
+_LIVE_ATTEMPT_TOKENS = select(TOKENS.c.attempt_id).where(
+    TOKENS.c.attempt_id.in_(bindparam("ids", expanding=True)), TOKENS.c.revoked_at.is_(None)
+)
+"""The attempts among ``ids`` that have a job token not revoked."""
 
 
 def add_attempt_tokens(session: Session, attempts: Mapping[str, str]) -> dict[str, str]:
@@ -114,7 +119,7 @@ def add_attempt_tokens(session: Session, attempts: Mapping[str, str]) -> dict[st
         scope: Scope = {"job_id": job_id, "attempt_id": attempt, "name": f"attempt {attempt}"}
         tokens[attempt], values = _values(Role.JOB, scope)
         rows.append({**values, "created_at": now})
-    session.connection().execute(insert(TOKENS), rows)
+    session.connection().execute(_INSERT, rows)
     return tokens
 
 
@@ -161,11 +166,7 @@ def attempts_with_tokens(session: Session, attempt_ids: Sequence[str]) -> set[st
     session's connection: a poll asks before it mints)."""
     if not attempt_ids:
         return set()
-    rows = session.connection().execute(
-        select(TOKENS.c.attempt_id).where(
-            TOKENS.c.attempt_id.in_(list(attempt_ids)), TOKENS.c.revoked_at.is_(None)
-        )
-    )
+    rows = session.connection().execute(_LIVE_ATTEMPT_TOKENS, {"ids": list(attempt_ids)})
     return {attempt for (attempt,) in rows if attempt is not None}
 
 
