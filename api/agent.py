@@ -50,7 +50,7 @@ from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
-from store.jobs import POLLED, record_state, state_event
+from store.jobs import POLLED, PolledJob, record_state, state_event, write_folded
 from store.leases import (
     JobLeases,
     checkpoint_dir,
@@ -853,6 +853,7 @@ def _record_events(
     # inserted after it in one statement (store.events.record_held_event)
     held = store_events.locked_jobs(session, {attempts[a].job_id for a in recorded})
     pending: list[dict[str, Any]] = []
+    folded: dict[str, PolledJob] = {}  # the rows that took a new event, to write back
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
@@ -886,6 +887,8 @@ def _record_events(
                 status, _ = store_events.record_event(session, speaker, row.job_id, told)
             else:
                 status = store_events.record_held_event(session, speaker, job, told, pending)
+                if status == 201:
+                    folded[job.id] = job
         except (Conflict, InvalidInput, NotFound) as error:
             code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
             answers.append(
@@ -902,6 +905,7 @@ def _record_events(
         answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
     if events:
         session.flush()
+    write_folded(session, list(folded.values()))
     if pending:
         session.connection().execute(JOB_EVENTS.insert(), pending)
     del pinned

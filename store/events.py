@@ -49,7 +49,7 @@ REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
 
-def observed_of(row: JobRow) -> Observed:
+def observed_of(row: JobRow | jobs.PolledJob) -> Observed:
     """The job's observed state as its row stores it (see :mod:`store.tables`)."""
     return Observed(
         initial_batch_size=row.initial_batch_size,
@@ -109,19 +109,19 @@ def record_event(
 def record_held_event(
     session: Session,
     principal: Principal,
-    row: JobRow,
+    row: jobs.PolledJob,
     event: ClientEvent,
     pending: list[dict[str, Any]],
 ) -> int:
     """:func:`record_event` for a caller that records several events at once (the agent's
     poll) and holds the job's ``row``, read under its lock in this transaction
     (:func:`locked_jobs`): the event is folded into the row in memory and its new row
-    appended to ``pending`` (its columns but the id), for the caller to insert with the
-    others in one statement after its next flush, which writes the job's row; neither is
-    written here. A poll's events cost one read, one ``UPDATE`` a job and one ``INSERT``,
-    not a read and two writes each. 201 for a new event, 200 for a duplicate of one stored
-    or pending. Under the job's lock, with every stored event folded into its row, an event
-    past the row's last seq cannot collide with a stored one."""
+    appended to ``pending`` (its columns but the id); neither is written here. The caller
+    writes its rows that took a new event (:func:`store.jobs.write_folded`), then inserts the
+    pending events, one statement each for all: a poll's events cost one read, one
+    ``UPDATE`` and one ``INSERT``, not a read and two writes each. 201 for a new event, 200
+    for a duplicate of one stored or pending. Under the job's lock, with every stored event
+    folded into its row, an event past the row's last seq cannot collide with a stored one."""
     require(principal, *REPORTERS)
     if principal.job_id not in (None, row.id):
         raise NotFound(f"no job {row.id}")
@@ -155,7 +155,7 @@ def _event_row(job_id: str, event: ClientEvent, payload: dict[str, Any]) -> dict
     }
 
 
-def _check_new(row: JobRow, event: ClientEvent) -> None:
+def _check_new(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     """Whether the job in ``row`` takes ``event`` as a new one: Conflict for a finished job,
     InvalidInput for an epoch beyond it or a state grown past its bounds."""
     if JobState(row.state).terminal:
@@ -164,22 +164,21 @@ def _check_new(row: JobRow, event: ClientEvent) -> None:
     _check_room(row, event)
 
 
-def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, JobRow]:
-    """The rows of ``job_ids`` that exist (what a poll reads of them: :data:`store.jobs.POLLED`),
-    read under their locks (``FOR UPDATE``, in the round driver's order: arrival, then id) in
-    one statement, by id: what
+def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, jobs.PolledJob]:
+    """The rows of ``job_ids`` that exist (what a poll reads of them:
+    :data:`store.jobs.POLLED_COLUMNS`), read under their locks (``FOR UPDATE``, in the round
+    driver's order: arrival, then id) in one Core statement, by id: what
     :func:`record_held_event` takes."""
     if not job_ids:
         return {}
-    rows = session.exec(
-        select(JobRow)
-        .where(among(col(JobRow.id), sorted(job_ids), session))
-        .options(jobs.POLLED)
-        .order_by(col(JobRow.created_at), col(JobRow.id))
+    table = jobs.JOBS
+    rows = session.connection().execute(
+        select(*(table.c[name] for name in jobs.POLLED_COLUMNS))
+        .where(among(table.c.id, sorted(job_ids), session))
+        .order_by(table.c.created_at, table.c.id)
         .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    return {row.id: row for row in rows}
+    )
+    return {row.id: jobs.PolledJob(**row._mapping) for row in rows}
 
 
 def _check_attempt(session: Session, principal: Principal) -> None:
@@ -220,7 +219,7 @@ MAX_MEASURED_BATCH_SIZES = 64
 """Distinct batch sizes a job's progress events may measure (as many as a job may declare)."""
 
 
-def _check_room(row: JobRow, event: ClientEvent) -> None:
+def _check_room(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     """Keep a job's folded state bounded: 422 for a scaling event past :data:`MAX_SCALINGS`, or
     a progress event at a new batch size past :data:`MAX_MEASURED_BATCH_SIZES`."""
     if event.kind == "scaling" and len(row.scalings) >= MAX_SCALINGS:
@@ -240,7 +239,7 @@ def _check_room(row: JobRow, event: ClientEvent) -> None:
         )
 
 
-def _check_epoch(row: JobRow, event: ClientEvent) -> None:
+def _check_epoch(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     epoch = int(event.payload["epoch"])
     if event.kind == "progress" and epoch > row.epochs:
         raise InvalidInput(
@@ -256,7 +255,7 @@ def _check_epoch(row: JobRow, event: ClientEvent) -> None:
         )
 
 
-def _apply(row: JobRow, state: Observed) -> None:
+def _apply(row: JobRow | jobs.PolledJob, state: Observed) -> None:
     """Store ``state`` on the job's row (its derived means too, which the API shows). A
     reported epoch clears the training carried since the last one; any other event banks the
     running job's time since its row last changed (:func:`store.jobs.bank_training`), as the

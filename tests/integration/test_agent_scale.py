@@ -549,3 +549,82 @@ def test_a_job_that_succeeds_in_a_poll_is_learnt_as_one_reported_alone(
     assert shown["polled"]["epochs_done"] == shown["alone"]["epochs_done"] == 2
     assert _prior(database, "polled") == _prior(database, "alone")
     assert _prior(database, "polled")[0] == 1
+
+
+FOLDED = (
+    "epochs_done, batch_size, attained_s, carried_s, epoch_seconds, scalings, "
+    "measured_epoch_seconds, last_seq"
+)
+
+
+def _folded(database: Database, job: str) -> tuple[Any, ...]:
+    """The job's folded columns (JSON decoded) and its client events (seq, kind, payload)."""
+    with database.engine.connect() as connection:
+        row = connection.execute(
+            text(f"SELECT {FOLDED} FROM jobs WHERE id = :job"), {"job": job}
+        ).one()
+        events = connection.execute(
+            text(
+                "SELECT seq, kind, payload FROM job_events "
+                "WHERE job_id = :job AND seq IS NOT NULL ORDER BY id"
+            ),
+            {"job": job},
+        ).all()
+
+    def decoded(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    return tuple(decoded(v) for v in row) + tuple(
+        (seq, kind, decoded(payload)) for seq, kind, payload in events
+    )
+
+
+def test_a_polls_events_fold_into_their_jobs_rows_as_posted_one_at_a_time(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The events a poll carries, folded into their jobs' rows in memory and written back in
+    one statement, leave the job's row and its events as the same events posted one at a time
+    with the attempt's job token do (a duplicate included)."""
+    register(client, tokens.agent, gpus=8)
+    posted, polled = (submit(client, tokens.admin, gpus=1, epochs=10) for _ in range(2))
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+
+    sent = [
+        {"seq": 1, "kind": "progress", "epoch": 1, "samples": 1000, "seconds": 2.0},
+        {"seq": 2, "kind": "progress", "epoch": 2, "samples": 1000, "seconds": 3.0},
+        {"seq": 2, "kind": "progress", "epoch": 2, "samples": 1000, "seconds": 3.0},
+        {"seq": 3, "kind": "progress", "epoch": 3, "samples": 900, "seconds": 1.5},
+    ]
+    sizes = [32, 32, 32, 64]
+    token = client.post(
+        f"/v1/agent/leases/{attempts[posted]}/token", headers=bearer(tokens.agent)
+    ).json()["token"]
+    statuses = []
+    for told, size in zip(sent, sizes, strict=True):
+        answer = client.post(
+            f"/v1/jobs/{posted}/events", json={**told, "batch_size": size}, headers=bearer(token)
+        )
+        statuses.append(answer.status_code)
+    assert statuses == [201, 201, 200, 201]
+
+    carried = [
+        {**told, "batch_size": size, "attempt_id": attempts[polled]}
+        for told, size in zip(sent, sizes, strict=True)
+    ]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={"running": running, "events": carried},
+        headers=bearer(tokens.agent),
+    )
+    assert [e["status"] for e in answer.json()["events"]] == [201, 201, 200, 201]
+
+    theirs, ours = _folded(database, posted), _folded(database, polled)
+    assert theirs[0] == 3 and len(theirs) == 8 + 3, theirs
+    # carried_s depends on when each row last changed: compared apart, both none after an epoch
+    assert ours[:3] + ours[4:] == theirs[:3] + theirs[4:]
+    assert ours[3] == theirs[3] == 0.0
