@@ -50,7 +50,7 @@ from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
-from store.jobs import record_state
+from store.jobs import POLLED, PolledJob, record_state, state_event, write_folded
 from store.leases import (
     JobLeases,
     checkpoint_dir,
@@ -61,7 +61,11 @@ from store.leases import (
 )
 from store.principals import Principal, Role, require
 from store.tables import JobRow, LeaseRow, NodeRow, utcnow
-from store.tokens import add_token, attempts_with_tokens, revoke_attempt_tokens
+from store.tokens import (
+    add_attempt_tokens,
+    attempts_with_tokens,
+    revoke_attempt_tokens,
+)
 
 STOP_ROUNDS = 2
 """Revoked and lost attempts are listed in ``stop`` for this many rounds after the fact (a
@@ -656,13 +660,9 @@ def _new_tokens(session: Session, starting: Mapping[str, str]) -> dict[str, str]
     poll (an agent that lost it asks :func:`job_token`, which replaces it). Those without
     one have nothing to revoke."""
     held = attempts_with_tokens(session, sorted(starting))
-    return {
-        attempt: add_token(
-            session, Role.JOB, job_id=job_id, attempt_id=attempt, name=f"attempt {attempt}"
-        )
-        for attempt, job_id in sorted(starting.items())
-        if attempt not in held
-    }
+    return add_attempt_tokens(
+        session, {attempt: job for attempt, job in starting.items() if attempt not in held}
+    )
 
 
 def _acknowledge_quietly(connection: Connection, node_id: str, fresh: Sequence[Any]) -> set[str]:
@@ -847,15 +847,13 @@ def _record_events(
     # a poll instead of one an event). Kept referenced until the events are recorded: the
     # session's identity map holds its objects weakly, and one nobody references is gone
     # (the check then read its lease again).
-    pinned = (
-        session.execute(select(LeaseRow).where(col(LeaseRow.id).in_(recorded))).scalars().all()
-        if recorded
-        else []
-    )
+    pinned = session.execute(_EVENT_LEASES, {"ids": recorded}).scalars().all() if recorded else []
     # and their jobs' rows, read once for all under the locks the poll holds: each event is
-    # folded into its row in memory, and the new events and the rows are written together
-    # at the flush below (store.events.record_event's ``held``)
+    # folded into its row in memory, the rows written at the flush below and the new events
+    # inserted after it in one statement (store.events.record_held_event)
     held = store_events.locked_jobs(session, {attempts[a].job_id for a in recorded})
+    pending: list[dict[str, Any]] = []
+    folded: dict[str, PolledJob] = {}  # the rows that took a new event, to write back
     for event in events:
         row = attempts.get(event.attempt_id)
         if row is None or row.node_id != node_id:
@@ -882,14 +880,15 @@ def _record_events(
             attempt_id=event.attempt_id,
         )
         payload = event.model_dump(mode="json", exclude={"seq", "kind", "attempt_id"})
+        told = ClientEvent(event.seq, event.kind, payload)
+        job = held.get(row.job_id)
         try:
-            status, _ = store_events.record_event(
-                session,
-                speaker,
-                row.job_id,
-                ClientEvent(event.seq, event.kind, payload),
-                held=held.get(row.job_id),
-            )
+            if job is None:  # gone since the attempt was read: as a post would find it
+                status, _ = store_events.record_event(session, speaker, row.job_id, told)
+            else:
+                status = store_events.record_held_event(session, speaker, job, told, pending)
+                if status == 201:
+                    folded[job.id] = job
         except (Conflict, InvalidInput, NotFound) as error:
             code = {Conflict: 409, InvalidInput: 422, NotFound: 404}[type(error)]
             answers.append(
@@ -906,6 +905,9 @@ def _record_events(
         answers.append(EventAnswer(attempt_id=event.attempt_id, seq=event.seq, status=status))
     if events:
         session.flush()
+    write_folded(session, list(folded.values()))
+    if pending:
+        session.connection().execute(JOB_EVENTS.insert(), pending)
     del pinned
     if scaled:
         cluster_version.bump_and_request(session, "batch size changed")
@@ -933,6 +935,7 @@ def _apply_reports(
     applied = False
     pinned: list[Any] | None = None
     known: JobLeases | None = None
+    changes: list[dict[str, Any]] = []  # the reports' job state events, inserted at the end
     for index, report in enumerate(reports):
         attempt_id = report.attempt_id
         if attempt_id not in attempts:
@@ -952,7 +955,13 @@ def _apply_reports(
             if pinned is None:
                 pinned, known = _load_reported(session, reports, attempts, settled, busy)
             outcome = report_status(
-                session, principal, attempt_id, report, attempt=attempts[attempt_id], known=known
+                session,
+                principal,
+                attempt_id,
+                report,
+                attempt=attempts[attempt_id],
+                known=known,
+                events=changes,
             )
             status, refused, applied = outcome.status, outcome.refused, True
         if refused is not None:
@@ -966,6 +975,8 @@ def _apply_reports(
             )
     if applied:
         session.flush()  # what follows reads with Core statements
+    if changes:  # after the flush: in the order the reports moved their jobs
+        session.connection().execute(JOB_EVENTS.insert(), changes)
     del pinned
     return answers
 
@@ -997,22 +1008,29 @@ def _load_reported(
     reported = Counter(
         attempts[report.attempt_id].job_id for report in reports if report.attempt_id in attempts
     )
-    loaded: list[Any] = list(
-        session.execute(
-            select(JobRow).where(col(JobRow.id).in_(jobs)).execution_options(populate_existing=True)
-        ).scalars()
-    )
-    loaded.extend(
-        session.execute(
-            select(LeaseRow)
-            .where(col(LeaseRow.id).in_(ids))
-            .order_by(col(LeaseRow.id))
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
+    loaded: list[Any] = list(session.execute(_REPORTED_JOBS, {"ids": jobs}).scalars())
+    loaded.extend(session.execute(_REPORTED_LEASES, {"ids": ids}).scalars())
     once = [job for job in jobs if reported[job] == 1]
     return loaded, JobLeases(session, once)
+
+
+_EVENT_LEASES = select(LeaseRow).where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
+"""The leases of a poll's events' attempts (their jobs locked by the poll already)."""
+_REPORTED_JOBS = (
+    select(JobRow)
+    .where(col(JobRow.id).in_(bindparam("ids", expanding=True)))
+    .options(POLLED)
+    .execution_options(populate_existing=True)
+)
+"""The rows of a poll's reported jobs (locked by the poll already), what it reads of them."""
+_REPORTED_LEASES = (
+    select(LeaseRow)
+    .where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
+    .order_by(col(LeaseRow.id))
+    .with_for_update()
+    .execution_options(populate_existing=True)
+)
+"""The leases of a poll's reports, locked."""
 
 
 def _locked(connection: Connection, statement: Any, job_ids: Collection[str]) -> dict[str, str]:
@@ -1074,13 +1092,13 @@ def _acknowledge(
         connection.execute(
             JOB_EVENTS.insert(),
             [
-                {
-                    "job_id": job_id,
-                    "kind": "state",
-                    "payload": {"from": locked[job_id], "to": JobState.RUNNING.value},
-                    "reason": f"attempt {attempt_id} started on {node_id}",
-                    "created_at": now,
-                }
+                state_event(
+                    job_id,
+                    locked[job_id],
+                    JobState.RUNNING,
+                    f"attempt {attempt_id} started on {node_id}",
+                    now,
+                )
                 for job_id, attempt_id in sorted(started.items())
             ],
         )
@@ -1115,6 +1133,7 @@ def report_status(
     *,
     attempt: Any = None,
     known: JobLeases | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> ReportOutcome:
     """Apply an agent's report on one attempt (see the module docstring of :mod:`store.leases`).
 
@@ -1139,7 +1158,8 @@ def report_status(
 
     ``attempt``: the attempt as :data:`_ATTEMPTS` read it, its job locked and its job and
     lease loaded into the session, locked (:func:`_load_reported`, for a poll's reports):
-    they are not read again. ``known``: the leases of the job, read already.
+    they are not read again. ``known``: the leases of the job, read already. ``events``: where
+    the job's state events go (:func:`store.jobs.record_state`; the caller inserts them).
     """
     if attempt is not None:
         job = session.get(JobRow, attempt.job_id)
@@ -1153,7 +1173,7 @@ def report_status(
         lease = session.get(LeaseRow, attempt_id, with_for_update=True, populate_existing=True)
     if job is None or lease is None:
         raise NotFound(f"no attempt {attempt_id}")
-    refused = _apply(session, lease, job, report, known)
+    refused = _apply(session, lease, job, report, known, events)
     stop = lease.state not in LIVE_LEASES or JobState(job.state).terminal
     status = LeaseStatusPublic(
         attempt_id=lease.id,
@@ -1195,10 +1215,12 @@ def _apply(
     job: JobRow,
     report: LeaseStatusReport,
     known: JobLeases | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> str | None:
     """Apply ``report`` as the lease lifecycle says
     (:func:`shockwave.domain.lifecycle.report_effect`); the reason it is refused, or None.
-    ``known``: the leases of the job, read already (:class:`store.leases.JobLeases`)."""
+    ``known``: the leases of the job, read already (:class:`store.leases.JobLeases`);
+    ``events``: where the job's state events go (:func:`store.jobs.record_state`)."""
     reported = Report(report.state)
     revoked = lease.state == LeaseState.REVOKED.value
     effect = report_effect(
@@ -1217,7 +1239,11 @@ def _apply(
     where = f"attempt {lease.id} on {lease.node_id}"
     if effect.job is JobEffect.RUN and job.state != JobState.RUNNING.value:
         record_state(
-            session, job, JobState.RUNNING, f"attempt {lease.id} started on {lease.node_id}"
+            session,
+            job,
+            JobState.RUNNING,
+            f"attempt {lease.id} started on {lease.node_id}",
+            events=events,
         )
     elif effect.job is JobEffect.REQUEUE:
         why = (
@@ -1227,21 +1253,34 @@ def _apply(
         )
         if lease.reason:
             why = f"{why}; {lease.reason}"
-        stop_running(session, job, f"{where} {why}", except_attempt=lease.id, known=known)
+        stop_running(
+            session, job, f"{where} {why}", except_attempt=lease.id, known=known, events=events
+        )
     elif effect.job is JobEffect.SUCCEED:
-        _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id)
+        _finish(session, job, JobState.SUCCEEDED, f"{where} exited 0", lease.id, events)
     elif effect.job is JobEffect.FAIL:
-        _finish(session, job, JobState.FAILED, f"{where} exited {effect.exit_code}", lease.id)
+        _finish(
+            session, job, JobState.FAILED, f"{where} exited {effect.exit_code}", lease.id, events
+        )
     return effect.refused
 
 
-def _finish(session: Session, job: JobRow, target: JobState, reason: str, attempt: str) -> None:
+def _finish(
+    session: Session,
+    job: JobRow,
+    target: JobState,
+    reason: str,
+    attempt: str,
+    events: list[dict[str, Any]] | None = None,
+) -> None:
     """End the job: through RUNNING if it never reported starting (it did run), then
     ``target``; its other attempts are revoked and the cluster's version bumped. A job that
-    succeeded joins the population prior the predictor learns from."""
+    succeeded joins the population prior the predictor learns from. ``events``: where its
+    state events go (:func:`store.jobs.record_state`)."""
     if target is JobState.SUCCEEDED and job.state != JobState.RUNNING.value:
-        record_state(session, job, JobState.RUNNING, f"attempt {attempt} ran (reported at exit)")
-    record_state(session, job, target, reason)
+        ran = f"attempt {attempt} ran (reported at exit)"
+        record_state(session, job, JobState.RUNNING, ran, events=events)
+    record_state(session, job, target, reason, events=events)
     if target is JobState.SUCCEEDED:
         population.learn_succeeded(session, job)
     revoke_live_leases(session, job.id, except_attempt=attempt)
@@ -1299,5 +1338,4 @@ def _mint(session: Session, job_id: str, attempt_id: str) -> str:
     """A new token for attempt ``attempt_id`` of job ``job_id``, revoking the attempt's earlier
     ones (stored hashed, not committed: the caller commits once for all it mints)."""
     revoke_attempt_tokens(session, [attempt_id])
-    name = f"attempt {attempt_id}"
-    return add_token(session, Role.JOB, job_id=job_id, attempt_id=attempt_id, name=name)
+    return add_attempt_tokens(session, {attempt_id: job_id})[attempt_id]

@@ -49,7 +49,7 @@ REPORTERS = (Role.ADMIN, Role.USER, Role.JOB)
 """Roles that may post and read a job's events (users of its tenant, the job's own token)."""
 
 
-def observed_of(row: JobRow) -> Observed:
+def observed_of(row: JobRow | jobs.PolledJob) -> Observed:
     """The job's observed state as its row stores it (see :mod:`store.tables`)."""
     return Observed(
         initial_batch_size=row.initial_batch_size,
@@ -73,47 +73,25 @@ def active_job(row: JobRow, gpus: tuple[int, ...] = ()) -> ActiveJob:
 
 
 def record_event(
-    session: Session,
-    principal: Principal,
-    job_id: str,
-    event: ClientEvent,
-    *,
-    held: JobRow | None = None,
+    session: Session, principal: Principal, job_id: str, event: ClientEvent
 ) -> tuple[int, JobEventRow]:
     """Store ``event`` for the job and update its observed state; (201, new event) or, for a
     duplicate, (200, the stored event). Raises :mod:`store.errors`: Forbidden, NotFound,
     Conflict (fenced attempt, conflicting duplicate, finished job) or InvalidInput (an epoch
-    beyond the job's length).
-
-    ``held``: the job's row, read under its lock in this transaction by a caller that records
-    several events at once (:func:`locked_jobs`; the agent's poll): neither it nor the new
-    event is written here, both at the caller's next flush, so a poll's events cost one read,
-    one ``INSERT`` and one ``UPDATE`` a job's batch, not a read and two writes each. The
-    event's row has no id until then. Under the job's lock, with every stored event folded into
-    its row, an event past the row's last seq cannot collide with a stored one."""
+    beyond the job's length)."""
     require(principal, *REPORTERS)
-    if held is not None:
-        if held.id != job_id or principal.job_id not in (None, job_id):
-            raise NotFound(f"no job {job_id}")
-        row = held
-    else:
-        row = jobs.locked_job(session, principal, job_id)
+    row = jobs.locked_job(session, principal, job_id)
     _check_attempt(session, principal)
     payload = dict(event.payload)
     # every event stored for the job was folded into its row in the same transaction, so an
     # event past the row's last seq is new: only one at or below it may be a duplicate
     stored = _event_at(session, job_id, event.seq) if event.seq <= (row.last_seq or 0) else None
     if stored is not None:
-        return 200, _same_or_conflict(stored, event.kind, payload)
-    if JobState(row.state).terminal:
-        raise Conflict(f"job {job_id} is {row.state}; it takes no more events")
-    _check_epoch(row, event)
-    _check_room(row, event)
-    new = JobEventRow(job_id=job_id, seq=event.seq, kind=event.kind, payload=payload)
+        _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+        return 200, stored
+    _check_new(row, event)
+    new = JobEventRow(**_event_row(job_id, event, payload))
     session.add(new)
-    if held is not None:
-        _apply(row, fold(observed_of(row), event))
-        return 201, new
     try:
         session.flush()
     except IntegrityError:
@@ -121,26 +99,86 @@ def record_event(
         stored = _event_at(session, job_id, event.seq)
         if stored is None:
             raise
-        return 200, _same_or_conflict(stored, event.kind, payload)
+        _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+        return 200, stored
     _apply(row, fold(observed_of(row), event))
     session.add(row)
     return 201, new
 
 
-def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, JobRow]:
-    """The rows of ``job_ids`` that exist, read under their locks (``FOR UPDATE``, in the
-    round driver's order: arrival, then id) in one statement, by id: what
-    :func:`record_event` takes as ``held``."""
+def record_held_event(
+    session: Session,
+    principal: Principal,
+    row: jobs.PolledJob,
+    event: ClientEvent,
+    pending: list[dict[str, Any]],
+) -> int:
+    """:func:`record_event` for a caller that records several events at once (the agent's
+    poll) and holds the job's ``row``, read under its lock in this transaction
+    (:func:`locked_jobs`): the event is folded into the row in memory and its new row
+    appended to ``pending`` (its columns but the id); neither is written here. The caller
+    writes its rows that took a new event (:func:`store.jobs.write_folded`), then inserts the
+    pending events, one statement each for all: a poll's events cost one read, one
+    ``UPDATE`` and one ``INSERT``, not a read and two writes each. 201 for a new event, 200
+    for a duplicate of one stored or pending. Under the job's lock, with every stored event
+    folded into its row, an event past the row's last seq cannot collide with a stored one."""
+    require(principal, *REPORTERS)
+    if principal.job_id not in (None, row.id):
+        raise NotFound(f"no job {row.id}")
+    _check_attempt(session, principal)
+    payload = dict(event.payload)
+    key = (row.id, event.seq)
+    if event.seq <= (row.last_seq or 0):
+        same = [(p["kind"], p["payload"]) for p in pending if (p["job_id"], p["seq"]) == key]
+        if same:
+            _same_or_conflict(event.seq, same[0], (event.kind, payload))
+            return 200
+        stored = _event_at(session, row.id, event.seq)
+        if stored is not None:
+            _same_or_conflict(stored.seq, (stored.kind, stored.payload), (event.kind, payload))
+            return 200
+    _check_new(row, event)
+    pending.append(_event_row(row.id, event, payload))
+    _apply(row, fold(observed_of(row), event))
+    return 201
+
+
+def _event_row(job_id: str, event: ClientEvent, payload: dict[str, Any]) -> dict[str, Any]:
+    """The ``job_events`` row (its columns but the id) of a client's new ``event``."""
+    return {
+        "job_id": job_id,
+        "seq": event.seq,
+        "kind": event.kind,
+        "payload": payload,
+        "reason": "",
+        "created_at": utcnow(),
+    }
+
+
+def _check_new(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
+    """Whether the job in ``row`` takes ``event`` as a new one: Conflict for a finished job,
+    InvalidInput for an epoch beyond it or a state grown past its bounds."""
+    if JobState(row.state).terminal:
+        raise Conflict(f"job {row.id} is {row.state}; it takes no more events")
+    _check_epoch(row, event)
+    _check_room(row, event)
+
+
+def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, jobs.PolledJob]:
+    """The rows of ``job_ids`` that exist (what a poll reads of them:
+    :data:`store.jobs.POLLED_COLUMNS`), read under their locks (``FOR UPDATE``, in the round
+    driver's order: arrival, then id) in one Core statement, by id: what
+    :func:`record_held_event` takes."""
     if not job_ids:
         return {}
-    rows = session.exec(
-        select(JobRow)
-        .where(among(col(JobRow.id), sorted(job_ids), session))
-        .order_by(col(JobRow.created_at), col(JobRow.id))
+    table = jobs.JOBS
+    rows = session.connection().execute(
+        select(*(table.c[name] for name in jobs.POLLED_COLUMNS))
+        .where(among(table.c.id, sorted(job_ids), session))
+        .order_by(table.c.created_at, table.c.id)
         .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    return {row.id: row for row in rows}
+    )
+    return {row.id: jobs.PolledJob(**row._mapping) for row in rows}
 
 
 def _check_attempt(session: Session, principal: Principal) -> None:
@@ -166,12 +204,13 @@ def _event_at(session: Session, job_id: str, seq: int) -> JobEventRow | None:
     ).first()
 
 
-def _same_or_conflict(stored: JobEventRow, kind: str, payload: dict[str, Any]) -> JobEventRow:
-    if stored.kind != kind or stored.payload != payload:
-        raise Conflict(
-            f"event seq {stored.seq} was already recorded with a different body", field="seq"
-        )
-    return stored
+def _same_or_conflict(
+    seq: int | None, stored: tuple[str, dict[str, Any]], sent: tuple[str, dict[str, Any]]
+) -> None:
+    """A conflict unless event ``seq`` was ``stored`` with what was ``sent`` again (kind,
+    payload)."""
+    if stored != sent:
+        raise Conflict(f"event seq {seq} was already recorded with a different body", field="seq")
 
 
 MAX_SCALINGS = 1024
@@ -180,7 +219,7 @@ MAX_MEASURED_BATCH_SIZES = 64
 """Distinct batch sizes a job's progress events may measure (as many as a job may declare)."""
 
 
-def _check_room(row: JobRow, event: ClientEvent) -> None:
+def _check_room(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     """Keep a job's folded state bounded: 422 for a scaling event past :data:`MAX_SCALINGS`, or
     a progress event at a new batch size past :data:`MAX_MEASURED_BATCH_SIZES`."""
     if event.kind == "scaling" and len(row.scalings) >= MAX_SCALINGS:
@@ -200,7 +239,7 @@ def _check_room(row: JobRow, event: ClientEvent) -> None:
         )
 
 
-def _check_epoch(row: JobRow, event: ClientEvent) -> None:
+def _check_epoch(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     epoch = int(event.payload["epoch"])
     if event.kind == "progress" and epoch > row.epochs:
         raise InvalidInput(
@@ -216,7 +255,7 @@ def _check_epoch(row: JobRow, event: ClientEvent) -> None:
         )
 
 
-def _apply(row: JobRow, state: Observed) -> None:
+def _apply(row: JobRow | jobs.PolledJob, state: Observed) -> None:
     """Store ``state`` on the job's row (its derived means too, which the API shows). A
     reported epoch clears the training carried since the last one; any other event banks the
     running job's time since its row last changed (:func:`store.jobs.bank_training`), as the

@@ -11,12 +11,15 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, bindparam, or_, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlalchemy.orm import load_only
+from sqlmodel import Session, SQLModel, col, select
 
 from shockwave.domain.lifecycle import JobState, transition
 from shockwave.domain.model import AdaptationMode, ElasticRange, JobSpec, ThroughputProfile
@@ -130,7 +133,7 @@ def elastic_json(spec: JobSpec) -> dict[str, Any] | None:
     }
 
 
-def trained_since_change(row: JobRow, now: datetime) -> float:
+def trained_since_change(row: JobRow | PolledJob, now: datetime) -> float:
     """Seconds a RUNNING job has trained since its row last changed (its last event, or its
     start); 0 for a job in any other state."""
     if row.state != JobState.RUNNING.value:
@@ -138,7 +141,7 @@ def trained_since_change(row: JobRow, now: datetime) -> float:
     return max(0.0, (now - row.updated_at).total_seconds())
 
 
-def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
+def bank_training(row: JobRow | PolledJob, now: datetime, *, kept: bool = True) -> None:
     """Before ``row`` changes at ``now``: bank the seconds a RUNNING job has trained since its
     row last changed (its last event, or its start) into ``carried_s``, the training since its
     last reported epoch that the planner's snapshot credits it with
@@ -151,10 +154,111 @@ def bank_training(row: JobRow, now: datetime, *, kept: bool = True) -> None:
         row.carried_s = 0.0
 
 
-def record_state(session: Session, row: JobRow, target: JobState, reason: str) -> None:
+POLLED_COLUMNS = (
+    "id",
+    "state",
+    "epochs",
+    "initial_batch_size",
+    "epochs_done",
+    "batch_size",
+    "attained_s",
+    "carried_s",
+    "epoch_seconds",
+    "scalings",
+    "last_seq",
+    "created_at",
+    "updated_at",
+)
+"""What an agent's poll reads of its jobs' rows (their events folded in, their attempts'
+reports applied): not the launch fields, the spec's profiles, nor what the API shows only,
+whose JSON a poll of 8 jobs decoded about 60 times for nothing. A row read with these only
+(:data:`POLLED`) loads the rest on first use (:func:`load_rest`)."""
+POLLED = load_only(*(getattr(JobRow, name) for name in POLLED_COLUMNS))
+"""The loader option that reads :data:`POLLED_COLUMNS` of a job's row (built once: building
+it took as long as the read)."""
+JOBS = SQLModel.metadata.tables["jobs"]
+
+
+@dataclass(slots=True)
+class PolledJob:
+    """A job's row as a poll folds its jobs' events into it (:data:`POLLED_COLUMNS`, read with
+    Core under the job's lock: :func:`store.events.locked_jobs`), without an ORM object: the
+    poll writes back what its events changed (:data:`FOLDED_COLUMNS`) for all its jobs in one
+    statement (:data:`WRITE_FOLDED`)."""
+
+    id: str
+    state: str
+    epochs: int
+    initial_batch_size: int
+    epochs_done: float
+    batch_size: int
+    attained_s: float
+    carried_s: float
+    epoch_seconds: dict[str, list[float]]
+    scalings: list[list[int]]
+    last_seq: int
+    created_at: datetime
+    updated_at: datetime
+    measured_epoch_seconds: dict[str, float] = field(default_factory=dict)
+    """Written (whole, from the folded state), never read."""
+
+
+FOLDED_COLUMNS = (
+    "epochs_done",
+    "batch_size",
+    "attained_s",
+    "carried_s",
+    "epoch_seconds",
+    "scalings",
+    "measured_epoch_seconds",
+    "last_seq",
+    "updated_at",
+)
+"""What folding an event changes on a job's row (:func:`store.events.record_held_event`)."""
+WRITE_FOLDED = (
+    update(JOBS)
+    .where(JOBS.c.id == bindparam("b_id"))
+    .values({name: bindparam(f"b_{name}", type_=JOBS.c[name].type) for name in FOLDED_COLUMNS})
+)
+"""The :data:`FOLDED_COLUMNS` of job ``b_id``, each from its ``b_`` parameter."""
+
+
+def write_folded(session: Session, rows: Sequence[PolledJob]) -> None:
+    """Write the :data:`FOLDED_COLUMNS` of ``rows`` in one statement (none for no rows)."""
+    if rows:
+        session.connection().execute(
+            WRITE_FOLDED,
+            [
+                {"b_id": row.id, **{f"b_{name}": getattr(row, name) for name in FOLDED_COLUMNS}}
+                for row in rows
+            ],
+        )
+
+
+def load_rest(session: Session, row: JobRow) -> None:
+    """Read the columns of ``row`` not loaded yet (:data:`POLLED`) in one statement, before a
+    use that reads most of them (each would otherwise be a statement of its own); what the
+    session changed on the row stays as it is."""
+    unloaded = sa_inspect(row).unloaded
+    if unloaded:
+        session.refresh(row, attribute_names=sorted(unloaded))
+
+
+def record_state(
+    session: Session,
+    row: JobRow,
+    target: JobState,
+    reason: str,
+    *,
+    events: list[dict[str, Any]] | None = None,
+) -> None:
     """Move ``row`` through the state machine and record the change as an event. A job that
     stops running banks what it trained since its last report (:func:`bank_training`): kept
-    when it is SUSPENDED (an attempt checkpointed), lost when it goes back PENDING."""
+    when it is SUSPENDED (an attempt checkpointed), lost when it goes back PENDING.
+
+    ``events``: the event's row is appended there (:func:`state_event`) for the caller to
+    insert with its others in one statement, after its next flush, instead of added to the
+    session as an ORM object (an agent's poll moves up to a node's jobs at once)."""
     current = JobState(row.state)
     transition(current, target)
     now = utcnow()
@@ -162,14 +266,25 @@ def record_state(session: Session, row: JobRow, target: JobState, reason: str) -
     row.state = target.value
     row.updated_at = now
     session.add(row)
-    session.add(
-        JobEventRow(
-            job_id=row.id,
-            kind="state",
-            payload={"from": current.value, "to": target.value},
-            reason=reason[:256],
-        )
-    )
+    event = state_event(row.id, current, target, reason, now)
+    if events is None:
+        session.add(JobEventRow(**event))
+    else:
+        events.append(event)
+
+
+def state_event(
+    job_id: str, current: JobState | str, target: JobState | str, reason: str, now: datetime
+) -> dict[str, Any]:
+    """The ``job_events`` row (its columns but the id) that records job ``job_id`` moving from
+    ``current`` to ``target`` at ``now``, for ``reason`` (cut to the column's 256 characters)."""
+    return {
+        "job_id": job_id,
+        "kind": "state",
+        "payload": {"from": JobState(current).value, "to": JobState(target).value},
+        "reason": reason[:256],
+        "created_at": now,
+    }
 
 
 def create_job(

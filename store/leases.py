@@ -19,9 +19,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import bindparam
+from sqlalchemy import select as sa_select
 from sqlalchemy.orm.util import identity_key
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, SQLModel, col, func, select
 
 from shockwave.domain.lifecycle import (
     LIVE_LEASES,
@@ -33,6 +36,12 @@ from shockwave.domain.lifecycle import (
 )
 from store.jobs import record_state
 from store.tables import JobRow, LeaseRow, utcnow
+
+LEASES = SQLModel.metadata.tables["leases"]
+_JOB_LEASES = sa_select(LEASES.c.id, LEASES.c.job_id, LEASES.c.state, LEASES.c.issued_at).where(
+    LEASES.c.job_id.in_(bindparam("ids", expanding=True))
+)
+"""The leases of the jobs ``ids``: what :class:`JobLeases` reads of them."""
 
 
 def move_lease(
@@ -93,11 +102,8 @@ class JobLeases:
         self.jobs = frozenset(job_ids)
         if not job_ids:
             return
-        rows = session.exec(
-            select(LeaseRow.id, LeaseRow.job_id, LeaseRow.state, LeaseRow.issued_at).where(
-                col(LeaseRow.job_id).in_(sorted(job_ids))
-            )
-        ).all()
+        session.flush()  # a Core read (no ORM compilation): the session's moves written first
+        rows = session.connection().execute(_JOB_LEASES, {"ids": sorted(job_ids)})
         for attempt, job_id, state, issued in rows:
             self._leases[job_id].append((attempt, state, issued))
 
@@ -183,20 +189,22 @@ def stop_running(
     *,
     except_attempt: str | None,
     known: JobLeases | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Move a RUNNING ``job`` that no longer runs anywhere (no live lease but
     ``except_attempt``) back to the queue (:func:`requeue_state`). Returns whether it moved.
-    ``known``: the job's leases, read already."""
+    ``known``: the job's leases, read already. ``events``: where its state event goes
+    (:func:`store.jobs.record_state`)."""
     if job.state != JobState.RUNNING.value:
         return False
     if known is not None and job.id in known.jobs:
         if known.other_live(job.id, except_attempt):
             return False
-        record_state(session, job, known.requeue_state(job.id), reason)
+        record_state(session, job, known.requeue_state(job.id), reason, events=events)
         return True
     if has_other_live_lease(session, job.id, except_attempt):
         return False
-    record_state(session, job, requeue_state(session, job.id), reason)
+    record_state(session, job, requeue_state(session, job.id), reason, events=events)
     return True
 
 

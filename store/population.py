@@ -33,6 +33,7 @@ from shockwave.domain.observed import Observed
 from shockwave.domain.population import EMPTY_PRIOR, FinishedJob, PopulationPrior, PriorFormatError
 from store import events
 from store.cluster_version import DEFAULT_CLUSTER, ensure_cluster
+from store.jobs import load_rest
 from store.tables import JobRow, PopulationRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def finished_job(row: JobRow, state: Observed) -> FinishedJob:
 def learn_succeeded(session: Session, row: JobRow, cluster_id: str = DEFAULT_CLUSTER) -> None:
     """Learn the job in ``row``, which has just succeeded, into its tenant's prior (in the
     caller's transaction)."""
+    load_rest(session, row)  # a poll reads only part of a job's row (store.jobs.POLLED)
     finished = finished_job(row, events.observed_of(row))
     _ensure_row(session, cluster_id, row.tenant)
     stored = session.get(

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TypedDict
+from typing import Any, TypedDict
 
-from sqlmodel import Session, col, select, update
+from sqlalchemy import bindparam, insert
+from sqlmodel import Session, SQLModel, col, select, update
 from typing_extensions import Unpack
 
 from store.errors import Conflict, InvalidInput, NotFound
@@ -63,6 +64,15 @@ def add_token(session: Session, role: Role, **scope: Unpack[Scope]) -> str:
 
 
 def _add(session: Session, role: Role, scope: Scope) -> tuple[str, TokenRow]:
+    token, values = _values(role, scope)
+    row = TokenRow(**values)
+    session.add(row)
+    return token, row
+
+
+def _values(role: Role, scope: Scope) -> tuple[str, dict[str, Any]]:
+    """A new plain token and the columns of its row (without ``id`` and ``created_at``).
+    ValueError as :func:`add_token` says."""
     tenant, node = scope.get("tenant"), scope.get("node")
     job_id, attempt_id = scope.get("job_id"), scope.get("attempt_id")
     if role is Role.USER and not tenant:
@@ -74,18 +84,43 @@ def _add(session: Session, role: Role, scope: Scope) -> tuple[str, TokenRow]:
     if attempt_id is not None and role is not Role.JOB:
         raise ValueError("only a job token names an attempt")
     token = new_token()
-    row = TokenRow(
-        token_hash=hash_token(token),
-        role=role.value,
-        tenant=tenant,
-        node=node,
-        job_id=job_id,
-        attempt_id=attempt_id,
-        name=scope.get("name", ""),
-        expires_at=scope.get("expires_at"),
-    )
-    session.add(row)
-    return token, row
+    values: dict[str, Any] = {
+        "token_hash": hash_token(token),
+        "role": role.value,
+        "tenant": tenant,
+        "node": node,
+        "job_id": job_id,
+        "attempt_id": attempt_id,
+        "name": scope.get("name", ""),
+        "expires_at": scope.get("expires_at"),
+    }
+    return token, values
+
+
+TOKENS = SQLModel.metadata.tables["tokens"]
+_INSERT = insert(TOKENS)
+_LIVE_ATTEMPT_TOKENS = select(TOKENS.c.attempt_id).where(
+    TOKENS.c.attempt_id.in_(bindparam("ids", expanding=True)), TOKENS.c.revoked_at.is_(None)
+)
+"""The attempts among ``ids`` that have a job token not revoked."""
+
+
+def add_attempt_tokens(session: Session, attempts: Mapping[str, str]) -> dict[str, str]:
+    """A job token for each of ``attempts`` (attempt id -> its job's id), named after its
+    attempt, as :func:`add_token` stores one, in one ``INSERT`` on the session's connection
+    (no ORM object a token: a round's new attempts ask for theirs all at once); attempt id ->
+    plain token. Not committed: the caller commits once for all it adds."""
+    if not attempts:
+        return {}
+    now = utcnow()
+    tokens: dict[str, str] = {}
+    rows = []
+    for attempt, job_id in sorted(attempts.items()):
+        scope: Scope = {"job_id": job_id, "attempt_id": attempt, "name": f"attempt {attempt}"}
+        tokens[attempt], values = _values(Role.JOB, scope)
+        rows.append({**values, "created_at": now})
+    session.connection().execute(_INSERT, rows)
+    return tokens
 
 
 def issue_token(session: Session, role: Role, **scope: Unpack[Scope]) -> tuple[str, TokenRow]:
@@ -127,15 +162,12 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
 
 
 def attempts_with_tokens(session: Session, attempt_ids: Sequence[str]) -> set[str]:
-    """Those of ``attempt_ids`` that have a job token not revoked."""
+    """Those of ``attempt_ids`` that have a job token not revoked (a Core read on the
+    session's connection: a poll asks before it mints)."""
     if not attempt_ids:
         return set()
-    rows = session.exec(
-        select(TokenRow.attempt_id).where(
-            col(TokenRow.attempt_id).in_(list(attempt_ids)), col(TokenRow.revoked_at).is_(None)
-        )
-    ).all()
-    return {row for row in rows if row is not None}
+    rows = session.connection().execute(_LIVE_ATTEMPT_TOKENS, {"ids": list(attempt_ids)})
+    return {attempt for (attempt,) in rows if attempt is not None}
 
 
 def revoke_attempt_tokens(session: Session, attempt_ids: Sequence[str]) -> None:

@@ -5,6 +5,7 @@ a server that answered nobody for a while never makes live nodes LOST."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -20,9 +21,18 @@ from api.agent_schemas import AgentPoll
 from shockwave.domain.lifecycle import reports_per_poll
 from store.principals import Principal, Role
 from store.tables import NodeRow
+from store.tokens import hash_token
 from tests.integration.api_calls import assert_problem, bearer, job_body
 from tests.integration.conftest import NODE, Database, Tokens, migrated_postgres
-from tests.integration.driving import agent_token, driver_on, leases, now, register, submit
+from tests.integration.driving import (
+    agent_token,
+    driver_on,
+    leases,
+    now,
+    register,
+    report,
+    submit,
+)
 
 GHOST = "0b5c3a4e-0000-4000-8000-{:012d}"
 
@@ -340,3 +350,281 @@ def test_a_statement_prepared_on_an_empty_table_is_planned_again_once_the_table_
     scans = [line for line in plan if "Scan on l " in line or line.strip().startswith("->  Seq")]
     estimates = [int(line.split("rows=")[1].split()[0]) for line in scans if "rows=" in line]
     assert estimates and min(estimates) >= 25, plan
+
+
+def _revoke(database: Database, attempts: list[str]) -> None:
+    """Take ``attempts`` back as a round boundary does (their jobs stay RUNNING until each
+    attempt reports that it stopped)."""
+    with database.engine.begin() as connection:
+        for attempt in attempts:
+            connection.execute(
+                text("UPDATE leases SET state = 'REVOKED' WHERE id = :id"), {"id": attempt}
+            )
+
+
+def _state_events(database: Database, job: str) -> list[tuple[int, dict[str, Any], str]]:
+    """(id, payload, reason) of the job's state events, oldest first."""
+    with database.engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT id, payload, reason FROM job_events "
+                "WHERE job_id = :job AND kind = 'state' ORDER BY id"
+            ),
+            {"job": job},
+        ).all()
+    return [
+        (
+            row.id,
+            row.payload if isinstance(row.payload, dict) else json.loads(row.payload),
+            row.reason,
+        )
+        for row in rows
+    ]
+
+
+def test_a_polls_checkpoint_reports_write_what_a_report_each_would_in_one_batch(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """Revoked attempts that report ``checkpointed`` in one poll move their leases and jobs
+    and record the jobs' state events as a report each on the status endpoint does, the
+    events in the order of the poll's reports; three such reports cost the statements one
+    does."""
+    register(client, tokens.agent, gpus=8)
+    jobs = [submit(client, tokens.admin, gpus=1) for _ in range(8)]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+    _revoke(database, running)
+
+    alone = jobs[:4]
+    for job in alone:
+        body = report(client, tokens.agent, attempts[job], "checkpointed")
+        assert (body["state"], body["job_state"]) == ("CHECKPOINTED", "SUSPENDED"), body
+    costs = []
+    for batch in ([jobs[4]], [jobs[7], jobs[6], jobs[5]]):
+        sent = [{"attempt_id": attempts[job], "state": "checkpointed"} for job in batch]
+        with counted(database) as seen:
+            answer = client.post(
+                "/v1/agent/poll", json={"reports": sent}, headers=bearer(tokens.agent)
+            )
+        assert answer.status_code == 200, answer.json()
+        answers = answer.json()["reports"]
+        assert [(a["status"], a["lease"]["state"], a["lease"]["job_state"]) for a in answers] == [
+            (200, "CHECKPOINTED", "SUSPENDED")
+        ] * len(batch), answers
+        costs.append(dict(seen))
+    if database.kind == "postgres":
+        assert costs[1]["statements"] == costs[0]["statements"], costs
+    assert costs[1]["commits"] == 1, costs
+
+    def shape(job: str) -> list[tuple[dict[str, Any], str]]:
+        return [
+            (payload, reason.replace(attempts[job], "<attempt>"))
+            for _, payload, reason in _state_events(database, job)
+        ]
+
+    for job in jobs:
+        assert shape(job) == shape(alone[0]), (job, shape(job))
+        assert shape(job)[-1] == (
+            {"from": "RUNNING", "to": "SUSPENDED"},
+            f"attempt <attempt> on {NODE} checkpointed",
+        )
+    last = [_state_events(database, job)[-1][0] for job in (jobs[7], jobs[6], jobs[5])]
+    assert last == sorted(last), "recorded in the order of the poll's reports"
+    states = {
+        job: client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json() for job in jobs
+    }
+    assert {s["state"] for s in states.values()} == {"SUSPENDED"}
+
+
+def test_the_tokens_a_poll_mints_are_stored_as_the_token_endpoint_stores_one(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A poll asking for tokens mints one job token per new lease, in one statement, each
+    stored as the token endpoint stores one (hashed, the job's role and scope, named after its
+    attempt, live), and each reads its own job only."""
+    register(client, tokens.agent, gpus=8)
+    jobs = [submit(client, tokens.admin, gpus=1) for _ in range(3)]
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.id: lease.job_id for lease in leases(database)}
+    with counted(database) as seen:
+        answer = client.post("/v1/agent/poll", json={"tokens": True}, headers=bearer(tokens.agent))
+    assert answer.status_code == 200, answer.json()
+    minted: dict[str, str] = answer.json()["tokens"]
+    assert sorted(minted) == sorted(attempts)
+    assert seen["commits"] == 1, seen
+
+    one = sorted(attempts)[0]
+    issued = client.post(f"/v1/agent/leases/{one}/token", headers=bearer(tokens.agent))
+    assert issued.status_code == 201, issued.json()
+    columns = "token_hash, role, tenant, node, job_id, attempt_id, name, expires_at, revoked_at"
+    with database.engine.connect() as connection:
+        rows = connection.execute(
+            text(f"SELECT {columns}, created_at FROM tokens WHERE attempt_id IS NOT NULL")
+        ).all()
+    stored = {row.token_hash: row for row in rows}
+    endpoint = stored[hash_token(issued.json()["token"])]
+    for attempt, token in minted.items():
+        row = stored[hash_token(token)]
+        assert row.created_at is not None
+        expected = (attempts[attempt], attempt, f"attempt {attempt}")
+        assert (row.job_id, row.attempt_id, row.name) == expected
+        same = ("role", "tenant", "node", "expires_at")
+        assert [getattr(row, c) for c in same] == [getattr(endpoint, c) for c in same]
+        assert (row.revoked_at is None) == (attempt != one), "the endpoint replaced its own"
+    others = [a for a in sorted(attempts) if a != one]
+    for attempt in others:
+        token = minted[attempt]
+        own = client.get(f"/v1/jobs/{attempts[attempt]}", headers=bearer(token))
+        assert own.status_code == 200, own.json()
+        other = next(job for job in jobs if job != attempts[attempt])
+        assert client.get(f"/v1/jobs/{other}", headers=bearer(token)).status_code in (403, 404)
+
+
+def _prior(database: Database, tenant: str) -> tuple[int, Any]:
+    with database.engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT learnt, prior FROM population_priors WHERE tenant = :tenant"),
+            {"tenant": tenant},
+        ).one()
+    prior = row.prior if isinstance(row.prior, dict) else json.loads(row.prior)
+    return row.learnt, prior
+
+
+def test_a_job_that_succeeds_in_a_poll_is_learnt_as_one_reported_alone(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """A poll reads only part of its jobs' rows; a job whose progress and exit 0 come in one
+    poll still succeeds with its whole row learnt into its tenant's prior, as the same job's
+    events and exit posted one at a time are."""
+    register(client, tokens.agent, gpus=8)
+    body = job_body(epochs=2, model="resnet18")
+    jobs = {
+        tenant: client.post(
+            "/v1/jobs", json={**body, "tenant": tenant}, headers=bearer(tokens.admin)
+        ).json()["id"]
+        for tenant in ("alone", "polled")
+    }
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+
+    alone = attempts[jobs["alone"]]
+    for seq in (1, 2):
+        sent = client.post(
+            "/v1/agent/poll",
+            json={"running": running, "events": [progress_event(alone, seq, seq)]},
+            headers=bearer(tokens.agent),
+        )
+        assert [e["status"] for e in sent.json()["events"]] == [201]
+    report(client, tokens.agent, alone, "exited", 0)
+
+    polled = attempts[jobs["polled"]]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={
+            "running": [polled],
+            "events": [progress_event(polled, 1, 1), progress_event(polled, 2, 2)],
+            "reports": [{"attempt_id": polled, "state": "exited", "exit_code": 0}],
+        },
+        headers=bearer(tokens.agent),
+    )
+    assert answer.status_code == 200, answer.json()
+    assert [e["status"] for e in answer.json()["events"]] == [201, 201]
+    ((done,),) = (answer.json()["reports"],)
+    assert done["lease"]["job_state"] == "SUCCEEDED", done
+
+    shown = {
+        tenant: client.get(f"/v1/jobs/{job}", headers=bearer(tokens.admin)).json()
+        for tenant, job in jobs.items()
+    }
+    assert {s["state"] for s in shown.values()} == {"SUCCEEDED"}
+    assert shown["polled"]["epochs_done"] == shown["alone"]["epochs_done"] == 2
+    assert _prior(database, "polled") == _prior(database, "alone")
+    assert _prior(database, "polled")[0] == 1
+
+
+FOLDED = (
+    "epochs_done, batch_size, attained_s, carried_s, epoch_seconds, scalings, "
+    "measured_epoch_seconds, last_seq"
+)
+
+
+def _folded(database: Database, job: str) -> tuple[Any, ...]:
+    """The job's folded columns (JSON decoded) and its client events (seq, kind, payload)."""
+    with database.engine.connect() as connection:
+        row = connection.execute(
+            text(f"SELECT {FOLDED} FROM jobs WHERE id = :job"), {"job": job}
+        ).one()
+        events = connection.execute(
+            text(
+                "SELECT seq, kind, payload FROM job_events "
+                "WHERE job_id = :job AND seq IS NOT NULL ORDER BY id"
+            ),
+            {"job": job},
+        ).all()
+
+    def decoded(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    return tuple(decoded(v) for v in row) + tuple(
+        (seq, kind, decoded(payload)) for seq, kind, payload in events
+    )
+
+
+def test_a_polls_events_fold_into_their_jobs_rows_as_posted_one_at_a_time(
+    client: TestClient, tokens: Tokens, database: Database
+) -> None:
+    """The events a poll carries, folded into their jobs' rows in memory and written back in
+    one statement, leave the job's row and its events as the same events posted one at a time
+    with the attempt's job token do (a duplicate included)."""
+    register(client, tokens.agent, gpus=8)
+    posted, polled = (submit(client, tokens.admin, gpus=1, epochs=10) for _ in range(2))
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+
+    sent = [
+        {"seq": 1, "kind": "progress", "epoch": 1, "samples": 1000, "seconds": 2.0},
+        {"seq": 2, "kind": "progress", "epoch": 2, "samples": 1000, "seconds": 3.0},
+        {"seq": 2, "kind": "progress", "epoch": 2, "samples": 1000, "seconds": 3.0},
+        {"seq": 3, "kind": "progress", "epoch": 3, "samples": 900, "seconds": 1.5},
+    ]
+    sizes = [32, 32, 32, 64]
+    token = client.post(
+        f"/v1/agent/leases/{attempts[posted]}/token", headers=bearer(tokens.agent)
+    ).json()["token"]
+    statuses = []
+    for told, size in zip(sent, sizes, strict=True):
+        answer = client.post(
+            f"/v1/jobs/{posted}/events", json={**told, "batch_size": size}, headers=bearer(token)
+        )
+        statuses.append(answer.status_code)
+    assert statuses == [201, 201, 200, 201]
+
+    carried = [
+        {**told, "batch_size": size, "attempt_id": attempts[polled]}
+        for told, size in zip(sent, sizes, strict=True)
+    ]
+    answer = client.post(
+        "/v1/agent/poll",
+        json={"running": running, "events": carried},
+        headers=bearer(tokens.agent),
+    )
+    assert [e["status"] for e in answer.json()["events"]] == [201, 201, 200, 201]
+
+    theirs, ours = _folded(database, posted), _folded(database, polled)
+    assert theirs[0] == 3 and len(theirs) == 8 + 3, theirs
+    # carried_s depends on when each row last changed: compared apart, both none after an epoch
+    assert ours[:3] + ours[4:] == theirs[:3] + theirs[4:]
+    assert ours[3] == theirs[3] == 0.0
