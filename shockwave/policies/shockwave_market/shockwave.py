@@ -180,6 +180,12 @@ class ShockwaveParams:
     (:func:`shockwave.market.planner.chain_blocked`), runs in every round in which no such gang
     runs, ahead of the round's planned jobs (:func:`_chain_lane`; off: the plan's column as
     it is).
+    ``chain_shortest_first``: a round that runs a gang of the chain runs the active one with
+    the least soonest remainder (:func:`_chain_shortest_first`; off: the plan's gang).
+    ``chain_tail_share``: while the chain's remainders add up past the work bound, a round that
+    runs no gang of the chain, while the jobs outside it ask at most this share of the GPUs,
+    runs the gang of the chain with the least soonest remainder, the other jobs after it by
+    fewest remaining GPU-seconds (:func:`_chain_tail`; 0: off).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -214,6 +220,8 @@ class ShockwaveParams:
     level_deadlines: bool = True
     project_arrivals: bool = True
     chain_lane: bool = True
+    chain_shortest_first: bool = True
+    chain_tail_share: float = 0.75
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -231,6 +239,10 @@ class ShockwaveParams:
             raise ValueError("level_deadlines must be a bool")
         if not isinstance(self.chain_lane, (bool, int)):
             raise ValueError("chain_lane must be a bool")
+        if not isinstance(self.chain_shortest_first, (bool, int)):
+            raise ValueError("chain_shortest_first must be a bool")
+        if not (math.isfinite(self.chain_tail_share) and 0 <= self.chain_tail_share <= 1):
+            raise ValueError("chain_tail_share must be in [0, 1] (0: off)")
         if not isinstance(self.forecast_contention, (bool, int)):
             raise ValueError("forecast_contention must be a bool")
         if not (math.isfinite(self.patience) and self.patience >= 0):
@@ -796,6 +808,10 @@ class Shockwave:
             planned_now = [j for j in column if j in active]
             if params.chain_lane:
                 planned_now = _chain_lane(snapshot, planned_now, held)
+            if params.chain_tail_share > 0:
+                planned_now = _chain_tail(snapshot, planned_now, outlooks, params.chain_tail_share)
+            if params.chain_shortest_first:
+                planned_now = _chain_shortest_first(snapshot, planned_now, outlooks)
             chosen, reasons, chosen_widths = _fill(
                 snapshot,
                 planned_now,
@@ -1558,6 +1574,76 @@ def _chain_lane(snapshot: Snapshot, planned: Sequence[str], held: frozenset[str]
     taken = set(planned)
     lane = [j.job_id for j in snapshot.jobs if j.job_id in held and j.job_id not in taken]
     return [*lane, *planned]
+
+
+def _chain_shortest_first(
+    snapshot: Snapshot, planned: Sequence[str], outlooks: Mapping[str, JobOutlook]
+) -> list[str]:
+    """``planned`` with its one gang of the chain (gangs wider than half the GPUs) replaced by
+    the active gang of the chain with the least soonest remainder (ties by id); unchanged when
+    the column runs no gang of the chain. The gangs of the chain have one width (widths are
+    powers of two: the one in (T/2, T]), so any of them takes the planned one's GPUs.
+
+    Why: gangs of the chain cannot run beside one another, so the order in which they run
+    leaves the chain's end where it is, but the market's shares alternate them (each is owed
+    its share of rounds), and every switch restarts a whole gang while each one's completion
+    waits for the others'. Shortest first finishes each gang as soon as the chain allows: on
+    an ITP week on 80 GPUs with 19 gangs of 64, a 64-GPU gang of 17 hours started on arrival
+    and ran in turns with the later ones for 4.2 days."""
+    total = snapshot.cluster.total_gpus
+    taken = set(planned)
+    gangs = [j for j in snapshot.jobs if chain_gang(j.spec.gpus, total)]
+    running = [j for j in gangs if j.job_id in taken]
+    if len(running) != 1:
+        return list(planned)
+    gang = running[0]
+    best = min(gangs, key=lambda j: (outlooks[j.job_id].soonest_remaining_s, j.job_id))
+    return [best.job_id if j == gang.job_id else j for j in planned]
+
+
+def _chain_tail(
+    snapshot: Snapshot,
+    planned: Sequence[str],
+    outlooks: Mapping[str, JobOutlook],
+    share: float,
+) -> list[str]:
+    """``planned`` led by a gang of the chain at the tail of a burst of narrower jobs, else
+    unchanged.
+
+    The rule: when the column runs no gang of the chain while one waits, the jobs outside the
+    chain ask at most ``share`` of the GPUs (no queue is left, only the burst's last jobs),
+    and the chain's soonest remainders add up past the work bound (the chain sets the
+    makespan), the round runs the gang of the chain with the least soonest remainder, then
+    every other job by fewest remaining GPU-seconds (the shortest keep the GPUs beside the
+    gang). A gang of the whole cluster never passes the bound (the work bound counts its
+    remainder whole), so no burst is left waiting whole behind one.
+
+    Why: a gang of the chain starts only once the jobs beside it fit in the GPUs it leaves,
+    so behind a burst of narrow jobs the cluster drains for hours with GPUs idle while the
+    chain, which ends the run, waits; starting the gang at the tail moves the longest of the
+    burst's last jobs beside it. On an ITP week on 80 GPUs (gangs of 64) the drain after a
+    burst of 325 one-GPU jobs ran 2.4 hours under 85% busy. ``share`` prices the trade:
+    each round sooner displaces more of the burst (0.75 ended that week 5,900 s sooner at
+    0.1% less average JCT with :func:`_chain_shortest_first`; 0.85 4,700 s sooner again at
+    2.1% more)."""
+    total = snapshot.cluster.total_gpus
+    jobs = snapshot.jobs
+    gangs = [j for j in jobs if chain_gang(j.spec.gpus, total)]
+    if not gangs:
+        return list(planned)
+    taken = set(planned)
+    if any(j.job_id in taken for j in gangs):
+        return list(planned)
+    narrow = [j for j in jobs if not chain_gang(j.spec.gpus, total)]
+    if sum(j.spec.gpus for j in narrow) > share * total:
+        return list(planned)
+    soonest = {j.job_id: outlooks[j.job_id].soonest_remaining_s for j in jobs}
+    work = sum(soonest[j.job_id] * j.spec.gpus for j in jobs) / total
+    if sum(soonest[j.job_id] for j in gangs) <= work:
+        return list(planned)
+    gang = min(gangs, key=lambda j: (soonest[j.job_id], j.job_id))
+    rest = sorted(narrow, key=lambda j: (soonest[j.job_id] * j.spec.gpus, j.job_id))
+    return [gang.job_id, *(j.job_id for j in rest)]
 
 
 def _fill(
