@@ -295,14 +295,20 @@ class _FreeGpus:
 
     def take(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """Mark ``gpus`` as used and return them as a sorted tuple."""
-        node_of = self._cluster.node_of
+        node_of, by_node, free = self._cluster.node_of, self._by_node, self._all
+        # each node touched moves once, from its count before to its count after
+        before: dict[int, int] = {}
         for g in gpus:
             node = node_of(g)
-            held = self._by_node[node]
+            held = by_node[node]
+            if node not in before:
+                before[node] = len(held)
             held.remove(g)
-            self._by_count[len(held) + 1].discard(node)
-            self._by_count[len(held)].add(node)
-            self._all.remove(g)
+            free.remove(g)
+        by_count = self._by_count
+        for node, count in before.items():
+            by_count[count].discard(node)
+            by_count[len(by_node[node])].add(node)
         return tuple(sorted(gpus))
 
 

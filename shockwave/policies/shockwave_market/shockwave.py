@@ -1266,13 +1266,16 @@ def _plan_jobs(
 ) -> list[PlanJob]:
     """:func:`_plan_job` of each job on its requested count, the very same values: the tables
     the memo does not hold (a running job's, whose progress moved) are made together
-    (:func:`_plan_tables_many`), not one job at a time."""
+    (:func:`_plan_tables_many`), not one job at a time. A running job's are neither looked
+    up nor kept: it trains between two plans, so its prediction is a new object at the next
+    and the memo would not find them (the memo changes no value, so this changes none)."""
     rows = [
         _TableRow.of(job, look, params, window, length)
         for job, look in zip(jobs, looks, strict=True)
     ]
     found = [
-        _TABLES.find((look.prediction,), row.key) for row, look in zip(rows, looks, strict=True)
+        None if row.running else _TABLES.find((look.prediction,), row.key)
+        for row, look in zip(rows, looks, strict=True)
     ]
     missing = [i for i, tables in enumerate(found) if tables is None]
     made = dict(
@@ -1286,7 +1289,8 @@ def _plan_jobs(
     for i, (row, look, tables) in enumerate(zip(rows, looks, found, strict=True)):
         if tables is None:
             tables = made[i]
-            _TABLES.put((look.prediction,), row.key, tables)
+            if not row.running:
+                _TABLES.put((look.prediction,), row.key, tables)
         planned.append(row.planned(look, params, tables))
     return planned
 
