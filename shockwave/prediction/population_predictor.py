@@ -335,6 +335,18 @@ def prior_reads(
     return (*own, *(g for model in others for g in model))
 
 
+def prior_basis(prior: PopulationPrior, job: ActiveJob) -> object:
+    """An object that is the very same for two priors where each gives ``job`` the very same
+    template groups to read (:func:`prior_reads`, with the same population knobs): the
+    groups of its mode (:func:`_groups_of`), or ``()`` for a job that reads none. Two
+    priors may give the same reads under different objects; the same object, never other
+    reads (the groups a job consults are made from these groups, its spec and the knobs)."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return ()
+    return _groups_of(prior, job)
+
+
 def _groups_of(prior: PopulationPrior, job: ActiveJob) -> _Groups:
     """:func:`_groups`, memoized per prior and what of the spec it reads; the very object
     made for an earlier prior where every group in it is the very same group (a prior

@@ -144,6 +144,42 @@ def test_another_modes_finish_leaves_the_groups_a_job_consults_the_very_same() -
     assert predict_population(job, same_mode) == memoized
 
 
+def test_a_kept_prediction_holds_across_priors_under_one_basis_and_is_the_fresh_one() -> None:
+    from shockwave.prediction.regime_predictors import prior_read_basis
+
+    prior = _learnt(_finished([(32, 40), (256, 60)], "ResNet-18"), _finished([(32, 100)], "LM"))
+    params = ShockwaveParams()
+    job = _job("ResNet-18")
+    rates = ThroughputModel.build(prior, [job])
+    memo = policy_module._PredictionMemo()
+    other_mode = prior.learn(_finished([(32, 30), (256, 70)], "LM", AdaptationMode.GNS))
+    same_mode = other_mode.learn(_finished([(32, 20), (256, 80)], "LM"))
+    # another mode's finish: the very same basis; the same mode's (a group the job reads): not
+    basis = prior_read_basis("population", prior, job)
+    assert prior_read_basis("population", other_mode, job) is basis
+    assert prior_read_basis("population", same_mode, job) is not basis
+
+    made = []
+    for learnt in (prior, other_mode, same_mode):
+
+        def compute(
+            model: ThroughputModel, learnt: PopulationPrior = learnt
+        ) -> policy_module._Computed:
+            made.append(learnt)
+            return policy_module._predicted(
+                job, learnt, params, model, 1.0, None, params.population
+            )
+
+        got = memo.get(job, params, params.population, learnt, rates, 1.0, compute)
+        _clear_prediction_memos()
+        fresh = policy_module._predicted(
+            job, learnt, params, RecordingModel(rates), 1.0, None, params.population
+        )
+        assert got == fresh[0]
+    # made for the first prior, kept under the other mode's finish, made again for the last
+    assert made == [prior, same_mode]
+
+
 def test_a_throughput_model_of_unchanged_terms_is_the_one_built_and_a_change_rebuilds() -> None:
     from shockwave.prediction import throughput_model
 

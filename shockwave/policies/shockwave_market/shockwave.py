@@ -82,6 +82,7 @@ from shockwave.prediction.regime_predictors import (
     REGIME_PREDICTORS,
     check_regime_predictor,
     prior_read,
+    prior_read_basis,
 )
 from shockwave.prediction.throughput_model import (
     Read,
@@ -447,6 +448,9 @@ class _Seen:
     value: _Predicted
     stage: Stage | None
     trajectory_reads: int
+    basis: object = None
+    """An object under which a prior gives the job the reads ``prior_read``
+    (:func:`shockwave.prediction.regime_predictors.prior_read_basis`; None: not known)."""
 
 
 class _PredictionMemo:
@@ -547,10 +551,16 @@ class _PredictionMemo:
         its trajectory's questions, the others are asked again)."""
         same_prior = seen.prior is prior
         if not same_prior:
-            read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
-            same_prior = len(read) == len(seen.prior_read) and all(
-                a is b for a, b in zip(read, seen.prior_read, strict=True)
-            )
+            # the very basis the entry's reads were found under: the same reads, unasked
+            basis = prior_read_basis(seen.params.regime_predictor, prior, job)
+            same_prior = basis is seen.basis
+            if not same_prior:
+                read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
+                same_prior = len(read) == len(seen.prior_read) and all(
+                    a is b for a, b in zip(read, seen.prior_read, strict=True)
+                )
+                if same_prior:
+                    seen.basis = basis
         if not same_prior:
             return False
         reads = seen.rates_read[: seen.trajectory_reads] if moved else seen.rates_read
@@ -586,6 +596,7 @@ class _PredictionMemo:
             value,
             stage,
             trajectory_reads,
+            prior_read_basis(params.regime_predictor, prior, job),
         )
         with self._lock:
             if len(self._entries) >= self._limit:
