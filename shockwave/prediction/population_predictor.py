@@ -52,6 +52,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
@@ -302,18 +303,20 @@ def _consulted_groups(
     prior: PopulationPrior, job: ActiveJob, population: PopulationParams
 ) -> tuple[_Censoring | None, _Groups]:
     """The job's censoring (:func:`_censoring`) and the template groups of ``prior`` it
-    consults (:func:`_consulted`), memoized per (prior, spec, params). Both read its own
-    model's groups alone while they hold enough jobs, so a new prior costs a look-up on
-    those: the censoring is memoized per (spec, the very own groups) in :data:`_GROUPS`, the
-    support in :data:`_SUPPORT`, and the other models' groups are not read at all."""
+    consults (:func:`_consulted`), memoized per (the groups of its mode, spec, params): a
+    new prior whose finished job is of another mode gives the job the very groups object
+    (:func:`_groups_of`), so it costs a look-up. Both read its own model's groups alone
+    while they hold enough jobs, so a new prior costs a look-up on those: the censoring is
+    memoized per (spec, the very own groups) in :data:`_GROUPS`, the support in
+    :data:`_SUPPORT`, and the other models' groups are not read at all."""
+    everyone = _groups_of(prior, job)
 
     def consulted() -> tuple[_Censoring | None, _Groups]:
-        everyone = _groups_of(prior, job)
         own = everyone[0]
         censoring = _GROUPS.get((job.spec, *own), len(own), lambda: _censoring(job, own))
         return censoring, _consulted(everyone, job, population, censoring)
 
-    return _CONSULTED.get((prior, job.spec, population), (), consulted)
+    return _CONSULTED.get((everyone, job.spec, population), (), consulted)
 
 
 def prior_reads(
@@ -332,12 +335,59 @@ def prior_reads(
     return (*own, *(g for model in others for g in model))
 
 
+def prior_basis(prior: PopulationPrior, job: ActiveJob) -> object:
+    """An object that is the very same for two priors where each gives ``job`` the very same
+    template groups to read (:func:`prior_reads`, with the same population knobs): the
+    groups of its mode (:func:`_groups_of`), or ``()`` for a job that reads none. Two
+    priors may give the same reads under different objects; the same object, never other
+    reads (the groups a job consults are made from these groups, its spec and the knobs)."""
+    spec = job.spec
+    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+        return ()
+    return _groups_of(prior, job)
+
+
 def _groups_of(prior: PopulationPrior, job: ActiveJob) -> _Groups:
-    """:func:`_groups`, memoized per prior and what of the spec it reads."""
+    """:func:`_groups`, memoized per prior and what of the spec it reads; the very object
+    made for an earlier prior where every group in it is the very same group (a prior
+    learnt from a job of another mode keeps the others' group objects), so that what is
+    memoized per groups object holds across such priors."""
     spec = job.spec
     custom = spec.mode is AdaptationMode.CUSTOM
     key = (spec.mode, spec.model, spec.initial_batch_size if custom else None)
-    return _GROUPS_OF.get((prior,), key, lambda: _groups(prior, job))
+    return _GROUPS_OF.get((prior,), key, lambda: _lasting_groups(key, _groups(prior, job)))
+
+
+def _lasting_groups(key: Hashable, groups: _Groups) -> _Groups:
+    """``groups``, or the last groups made for ``key`` where they are the very same group
+    objects in the same places (:func:`_groups_of`)."""
+    with _LAST_GROUPS_LOCK:
+        last = _LAST_GROUPS.get(key)
+        if last is not None and _same_groups(last, groups):
+            return last
+        if len(_LAST_GROUPS) >= 4096:
+            _LAST_GROUPS.clear()
+        _LAST_GROUPS[key] = groups
+    return groups
+
+
+def _same_groups(a: _Groups, b: _Groups) -> bool:
+    """Whether two :data:`_Groups` hold the very same group objects in the same places."""
+    (own_a, others_a), (own_b, others_b) = a, b
+    return (
+        len(own_a) == len(own_b)
+        and len(others_a) == len(others_b)
+        and all(map(operator.is_, own_a, own_b))
+        and all(
+            len(x) == len(y) and all(map(operator.is_, x, y))
+            for x, y in zip(others_a, others_b, strict=True)
+        )
+    )
+
+
+_LAST_GROUPS: dict[Hashable, _Groups] = {}
+"""The last :data:`_Groups` made per :func:`_groups_of` key (bounded: cleared whole when full)."""
+_LAST_GROUPS_LOCK = threading.Lock()
 
 
 def _groups(prior: PopulationPrior, job: ActiveJob) -> _Groups:
@@ -378,13 +428,16 @@ def _consulted(
     bandwidth = population.length_bandwidth
     # the support reads the own model's groups alone: memoized on them, so that another
     # model's finished job costs a look-up here
+    initial = spec.initial_batch_size
     support = _SUPPORT.get(
         own,
-        (spec.epochs, spec.initial_batch_size, ladder, replay, censoring, bandwidth),
+        (spec.epochs, initial, ladder, replay, censoring, bandwidth),
         lambda: sum(
-            float(_kernel(spec.epochs, block.epochs, bandwidth).sum())
+            weight
             for group in own
-            for block in _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
+            for weight in _weighed(
+                group, initial, ladder, replay, censoring, spec.epochs, bandwidth
+            ).totals
         ),
     )
     return (own, ()) if support >= population.backoff_jobs else groups
@@ -422,10 +475,17 @@ def _from_templates(
 
     support = 0.0
     for group in own:
-        blocks = _blocks(group, spec.initial_batch_size, ladder, replay, censoring)
-        kernels = [_kernel(spec.epochs, b.epochs, population.length_bandwidth) for b in blocks]
-        support += sum(float(w.sum()) for w in kernels)
-        yield from candidates(blocks, kernels)
+        weighed = _weighed(
+            group,
+            spec.initial_batch_size,
+            ladder,
+            replay,
+            censoring,
+            spec.epochs,
+            population.length_bandwidth,
+        )
+        support += sum(weighed.totals)
+        yield from candidates(weighed.blocks, weighed.kernels)
     if support >= population.backoff_jobs or population.mode_weight <= 0:
         return
     for model in others:
@@ -475,6 +535,41 @@ def _grown_from(own: Sequence[tuple[Template, ...]]) -> frozenset[int]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Weighed:
+    """A group's :func:`_blocks` for a job, with each block's length kernel
+    (:func:`_kernel`, read-only) and that kernel's sum as a float, in block order."""
+
+    blocks: tuple[_Block, ...]
+    kernels: tuple[FloatArray, ...]
+    totals: tuple[float, ...]
+
+
+def _weighed(
+    group: tuple[Template, ...],
+    initial: int,
+    ladder: tuple[int, ...],
+    replay: bool,
+    censoring: _Censoring | None,
+    epochs: int,
+    bandwidth: float,
+) -> _Weighed:
+    """:class:`_Weighed` of ``group`` for a job of ``epochs`` epochs (the rest as
+    :func:`_blocks`), memoized per group: a job finishing changes one group, and the jobs
+    that read the others weigh them again at a look-up."""
+    key = (id(group), initial, ladder, replay, censoring, epochs, bandwidth)
+    cached: _Weighed | None = _WEIGHED.get(key, group)
+    if cached is not None:
+        return cached
+    blocks = _blocks(group, initial, ladder, replay, censoring)
+    kernels = tuple(_kernel(epochs, b.epochs, bandwidth) for b in blocks)
+    for kernel in kernels:
+        kernel.setflags(write=False)
+    made = _Weighed(blocks, kernels, tuple(float(k.sum()) for k in kernels))
+    _WEIGHED.put(key, group, made)
+    return made
+
+
 def _kernel(epochs: int, template_epochs: FloatArray, bandwidth: float) -> FloatArray:
     z = np.log(epochs / template_epochs) / bandwidth
     weights: FloatArray = np.exp(-0.5 * z * z)
@@ -508,13 +603,15 @@ class _Memo:
 
 
 _BLOCKS = _Memo(4096)
+_WEIGHED = _Memo(16384)
+"""Per (group, job shape, length): :func:`_weighed`."""
 _CANDIDATES = _Memo(8192)
 _DECISIONS = _Memo(16384)
 _SURVIVORS = _Memo(16384)
 _GROUPS: IdentityMemo[_Censoring | None] = IdentityMemo(limit=20_000)
 """Per (spec, its own model's template groups): :func:`_censoring`."""
 _CONSULTED: IdentityMemo[tuple[_Censoring | None, _Groups]] = IdentityMemo(limit=50_000)
-"""Per (prior, spec, params), the very objects: :func:`_consulted_groups`."""
+"""Per (groups of the job's mode, spec, params), the very objects: :func:`_consulted_groups`."""
 _SUPPORT: IdentityMemo[float] = IdentityMemo(limit=20_000)
 """Per (the own model's template groups, what of the spec the kernel reads): the weight of
 similar-length jobs of the job's own model (:func:`_consulted`)."""
@@ -864,33 +961,36 @@ def _choose(
     rows = _Rows.of(pool, alive, static)
     shares, counts, weights = rows.shares, rows.counts, rows.weights
     width = shares.shape[1]
-    if width > _ROW_SUM_IN_ORDER or weights.sum() <= 0:
+    total = weights.sum()
+    if width > _ROW_SUM_IN_ORDER or total <= 0:
         return _choose_each(rows, observed)
-    per_regime = weights / (observed + counts) / weights.sum()
-    made: list[tuple[int, FloatArray]] = []
+    per_regime = weights / (observed + counts) / total
+    codes: list[int] = []
+    made: list[FloatArray] = []
     for code, members_at in rows.continuations():
         w = weights[members_at]
-        if w.sum() <= 0:
+        w_total = w.sum()
+        if w_total <= 0:
             continue
         members = shares[members_at]
-        made.append((code, w @ members / w.sum()))
-        made.append((code, _weighted_median(members, w)))
+        codes += (code, code)
+        made.append(w @ members / w_total)
+        made.append(_weighted_median(members, w))
     if not made:
         return (), (1.0,)
-    proposals = np.array([p for _, p in made])
+    proposals = np.array(made)
     columns = shares.T.copy()
     errors = np.abs(columns[0][None, :] - proposals[:, :1])
     for r in range(1, width):
         # a candidate's regimes past its own number carry no error
         errors = errors + np.abs(columns[r][None, :] - proposals[:, r : r + 1]) * (counts > r)
-    best: tuple[float, int, FloatArray] | None = None
-    for (code, proposal), error in zip(made, errors, strict=True):
+    best = -1
+    least = 0.0
+    for i, error in enumerate(errors):
         loss = float(per_regime @ error)
-        if best is None or loss < best[0] - _EPS:
-            best = (loss, code, proposal)
-    assert best is not None
-    _, code, proposal = best
-    return rows.prediction(code, proposal)
+        if best < 0 or loss < least - _EPS:
+            best, least = i, loss
+    return rows.prediction(codes[best], made[best])
 
 
 _ROW_SUM_IN_ORDER = 7
@@ -937,30 +1037,31 @@ class _Rows:
 
     @classmethod
     def of(cls, pool: _Pool, alive: npt.NDArray[np.bool_], static: float) -> _Rows:
-        index = np.flatnonzero(alive)
-        width = max(1, int(pool.regimes[index].max())) if index.size else 1
-        shares = np.zeros((index.size + 1, width))
+        index = alive.nonzero()[0]
+        size = index.size
+        regimes = pool.regimes[index]
+        width = max(1, int(regimes.max())) if size else 1
+        shares = np.zeros((size + 1, width))
         shares[:-1] = pool.shares[index, :width]
         shares[-1, 0] = 1.0
         futures = pool.futures
         stay = futures.index(()) if () in futures else len(futures)
-        return cls(
-            shares,
-            np.append(pool.regimes[index], 1.0),
-            np.append(pool.weights[index], static),
-            np.append(pool.codes[index], stay),
-            futures,
-        )
+        counts = np.empty(size + 1)
+        counts[:-1] = regimes
+        counts[-1] = 1.0
+        weights = np.empty(size + 1)
+        weights[:-1] = pool.weights[index]
+        weights[-1] = static
+        codes = np.empty(size + 1, dtype=np.int64)
+        codes[:-1] = pool.codes[index]
+        codes[-1] = stay
+        return cls(shares, counts, weights, codes, futures)
 
     def continuations(self) -> list[tuple[int, npt.NDArray[np.intp]]]:
         """Each continuation present and its rows, in the order of its first row."""
-        present = []
-        for code in range(int(self.codes.max()) + 1):
-            rows = np.flatnonzero(self.codes == code)
-            if rows.size:
-                present.append((int(rows[0]), code, rows))
-        present.sort()
-        return [(code, rows) for _, code, rows in present]
+        codes = self.codes
+        # a dict keeps the codes in the order each first appears
+        return [(code, (codes == code).nonzero()[0]) for code in dict.fromkeys(codes.tolist())]
 
     def prediction(
         self, code: int, proposal: FloatArray
@@ -973,10 +1074,15 @@ class _Rows:
 def _weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
     """Column-wise weighted median of ``values`` (rows weighted by ``weights``), rescaled so
     the shares sum to 1: the point that minimizes the expected absolute error per regime."""
-    order = np.argsort(values, axis=0)
-    cumulative = np.cumsum(weights[order], axis=0)
+    order = values.argsort(axis=0)
+    cumulative = weights[order].cumsum(axis=0)
     index = (cumulative >= cumulative[-1:] / 2).argmax(axis=0)
-    columns = np.arange(values.shape[1])
+    width = values.shape[1]
+    columns = _COLUMNS[:width] if width <= len(_COLUMNS) else np.arange(width)
     median: FloatArray = values[order[index, columns], columns]
     total = float(median.sum())
     return median / total if total > 0 else median
+
+
+_COLUMNS = np.arange(64)
+"""Column indices for :func:`_weighted_median` (a slice of one array, not a new one a call)."""

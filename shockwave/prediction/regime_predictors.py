@@ -23,6 +23,7 @@ from shockwave.domain.snapshot import ActiveJob
 from shockwave.prediction.population_predictor import (
     PopulationParams,
     predict_population,
+    prior_basis,
     prior_reads,
 )
 from shockwave.prediction.predictor import Prediction, PredictorParams, predict, predict_greedy
@@ -57,6 +58,14 @@ def prior_read(
     predict ``job`` with ``population``: the population predictor's template groups
     (:func:`shockwave.prediction.population_predictor.prior_reads`); the others read none."""
     return prior_reads(prior, job, population) if name == "population" else ()
+
+
+def prior_read_basis(name: str, prior: PopulationPrior, job: ActiveJob) -> object:
+    """An object that is the very same for two priors only where :func:`prior_read` gives
+    ``job`` the very same parts of each (with the same ``population``): a cheaper check than
+    the reads themselves (:func:`shockwave.prediction.population_predictor.prior_basis`;
+    ``()`` for the predictors that read none)."""
+    return prior_basis(prior, job) if name == "population" else ()
 
 
 def check_regime_predictor(name: str) -> str:

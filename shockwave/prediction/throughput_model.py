@@ -162,7 +162,22 @@ class ThroughputModel:
         params: ThroughputModelParams | None = None,
     ) -> ThroughputModel:
         """The model of what ``prior`` (finished jobs) and ``jobs`` (active ones) measured and
-        how far their declarations were from it."""
+        how far their declarations were from it. The same prior, params and per-job terms
+        (:func:`_measured_rates`, the very objects, in order) give the same model without
+        summing again: between arrivals, finishes and new measurements every round asks that."""
+        parts = tuple(_measured_rates(job) for job in jobs)
+        return _BUILDS.get(
+            (cls, prior, params, *parts), (), lambda: cls._summed(prior, parts, params)
+        )
+
+    @classmethod
+    def _summed(
+        cls,
+        prior: PopulationPrior,
+        parts: Sequence[_JobRates],
+        params: ThroughputModelParams | None,
+    ) -> ThroughputModel:
+        """:meth:`build` from each active job's terms ``parts`` (:func:`_measured_rates`)."""
         sums: dict[RateKey, float] = {
             k: s.samples_per_second * s.jobs for k, s in prior.rates.items()
         }
@@ -170,9 +185,8 @@ class ThroughputModel:
         errors, sum_sq = prior.declarations.count, prior.declarations.sum_sq
         active_logs: dict[RateKey, list[float]] = defaultdict(list)
         steps = {k: (s.log_ratio_sum, s.jobs) for k, s in prior.steps.items()}
-        for job in jobs:
+        for count, squares, measured, job_steps in parts:
             # the sums in the order DeclarationErrors.add takes them, job by job
-            count, squares, measured, job_steps = _measured_rates(job)
             errors, sum_sq = errors + count, sum_sq + squares
             for key, rate, log_rate in measured:
                 sums[key] = sums.get(key, 0.0) + rate
@@ -362,6 +376,9 @@ def _job_rates(spec: JobSpec, measured: Mapping[int, float]) -> _JobRates:
 
 _JOB_RATES: IdentityMemo[_JobRates] = IdentityMemo(limit=50_000)
 """Per (spec, measured epoch times): :func:`_measured_rates`."""
+_BUILDS: IdentityMemo[ThroughputModel] = IdentityMemo(limit=64)
+"""Models by (class, prior, params, each active job's :func:`_measured_rates`, the very
+objects): :meth:`ThroughputModel.build`."""
 
 
 def declared_or_blend(

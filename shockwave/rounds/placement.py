@@ -258,15 +258,22 @@ class _FreeGpus:
         self._cluster = cluster
         self.nodes = cluster.nodes
         self.largest = cluster.largest_node
-        self._by_node: list[set[int]] = [set(gpus) for gpus in _node_sets(cluster.node_gpus)]
-        self._all: set[int] = set(range(cluster.total_gpus))
+        sets, every, counts = _fresh(cluster.node_gpus)
+        self._by_node: list[set[int]] = [set(gpus) for gpus in sets]
+        self._all: set[int] = set(every)
         node_of = cluster.node_of
+        touched = False
         for g in busy:
             self._by_node[node_of(g)].discard(g)
             self._all.discard(g)
-        self._by_count: list[set[int]] = [set() for _ in range(self.largest + 1)]
+            touched = True
+        self._by_count: list[set[int]]
         """The nodes by how many free GPUs each has (a best fit looks at few of them, not at
         every node: a boundary places hundreds of gangs on a thousand nodes)."""
+        if not touched:
+            self._by_count = [set(nodes) for nodes in counts]
+            return
+        self._by_count = [set() for _ in range(self.largest + 1)]
         for n, gpus in enumerate(self._by_node):
             self._by_count[len(gpus)].add(n)
 
@@ -295,19 +302,48 @@ class _FreeGpus:
 
     def take(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """Mark ``gpus`` as used and return them as a sorted tuple."""
-        node_of = self._cluster.node_of
+        node_of, by_node, free = self._cluster.node_of, self._by_node, self._all
+        # each node touched moves once, from its count before to its count after
+        before: dict[int, int] = {}
         for g in gpus:
             node = node_of(g)
-            held = self._by_node[node]
+            held = by_node[node]
+            if node not in before:
+                before[node] = len(held)
             held.remove(g)
-            self._by_count[len(held) + 1].discard(node)
-            self._by_count[len(held)].add(node)
-            self._all.remove(g)
+            free.remove(g)
+        by_count = self._by_count
+        for node, count in before.items():
+            by_count[count].discard(node)
+            by_count[len(by_node[node])].add(node)
         return tuple(sorted(gpus))
 
 
 _NODE_SETS: dict[tuple[int, ...], tuple[frozenset[int], ...]] = {}
 """Each node's GPU indices by node sizes (a handful of clusters per process)."""
+
+
+_Fresh = tuple[tuple[frozenset[int], ...], frozenset[int], tuple[frozenset[int], ...]]
+
+_FRESH: dict[tuple[int, ...], _Fresh] = {}
+"""A cluster's free GPUs with none busy, by node sizes (:func:`_fresh`)."""
+
+
+def _fresh(node_gpus: tuple[int, ...]) -> _Fresh:
+    """The free GPUs of a cluster of ``node_gpus`` with none busy, as :class:`_FreeGpus` holds
+    them: each node's GPU indices, every GPU, and the nodes by free count (0 to the largest
+    node), copied at each placement instead of built again."""
+    fresh = _FRESH.get(node_gpus)
+    if fresh is None:
+        sets = _node_sets(node_gpus)
+        counts: list[set[int]] = [set() for _ in range(max(node_gpus, default=0) + 1)]
+        for n, gpus in enumerate(sets):
+            counts[len(gpus)].add(n)
+        fresh = (sets, frozenset(range(sum(node_gpus))), tuple(map(frozenset, counts)))
+        if len(_FRESH) >= 64:
+            _FRESH.clear()
+        _FRESH[node_gpus] = fresh
+    return fresh
 
 
 def _node_sets(node_gpus: tuple[int, ...]) -> tuple[frozenset[int], ...]:

@@ -29,14 +29,16 @@ from tests.builders import adaptive_job
 ACCORDION = AdaptationMode.ACCORDION
 
 
-def _finished(regimes: Sequence[tuple[int, int]], model: str) -> FinishedJob:
+def _finished(
+    regimes: Sequence[tuple[int, int]], model: str, mode: AdaptationMode = ACCORDION
+) -> FinishedJob:
     spec = JobSpec(
         job_id="done",
         gpus=1,
         epochs=sum(e for _, e in regimes),
         samples_per_epoch=1000,
         initial_batch_size=regimes[0][0],
-        mode=ACCORDION,
+        mode=mode,
         batch_sizes=(32, 256),
         model=model,
     )
@@ -79,6 +81,7 @@ def _clear_prediction_memos() -> None:
     ):
         identity.clear()
     population_predictor._REPLAYS.clear()
+    population_predictor._LAST_GROUPS.clear()
 
 
 def test_another_models_finish_leaves_a_well_known_models_reads_and_prediction() -> None:
@@ -110,6 +113,102 @@ def test_a_thin_models_reads_change_with_another_models_finish() -> None:
     _clear_prediction_memos()
     fresh = [predict_population(job, p) for p in (prior, after)]
     assert memoized == fresh
+
+
+def test_another_modes_finish_leaves_the_groups_a_job_consults_the_very_same() -> None:
+    prior = _learnt(_finished([(32, 40), (256, 60)], "ResNet-18"), _finished([(32, 100)], "LM"))
+    job = _job("ResNet-18")
+    population = population_predictor.PopulationParams()
+    before = population_predictor._consulted_groups(prior, job, population)
+
+    # a GNS job's finish leaves every Accordion group as it was: the very groups object, so
+    # the consulted groups are the memoized ones, and they are what a fresh computation gives
+    other_mode = prior.learn(_finished([(32, 30), (256, 70)], "LM", AdaptationMode.GNS))
+    groups = population_predictor._groups_of(other_mode, job)
+    assert groups is population_predictor._groups_of(prior, job)
+    kept = population_predictor._consulted_groups(other_mode, job, population)
+    assert kept is before
+    _clear_prediction_memos()
+    fresh = population_predictor._consulted_groups(other_mode, job, population)
+    assert fresh == kept
+    assert prior_reads(other_mode, job) == prior_reads(prior, job)
+
+    # an Accordion finish of another model changes a group this thin model backs off to
+    same_mode = other_mode.learn(_finished([(32, 20), (256, 80)], "LM"))
+    changed = population_predictor._groups_of(same_mode, job)
+    assert changed is not groups
+    reads = prior_reads(same_mode, job)
+    assert reads[1] is same_mode.templates[(ACCORDION, "LM", 32)]
+    memoized = predict_population(job, same_mode)
+    _clear_prediction_memos()
+    assert predict_population(job, same_mode) == memoized
+
+
+def test_a_kept_prediction_holds_across_priors_under_one_basis_and_is_the_fresh_one() -> None:
+    from shockwave.prediction.regime_predictors import prior_read_basis
+
+    prior = _learnt(_finished([(32, 40), (256, 60)], "ResNet-18"), _finished([(32, 100)], "LM"))
+    params = ShockwaveParams()
+    job = _job("ResNet-18")
+    rates = ThroughputModel.build(prior, [job])
+    memo = policy_module._PredictionMemo()
+    other_mode = prior.learn(_finished([(32, 30), (256, 70)], "LM", AdaptationMode.GNS))
+    same_mode = other_mode.learn(_finished([(32, 20), (256, 80)], "LM"))
+    # another mode's finish: the very same basis; the same mode's (a group the job reads): not
+    basis = prior_read_basis("population", prior, job)
+    assert prior_read_basis("population", other_mode, job) is basis
+    assert prior_read_basis("population", same_mode, job) is not basis
+
+    made = []
+    for learnt in (prior, other_mode, same_mode):
+
+        def compute(
+            model: ThroughputModel, learnt: PopulationPrior = learnt
+        ) -> policy_module._Computed:
+            made.append(learnt)
+            return policy_module._predicted(
+                job, learnt, params, model, 1.0, None, params.population
+            )
+
+        got = memo.get(job, params, params.population, learnt, rates, 1.0, compute)
+        _clear_prediction_memos()
+        fresh = policy_module._predicted(
+            job, learnt, params, RecordingModel(rates), 1.0, None, params.population
+        )
+        assert got == fresh[0]
+    # made for the first prior, kept under the other mode's finish, made again for the last
+    assert made == [prior, same_mode]
+
+
+def test_a_throughput_model_of_unchanged_terms_is_the_one_built_and_a_change_rebuilds() -> None:
+    from shockwave.prediction import throughput_model
+
+    def clear() -> None:
+        for memo in (
+            throughput_model._BUILDS,
+            throughput_model._MODELS,
+            throughput_model._JOB_RATES,
+        ):
+            memo.clear()
+
+    def fields(model: ThroughputModel) -> tuple[object, ...]:
+        return (dict(model.rates), model.declaration_variance, model.speed_variance)
+
+    prior = _learnt(_finished([(32, 40), (256, 60)], "ResNet-18"))
+    a = adaptive_job("a", mode=ACCORDION, model="ResNet-18", measured={32: 2.0}, profile={32: 1.5})
+    b = adaptive_job("b", mode=ACCORDION, model="ResNet-18", measured={32: 2.5})
+    built = ThroughputModel.build(prior, [a, b])
+    assert ThroughputModel.build(prior, [a, b]) is built
+
+    # b measures another batch size, then another prior: each model is the one built afresh
+    measured_b = adaptive_job("b", mode=ACCORDION, model="ResNet-18", measured={32: 2.5, 256: 0.5})
+    after = prior.learn(_finished([(32, 10), (256, 90)], "ResNet-18"))
+    for inputs in ((prior, [a, measured_b]), (after, [a, measured_b]), (after, [measured_b, a])):
+        memoized = ThroughputModel.build(*inputs)
+        clear()
+        fresh = ThroughputModel.build(*inputs)
+        assert fields(memoized) == fields(fresh)
+        assert fields(memoized) != fields(built)
 
 
 def test_a_models_own_finish_changes_its_reads() -> None:

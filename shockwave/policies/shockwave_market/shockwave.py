@@ -82,6 +82,7 @@ from shockwave.prediction.regime_predictors import (
     REGIME_PREDICTORS,
     check_regime_predictor,
     prior_read,
+    prior_read_basis,
 )
 from shockwave.prediction.throughput_model import (
     Read,
@@ -459,6 +460,9 @@ class _Seen:
     value: _Predicted
     stage: Stage | None
     trajectory_reads: int
+    basis: object = None
+    """An object under which a prior gives the job the reads ``prior_read``
+    (:func:`shockwave.prediction.regime_predictors.prior_read_basis`; None: not known)."""
 
 
 class _PredictionMemo:
@@ -559,10 +563,16 @@ class _PredictionMemo:
         its trajectory's questions, the others are asked again)."""
         same_prior = seen.prior is prior
         if not same_prior:
-            read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
-            same_prior = len(read) == len(seen.prior_read) and all(
-                a is b for a, b in zip(read, seen.prior_read, strict=True)
-            )
+            # the very basis the entry's reads were found under: the same reads, unasked
+            basis = prior_read_basis(seen.params.regime_predictor, prior, job)
+            same_prior = basis is seen.basis
+            if not same_prior:
+                read = prior_read(seen.params.regime_predictor, prior, job, seen.population)
+                same_prior = len(read) == len(seen.prior_read) and all(
+                    a is b for a, b in zip(read, seen.prior_read, strict=True)
+                )
+                if same_prior:
+                    seen.basis = basis
         if not same_prior:
             return False
         reads = seen.rates_read[: seen.trajectory_reads] if moved else seen.rates_read
@@ -598,6 +608,7 @@ class _PredictionMemo:
             value,
             stage,
             trajectory_reads,
+            prior_read_basis(params.regime_predictor, prior, job),
         )
         with self._lock:
             if len(self._entries) >= self._limit:
@@ -1308,13 +1319,16 @@ def _plan_jobs(
 ) -> list[PlanJob]:
     """:func:`_plan_job` of each job on its requested count, the very same values: the tables
     the memo does not hold (a running job's, whose progress moved) are made together
-    (:func:`_plan_tables_many`), not one job at a time."""
+    (:func:`_plan_tables_many`), not one job at a time. A running job's are neither looked
+    up nor kept: it trains between two plans, so its prediction is a new object at the next
+    and the memo would not find them (the memo changes no value, so this changes none)."""
     rows = [
         _TableRow.of(job, look, params, window, length)
         for job, look in zip(jobs, looks, strict=True)
     ]
     found = [
-        _TABLES.find((look.prediction,), row.key) for row, look in zip(rows, looks, strict=True)
+        None if row.running else _TABLES.find((look.prediction,), row.key)
+        for row, look in zip(rows, looks, strict=True)
     ]
     missing = [i for i, tables in enumerate(found) if tables is None]
     made = dict(
@@ -1328,7 +1342,8 @@ def _plan_jobs(
     for i, (row, look, tables) in enumerate(zip(rows, looks, found, strict=True)):
         if tables is None:
             tables = made[i]
-            _TABLES.put((look.prediction,), row.key, tables)
+            if not row.running:
+                _TABLES.put((look.prediction,), row.key, tables)
         planned.append(row.planned(look, params, tables))
     return planned
 
