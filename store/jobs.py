@@ -11,7 +11,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -154,28 +154,6 @@ def bank_training(row: JobRow | PolledJob, now: datetime, *, kept: bool = True) 
         row.carried_s = 0.0
 
 
-POLLED_COLUMNS = (
-    "id",
-    "state",
-    "epochs",
-    "initial_batch_size",
-    "epochs_done",
-    "batch_size",
-    "attained_s",
-    "carried_s",
-    "epoch_seconds",
-    "scalings",
-    "last_seq",
-    "created_at",
-    "updated_at",
-)
-"""What an agent's poll reads of its jobs' rows (their events folded in, their attempts'
-reports applied): not the launch fields, the spec's profiles, nor what the API shows only,
-whose JSON a poll of 8 jobs decoded about 60 times for nothing. A row read with these only
-(:data:`POLLED`) loads the rest on first use (:func:`load_rest`)."""
-POLLED = load_only(*(getattr(JobRow, name) for name in POLLED_COLUMNS))
-"""The loader option that reads :data:`POLLED_COLUMNS` of a job's row (built once: building
-it took as long as the read)."""
 JOBS = SQLModel.metadata.tables["jobs"]
 
 
@@ -201,6 +179,17 @@ class PolledJob:
     updated_at: datetime
     measured_epoch_seconds: dict[str, float] = field(default_factory=dict)
     """Written (whole, from the folded state), never read."""
+
+
+POLLED_COLUMNS = tuple(f.name for f in fields(PolledJob) if f.name != "measured_epoch_seconds")
+"""What an agent's poll reads of its jobs' rows (their events folded in, their attempts'
+reports applied; :class:`PolledJob`'s fields but the one it only writes): not the launch
+fields, the spec's profiles, nor what the API shows only, whose JSON a poll of 8 jobs decoded
+about 60 times for nothing. A row read with these only (:data:`POLLED`) loads the rest on
+first use (:func:`load_rest`)."""
+POLLED = load_only(*(getattr(JobRow, name) for name in POLLED_COLUMNS))
+"""The loader option that reads :data:`POLLED_COLUMNS` of a job's row (built once: building
+it took as long as the read)."""
 
 
 FOLDED_COLUMNS = (

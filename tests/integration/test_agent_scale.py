@@ -280,6 +280,18 @@ def progress_event(attempt: str, seq: int, epoch: int) -> dict[str, Any]:
     }
 
 
+def _round_started(client: TestClient, tokens: Tokens, database: Database) -> dict[str, str]:
+    """One boundary of the round driver, its leases acknowledged RUNNING by the node's poll;
+    job id -> attempt id."""
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    running = sorted(attempts.values())
+    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
+    assert started.status_code == 200, started.json()
+    return attempts
+
+
 def test_a_polls_events_cost_one_read_one_insert_and_one_update_for_all(
     client: TestClient, tokens: Tokens, database: Database
 ) -> None:
@@ -289,13 +301,9 @@ def test_a_polls_events_cost_one_read_one_insert_and_one_update_for_all(
     and each is recorded and folded into its job as if it came alone."""
     register(client, tokens.agent, gpus=8)
     jobs = [submit(client, tokens.admin, gpus=1) for _ in range(8)]
-    with driver_on(database) as (driver, _):
-        driver.step(now())
-    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    attempts = _round_started(client, tokens, database)
     assert sorted(attempts) == sorted(jobs)
     running = sorted(attempts.values())
-    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
-    assert started.status_code == 200, started.json()
 
     costs = []
     for events in (
@@ -391,12 +399,8 @@ def test_a_polls_checkpoint_reports_write_what_a_report_each_would_in_one_batch(
     does."""
     register(client, tokens.agent, gpus=8)
     jobs = [submit(client, tokens.admin, gpus=1) for _ in range(8)]
-    with driver_on(database) as (driver, _):
-        driver.step(now())
-    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    attempts = _round_started(client, tokens, database)
     running = sorted(attempts.values())
-    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
-    assert started.status_code == 200, started.json()
     _revoke(database, running)
 
     alone = jobs[:4]
@@ -509,12 +513,8 @@ def test_a_job_that_succeeds_in_a_poll_is_learnt_as_one_reported_alone(
         ).json()["id"]
         for tenant in ("alone", "polled")
     }
-    with driver_on(database) as (driver, _):
-        driver.step(now())
-    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    attempts = _round_started(client, tokens, database)
     running = sorted(attempts.values())
-    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
-    assert started.status_code == 200, started.json()
 
     alone = attempts[jobs["alone"]]
     for seq in (1, 2):
@@ -587,12 +587,8 @@ def test_a_polls_events_fold_into_their_jobs_rows_as_posted_one_at_a_time(
     with the attempt's job token do (a duplicate included)."""
     register(client, tokens.agent, gpus=8)
     posted, polled = (submit(client, tokens.admin, gpus=1, epochs=10) for _ in range(2))
-    with driver_on(database) as (driver, _):
-        driver.step(now())
-    attempts = {lease.job_id: lease.id for lease in leases(database)}
+    attempts = _round_started(client, tokens, database)
     running = sorted(attempts.values())
-    started = client.post("/v1/agent/poll", json={"running": running}, headers=bearer(tokens.agent))
-    assert started.status_code == 200, started.json()
 
     sent = [
         {"seq": 1, "kind": "progress", "epoch": 1, "samples": 1000, "seconds": 2.0},
