@@ -124,3 +124,12 @@ def test_the_rules_are_on_by_default_and_can_be_turned_off() -> None:
     on = Shockwave().decide(shot, params).jobs
     assert "short" in on
     assert "long" not in on
+
+
+def test_a_cluster_of_gangs_alone_keeps_the_markets_order() -> None:
+    # on one GPU every job is a gang of the chain: the chain is the whole market, and neither
+    # rule reorders it
+    active = [active_job("long", epochs=100), active_job("short", epochs=3)]
+    shot, looks = snapshot(active, gpus=1), outlooks(active, gpus=1)
+    assert _chain_shortest_first(shot, ["long"], looks) == ["long"]
+    assert _chain_tail(shot, [], looks, 0.75) == []

@@ -1604,12 +1604,14 @@ def _chain_shortest_first(
     its share of rounds), and every switch restarts a whole gang while each one's completion
     waits for the others'. Shortest first finishes each gang as soon as the chain allows: on
     an ITP week on 80 GPUs with 19 gangs of 64, a 64-GPU gang of 17 hours started on arrival
-    and ran in turns with the later ones for 4.2 days."""
+    and ran in turns with the later ones for 4.2 days. Only beside narrower jobs: where every
+    active job is a gang of the chain (a one-GPU cluster), the chain is the whole market and
+    its fairness order stays."""
     total = snapshot.cluster.total_gpus
     taken = set(planned)
     gangs = [j for j in snapshot.jobs if chain_gang(j.spec.gpus, total)]
     running = [j for j in gangs if j.job_id in taken]
-    if len(running) != 1:
+    if len(running) != 1 or len(gangs) == len(snapshot.jobs):
         return list(planned)
     gang = running[0]
     best = min(gangs, key=lambda j: (outlooks[j.job_id].soonest_remaining_s, j.job_id))
@@ -1626,12 +1628,12 @@ def _chain_tail(
     unchanged.
 
     The rule: when the column runs no gang of the chain while one waits, the jobs outside the
-    chain ask at most ``share`` of the GPUs (no queue is left, only the burst's last jobs),
-    and the chain's soonest remainders add up past the work bound (the chain sets the
-    makespan), the round runs the gang of the chain with the least soonest remainder, then
-    every other job by fewest remaining GPU-seconds (the shortest keep the GPUs beside the
-    gang). A gang of the whole cluster never passes the bound (the work bound counts its
-    remainder whole), so no burst is left waiting whole behind one.
+    chain (at least one: with gangs alone the market's order stays) ask at most ``share`` of the
+    GPUs (no queue is left, only the burst's last jobs), and the chain's soonest remainders add
+    up past the work bound (the chain sets the makespan), the round runs the gang of the chain
+    with the least soonest remainder, then every other job by fewest remaining GPU-seconds (the
+    shortest keep the GPUs beside the gang). A gang of the whole cluster never passes the bound
+    (the work bound counts its remainder whole), so no burst is left waiting whole behind one.
 
     Why: a gang of the chain starts only once the jobs beside it fit in the GPUs it leaves,
     so behind a burst of narrow jobs the cluster drains for hours with GPUs idle while the
@@ -1650,7 +1652,7 @@ def _chain_tail(
     if any(j.job_id in taken for j in gangs):
         return list(planned)
     narrow = [j for j in jobs if not chain_gang(j.spec.gpus, total)]
-    if sum(j.spec.gpus for j in narrow) > share * total:
+    if not narrow or sum(j.spec.gpus for j in narrow) > share * total:
         return list(planned)
     soonest = {j.job_id: outlooks[j.job_id].soonest_remaining_s for j in jobs}
     work = sum(soonest[j.job_id] * j.spec.gpus for j in jobs) / total
