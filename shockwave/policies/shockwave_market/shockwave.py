@@ -1640,8 +1640,8 @@ def _chain_tail(
     chain, which ends the run, waits; starting the gang at the tail moves the longest of the
     burst's last jobs beside it. On an ITP week on 80 GPUs (gangs of 64) the drain after a
     burst of 325 one-GPU jobs ran 2.4 hours under 85% busy. ``share`` prices the trade:
-    each round sooner displaces more of the burst (0.75 ended that week 5,900 s sooner at
-    0.1% less average JCT with :func:`_chain_shortest_first`; 0.85 4,700 s sooner again at
+    each round sooner displaces more of the burst (0.75 ended that week 5,100 s sooner at
+    0.3% less average JCT with :func:`_chain_shortest_first`; 0.85 4,700 s sooner again at
     2.1% more)."""
     total = snapshot.cluster.total_gpus
     jobs = snapshot.jobs
