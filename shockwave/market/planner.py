@@ -480,8 +480,20 @@ def soonest_bounds(jobs: Sequence[PlanJob], total_gpus: int) -> tuple[float, flo
     """(W, L): the GPU-seconds of every job's soonest remainder over the GPUs, and the
     longest soonest remainder (0 for no job); no plan ends before max(W, L)."""
     soonest = [j.remaining_range[0] for j in jobs]
-    work = sum(s * j.gpus for s, j in zip(soonest, jobs, strict=True)) / total_gpus
-    return work, max(soonest, default=0.0)
+    return work_bound_s([j.gpus for j in jobs], soonest, total_gpus), max(soonest, default=0.0)
+
+
+def work_bound_s(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: int) -> float:
+    """W: the GPU-seconds of the jobs' soonest remainders (``soonest_s``, on ``gpus`` each, one
+    entry per job) over the cluster's ``total_gpus``; no schedule of them ends sooner."""
+    return sum(g * s for g, s in zip(gpus, soonest_s, strict=True)) / total_gpus
+
+
+def path_finish_s(jobs: Sequence[PlanJob], total_gpus: int, margin: float) -> float:
+    """max(W, theta_c L) (:func:`soonest_bounds`; theta_c = ``margin``): the finish the
+    makespan's path keeps, whether or not the reservation's gate holds."""
+    work, longest = soonest_bounds(jobs, total_gpus)
+    return max(work, margin * longest)
 
 
 def chain_blocked(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: int) -> list[bool]:
@@ -501,7 +513,7 @@ def chain_blocked(gpus: Sequence[int], soonest_s: Sequence[float], total_gpus: i
     if not chain or total_gpus <= 0:
         return [False] * len(gpus)
     narrowest = min(g for g in gpus if chain_gang(g, total_gpus))
-    work = sum(g * s for g, s in zip(gpus, soonest_s, strict=True)) / total_gpus
+    work = work_bound_s(gpus, soonest_s, total_gpus)
     length = sum(chain)
     return [
         not chain_gang(g, total_gpus) and g + narrowest > total_gpus and s + length > work
@@ -525,8 +537,7 @@ def path_jobs(
     deadline, :func:`own_deadline_s`, is not on it yet). A round such a job loses to the
     lane can push the makespan out by a round; any other full-window job has that round's
     slack before the work or the longest job bounds the end."""
-    work, longest = soonest_bounds(problem.jobs, problem.total_gpus)
-    path_s = max(work, margin * longest)
+    path_s = path_finish_s(problem.jobs, problem.total_gpus, margin)
     window_s = problem.rounds * round_seconds
     floors = problem.floors
     return frozenset(
@@ -546,8 +557,7 @@ def leading_jobs(problem: Problem, margin: float) -> frozenset[int]:
     floors = problem.floors
     if floors is None:
         return frozenset()
-    work, longest = soonest_bounds(problem.jobs, problem.total_gpus)
-    path_s = max(work, margin * longest)
+    path_s = path_finish_s(problem.jobs, problem.total_gpus, margin)
     return frozenset(
         i
         for i, job in enumerate(problem.jobs)

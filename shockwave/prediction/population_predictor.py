@@ -63,7 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shockwave.domain.memo import IdentityMemo
-from shockwave.domain.model import AdaptationMode
+from shockwave.domain.model import AdaptationMode, JobSpec
 from shockwave.domain.population import EMPTY_PRIOR, TOP, PopulationPrior, Template, ladder_of
 from shockwave.domain.snapshot import ActiveJob
 from shockwave.prediction.predictor import (
@@ -197,7 +197,7 @@ def predict_staged(
     params = params or PredictorParams()
     population = population or PopulationParams()
     spec = job.spec
-    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+    if _reads_no_templates(spec):
         return predict(job, params, throughput), None
     observed = job.progress.observed_regimes
     prefix = (*(r.batch_size for r in observed), job.progress.batch_size)
@@ -319,6 +319,12 @@ def _consulted_groups(
     return _CONSULTED.get((everyone, job.spec, population), (), consulted)
 
 
+def _reads_no_templates(spec: JobSpec) -> bool:
+    """Whether a job of ``spec`` never changes batch size (static, or starting at its largest),
+    so that the paper's rule predicts it and no template group of a prior is read."""
+    return spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size
+
+
 def prior_reads(
     prior: PopulationPrior, job: ActiveJob, population: PopulationParams | None = None
 ) -> tuple[tuple[Template, ...], ...]:
@@ -329,7 +335,7 @@ def prior_reads(
     objects predict the job alike, so a job finishing changes the predictions of the jobs
     that consult its group only."""
     spec = job.spec
-    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+    if _reads_no_templates(spec):
         return ()
     _, (own, others) = _consulted_groups(prior, job, population or PopulationParams())
     return (*own, *(g for model in others for g in model))
@@ -342,7 +348,7 @@ def prior_basis(prior: PopulationPrior, job: ActiveJob) -> object:
     priors may give the same reads under different objects; the same object, never other
     reads (the groups a job consults are made from these groups, its spec and the knobs)."""
     spec = job.spec
-    if spec.mode is AdaptationMode.STATIC or spec.initial_batch_size >= spec.max_batch_size:
+    if _reads_no_templates(spec):
         return ()
     return _groups_of(prior, job)
 

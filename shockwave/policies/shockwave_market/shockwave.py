@@ -62,6 +62,7 @@ from shockwave.market.planner import (
     chain_blocked,
     chain_gang,
     plan,
+    work_bound_s,
 )
 from shockwave.policies.policy import REPLAN_MODES, Decision, SolveSummary
 from shockwave.policies.shockwave_market.shockwave_typed import fill_typed, plan_typed
@@ -1591,6 +1592,20 @@ def _chain_lane(snapshot: Snapshot, planned: Sequence[str], held: frozenset[str]
     return [*lane, *planned]
 
 
+def _chain_beside(snapshot: Snapshot) -> tuple[list[ActiveJob], list[ActiveJob]]:
+    """(the gangs of the chain, the narrower jobs) of ``snapshot``'s jobs, in its order, for
+    the rules that order the chain beside narrower work (:func:`_chain_shortest_first`,
+    :func:`_chain_tail`); no gangs where no narrower job is active: on a cluster of gangs alone
+    (one GPU: every job is wider than half) the chain is the whole market, whose fairness
+    order stays."""
+    total = snapshot.cluster.total_gpus
+    gangs: list[ActiveJob] = []
+    narrow: list[ActiveJob] = []
+    for job in snapshot.jobs:
+        (gangs if chain_gang(job.spec.gpus, total) else narrow).append(job)
+    return (gangs if narrow else []), narrow
+
+
 def _chain_shortest_first(
     snapshot: Snapshot, planned: Sequence[str], outlooks: Mapping[str, JobOutlook]
 ) -> list[str]:
@@ -1604,14 +1619,12 @@ def _chain_shortest_first(
     its share of rounds), and every switch restarts a whole gang while each one's completion
     waits for the others'. Shortest first finishes each gang as soon as the chain allows: on
     an ITP week on 80 GPUs with 19 gangs of 64, a 64-GPU gang of 17 hours started on arrival
-    and ran in turns with the later ones for 4.2 days. Only beside narrower jobs: where every
-    active job is a gang of the chain (a one-GPU cluster), the chain is the whole market and
-    its fairness order stays."""
-    total = snapshot.cluster.total_gpus
+    and ran in turns with the later ones for 4.2 days. Only beside narrower jobs
+    (:func:`_chain_beside`)."""
+    gangs, _ = _chain_beside(snapshot)
     taken = set(planned)
-    gangs = [j for j in snapshot.jobs if chain_gang(j.spec.gpus, total)]
     running = [j for j in gangs if j.job_id in taken]
-    if len(running) != 1 or len(gangs) == len(snapshot.jobs):
+    if len(running) != 1:
         return list(planned)
     gang = running[0]
     best = min(gangs, key=lambda j: (outlooks[j.job_id].soonest_remaining_s, j.job_id))
@@ -1628,12 +1641,12 @@ def _chain_tail(
     unchanged.
 
     The rule: when the column runs no gang of the chain while one waits, the jobs outside the
-    chain (at least one: with gangs alone the market's order stays) ask at most ``share`` of the
-    GPUs (no queue is left, only the burst's last jobs), and the chain's soonest remainders add
-    up past the work bound (the chain sets the makespan), the round runs the gang of the chain
-    with the least soonest remainder, then every other job by fewest remaining GPU-seconds (the
-    shortest keep the GPUs beside the gang). A gang of the whole cluster never passes the bound
-    (the work bound counts its remainder whole), so no burst is left waiting whole behind one.
+    chain (at least one: :func:`_chain_beside`) ask at most ``share`` of the GPUs (no queue is
+    left, only the burst's last jobs), and the chain's soonest remainders add up past the work
+    bound (the chain sets the makespan), the round runs the gang of the chain with the least
+    soonest remainder, then every other job by fewest remaining GPU-seconds (the shortest keep
+    the GPUs beside the gang). A gang of the whole cluster never passes the bound (the work
+    bound counts its remainder whole), so no burst is left waiting whole behind one.
 
     Why: a gang of the chain starts only once the jobs beside it fit in the GPUs it leaves,
     so behind a burst of narrow jobs the cluster drains for hours with GPUs idle while the
@@ -1645,17 +1658,14 @@ def _chain_tail(
     2.1% more)."""
     total = snapshot.cluster.total_gpus
     jobs = snapshot.jobs
-    gangs = [j for j in jobs if chain_gang(j.spec.gpus, total)]
-    if not gangs:
-        return list(planned)
+    gangs, narrow = _chain_beside(snapshot)
     taken = set(planned)
-    if any(j.job_id in taken for j in gangs):
+    if not gangs or any(j.job_id in taken for j in gangs):
         return list(planned)
-    narrow = [j for j in jobs if not chain_gang(j.spec.gpus, total)]
-    if not narrow or sum(j.spec.gpus for j in narrow) > share * total:
+    if sum(j.spec.gpus for j in narrow) > share * total:
         return list(planned)
     soonest = {j.job_id: outlooks[j.job_id].soonest_remaining_s for j in jobs}
-    work = sum(soonest[j.job_id] * j.spec.gpus for j in jobs) / total
+    work = work_bound_s([j.spec.gpus for j in jobs], list(soonest.values()), total)
     if sum(soonest[j.job_id] for j in gangs) <= work:
         return list(planned)
     gang = min(gangs, key=lambda j: (soonest[j.job_id], j.job_id))
