@@ -35,6 +35,20 @@ def is_valid_width(gpus: object) -> bool:
     return isinstance(gpus, int) and not isinstance(gpus, bool) and gpus in VALID_WIDTHS
 
 
+def nearest_width(gpus: int, most: int | None = None) -> int:
+    """The gang size closest to ``gpus`` by ratio (ties go to the wider), at most ``most``
+    (and :data:`MAX_WIDTH`) when that is a width: how a job log's 3-, 6- or 12-GPU job runs
+    (as 4, 8 and 16). ``gpus`` itself when it is a gang size within the bound. Raises
+    ValueError for fewer than one GPU or a bound below one."""
+    if gpus < 1:
+        raise ValueError(f"a gang has at least one GPU, got {gpus}")
+    bound = MAX_WIDTH if most is None else min(most, MAX_WIDTH)
+    if bound < 1:
+        raise ValueError(f"no gang size is at most {most}")
+    widths = [w for w in VALID_WIDTHS if w <= bound]
+    return min(widths, key=lambda w: (abs(math.log2(w / gpus)), -w))
+
+
 def width_rule() -> str:
     """The width rule in words, for error messages."""
     return f"a power of two from 1 to {MAX_WIDTH}"

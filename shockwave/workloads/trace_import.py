@@ -36,12 +36,20 @@ the same assignment whatever window or other rows are imported with it. In order
    least one), as the generator does for a drawn size.
 
 Rows are kept in arrival order (log order among equal arrivals). A row outside the time window
-``[since, until)`` (arrival times as in the log), on a width that is not a gang size
-(:func:`~shockwave.domain.model.is_valid_width`), wider than ``max_gpus``, or on a width no model of
-the table runs on, is dropped and reported with its line and reason; with ``rebase`` the first kept
-arrival becomes time 0. A row that cannot be read (a missing or malformed cell, an unknown
-model, a batch size the table lacks) is a :class:`LogFormatError` naming every such line,
-unless ``skip_bad_rows`` drops them into the report instead.
+``[since, until)`` (arrival times as in the log), wider than ``max_gpus``, or on a width no model
+of the table runs on, is dropped and reported with its line and reason; with ``rebase`` the first
+kept arrival becomes time 0.
+
+A row whose GPU count is not a gang size (3, 6, 12, 24 GPUs: data-parallel gangs here are powers
+of two) is kept, **reshaped** to the nearest gang size by ratio within ``max_gpus``
+(:func:`~shockwave.domain.model.nearest_width`: 3 -> 4, 5 -> 4, 6 -> 8, 12 -> 16) with its run
+time scaled by logged GPUs / gang size, so that it asks the cluster for the GPU-seconds the log
+says it used (6 GPUs for 4 h become 8 GPUs for 3 h); the report lists each such row. Only a
+row wider than ``max_gpus`` is dropped for its width.
+
+A row that cannot be read (a missing or malformed cell, an unknown model, a batch size the table
+lacks) is a :class:`LogFormatError` naming every such line, unless ``skip_bad_rows`` drops them
+into the report instead.
 
 Pure: the caller reads the CSV file and hands over its text.
 """
@@ -53,13 +61,13 @@ import io
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 
 import numpy as np
 
-from shockwave.domain.model import AdaptationMode, ValidationError, is_valid_width, width_rule
+from shockwave.domain.model import AdaptationMode, ValidationError, is_valid_width, nearest_width
 from shockwave.workloads.generator import (
     MODE_MIX,
     SIZE_CLASSES,
@@ -139,6 +147,17 @@ class Dropped:
 
 
 @dataclass(frozen=True, slots=True)
+class Reshaped:
+    """A row kept on another gang size than its log's: ``logged_gpus`` for ``duration_s``
+    seconds became ``gpus`` for ``duration_s * logged_gpus / gpus``."""
+
+    line: int
+    job_id: str
+    logged_gpus: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
 class ImportOptions:
     """The window ``[since, until)`` in the log's own time (seconds; None: open), whether to
     rebase the first kept arrival to 0, the widest gang kept (None: any gang size), whether
@@ -154,9 +173,10 @@ class ImportOptions:
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """The imported workload (job ``i`` is the row ``kept[i]``, its trace line ``trace[i]`` and
-    trajectory ``trajectories[i]``), every dropped row in line order, the data rows read, and
-    the seconds subtracted from the log's times (``offset_s``)."""
+    """The imported workload (job ``i`` is the row ``kept[i]``, as imported: a reshaped row with
+    its gang size and run time; its trace line ``trace[i]`` and trajectory ``trajectories[i]``),
+    every dropped row in line order, the data rows read, the seconds subtracted from the log's
+    times (``offset_s``), and the rows reshaped to a gang size, in line order."""
 
     workload: Workload
     kept: tuple[LogJob, ...]
@@ -165,6 +185,7 @@ class ImportResult:
     offset_s: float
     trace: tuple[TraceJob, ...]
     trajectories: tuple[TrajectoryRecord, ...]
+    reshaped: tuple[Reshaped, ...] = ()
 
     def dropped_by_reason(self) -> dict[str, int]:
         return dict(Counter(d.reason for d in self.dropped).most_common())
@@ -325,12 +346,16 @@ def import_job_log(
     if bad and not options.skip_bad_rows:
         raise LogFormatError(source, bad)
     kept: list[LogJob] = []
-    for job in jobs:
+    reshaped: list[Reshaped] = []
+    for logged in jobs:
+        job = _as_gang(logged, options)
         reason = _drop_reason(job, throughputs, options)
-        if reason is None:
-            kept.append(job)
-        else:
+        if reason is not None:
             dropped.append(Dropped(job.line, job.job_id, reason))
+            continue
+        kept.append(job)
+        if job.gpus != logged.gpus:
+            reshaped.append(Reshaped(job.line, job.job_id, logged.gpus, job.gpus))
     problems = {job.line: _given_fields_problem(job, throughputs) for job in kept}
     unusable = [(line, message) for line, message in problems.items() if message is not None]
     if unusable and not options.skip_bad_rows:
@@ -343,6 +368,7 @@ def import_job_log(
     kept = sorted(
         (job for job in kept if problems[job.line] is None), key=lambda j: (j.arrival_s, j.line)
     )
+    imported = {job.line for job in kept}
     if not kept:
         raise ValidationError("rows", f"{source}: no job left to import ({rows} rows read)")
     offset = kept[0].arrival_s if options.rebase else 0.0
@@ -361,7 +387,19 @@ def import_job_log(
         offset_s=offset,
         trace=tuple(trace),
         trajectories=tuple(records),
+        reshaped=tuple(r for r in reshaped if r.line in imported),
     )
+
+
+def _as_gang(job: LogJob, options: ImportOptions) -> LogJob:
+    """The row on the nearest gang size with the same GPU-seconds (module docstring); the row
+    itself when its width is a gang size or wider than ``options.max_gpus`` (dropped then)."""
+    if is_valid_width(job.gpus):
+        return job
+    if options.max_gpus is not None and job.gpus > options.max_gpus:
+        return job
+    gpus = nearest_width(job.gpus, options.max_gpus)
+    return replace(job, gpus=gpus, duration_s=job.duration_s * job.gpus / gpus)
 
 
 def _drop_reason(job: LogJob, throughputs: ThroughputTable, options: ImportOptions) -> str | None:
@@ -369,8 +407,6 @@ def _drop_reason(job: LogJob, throughputs: ThroughputTable, options: ImportOptio
         return "before --since"
     if options.until is not None and job.arrival_s >= options.until:
         return "at or after --until"
-    if not is_valid_width(job.gpus):
-        return f"{job.gpus} GPUs is not a gang size ({width_rule()})"
     if options.max_gpus is not None and job.gpus > options.max_gpus:
         return f"wider than the cluster ({job.gpus} GPUs > {options.max_gpus})"
     if not _models_on(throughputs, job.gpus, _MODELS):

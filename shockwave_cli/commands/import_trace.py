@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -143,13 +144,17 @@ def write_all(outputs: Sequence[tuple[Path, str]]) -> None:
 
 
 def _trajectories(result: ImportResult) -> dict[str, object]:
-    """The trajectory file, each job also naming its log line, job id and tenant."""
+    """The trajectory file, each job also naming its log line, job id and tenant (and, when
+    it was reshaped to a gang size, the GPUs its log gave)."""
     obj = format_trajectories(result.workload)
     jobs = obj["jobs"]
     assert isinstance(jobs, list)
+    logged = {r.line: r.logged_gpus for r in result.reshaped}
     for entry, job in zip(jobs, result.kept, strict=True):
         entry["source_line"] = job.line
         entry["source_job_id"] = job.job_id
+        if job.line in logged:
+            entry["source_gpus"] = logged[job.line]
         if job.tenant is not None:
             entry["tenant"] = job.tenant
     return obj
@@ -166,6 +171,11 @@ def _report(result: ImportResult, options: ImportOptions) -> dict[str, object]:
         "dropped_rows": [
             {"line": d.line, "job_id": d.job_id, "reason": d.reason} for d in result.dropped
         ],
+        "reshaped": len(result.reshaped),
+        "reshaped_rows": [
+            {"line": r.line, "job_id": r.job_id, "logged_gpus": r.logged_gpus, "gpus": r.gpus}
+            for r in result.reshaped
+        ],
     }
 
 
@@ -178,6 +188,14 @@ def _print_summary(result: ImportResult, out_trace: Path, out_trajectories: Path
         f"arrivals over {span / 86400:.2f} days) to {out_trace} and {out_trajectories}",
         soft_wrap=True,
     )
+    if result.reshaped:
+        moves = Counter((r.logged_gpus, r.gpus) for r in result.reshaped)
+        shown = ", ".join(f"{a} -> {b} GPUs: {n}" for (a, b), n in sorted(moves.items()))
+        console.print(
+            f"Reshaped {len(result.reshaped)} rows to the nearest gang size, the same "
+            f"GPU-seconds ({shown})",
+            soft_wrap=True,
+        )
     if not result.dropped:
         console.print("Dropped: none")
         return

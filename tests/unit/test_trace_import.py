@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shockwave.domain.model import AdaptationMode, ValidationError
+from shockwave.domain.model import AdaptationMode, ValidationError, nearest_width
 from shockwave.workloads.trace_import import (
     ImportOptions,
     LogFormatError,
@@ -117,22 +117,22 @@ def test_bad_rows_are_reported_by_line_number(table: ThroughputTable) -> None:
     ]
 
 
-def test_window_width_and_cluster_drops_are_reported(table: ThroughputTable) -> None:
-    log = LOG + "e,450,600,3\nf,500,600,64\ng,5000,600,1\n"
+def test_window_and_cluster_drops_are_reported(table: ThroughputTable) -> None:
+    log = LOG + "e,450,600,3\nf,500,600,64\ng,5000,600,1\nh,460,600,48\n"
     options = ImportOptions(since=120, until=1000, max_gpus=32)
     result = import_job_log(log, "log.csv", table, options)
 
-    assert [j.job_id for j in result.kept] == ["c", "b", "d"]
-    assert [j.spec.arrival_s for j in result.workload.jobs] == [0.0, 30.0, 270.0]
+    assert [j.job_id for j in result.kept] == ["c", "b", "d", "e"]
+    assert [j.spec.arrival_s for j in result.workload.jobs] == [0.0, 30.0, 270.0, 320.0]
     assert result.workload.jobs[0].spec.gpus == 16
     reasons = {d.job_id: d.reason for d in result.dropped}
     assert reasons == {
         "a": "before --since",
-        "e": "3 GPUs is not a gang size (a power of two from 1 to 1024)",
         "f": "wider than the cluster (64 GPUs > 32)",
         "g": "at or after --until",
+        "h": "wider than the cluster (48 GPUs > 32)",
     }
-    assert result.rows == 7 and len(result.kept) + len(result.dropped) == result.rows
+    assert result.rows == 8 and len(result.kept) + len(result.dropped) == result.rows
     kept_raw = import_job_log(log, "log.csv", table, ImportOptions(rebase=False, max_gpus=64))
     assert kept_raw.workload.jobs[0].spec.arrival_s == 100.0
     with pytest.raises(ValidationError, match="no job left"):
@@ -171,6 +171,54 @@ def test_each_job_gets_a_model_of_its_size_class_that_fits_its_run_time(
         real = float(job.trace_fields["duration_s"])
         epoch = max(job.epoch_seconds.values())
         assert job.t_exclusive_s <= real + epoch
+
+
+def test_a_width_that_is_not_a_gang_size_runs_on_the_nearest_with_its_gpu_seconds(
+    table: ThroughputTable,
+) -> None:
+    widths = (3, 5, 6, 7, 12, 24, 48)
+    log = "job_id,arrival_s,duration_s,num_gpus\n" + "".join(
+        f"j{w},{i * 10},{3600 * w},{w}\n" for i, w in enumerate(widths)
+    )
+    result = import_job_log(log, "log.csv", table, ImportOptions(max_gpus=56))
+
+    assert result.dropped == ()
+    assert [(r.logged_gpus, r.gpus) for r in result.reshaped] == [
+        (3, 4),
+        (5, 4),
+        (6, 8),
+        (7, 8),
+        (12, 16),
+        (24, 32),
+        (48, 32),  # 64 is nearer, but wider than the cluster
+    ]
+    for logged, job in zip(result.kept, result.workload.jobs, strict=True):
+        width = int(logged.job_id[1:])
+        assert job.spec.gpus == logged.gpus
+        # The same GPU-seconds as the log's row: 3600 s x w^2.
+        assert math.isclose(logged.duration_s * logged.gpus, 3600.0 * width * width)
+        assert job.t_exclusive_s <= logged.duration_s + max(job.epoch_seconds.values())
+    exact = import_job_log("arrival_s,duration_s,num_gpus\n0,600,8\n", "x", table, ImportOptions())
+    assert exact.reshaped == () and exact.kept[0].duration_s == 600.0
+
+
+def test_nearest_width() -> None:
+    assert [nearest_width(g) for g in (1, 2, 3, 5, 6, 11, 12, 22, 2000)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        8,
+        16,
+        16,
+        1024,
+    ]
+    assert nearest_width(48, 40) == 32 and nearest_width(3, 2) == 2
+    with pytest.raises(ValueError, match="at least one GPU"):
+        nearest_width(0)
+    with pytest.raises(ValueError, match="no gang size"):
+        nearest_width(3, 0)
 
 
 def test_busiest_window() -> None:
@@ -212,29 +260,33 @@ def command(tmp_path: Path, log: Path, throughputs: Path, *extra: str) -> list[s
 
 def test_import_trace_writes_files_simulate_reads(tmp_path: Path, reference_dir: Path) -> None:
     throughputs = reference_dir / "throughputs" / "tacc_throughputs.json"
-    log = write_log(tmp_path, LOG.replace("job_id,", "job_id,").rstrip("\n") + "\ne,90,600,3\n")
+    log = write_log(tmp_path, LOG.rstrip("\n") + "\ne,90,600,3\nf,95,600,64\n")
     report = tmp_path / "out" / "report.json"
     result = runner.invoke(
-        app, command(tmp_path, log, throughputs, "--seed", "5", "--report", str(report))
+        app,
+        command(
+            tmp_path, log, throughputs, "--seed", "5", "--max-gpus", "16", "--report", str(report)
+        ),
     )
     assert result.exit_code == 0, result.output
-    assert "Imported 4 of 5 jobs" in result.output
-    assert "line 6: 3 GPUs is not a gang size" in result.output
+    assert "Imported 5 of 6 jobs" in result.output
+    assert "Reshaped 1 rows to the nearest gang size, the same GPU-seconds (3 -> 4 GPUs: 1)" in (
+        result.output
+    )
+    assert "line 7: wider than the cluster (64 GPUs > 16)" in result.output
     trace = parse_trace((tmp_path / "out" / "x.trace").read_text(), "x.trace")
     trajectories_obj = json.loads((tmp_path / "out" / "x.json").read_text())
     records = parse_trajectories(trajectories_obj, "x.json")
     table = parse_throughputs(json.loads(throughputs.read_text()), "t")
     workload = build_workload(trace, records, table, "x")
-    assert [j.spec.gpus for j in workload.jobs] == [1, 16, 2, 4]
-    assert [e["source_job_id"] for e in trajectories_obj["jobs"]] == ["a", "c", "b", "d"]
+    assert [j.spec.gpus for j in workload.jobs] == [4, 1, 16, 2, 4]
+    assert [e["source_job_id"] for e in trajectories_obj["jobs"]] == ["e", "a", "c", "b", "d"]
+    assert [e.get("source_gpus") for e in trajectories_obj["jobs"]] == [3] + [None] * 4
     reported = json.loads(report.read_text())
     assert reported["dropped_rows"] == [
-        {
-            "line": 6,
-            "job_id": "e",
-            "reason": "3 GPUs is not a gang size (a power of two from 1 to 1024)",
-        }
+        {"line": 7, "job_id": "f", "reason": "wider than the cluster (64 GPUs > 16)"}
     ]
+    assert reported["reshaped_rows"] == [{"line": 6, "job_id": "e", "logged_gpus": 3, "gpus": 4}]
     simulated = runner.invoke(
         app,
         [
