@@ -146,6 +146,8 @@ class FleetLog:
     """Attempt id -> wall time (s since the epoch) at which its node started it."""
     round_ends: float | None = None
     """The current round's end (wall time) as the latest poll answer named it."""
+    long_polls: Counter[str] = field(default_factory=Counter)
+    """Answered long polls by why they were answered (:func:`answered_for`)."""
 
     def saw(self, node: str, poll: Mapping[str, Any]) -> None:
         """Note a poll answer: when ``node`` first saw its round, and the round's end."""
@@ -445,9 +447,10 @@ class Fleet:
             turned_away.reset()
             if beat:
                 next_beat = started + self.heartbeat_s
+            busy = deferred(poll, here)  # what it said, before the answer starts anything
+            self.log.long_polls[answered_for(poll, here, busy)] += 1
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
-            busy = deferred(poll, here)  # what it said, before the answer starts anything
             acted = await self._changeover(here, poll)
             if busy:
                 # answered at once because something it said must wait (a busy job: the
@@ -894,6 +897,21 @@ def deferred(poll: Mapping[str, Any], here: Node) -> bool:
         lease["attempt_id"] in here.attempts and lease.get("state") in ("ISSUED", "STARTED")
         for lease in poll["leases"]
     )
+
+
+def answered_for(poll: Mapping[str, Any], here: Node, busy: bool) -> str:
+    """Why a long poll of ``here`` was answered: ``leases`` (a lease to start, or an attempt it
+    runs to stop), ``round`` (a new round that only extends what it runs), ``busy`` (something
+    it said must wait: answered at once), else ``held`` (held to its end, nothing new)."""
+    leased = {lease["attempt_id"] for lease in poll["leases"]}
+    stop = set(poll["stop"])
+    if any(a not in leased or a in stop for a in here.attempts) or any(
+        a not in here.attempts and a not in here.ended and a not in stop for a in leased
+    ):
+        return "leases"
+    if poll["current_round"] != here.seen_round:
+        return "round"
+    return "busy" if busy else "held"
 
 
 def here_job(here: Node, attempt_id: str) -> str | None:

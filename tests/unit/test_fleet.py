@@ -23,7 +23,15 @@ from shockwave_cli.runtime.replay import (
     first_arrival_at,
     round_start_at,
 )
-from shockwave_fleet.fleet import BUSY_RETRY_S, Attempt, Fleet, FleetLog, Node, TrainingJob
+from shockwave_fleet.fleet import (
+    BUSY_RETRY_S,
+    Attempt,
+    Fleet,
+    FleetLog,
+    Node,
+    TrainingJob,
+    answered_for,
+)
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -531,6 +539,19 @@ def test_only_the_jobs_with_something_due_are_published_each_step() -> None:
     assert [body["epoch"] for kind, _, body in fleet.calls] == [1]
     assert [path for _, path, _ in fleet.calls] == ["/v1/jobs/j2/events"]
     assert fleet._due(fresh, force=True) and not fleet._due(idle, force=True)
+
+
+def test_a_long_poll_answer_is_counted_by_what_it_told_the_node() -> None:
+    node = Node("agent-token")
+    node.seen_round = 3
+    node.attempts["a1"] = Attempt("a1", "j1", T1, 0.0)
+    same = answer([lease("a1", "j1")])  # round 3, a1 still leased
+    assert answered_for(same, node, busy=False) == "held"
+    assert answered_for(same, node, busy=True) == "busy"
+    assert answered_for({**same, "current_round": 4}, node, busy=False) == "round"
+    assert answered_for(answer([lease("a1", "j1"), lease("a2", "j2")]), node, False) == "leases"
+    assert answered_for(answer([lease("a1", "j1")], stop=["a1"]), node, False) == "leases"
+    assert answered_for(answer([]), node, busy=False) == "leases"
 
 
 class ScriptedFleet(RecordingFleet):
