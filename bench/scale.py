@@ -51,7 +51,8 @@ Per round it prints and writes (``--json``): lateness (due time to leases visibl
 last agent seeing the round), the driver's own start delay and materialization time, the plan's
 source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
 and GPUs in the round and jobs active. Over the run: request latency and rate per endpoint, the
-user's list latency, nodes declared LOST, the API's CPU per node-minute and per job-minute, and
+long polls by why each was answered (``long_polls``), the user's list latency, nodes declared
+LOST, the API's CPU per node-minute and per job-minute, and
 the database's rows read and written and commits per round (``pg_stat_database``), and each
 table's scans and the rows they read per round (``pg_stat_user_tables``). It exits 2
 when a bound is missed (:func:`missed_bounds`): a late round (defined in
@@ -128,8 +129,10 @@ more than the driver's longest boundary lead (10 s), so the next round, out at m
 early, is seen within ``WATCH_EVERY_S``."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-REGISTER_TIMEOUT_S = 60.0
-"""How long the nodes may take to register (plus 10 ms a node: they start that far apart)."""
+REGISTER_TIMEOUT_S = 180.0
+"""How long the nodes may take to register (plus 10 ms a node: they start that far apart): on
+a loaded 2-core machine the API sheds a thousand nodes' registrations (503) and the agents
+retry them for over a minute."""
 LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
