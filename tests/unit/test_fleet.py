@@ -536,7 +536,7 @@ def test_only_the_jobs_with_something_due_are_published_each_step() -> None:
     fresh.posted_at = time.time()  # posted a moment ago: not due
     idle.posted_epoch = 1  # nothing new since its last post
     asyncio.run(fleet._publish_all([fresh, due, idle], Node("agent-token")))
-    assert [body["epoch"] for kind, _, body in fleet.calls] == [1]
+    assert [(body or {}).get("epoch") for _, _, body in fleet.calls] == [1]
     assert [path for _, path, _ in fleet.calls] == ["/v1/jobs/j2/events"]
     assert fleet._due(fresh, force=True) and not fleet._due(idle, force=True)
 
