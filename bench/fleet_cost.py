@@ -20,7 +20,10 @@ The stub: every node holds ``--gpus-per-node`` one-GPU leases; a round lasts
 Reports and events are answered as accepted.
 
 It prints and writes (``--json``) the fleet process's CPU seconds over the measured window
-(after every node registered), per node-minute, and the requests by kind.
+(after every node registered), per node-minute, the requests by kind, the long polls by why
+each was answered, and for each round every node saw, how far apart the first and the last
+node saw it (``round_seen_spread_s``: the stub answers every held poll at once, so what
+spreads them is the fleet's own lag).
 """
 
 from __future__ import annotations
@@ -230,11 +233,16 @@ async def measure(fleet: Fleet, seconds: float) -> dict[str, Any]:
     requests = {k: len(xs) - counts.get(k, 0) for k, xs in fleet.log.latency.items()}
     stop.set()
     await asyncio.wait_for(running, 30.0)
+    spreads = []
+    for seen in fleet.log.round_seen.values():
+        if len(seen) == len(fleet.nodes):
+            spreads.append(max(seen.values()) - min(seen.values()))
     return {
         "cpu_s": round(cpu, 2),
         "wall_s": round(wall, 1),
         "requests": requests,
         "long_polls": dict(fleet.log.long_polls),
+        "round_seen_spread_s": [round(s, 2) for s in spreads],
     }
 
 
