@@ -51,7 +51,8 @@ Per round it prints and writes (``--json``): lateness (due time to leases visibl
 last agent seeing the round), the driver's own start delay and materialization time, the plan's
 source, solve and snapshot-load times, the plan's age, the leases issued/extended/revoked, jobs
 and GPUs in the round and jobs active. Over the run: request latency and rate per endpoint, the
-user's list latency, nodes declared LOST, the API's CPU per node-minute and per job-minute, and
+long polls by why each was answered (``long_polls``), the user's list latency, nodes declared
+LOST, the API's CPU per node-minute and per job-minute, and
 the database's rows read and written and commits per round (``pg_stat_database``), and each
 table's scans and the rows they read per round (``pg_stat_user_tables``). It exits 2
 when a bound is missed (:func:`missed_bounds`): a late round (defined in
@@ -122,10 +123,16 @@ DEFAULT_ROUND_S = 30.0
 STRESS_ROUND_S = 8.0
 MAX_SOLVER_LIMIT_S = 15.0
 WATCH_EVERY_S = 0.02
+WATCH_AHEAD_S = 11.0
+"""The watcher polls every ``WATCH_EVERY_S`` from this long before the current round ends:
+more than the driver's longest boundary lead (10 s), so the next round, out at most that
+early, is seen within ``WATCH_EVERY_S``."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-REGISTER_TIMEOUT_S = 60.0
-"""How long the nodes may take to register (plus 10 ms a node: they start that far apart)."""
+REGISTER_TIMEOUT_S = 180.0
+"""How long the nodes may take to register (plus 10 ms a node: they start that far apart): on
+a loaded 2-core machine the API sheds a thousand nodes' registrations (503) and the agents
+retry them for over a minute."""
 LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
@@ -213,8 +220,10 @@ if not console.is_terminal:
 
 @dataclass
 class Watcher:
-    """Polls the cluster row every ``WATCH_EVERY_S``: when each round became visible (wall
-    time) and how many jobs were active then."""
+    """Polls the cluster row every ``WATCH_EVERY_S`` from ``WATCH_AHEAD_S`` before the
+    current round ends until the next one is visible (and once a second before that: no
+    round can be out earlier than the driver's longest boundary lead before its due time):
+    when each round became visible (wall time) and how many jobs were active then."""
 
     dsn: str
     visible_at: dict[int, float] = field(default_factory=dict)
@@ -226,14 +235,19 @@ class Watcher:
         with psycopg.connect(self.dsn, autocommit=True) as connection:
             while not self.stop.is_set():
                 row = connection.execute(
-                    "SELECT current_round, state_version FROM clusters WHERE id = 'default'"
+                    "SELECT current_round, state_version, round_ends_at FROM clusters "
+                    "WHERE id = 'default'"
                 ).fetchone()
                 if row is not None and row[0] not in self.visible_at:
                     self.visible_at[row[0]] = time.time()
                     self.version_at[row[0]] = row[1]
                     count = connection.execute(ACTIVE_SQL).fetchone()
                     self.active_at[row[0]] = int(count[0]) if count else 0
-                self.stop.wait(WATCH_EVERY_S)
+                pause = WATCH_EVERY_S
+                if row is not None and row[2] is not None:
+                    quiet = row[2].timestamp() - WATCH_AHEAD_S - time.time()
+                    pause = max(pause, min(1.0, quiet))
+                self.stop.wait(pause)
 
     @property
     def current(self) -> int:
@@ -708,6 +722,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "api_cpu_ms_per_node_minute": round(1000 * api_cpu / args.nodes / (wall / 60), 2),
             "api_cpu_ms_per_job_minute": round(1000 * api_cpu / len(training) / (wall / 60), 3),
             "events": dict(fleet.log.events),
+            "long_polls": dict(fleet.log.long_polls),
             "rounds": [asdict(f) for f in figures],
         }
 
@@ -792,6 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"round {f.index} late: {'; '.join(f.late_reasons)}", highlight=False)
     console.print(summary(record), highlight=False)
     console.print(f"agent requests: {record['agent_requests']}", highlight=False)
+    console.print(f"long polls answered, by why: {record['long_polls']}", highlight=False)
     console.print(f"tables per round: {record.get('tables_per_round', {})}", highlight=False)
     console.print(
         f"user GET /v1/jobs: {record['user_jobs_list']}; nodes lost {record['nodes_lost']}; "

@@ -146,6 +146,8 @@ class FleetLog:
     """Attempt id -> wall time (s since the epoch) at which its node started it."""
     round_ends: float | None = None
     """The current round's end (wall time) as the latest poll answer named it."""
+    long_polls: Counter[str] = field(default_factory=Counter)
+    """Answered long polls by why they were answered (:func:`answered_for`)."""
 
     def saw(self, node: str, poll: Mapping[str, Any]) -> None:
         """Note a poll answer: when ``node`` first saw its round, and the round's end."""
@@ -179,6 +181,27 @@ class Attempt:
     :meth:`Fleet._settle`)."""
 
 
+class Bell:
+    """A node's wake-up call (a report is owed): ``set``, ``clear`` and ``is_set`` as an
+    :class:`asyncio.Event`'s, and rung into the naps that wait on it (:meth:`Fleet._nap`)
+    without a task a wait: a thousand nodes' reporters wait on theirs all the time."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self.nappers: set[asyncio.Future[None]] = set()
+
+    def set(self) -> None:
+        self._set = True
+        for future in self.nappers:
+            _wake(future)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass
 class Node:
     """One agent's state: its token, the attempts it runs, those that ended here (never
@@ -192,7 +215,7 @@ class Node:
     outbox: list[dict[str, Any]] = field(default_factory=list)
     training: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the node's jobs are advanced (by its trainer or before a poll's changes)."""
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Bell = field(default_factory=Bell)
     """Set when a report is owed: the node polls at once (an agent notices a process exit)."""
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while a poll carries the outbox (reports leave in order, once)."""
@@ -288,6 +311,8 @@ class Fleet:
         self.log = FleetLog()
         self.registered: set[str] = set()
         self._clients: list[wire.Client] = []
+        self._sleepers: dict[asyncio.Event, set[asyncio.Future[None]]] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every node (register, then poll) until ``stop`` is set."""
@@ -300,6 +325,52 @@ class Fleet:
             for client in self._clients:
                 await client.aclose()
             self._clients = []
+
+    async def _nap(self, stop: asyncio.Event, seconds: float, bell: Bell | None = None) -> None:
+        """Sleep ``seconds``, or until ``stop`` is set or ``bell`` rings: one future and one
+        timer a nap, every nap of a fleet woken by one waiter on ``stop``
+        (:meth:`_sleepers_of`); a task a wait, and an entry in ``stop``'s waiters each, were
+        a large share of a thousand nodes' CPU."""
+        if stop.is_set() or (bell is not None and bell.is_set()):
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(max(0.0, seconds), _wake, future)
+        await self._await_unless_stopped(stop, future, bell)
+        timer.cancel()
+
+    async def _until_done(self, stop: asyncio.Event, task: asyncio.Task[Any]) -> None:
+        """Wait until ``task`` is done or ``stop`` is set."""
+        if stop.is_set() or task.done():
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task.add_done_callback(lambda _: _wake(future))
+        await self._await_unless_stopped(stop, future)
+
+    async def _await_unless_stopped(
+        self, stop: asyncio.Event, future: asyncio.Future[None], bell: Bell | None = None
+    ) -> None:
+        sleepers = self._sleepers_of(stop)
+        sleepers.add(future)
+        if bell is not None:
+            bell.nappers.add(future)
+        try:
+            await future
+        finally:
+            sleepers.discard(future)
+            if bell is not None:
+                bell.nappers.discard(future)
+
+    def _sleepers_of(self, stop: asyncio.Event) -> set[asyncio.Future[None]]:
+        """The naps that ``stop`` ends, watched by one task that wakes them all when it is
+        set."""
+        sleepers = self._sleepers.get(stop)
+        if sleepers is None:
+            sleepers = self._sleepers[stop] = set()
+            watcher = asyncio.get_running_loop().create_task(_wake_all_at(stop, sleepers))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
+        return sleepers
 
     async def _node(self, node: str, token: str, index: int, stop: asyncio.Event) -> None:
         here = Node(token, node if token == self.admin_token else None)
@@ -340,7 +411,7 @@ class Fleet:
                 pause = boundary
             if not here.outbox:
                 here.wake.clear()
-            await _first_of(stop, here.wake, timeout=max(0.0, pause))
+            await self._nap(stop, max(0.0, pause), here.wake)
         await training
 
     async def _long_polls(self, here: Node, node: str, stop: asyncio.Event) -> None:
@@ -365,25 +436,26 @@ class Fleet:
             polling = asyncio.create_task(
                 self._poll(here, "poll", heartbeat=beat, tokens=True, wait_s=self.wait_s)
             )
-            await _first_of_task(polling, stop)
+            await self._until_done(stop, polling)
             if not polling.done():
                 polling.cancel()
                 break
             poll = polling.result()
             if poll is None:
-                await _first_of(stop, timeout=turned_away.failure())
+                await self._nap(stop, turned_away.failure())
                 continue
             turned_away.reset()
             if beat:
                 next_beat = started + self.heartbeat_s
+            busy = deferred(poll, here)  # what it said, before the answer starts anything
+            self.log.long_polls[answered_for(poll, here, busy)] += 1
             here.seen_round = poll["current_round"]
             self.log.saw(node, poll)
-            busy = deferred(poll, here)  # what it said, before the answer starts anything
             acted = await self._changeover(here, poll)
             if busy:
                 # answered at once because something it said must wait (a busy job: the
                 # driver writing a boundary or a fill): send it again, not at once
-                await _first_of(stop, timeout=BUSY_RETRY_S)
+                await self._nap(stop, BUSY_RETRY_S)
             elif acted or here.outbox:
                 # the next long poll lists what started (it acknowledges it) and carries the
                 # reports on what stopped: one request of the node's per boundary
@@ -391,7 +463,7 @@ class Fleet:
             elif loop.time() - started < self.wait_s / 2:
                 # answered early with nothing to start (a new round that only extends, or a
                 # lease of a job this fleet does not run yet): do not spin on the server
-                await _first_of(stop, timeout=self.boundary_retry_s or self.wait_s / 10)
+                await self._nap(stop, self.boundary_retry_s or self.wait_s / 10)
         reporter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
@@ -400,13 +472,13 @@ class Fleet:
         """Deliver the node's reports as soon as they are owed (a job's exit), while its long
         poll waits: a poll of its own, no heartbeat, no tokens."""
         while not stop.is_set():
-            await _first_of(stop, here.wake, timeout=self.heartbeat_s)
+            await self._nap(stop, self.heartbeat_s, here.wake)
             owed = len(here.outbox)
             await self._deliver(here)
             if not here.outbox:
                 here.wake.clear()
             elif len(here.outbox) >= owed:  # answered 503 (busy) or not at all: not at once
-                await _first_of(stop, timeout=BUSY_RETRY_S)
+                await self._nap(stop, BUSY_RETRY_S)
 
     async def _deliver(self, here: Node) -> None:
         """The node's owed reports, in a poll of their own (no heartbeat, no tokens), one
@@ -509,8 +581,7 @@ class Fleet:
         once), not up to ``poll_s`` later."""
         while not stop.is_set():
             await self._train(here)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.next_training_step(here))
+            await self._nap(stop, self.next_training_step(here))
 
     def next_training_step(self, here: Node) -> float:
         """Seconds until the trainer should next advance ``here``'s attempts: ``poll_s``, or
@@ -545,8 +616,7 @@ class Fleet:
         async with here.training:
             self._account(here)
             stopping = self._stopping(here, poll)
-            # each program posts its own (they are processes of their own): at once, not in turn
-            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
+            await self._publish_all(stopping, here, force=True)
 
     def _reconcile(self, here: Node, poll: Any) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
@@ -564,7 +634,7 @@ class Fleet:
             self._account(here)
             stopping = self._stopping(here, poll)
             started = self._start(here, poll)
-            await asyncio.gather(*(self._publish(job, force=True, here=here) for job in stopping))
+            await self._publish_all(stopping, here, force=True)
             self._settle(here, poll)
         return started
 
@@ -649,10 +719,7 @@ class Fleet:
             self._account(here)
             attempts = list(here.attempts.values())
             jobs = [self.jobs[attempt.job_id] for attempt in attempts]
-            # each program posts its own (processes of their own): at once, not in turn
-            await asyncio.gather(
-                *(self._publish(job, force=job.finished, here=here) for job in jobs)
-            )
+            await self._publish_all(jobs, here)
             for attempt, job in zip(attempts, jobs, strict=True):
                 if attempt.attempt_id not in here.attempts:
                     continue  # the agent stopped it meanwhile
@@ -692,14 +759,32 @@ class Fleet:
                 elif job.batch_size_at(job.epochs_done) != batch:
                     job.scalings.append((job.epochs_done, job.batch_size_at(job.epochs_done)))
 
+    def _due(self, job: TrainingJob, *, force: bool) -> bool:
+        """Whether :meth:`_publish` has anything to post for ``job`` now."""
+        if job.token is None or job.fenced:
+            return False
+        if not (force or time.time() - job.posted_at >= self.report_s):
+            return False
+        return job.posted_epoch < job.epochs_done or bool(job.scalings)
+
+    async def _publish_all(
+        self, jobs: Sequence[TrainingJob], here: Node, *, force: bool | None = None
+    ) -> None:
+        """:meth:`_publish` for each of ``jobs`` (``force``: None, each job's own ``finished``)
+        at once, as each program posts on its own; only those with something due are
+        started: a task a job every second was most of a thousand nodes' CPU."""
+        forced = [(job, job.finished if force is None else force) for job in jobs]
+        due = [(job, forcing) for job, forcing in forced if self._due(job, force=forcing)]
+        if len(due) == 1:
+            await self._publish(due[0][0], force=due[0][1], here=here)
+        elif due:
+            await asyncio.gather(*(self._publish(j, force=f, here=here) for j, f in due))
+
     async def _publish(self, job: TrainingJob, *, force: bool, here: Node | None = None) -> None:
         """Post the job's latest finished epoch and its batch-size changes, as the SDK does,
         when ``force`` or ``report_s`` has passed since the last post (0: every epoch, each
         with its own progress event)."""
-        if job.token is None or job.fenced:
-            return
-        due = force or time.time() - job.posted_at >= self.report_s
-        if not due or (job.posted_epoch >= job.epochs_done and not job.scalings):
+        if not self._due(job, force=force):
             return
         job.posted_at = time.time()
         first = job.epochs_done if self.report_s > 0 else job.posted_epoch + 1
@@ -814,6 +899,21 @@ def deferred(poll: Mapping[str, Any], here: Node) -> bool:
     )
 
 
+def answered_for(poll: Mapping[str, Any], here: Node, busy: bool) -> str:
+    """Why a long poll of ``here`` was answered: ``leases`` (a lease to start, or an attempt it
+    runs to stop), ``round`` (a new round that only extends what it runs), ``busy`` (something
+    it said must wait: answered at once), else ``held`` (held to its end, nothing new)."""
+    leased = {lease["attempt_id"] for lease in poll["leases"]}
+    stop = set(poll["stop"])
+    if any(a not in leased or a in stop for a in here.attempts) or any(
+        a not in here.attempts and a not in here.ended and a not in stop for a in leased
+    ):
+        return "leases"
+    if poll["current_round"] != here.seen_round:
+        return "round"
+    return "busy" if busy else "held"
+
+
 def here_job(here: Node, attempt_id: str) -> str | None:
     """The job of ``here``'s attempt ``attempt_id``, running or ended (None: unknown)."""
     attempt = here.attempts.get(attempt_id)
@@ -822,25 +922,15 @@ def here_job(here: Node, attempt_id: str) -> str | None:
     return next((job for job, a in here.attempt_of.items() if a == attempt_id), None)
 
 
-async def _first_of_task(task: asyncio.Task[Any], stop: asyncio.Event) -> None:
-    """Wait until ``task`` is done or ``stop`` is set."""
-    waiter = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
+async def _wake_all_at(stop: asyncio.Event, sleepers: set[asyncio.Future[None]]) -> None:
+    await stop.wait()
+    for future in list(sleepers):
+        _wake(future)
 
 
-async def _first_of(*events: asyncio.Event, timeout: float) -> None:
-    """Wait until one of ``events`` is set or ``timeout`` seconds pass."""
-    if any(e.is_set() for e in events):
-        return
-    waiters = [asyncio.create_task(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def wall_seconds(stamp: str) -> float:

@@ -23,7 +23,15 @@ from shockwave_cli.runtime.replay import (
     first_arrival_at,
     round_start_at,
 )
-from shockwave_fleet.fleet import BUSY_RETRY_S, Attempt, Fleet, FleetLog, Node, TrainingJob
+from shockwave_fleet.fleet import (
+    BUSY_RETRY_S,
+    Attempt,
+    Fleet,
+    FleetLog,
+    Node,
+    TrainingJob,
+    answered_for,
+)
 
 T1 = "2099-01-01T00:00:00+00:00"
 T2 = "2099-01-01T00:02:00+00:00"
@@ -487,6 +495,63 @@ def test_under_the_simulators_rule_a_revoke_before_the_leases_end_trains_to_its_
     asyncio.run(fleet._changeover(node, answer([])))
     assert "a2" not in node.attempts
     assert jobs["j2"].partial_s < 4.0 + (time.time() - now) < 60.0
+
+
+def test_a_nap_ends_at_its_time_when_the_bell_rings_or_when_the_fleet_stops() -> None:
+    """The fleet's waits (a trainer's step, a reporter's, a retry's pause) end on whichever
+    comes first; a stop ends every one at once, however long it was to last."""
+    fleet, node = RecordingFleet({}), Node("agent-token")
+
+    async def scenario() -> list[float]:
+        stop = asyncio.Event()
+        began = time.perf_counter()
+        await fleet._nap(stop, 0.05)
+        timed = time.perf_counter() - began
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, node.wake.set)
+        began = time.perf_counter()
+        await fleet._nap(stop, 30.0, node.wake)
+        rung = time.perf_counter() - began
+        await fleet._nap(stop, 30.0, node.wake)  # rung already: no wait at all
+        naps = [asyncio.create_task(fleet._nap(stop, 30.0)) for _ in range(3)]
+        loop.call_later(0.05, stop.set)
+        began = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*naps), 5.0)
+        return [timed, rung, time.perf_counter() - began]
+
+    timed, rung, stopped = asyncio.run(scenario())
+    assert 0.04 <= timed < 1.0
+    assert 0.04 <= rung < 1.0
+    assert 0.04 <= stopped < 1.0
+
+
+def test_only_the_jobs_with_something_due_are_published_each_step() -> None:
+    """A step publishes a job only when its report interval has passed and it has a new epoch
+    or a batch-size change to post; the others start nothing (no task, no event)."""
+    fresh, due, idle = job("j1"), job("j2"), job("j3")
+    for each in (fresh, due, idle):
+        each.token, each.epochs_done = "token", 1
+    fleet = RecordingFleet({j.id: j for j in (fresh, due, idle)}, answer={})
+    fleet.report_s = 30.0
+    fresh.posted_at = time.time()  # posted a moment ago: not due
+    idle.posted_epoch = 1  # nothing new since its last post
+    asyncio.run(fleet._publish_all([fresh, due, idle], Node("agent-token")))
+    assert [(body or {}).get("epoch") for _, _, body in fleet.calls] == [1]
+    assert [path for _, path, _ in fleet.calls] == ["/v1/jobs/j2/events"]
+    assert fleet._due(fresh, force=True) and not fleet._due(idle, force=True)
+
+
+def test_a_long_poll_answer_is_counted_by_what_it_told_the_node() -> None:
+    node = Node("agent-token")
+    node.seen_round = 3
+    node.attempts["a1"] = Attempt("a1", "j1", T1, 0.0)
+    same = answer([lease("a1", "j1")])  # round 3, a1 still leased
+    assert answered_for(same, node, busy=False) == "held"
+    assert answered_for(same, node, busy=True) == "busy"
+    assert answered_for({**same, "current_round": 4}, node, busy=False) == "round"
+    assert answered_for(answer([lease("a1", "j1"), lease("a2", "j2")]), node, False) == "leases"
+    assert answered_for(answer([lease("a1", "j1")], stop=["a1"]), node, False) == "leases"
+    assert answered_for(answer([]), node, busy=False) == "leases"
 
 
 class ScriptedFleet(RecordingFleet):
