@@ -1751,8 +1751,9 @@ def _chain_burst_first(
     they fall at the peak or at the tail, so running the burst first, shortest first, and the
     chain after it, with the burst's longest jobs beside it, ends about as soon and finishes
     the queue far sooner: on an ITP week on 80 GPUs (gangs of 64, a burst of 450 one-GPU jobs)
-    average JCT fell from 34,900 s to 19,300 s at a makespan 1,900 s later. A gang of the whole cluster is left as planned: it
-    leaves no GPU for the burst's tail. Only beside narrower jobs (:func:`_chain_beside`)."""
+    average JCT fell from 34,900 s to 19,300 s at a makespan 1,900 s later. A gang of the
+    whole cluster is left as planned: it leaves no GPU for the burst's tail. Only beside
+    narrower jobs (:func:`_chain_beside`)."""
     total = snapshot.cluster.total_gpus
     gangs, narrow = _chain_beside(snapshot)
     taken = set(planned)
