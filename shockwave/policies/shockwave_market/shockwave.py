@@ -188,6 +188,13 @@ class ShockwaveParams:
     runs no gang of the chain, while the jobs outside it ask at most this share of the GPUs,
     runs the gang of the chain with the least soonest remainder, the other jobs after it by
     fewest remaining GPU-seconds (:func:`_chain_tail`; 0: off).
+    ``chain_tail_fill``: the same start also where the jobs outside the chain ask more, once
+    their soonest remaining GPU-seconds fit in the GPUs beside the chain in this share of its
+    time (:func:`_chain_fits`; 0: off).
+    ``chain_burst_first``: while the jobs outside the chain ask more than all the GPUs and do
+    not fit beside it so (``chain_tail_fill``), a round the plan gives a gang of the chain that
+    leaves GPUs beside it runs them instead, shortest first (:func:`_chain_burst_first`; off:
+    the plan's gang).
     """
 
     planner: PlannerParams = field(default_factory=PlannerParams)
@@ -224,6 +231,8 @@ class ShockwaveParams:
     chain_lane: bool = True
     chain_shortest_first: bool = True
     chain_tail_share: float = 0.75
+    chain_tail_fill: float = 0.75
+    chain_burst_first: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("packing_order", self.packing_order, PACKING_ORDERS)
@@ -245,6 +254,10 @@ class ShockwaveParams:
             raise ValueError("chain_shortest_first must be a bool")
         if not (math.isfinite(self.chain_tail_share) and 0 <= self.chain_tail_share <= 1):
             raise ValueError("chain_tail_share must be in [0, 1] (0: off)")
+        if not (math.isfinite(self.chain_tail_fill) and 0 <= self.chain_tail_fill <= 1):
+            raise ValueError("chain_tail_fill must be in [0, 1] (0: off)")
+        if not isinstance(self.chain_burst_first, (bool, int)):
+            raise ValueError("chain_burst_first must be a bool")
         if not isinstance(self.forecast_contention, (bool, int)):
             raise ValueError("forecast_contention must be a bool")
         if not (math.isfinite(self.patience) and self.patience >= 0):
@@ -818,10 +831,20 @@ class Shockwave:
             chosen_widths: Mapping[str, int] = {}
         else:
             planned_now = [j for j in column if j in active]
+            if params.chain_burst_first:
+                planned_now = _chain_burst_first(
+                    snapshot, planned_now, outlooks, params.chain_tail_fill
+                )
             if params.chain_lane:
                 planned_now = _chain_lane(snapshot, planned_now, held)
-            if params.chain_tail_share > 0:
-                planned_now = _chain_tail(snapshot, planned_now, outlooks, params.chain_tail_share)
+            if params.chain_tail_share > 0 or params.chain_tail_fill > 0:
+                planned_now = _chain_tail(
+                    snapshot,
+                    planned_now,
+                    outlooks,
+                    params.chain_tail_share,
+                    params.chain_tail_fill,
+                )
             if params.chain_shortest_first:
                 planned_now = _chain_shortest_first(snapshot, planned_now, outlooks)
             chosen, reasons, chosen_widths = _fill(
@@ -1636,13 +1659,16 @@ def _chain_tail(
     planned: Sequence[str],
     outlooks: Mapping[str, JobOutlook],
     share: float,
+    fill: float = 0.0,
 ) -> list[str]:
     """``planned`` led by a gang of the chain at the tail of a burst of narrower jobs, else
     unchanged.
 
     The rule: when the column runs no gang of the chain while one waits, the jobs outside the
     chain (at least one: :func:`_chain_beside`) ask at most ``share`` of the GPUs (no queue is
-    left, only the burst's last jobs), and the chain's soonest remainders add up past the work
+    left, only the burst's last jobs) or their soonest remaining GPU-seconds fit beside the
+    chain in ``fill`` of its time (:func:`_chain_fits`: the burst's last jobs keep the GPUs
+    beside it busy), and the chain's soonest remainders add up past the work
     bound (the chain sets the makespan), the round runs the gang of the chain with the least
     soonest remainder, then every other job by fewest remaining GPU-seconds (the shortest keep
     the GPUs beside the gang). A gang of the whole cluster never passes the bound (the work
@@ -1655,14 +1681,18 @@ def _chain_tail(
     burst of 325 one-GPU jobs ran 2.4 hours under 85% busy. ``share`` prices the trade:
     each round sooner displaces more of the burst (0.75 ended that week 5,100 s sooner at
     0.3% less average JCT with :func:`_chain_shortest_first`; 0.85 4,700 s sooner again at
-    2.1% more)."""
+    2.1% more). ``fill`` starts it by the work left rather than the GPUs asked: the GPUs
+    beside the chain run the burst's longest jobs through the chain's hours, where a share
+    left them idle once the tail's last jobs ended (with :func:`_chain_burst_first`, 0.75 ended
+    that week 9,800 s sooner than the share alone, at 3,400 s more average JCT)."""
     total = snapshot.cluster.total_gpus
     jobs = snapshot.jobs
     gangs, narrow = _chain_beside(snapshot)
     taken = set(planned)
     if not gangs or any(j.job_id in taken for j in gangs):
         return list(planned)
-    if sum(j.spec.gpus for j in narrow) > share * total:
+    tail = share > 0 and sum(j.spec.gpus for j in narrow) <= share * total
+    if not tail and not _chain_fits(gangs, narrow, outlooks, total, fill):
         return list(planned)
     soonest = {j.job_id: outlooks[j.job_id].soonest_remaining_s for j in jobs}
     work = work_bound_s([j.spec.gpus for j in jobs], list(soonest.values()), total)
@@ -1671,6 +1701,76 @@ def _chain_tail(
     gang = min(gangs, key=lambda j: (soonest[j.job_id], j.job_id))
     rest = sorted(narrow, key=lambda j: (soonest[j.job_id] * j.spec.gpus, j.job_id))
     return [gang.job_id, *(j.job_id for j in rest)]
+
+
+def _chain_fits(
+    gangs: Sequence[ActiveJob],
+    narrow: Sequence[ActiveJob],
+    outlooks: Mapping[str, JobOutlook],
+    total: int,
+    fill: float,
+) -> bool:
+    """Whether the ``narrow`` jobs' soonest remaining GPU-seconds fit beside the chain of
+    ``gangs`` in ``fill`` of its time: at most ``fill`` x the GPUs beside the narrowest gang x
+    the chain's soonest remainders. False with ``fill`` 0 or where a gang leaves no GPU beside
+    it (no outlook read then).
+
+    Why: at ``fill`` 1 this is the chain outlasting the work bound (the narrow work fits in
+    the GPUs the chain leaves); below 1 the chain keeps that share of its time free, so the
+    narrow jobs left when it starts end before it (a narrow tail that outlasts the chain
+    would end the run instead)."""
+    if fill <= 0 or not gangs:
+        return False
+    beside = total - min(j.spec.gpus for j in gangs)
+    if beside <= 0:
+        return False
+    chain_s = sum(outlooks[j.job_id].soonest_remaining_s for j in gangs)
+    work = sum(outlooks[j.job_id].soonest_remaining_s * j.spec.gpus for j in narrow)
+    return work <= fill * beside * chain_s
+
+
+def _chain_burst_first(
+    snapshot: Snapshot,
+    planned: Sequence[str],
+    outlooks: Mapping[str, JobOutlook],
+    fill: float,
+) -> list[str]:
+    """``planned`` without its gang of the chain while a burst of narrower jobs fills the
+    cluster, else unchanged.
+
+    The rule: when the column runs a gang of the chain that leaves GPUs beside it, the jobs
+    outside the chain ask more than all the GPUs, and their soonest remaining GPU-seconds do
+    not fit beside the chain in ``fill`` of its time (:func:`_chain_fits`), the round runs the
+    column's narrower jobs, then the other narrower jobs by fewest remaining GPU-seconds, and
+    no gang. The chain starts again at the burst's tail (:func:`_chain_tail`).
+
+    Why: a gang of the chain holds most of the GPUs for one job while the burst's jobs queue
+    for the few it leaves, and the market runs it there when it has waited past its share
+    (the gangs of a chain wait for one another); every round it runs at the burst's peak is a
+    round the whole queue waits. The chain's end moves by the rounds it does not run whether
+    they fall at the peak or at the tail, so running the burst first, shortest first, and the
+    chain after it, with the burst's longest jobs beside it, ends about as soon and finishes
+    the queue far sooner: on an ITP week on 80 GPUs (gangs of 64, a burst of 450 one-GPU jobs)
+    average JCT fell from 34,900 s to 19,300 s at a makespan 1,900 s later. A gang of the
+    whole cluster is left as planned: it leaves no GPU for the burst's tail. Only beside
+    narrower jobs (:func:`_chain_beside`)."""
+    total = snapshot.cluster.total_gpus
+    gangs, narrow = _chain_beside(snapshot)
+    taken = set(planned)
+    if not any(j.job_id in taken for j in gangs):
+        return list(planned)
+    if min(j.spec.gpus for j in gangs) >= total or sum(j.spec.gpus for j in narrow) <= total:
+        return list(planned)
+    if _chain_fits(gangs, narrow, outlooks, total, fill):
+        return list(planned)
+    wide = {j.job_id for j in gangs}
+    kept = [j for j in planned if j not in wide]
+    left = set(kept)
+    rest = sorted(
+        (j for j in narrow if j.job_id not in left),
+        key=lambda j: (outlooks[j.job_id].soonest_remaining_s * j.spec.gpus, j.job_id),
+    )
+    return [*kept, *(j.job_id for j in rest)]
 
 
 def _fill(
