@@ -9,6 +9,7 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 
 from __future__ import annotations
 
+import json
 import threading
 import zlib
 from collections import Counter
@@ -758,6 +759,23 @@ def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
         or any(lease.attempt_id not in running for lease in answer.leases)
         or any(attempt in running for attempt in answer.stop)
     )
+
+
+def reports_nothing(body: bytes) -> bool:
+    """Whether the raw body of a ``POST /v1/agent/poll`` is a long poll (``wait_s`` > 0) that
+    carries no report: nobody waits on it (once read it is held until news comes; its events
+    and log tails, if any, feed a planner that reads them once a round), so admission queues
+    it behind the agents' requests that someone does wait on (api.admission, ``IDLE``). A body
+    that is not such an object is not one (the route answers it as it would anyway)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    wait_s = data.get("wait_s")
+    is_long = isinstance(wait_s, int | float) and not isinstance(wait_s, bool) and wait_s > 0
+    return is_long and not data.get("reports")
 
 
 def deferred(answer: PollAnswer, data: AgentPoll) -> bool:
