@@ -209,14 +209,9 @@ class InFlightLimit:
     slot while the server waits to send it. A request that waited more than
     ``queue_timeout_s`` for its slot is answered 503 at once, and ``on_shed`` called (the app
     announces the overload: the node reaper then holds off). ``idle``: for a path of the
-    machines' (``background_prefixes``), the hold its body asks for when it carries nothing
-    anyone waits on (an agent's long poll that reports nothing: its ``wait_s``), else None:
-    such a request waits in the :data:`IDLE` line, and is shed only once it has waited longer
-    than both ``queue_timeout_s`` and its hold (its client expects to wait that long, and its
-    hold counts from its arrival: one that waited in line is held that much less, so it is
-    answered when it would have been, not turned away to come back). One served after waiting
-    longer than ``queue_timeout_s`` still calls ``on_shed``: the process is overloaded. Only
-    paths in ``idle`` have their body looked at here (it is read whole already,
+    machines' (``background_prefixes``), whether a request's body says it carries nothing
+    anyone waits on (an agent's long poll that reports nothing): it waits in the :data:`IDLE`
+    line. Only paths in ``idle`` have their body looked at here (it is read whole already,
     :class:`api.app.BodyLimitMiddleware`, and handed on as it came).
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
@@ -232,7 +227,7 @@ class InFlightLimit:
         queue_timeout_s: float | None = None,
         on_shed: Callable[[], None] = lambda: None,
         background_prefixes: tuple[str, ...] = (),
-        idle: Mapping[str, Callable[[bytes], float | None]] | None = None,
+        idle: Mapping[str, Callable[[bytes], bool]] | None = None,
     ) -> None:
         self.app = app
         self.background_prefixes = background_prefixes
@@ -253,23 +248,20 @@ class InFlightLimit:
             return
         background = bool(self.background_prefixes) and path.startswith(self.background_prefixes)
         line = SECOND if background else FIRST
-        hold_of = self.idle.get(path) if background else None
-        hold: float | None = None
-        if hold_of is not None:
+        says_nothing = self.idle.get(path) if background else None
+        if says_nothing is not None:
             body, receive = await _read_body(receive)
-            hold = hold_of(body)
-            if hold is not None:
+            if says_nothing(body):
                 line = IDLE
         slot = _Slot(self._semaphore(), line)
         queued = time.monotonic()
         await slot.take()
         waited = time.monotonic() - queued
         if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
+            slot.give()
             self.on_shed()
-            if hold is None or waited > hold:
-                slot.give()
-                await _shed(scope, receive, send, waited)
-                return
+            await _shed(scope, receive, send, waited)
+            return
         token = _SLOT.set(slot)
         try:
             await self.app(scope, receive, send)

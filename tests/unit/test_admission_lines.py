@@ -14,7 +14,7 @@ import pytest
 
 from api import admission
 from api.admission import InFlightLimit, released
-from api.agent import idle_hold
+from api.agent import reports_nothing
 
 POLL = "/v1/agent/poll"
 IDLE_POLL = json.dumps({"wait_s": 10, "running": ["a"], "events": [{"seq": 1}]}).encode()
@@ -65,7 +65,7 @@ def _app(order: list[str], gate: asyncio.Event) -> InFlightLimit:
         _recording(order, gate),
         limit=1,
         background_prefixes=("/v1/agent/",),
-        idle={POLL: idle_hold},
+        idle={POLL: reports_nothing},
     )
 
 
@@ -181,41 +181,37 @@ def test_a_body_in_parts_reaches_the_route_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "hold"),
+    ("body", "idle"),
     [
-        ({"wait_s": 10}, 10.0),
-        ({"wait_s": 0.5, "running": ["a"], "events": [{"seq": 1}], "logs": {"a": "x"}}, 0.5),
-        ({"wait_s": 10, "reports": [{"attempt_id": "a", "state": "checkpointed"}]}, None),
-        ({"wait_s": 0}, None),
-        ({"wait_s": 31}, None),
-        ({"running": ["a"]}, None),
-        ({"wait_s": True}, None),
-        ({"wait_s": "10"}, None),
-        ([1, 2], None),
+        ({"wait_s": 10}, True),
+        ({"wait_s": 0.5, "running": ["a"], "events": [{"seq": 1}], "logs": {"a": "x"}}, True),
+        ({"wait_s": 10, "reports": [{"attempt_id": "a", "state": "checkpointed"}]}, False),
+        ({"wait_s": 0}, False),
+        ({"wait_s": 31}, False),
+        ({"running": ["a"]}, False),
+        ({"wait_s": True}, False),
+        ({"wait_s": "10"}, False),
+        ([1, 2], False),
     ],
 )
 def test_a_long_poll_that_reports_nothing_is_told_apart_by_its_body(
-    body: object, hold: float | None
+    body: object, idle: bool
 ) -> None:
-    assert idle_hold(json.dumps(body).encode()) == hold
+    assert reports_nothing(json.dumps(body).encode()) is idle
 
 
 def test_a_body_that_is_not_json_is_not_an_idle_long_poll() -> None:
-    assert idle_hold(b"{not json") is None
-    assert idle_hold(b"") is None
-    assert idle_hold(b'{"wait_s": NaN}') is None
+    assert reports_nothing(b"{not json") is False
+    assert reports_nothing(b"") is False
+    assert reports_nothing(b'{"wait_s": NaN}') is False
 
 
-def _shed_after(hold_s: float, wait_s: float) -> tuple[list[int], int]:
-    """The statuses of a request that waits ``wait_s`` for the only slot (queue timeout
-    0.05 s), an idle long poll asking for ``hold_s``, then a report poll; and how often the
-    process announced its overload."""
+def test_an_idle_long_poll_past_the_queue_timeout_is_shed_and_announced_like_any_other() -> None:
     announced: list[int] = []
-    body = json.dumps({"wait_s": hold_s}).encode()
 
     async def slow(scope: Any, receive: Any, send: Any) -> None:
         if scope["path"].endswith("/busy"):
-            await asyncio.sleep(wait_s)
+            await asyncio.sleep(0.2)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
@@ -225,7 +221,7 @@ def _shed_after(hold_s: float, wait_s: float) -> tuple[list[int], int]:
         queue_timeout_s=0.05,
         on_shed=lambda: announced.append(1),
         background_prefixes=("/v1/agent/",),
-        idle={POLL: idle_hold},
+        idle={POLL: reports_nothing},
     )
 
     async def status(path: str, body: bytes) -> int:
@@ -244,22 +240,8 @@ def _shed_after(hold_s: float, wait_s: float) -> tuple[list[int], int]:
     async def scenario() -> list[int]:
         busy = asyncio.create_task(status("/v1/agent/busy", b""))
         await asyncio.sleep(0.01)
-        waiting = [
-            asyncio.create_task(status(POLL, body)),
-            asyncio.create_task(status(POLL, REPORT_POLL)),
-        ]
-        return [await busy, *await asyncio.gather(*waiting)]
+        idle = asyncio.create_task(status(POLL, IDLE_POLL))
+        return [await busy, await idle]
 
-    return asyncio.run(scenario()), len(announced)
-
-
-def test_an_idle_long_poll_past_the_queue_timeout_but_within_its_hold_is_served() -> None:
-    statuses, announced = _shed_after(hold_s=5.0, wait_s=0.2)
-    assert statuses == [200, 200, 503]  # the report poll is shed, the long poll is not
-    assert announced == 2  # both waited past the timeout: the process is overloaded
-
-
-def test_an_idle_long_poll_that_waited_past_its_hold_is_shed() -> None:
-    statuses, announced = _shed_after(hold_s=0.1, wait_s=0.2)
-    assert statuses == [200, 503, 503]
-    assert announced == 2
+    assert asyncio.run(scenario()) == [200, 503]
+    assert announced == [1]
