@@ -12,15 +12,20 @@ thread ever blocks on the pool; the requests beyond the bound wait here, on the 
 where waiting costs no thread and no connection.
 
 The bound counts every HTTP request (probes and scrapes too: /readyz and /metrics use the
-database). Requests wait in two lines, each in arrival order: the machines' requests (paths
-under ``background_prefixes``: the agents') and everyone else's (users, operators, probes). A
-freed slot goes to the first of everyone else's line when it is not empty: a thousand agents
-polling at a round boundary queue behind each other, never in front of a user listing their
-jobs (the agents' requests still get every slot the users leave, and users are few). A held
-long poll that wakes to read again (:func:`released`) waits in a third line, behind both: a
-round boundary wakes every held poll at once, and the agents' other requests (a node
-acknowledging what it started, reporting, asking again) are served before that wave, which
-nobody waits on but the node it answers.
+database). Requests wait in four lines, each in arrival order: everyone else's (users,
+operators, probes: :data:`FIRST`), and the machines' (paths under ``background_prefixes``: the
+agents'), which wait in three. A freed slot goes to the first of everyone else's line when it
+is not empty: a thousand agents polling at a round boundary queue behind each other, never in
+front of a user listing their jobs (the agents' requests still get every slot the users leave,
+and users are few). Among the agents' requests, those someone waits on (:data:`SECOND`: a
+report that frees a job to resume elsewhere, a registration, a plain poll) go before the long
+polls that report nothing (:data:`IDLE`, told apart by ``idle``: such a poll is held anyway
+once read, so its turn costs nobody a wait), and both before the held long polls that woke to
+read again (:func:`released`, :data:`LAST`): a round boundary wakes every held poll at once,
+and the agents' other requests (a node acknowledging what it started, reporting, asking again)
+are served before that wave, which nobody waits on but the node it answers. A lower line is
+never starved: once its oldest waiter has waited :data:`LAST_PATIENCE_S`, the lower lines and
+:data:`SECOND` take turns, so the agents someone waits on keep at least every other slot.
 
 A second, smaller bound: at most ``threads`` of the admitted requests run their sync part (the
 route, in FastAPI's thread pool) at once; the others wait for a thread on the event loop,
@@ -37,7 +42,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -47,26 +52,30 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 from sqlmodel import Session
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 DEFAULT_LIMIT = 30
 """The bound for pools whose size is not known (not a QueuePool)."""
 
 
-FIRST, SECOND, LAST = 0, 1, 2
-"""The lines of :class:`Slots`, served in this order: users and operators, the agents'
-requests, the agents' held long polls waking to read again."""
+FIRST, SECOND, IDLE, LAST = 0, 1, 2, 3
+"""The lines of :class:`Slots`, served in this order: users and operators; the agents'
+requests someone waits on; the agents' long polls that report nothing (held anyway once read);
+the agents' held long polls waking to read again."""
 LAST_PATIENCE_S = 2.0
-"""How long the oldest waiter of the :data:`LAST` line waits at most before it goes ahead of
-the :data:`SECOND` line: a process that the agents keep saturated still answers its held
-polls."""
+"""How long the oldest waiter of a line below :data:`SECOND` waits at most before the lower
+lines and :data:`SECOND` take turns: a process that the agents keep saturated still answers
+its held polls and reads its idle ones, and the agents' urgent requests keep every other
+slot."""
 
 
 class Slots:
-    """A counting semaphore with three lines of waiters: a slot given back goes to the oldest
-    waiter of the :data:`FIRST` line, else of the :data:`SECOND`, else of the :data:`LAST`
-    (before the :data:`SECOND` once it has waited :data:`LAST_PATIENCE_S`), else back to the
-    pool. Belongs to the event loop it is used on."""
+    """A counting semaphore with lines of waiters: a slot given back goes to the oldest waiter
+    of the :data:`FIRST` line, else of :data:`SECOND`, else of :data:`IDLE`, else of
+    :data:`LAST`, else back to the pool; except that once the oldest waiter of :data:`IDLE` or
+    :data:`LAST` has waited :data:`LAST_PATIENCE_S`, every other slot that :data:`FIRST` leaves
+    goes to the longest-waiting of those two lines instead of :data:`SECOND`. Belongs to the
+    event loop it is used on."""
 
     def __init__(self, limit: int) -> None:
         self.free = max(1, limit)
@@ -74,7 +83,11 @@ class Slots:
             deque(),
             deque(),
             deque(),
+            deque(),
         )
+        self._lower_served = False
+        """Whether the last slot handed below :data:`FIRST` went to a patient lower line
+        (the next goes to :data:`SECOND`, if it has a waiter)."""
 
     async def acquire(self, line_index: int = SECOND) -> None:
         if self.free > 0:
@@ -95,17 +108,30 @@ class Slots:
             raise
 
     def release(self) -> None:
-        first, second, last = self._lines
-        order = (first, second, last)
-        if last and time.monotonic() - last[0][0] > LAST_PATIENCE_S:
-            order = (first, last, second)
+        first, second, idle, last = self._lines
+        order = [first, second, idle, last]
+        patient = self._patient()
+        if patient is not None and not (self._lower_served and second):
+            order = [first, patient, second, idle, last]
         for line in order:
             while line:
                 _, waiter = line.popleft()
                 if not waiter.done():
                     waiter.set_result(None)
+                    if line is not first:
+                        self._lower_served = line is patient
                     return
         self.free += 1
+
+    def _patient(self) -> deque[tuple[float, asyncio.Future[None]]] | None:
+        """The line below :data:`SECOND` whose oldest waiter has waited longest, once that is
+        more than :data:`LAST_PATIENCE_S`; None when neither has waited so long."""
+        _, _, idle, last = self._lines
+        waiting = [line for line in (idle, last) if line]
+        if not waiting:
+            return None
+        oldest = min(waiting, key=lambda line: line[0][0])
+        return oldest if time.monotonic() - oldest[0][0] > LAST_PATIENCE_S else None
 
     @property
     def waiting(self) -> int:
@@ -182,7 +208,11 @@ class InFlightLimit:
     connection, and a client that requests a large file and never reads it must not hold a
     slot while the server waits to send it. A request that waited more than
     ``queue_timeout_s`` for its slot is answered 503 at once, and ``on_shed`` called (the app
-    announces the overload: the node reaper then holds off).
+    announces the overload: the node reaper then holds off). ``idle``: for a path of the
+    machines' (``background_prefixes``), whether a request's body says it carries nothing
+    anyone waits on (an agent's long poll that reports nothing): it waits in the :data:`IDLE`
+    line. Only paths in ``idle`` have their body looked at here (it is read whole already,
+    :class:`api.app.BodyLimitMiddleware`, and handed on as it came).
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
@@ -197,9 +227,11 @@ class InFlightLimit:
         queue_timeout_s: float | None = None,
         on_shed: Callable[[], None] = lambda: None,
         background_prefixes: tuple[str, ...] = (),
+        idle: Mapping[str, Callable[[bytes], bool]] | None = None,
     ) -> None:
         self.app = app
         self.background_prefixes = background_prefixes
+        self.idle = dict(idle or {})
         self.exempt = exempt
         self.exempt_prefixes = exempt_prefixes
         self.queue_timeout_s = queue_timeout_s
@@ -215,7 +247,13 @@ class InFlightLimit:
             await self.app(scope, receive, send)
             return
         background = bool(self.background_prefixes) and path.startswith(self.background_prefixes)
-        slot = _Slot(self._semaphore(), SECOND if background else FIRST)
+        line = SECOND if background else FIRST
+        says_nothing = self.idle.get(path) if background else None
+        if says_nothing is not None:
+            body, receive = await _read_body(receive)
+            if says_nothing(body):
+                line = IDLE
+        slot = _Slot(self._semaphore(), line)
         queued = time.monotonic()
         await slot.take()
         waited = time.monotonic() - queued
@@ -238,6 +276,29 @@ class InFlightLimit:
             if self.threads is not None:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's whole body, and a ``receive`` that hands it on to the app as it came
+    (then whatever the original one says next: only ``http.disconnect`` can come)."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: let the app see it
+            first: list[Message] = [message]
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            first = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+            break
+    body = first[0].get("body", b"") if first[0]["type"] == "http.request" else b""
+
+    async def replay() -> Message:
+        if first:
+            return first.pop()
+        return await receive()
+
+    return body, replay
 
 
 ARRIVED_AT = "arrived_at"

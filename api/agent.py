@@ -9,6 +9,7 @@ what must stop. Reports are idempotent: the same report twice gets the same answ
 
 from __future__ import annotations
 
+import json
 import threading
 import zlib
 from collections import Counter
@@ -21,6 +22,7 @@ from sqlalchemy import Connection, bindparam, case, func, select, text, update
 from sqlmodel import Session, SQLModel, col
 
 from api.agent_schemas import (
+    POLL_WAIT_MAX_S,
     AgentPoll,
     AttemptReport,
     EventAnswer,
@@ -758,6 +760,25 @@ def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
         or any(lease.attempt_id not in running for lease in answer.leases)
         or any(attempt in running for attempt in answer.stop)
     )
+
+
+def reports_nothing(body: bytes) -> bool:
+    """Whether the raw body of a ``POST /v1/agent/poll`` is a long poll (``wait_s`` in its
+    bounds) that carries no report: nobody waits on it (once read it is held until news comes;
+    its events and log tails, if any, feed a planner that reads them once a round), so
+    admission queues it behind the agents' requests that someone does wait on
+    (api.admission, ``IDLE``). A body that is not such an object is not one (the route
+    answers it as it would anyway)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    if not isinstance(data, dict) or data.get("reports"):
+        return False
+    wait_s = data.get("wait_s")
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
+        return False
+    return 0 < wait_s <= POLL_WAIT_MAX_S  # beyond: the route refuses it (422)
 
 
 def deferred(answer: PollAnswer, data: AgentPoll) -> bool:

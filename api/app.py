@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors, openapi
 from api.admission import ArrivalStamp, InFlightLimit, pool_capacity
+from api.agent import reports_nothing
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.routes import (
@@ -48,6 +49,9 @@ STATIC_PREFIX = "/static/"
 AGENT_PREFIX = "/v1/agent/"
 """The agents' requests: admitted after every other request waiting (api.admission), so that
 a fleet's burst at a round boundary never queues in front of a user."""
+POLL_PATH = f"{AGENT_PREFIX}poll"
+"""The agents' poll: a long poll that reports nothing waits behind the agents' other requests
+(api.admission, ``IDLE``)."""
 STATIC_PAGES = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 """Pages made without the database (the OpenAPI document is built once), served without a
 request slot too."""
@@ -107,6 +111,7 @@ def create_app(
         queue_timeout_s=settings.queue_timeout_s,
         on_shed=Throttled(engine, OVERLOAD),
         background_prefixes=(AGENT_PREFIX,),
+        idle={POLL_PATH: reports_nothing},
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

@@ -156,6 +156,26 @@ def reissue(
     return run
 
 
+def more_agent_tokens(database_url: str, node: str, count: int) -> list[str]:
+    """``count`` more agent tokens of ``node`` (straight in the database): a sender that uses
+    each once finds none in the API's token cache, as an agent's long poll does (its hold
+    outlasts the cache's lifetime: each poll's lookup reaches the database)."""
+    from sqlmodel import Session
+
+    from store.db import make_engine
+    from store.principals import Role
+    from store.tokens import create_token
+
+    engine = make_engine(database_url)
+    try:
+        with Session(engine) as session:
+            made = [create_token(session, Role.AGENT, node=node) for _ in range(count)]
+            session.commit()
+        return made
+    finally:
+        engine.dispose()
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="requests per endpoint")
@@ -277,10 +297,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return lambda: client.post("/v1/agent/poll", json=body, headers=agent)
 
         acknowledge = agent_poll({"running": attempts, "defer_busy": True})
-
         measured: list[tuple[str, Callable[[], httpx.Response], Callable[[], None] | None]] = [
             (name, send, None) for name, send in endpoints
         ]
+        fresh_tokens = iter(
+            more_agent_tokens(database_url, tokens.agents[0][0], args.requests + WARMUP)
+        )
+
+        def uncached() -> httpx.Response:
+            """An idle node's poll on a token the API has not looked up in its cache's lifetime."""
+            headers = {"Authorization": f"Bearer {next(fresh_tokens)}"}
+            return client.post("/v1/agent/poll", json={"running": attempts}, headers=headers)
+
+        measured.append(
+            (
+                f"POST /v1/agent/poll ({GPUS} running leases, nothing new, its token not cached: "
+                "a long poll's)",
+                uncached,
+                None,
+            )
+        )
+
         database = stack.enter_context(
             psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
         )

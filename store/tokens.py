@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict
 
-from sqlalchemy import bindparam, insert
+from sqlalchemy import bindparam, func, insert, or_
 from sqlmodel import Session, SQLModel, col, select, update
 from typing_extensions import Unpack
 
@@ -103,6 +103,29 @@ _LIVE_ATTEMPT_TOKENS = select(TOKENS.c.attempt_id).where(
     TOKENS.c.attempt_id.in_(bindparam("ids", expanding=True)), TOKENS.c.revoked_at.is_(None)
 )
 """The attempts among ``ids`` that have a job token not revoked."""
+_STAMP = (
+    update(TOKENS)
+    .where(
+        TOKENS.c.token_hash == bindparam("digest"),
+        TOKENS.c.revoked_at.is_(None),
+        or_(TOKENS.c.expires_at.is_(None), TOKENS.c.expires_at > bindparam("now")),
+    )
+    .values(last_used_at=bindparam("now"))
+    .returning(
+        TOKENS.c.id,
+        TOKENS.c.role,
+        TOKENS.c.tenant,
+        TOKENS.c.node,
+        TOKENS.c.job_id,
+        TOKENS.c.attempt_id,
+        TOKENS.c.expires_at,
+    )
+)
+"""Find the token hashed to ``digest`` that is neither revoked nor expired by ``now``, and
+stamp it used at ``now``, in one round trip."""
+_STAMP_ASYNC = _STAMP.returning(func.set_config("synchronous_commit", "off", True))
+""":data:`_STAMP` on Postgres, its transaction set not to wait for the WAL's flush at commit
+(it wrote a ``last_used_at`` stamp only)."""
 
 
 def add_attempt_tokens(session: Session, attempts: Mapping[str, str]) -> dict[str, str]:
@@ -137,12 +160,18 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
     it lives as long as its attempt, and is good for nothing after but being told so (the API
     refuses it everywhere but where its process learns that it must stop: 409 ``fenced``).
     A token found is stamped ``last_used_at`` (committed at once, apart from the caller's
-    work)."""
+    work).
+
+    One statement finds and stamps it (``UPDATE ... RETURNING``), and on Postgres the commit
+    does not wait for the WAL's flush: a lookup reaches the database on every request of an
+    agent whose long poll outlasts the API's token cache, and a database crash may forget
+    only the last fraction of a second of ``last_used_at`` stamps."""
     now = now or utcnow()
-    row = session.exec(select(TokenRow).where(TokenRow.token_hash == digest)).first()
-    if row is None or row.revoked_at is not None:
-        return None
-    if row.expires_at is not None and row.expires_at <= now:
+    connection = session.connection()
+    lookup = _STAMP_ASYNC if connection.dialect.name == "postgresql" else _STAMP
+    row = connection.execute(lookup, {"digest": digest, "now": now}).first()
+    if row is None:
+        session.commit()
         return None
     fenced = None if row.attempt_id is None else fenced_reason(session, row.attempt_id)
     principal = Principal(
@@ -155,8 +184,6 @@ def principal_of(session: Session, digest: str, now: datetime | None = None) -> 
         expires_at=row.expires_at,
         fenced=fenced,
     )
-    # built before the commit, which expires the row: reading it after cost a second query
-    session.exec(update(TokenRow).where(col(TokenRow.id) == row.id).values(last_used_at=now))
     session.commit()
     return principal
 

@@ -142,24 +142,25 @@ def leases(
 async def poll(
     data: AgentPoll, request: Request, session: SessionDep, principal: CurrentPrincipal
 ) -> PollAnswer:
-    """What an agent does each contact, in one round trip: deliver its ``reports`` (each answered
-    as its own status report would be, in ``reports``), heartbeat (unless ``heartbeat`` is
-    false; it counts from when the request arrived), and learn the leases to run and the
+    """What an agent does each contact, in one round trip: deliver its ``reports`` (each
+    answered as its own status report would be, in ``reports``), heartbeat (unless ``heartbeat``
+    is false; it counts from when the request arrived), and learn the leases to run and the
     attempts to stop. At most two reports per GPU of the node (at least 8) per poll. A live
     lease listed in ``running`` is acknowledged: it becomes RUNNING, which a ``started`` or
     ``running`` report would otherwise say. The agent's own loop uses this; the separate
     heartbeat, leases and status endpoints answer the same questions one at a time. With
     ``wait_s`` (a bounded long poll) the answer is held while nothing is new for the node
-    (:func:`api.agent.has_news`), up to ``wait_s``: the leases are read again as soon as a
-    round driver (of this process, or of another over the database's notification channel)
-    commits a round or a fill (store.lease_signal), and, while no channel feeds the signal, at
-    least every ``poll_recheck_s``. While held the request takes no thread, no connection and
-    no admission slot. A round out before it is due (the round driver's boundary lead) wakes
-    every held poll at once: each node's re-read waits its turn (:func:`api.agent.stagger_s`),
-    so the answers, and the polls that acknowledge them, come spread over the first half of
-    the time left before the round is due, not in one burst. A long poll that had to defer
-    some of what it said (``defer_busy``: a report or event answered 503, a lease in
-    ``running`` still not RUNNING) is answered at once, not held."""
+    (:func:`api.agent.has_news`), up to ``wait_s`` after the request arrived (a poll that waited
+    for its turn, :mod:`api.admission`, is held that much less): the leases are read again as
+    soon as a round driver (of this process, or of another over the database's notification
+    channel) commits a round or a fill (store.lease_signal), and, while no channel feeds the
+    signal, at least every ``poll_recheck_s``. While held the request takes no thread, no
+    connection and no admission slot. A round out before it is due (the round driver's boundary
+    lead) wakes every held poll at once: each node's re-read waits its turn
+    (:func:`api.agent.stagger_s`), so the answers, and the polls that acknowledge them, come
+    spread over the first half of the time left before the round is due, not in one burst. A
+    long poll that had to defer some of what it said (``defer_busy``: a report or event answered
+    503, a lease in ``running`` still not RUNNING) is answered at once, not held."""
     node_id = agent.acting_node(principal, data.node)
     signal: LeaseSignal = request.app.state.lease_signal
     seen = signal.generation
@@ -168,7 +169,8 @@ async def poll(
     if data.wait_s <= 0 or agent.has_news(answer, data) or agent.deferred(answer, data):
         return answer
     settings: Settings = request.app.state.settings
-    deadline = time.monotonic() + data.wait_s
+    # the hold counts from the poll's arrival: one that waited in admission's line is held less
+    deadline = time.monotonic() + data.wait_s - max(0.0, time.time() - arrived.timestamp())
     again = data.model_copy(update={"reports": [], "events": [], "heartbeat": False, "logs": {}})
     while (left := deadline - time.monotonic()) > 0:
         # fed by the other processes' commits (signal.live): no need to re-read on a timer

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
+from api import admission
 from solver_service.driver import DriverSettings, RoundDriver
 from store.tables import NodeRow, TokenRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
@@ -712,6 +713,27 @@ def test_a_long_poll_is_held_while_nothing_is_new_and_answered_when_the_driver_c
     assert answer["current_round"] == idle["current_round"] + 1
     assert [lease["job_id"] for lease in answer["leases"]] == [job]
     assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
+
+
+def test_a_long_poll_is_held_up_to_wait_s_after_it_arrived_not_after_its_turn(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long poll that waited for its turn (api.admission: one that reports nothing waits
+    behind the agents' other requests) is held only for what is left of its ``wait_s``: here
+    it arrived 19.7 s before the route read it, so with nothing new it is answered 0.3 s
+    later, not 20 s."""
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    idle = contact(client, tokens.agent)
+    stamped = admission.arrived_at
+    monkeypatch.setattr(
+        admission, "arrived_at", lambda scope: stamped(scope) - timedelta(seconds=19.7)
+    )
+    began = time.monotonic()
+    held = contact(client, tokens.agent, wait_s=20.0, seen_round=idle["current_round"])
+    assert 0.25 <= time.monotonic() - began < 5.0
+    assert (held["current_round"], held["leases"]) == (idle["current_round"], [])
 
 
 def test_a_long_poll_with_news_answers_at_once_and_a_bad_wait_is_refused(
