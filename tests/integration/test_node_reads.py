@@ -1,13 +1,14 @@
 """What reads the ``nodes`` and ``leases`` tables on Postgres, on a cluster of a thousand
 nodes: an agent's contact reads its own node row, found by its key, and its own node's leases
-only, also before the tables' statistics are gathered (a cluster whose nodes just registered,
+only, a job's lease checks its own job's leases only, also before the tables' statistics are
+gathered (a cluster whose nodes just registered,
 or a database without autovacuum), when the planner has only the indexes to go by; the round
 driver's node reaper, every step, one aggregate row while no node is silent."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from sqlmodel import Session
 from api import agent
 from solver_service.leases import mark_lost_nodes
 from store.cluster_version import ensure_cluster
+from store.leases import has_other_live_lease, requeue_state, revoke_live_leases, successor_of
 from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
 from tests.integration.conftest import Database, migrated_postgres
 
@@ -69,6 +71,8 @@ def _job(job_id: str, stamp: datetime) -> dict[str, Any]:
 
 
 def _lease(node: str, gpu: int, round_index: int, state: str, stamp: datetime) -> dict[str, Any]:
+    """A one-GPU lease of ``node``'s job ``gpu``, issued at round ``round_index``'s start."""
+    issued = stamp + timedelta(seconds=30 * round_index)
     return {
         "id": f"{node}-{round_index}-{gpu}-{state}",
         "job_id": f"job-{node}-{gpu}",
@@ -76,9 +80,9 @@ def _lease(node: str, gpu: int, round_index: int, state: str, stamp: datetime) -
         "round_index": round_index,
         "gpus": [gpu],
         "state": state,
-        "issued_at": stamp,
-        "ends_at": stamp,
-        "updated_at": stamp,
+        "issued_at": issued,
+        "ends_at": issued + timedelta(seconds=30),
+        "updated_at": issued,
     }
 
 
@@ -201,3 +205,49 @@ def test_a_poll_reads_only_its_own_nodes_leases(many_leases: Database) -> None:
     assert 9 <= beat["leases"] <= 11, beat
     assert 9 <= view["leases"] <= 11, view
     assert 9 <= leases["leases"] <= 11, leases
+
+
+def leases_index_entries(engine: Engine, call: Any) -> list[int]:
+    """For each statement on ``leases`` that ``call`` runs, the index entries its scans read
+    (EXPLAIN ANALYZE of the statement, run just before it in its transaction)."""
+    read: list[int] = []
+
+    def entries(node: dict[str, Any]) -> int:
+        own = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+        mine = own if "Index" in node["Node Type"] else 0
+        return mine + sum(entries(child) for child in node.get("Plans", []))
+
+    def explain(_conn: Any, cursor: Any, statement: str, params: Any, *_args: Any) -> None:
+        if "FROM leases" in statement:
+            plan = cursor.connection.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
+            ).fetchone()[0]
+            read.append(entries(plan[0]["Plan"]))
+
+    event.listen(engine, "before_cursor_execute", explain)
+    try:
+        with Session(engine) as session:
+            call(session)
+            session.rollback()
+    finally:
+        event.remove(engine, "before_cursor_execute", explain)
+    return read
+
+
+def test_a_jobs_lease_checks_read_only_its_own_leases(many_leases: Database) -> None:
+    """A job's 3 leases (live, revoked last round, finished long ago) are found without
+    reading the state index's entries of the cluster's 8,192 live leases (a bitmap AND of the
+    job's index and the state's would read them all)."""
+    job = "job-node-0500-0"
+
+    def checks(session: Session) -> None:
+        assert has_other_live_lease(session, job, None)
+        assert requeue_state(session, job).value == "PENDING"
+        revoked = session.get(LeaseRow, f"node-0500-{ROUND - 1}-0-REVOKED")
+        assert revoked is not None
+        assert successor_of(session, revoked) == f"node-0500-{ROUND}-0-RUNNING"
+        assert revoke_live_leases(session, job, except_attempt=None) == 1
+
+    read = leases_index_entries(many_leases.engine, checks)
+    assert len(read) >= 4, read
+    assert all(entries <= 3 for entries in read), read
