@@ -267,16 +267,22 @@ class LeaseRow(SQLModel, table=True):
     just ahead of it, else ``issued_at``); ``first_ends_at``: the end of its first lease
     (``ends_at`` moves when it is extended). Both null on rows from before migration 0014. They
     give the job's stints (:func:`store.snapshot.stints_of`).
+
+    Indexes: a node's or a job's leases in some states are read through ``(node_id, state)``
+    and ``(job_id, state)``, whose both columns narrow the read whether or not the table's
+    statistics were gathered; ``state`` alone serves the reads of every live lease (the round
+    driver's).
     """
 
     __tablename__ = "leases"
     __table_args__ = (
         Index("ix_leases_node_state", "node_id", "state"),
+        Index("ix_leases_job_state", "job_id", "state"),
         Index("ix_leases_state", "state"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
-    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=36, ondelete="CASCADE")
+    job_id: str = Field(foreign_key="jobs.id", max_length=36, ondelete="CASCADE")
     node_id: str = Field(foreign_key="nodes.id", max_length=128)
     round_index: int = Field(index=True)
     gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))

@@ -1,17 +1,18 @@
-"""What reads the ``nodes`` table on Postgres, on a cluster of a thousand nodes: an agent's
-contact reads its own row, found by its key, also before the table's statistics are gathered
-(a cluster whose nodes just registered, or a database without autovacuum), when the planner
-has only the indexes to go by; the round driver's node reaper, every step, one aggregate row
-while no node is silent."""
+"""What reads the ``nodes`` and ``leases`` tables on Postgres, on a cluster of a thousand
+nodes: an agent's contact reads its own node row, found by its key, and its own node's leases
+only, a job's lease checks its own job's leases only, also before the tables' statistics are
+gathered (a cluster whose nodes just registered,
+or a database without autovacuum), when the planner has only the indexes to go by; the round
+driver's node reaper, every step, one aggregate row while no node is silent."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert, update
+from sqlalchemy import event, insert, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.base import Executable
@@ -21,12 +22,15 @@ from sqlmodel import Session
 from api import agent
 from solver_service.leases import mark_lost_nodes
 from store.cluster_version import ensure_cluster
-from store.tables import NodeApprovalRow, NodeRow
+from store.leases import has_other_live_lease, requeue_state, revoke_live_leases, successor_of
+from store.tables import ClusterRow, JobRow, LeaseRow, NodeApprovalRow, NodeRow
 from tests.integration.conftest import Database, migrated_postgres
 
 NODES = 1024
 STAMP = 1_800_000_000.0
 """Every node's last heartbeat."""
+ROUND = 3
+"""The cluster's current round in :func:`many_leases`."""
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,70 @@ def many_nodes(postgres_server: Engine) -> Iterator[Database]:
             connection.execute(insert(NodeApprovalRow), [{"node_id": n, "gpus": 8} for n in ids])
         with Session(database.engine) as session:
             ensure_cluster(session)
+            session.commit()
+        yield database
+
+
+def _job(job_id: str, stamp: datetime) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "tenant": "t",
+        "name": job_id,
+        "state": "RUNNING",
+        "gpus": 1,
+        "epochs": 1,
+        "samples_per_epoch": 1,
+        "initial_batch_size": 1,
+        "batch_size": 1,
+        "mode": "static",
+        "batch_sizes": [1],
+        "throughput": {},
+        "created_at": stamp,
+        "updated_at": stamp,
+    }
+
+
+def _lease(node: str, gpu: int, round_index: int, state: str, stamp: datetime) -> dict[str, Any]:
+    """A one-GPU lease of ``node``'s job ``gpu``, issued at round ``round_index``'s start."""
+    issued = stamp + timedelta(seconds=30 * round_index)
+    return {
+        "id": f"{node}-{round_index}-{gpu}-{state}",
+        "job_id": f"job-{node}-{gpu}",
+        "node_id": node,
+        "round_index": round_index,
+        "gpus": [gpu],
+        "state": state,
+        "issued_at": issued,
+        "ends_at": issued + timedelta(seconds=30),
+        "updated_at": issued,
+    }
+
+
+@pytest.fixture(scope="module")
+def many_leases(postgres_server: Engine) -> Iterator[Database]:
+    """A migrated schema of :data:`NODES` READY nodes in round :data:`ROUND`, each with 8 live
+    leases, a lease revoked last round and two attempts finished long ago, whose ``leases``
+    table's statistics were gathered while it was empty (as ``bench.scale`` and a new
+    cluster leave them): the planner knows nothing of the states' or the nodes' spread."""
+    with migrated_postgres(postgres_server, "it_leases") as database:
+        stamp = datetime.fromtimestamp(STAMP, UTC)
+        ids = [f"node-{i:04d}" for i in range(NODES)]
+        with database.engine.begin() as connection:
+            connection.execute(text("ANALYZE leases"))
+            connection.execute(
+                insert(NodeRow),
+                [{"id": n, "hostname": n, "gpus": 8, "last_heartbeat_at": stamp} for n in ids],
+            )
+            connection.execute(
+                insert(JobRow), [_job(f"job-{n}-{g}", stamp) for n in ids for g in range(8)]
+            )
+            rows = [_lease(n, g, ROUND, "RUNNING", stamp) for n in ids for g in range(8)]
+            rows += [_lease(n, 0, ROUND - 1, "REVOKED", stamp) for n in ids]
+            rows += [_lease(n, g, 0, "EXITED", stamp) for n in ids for g in range(2)]
+            connection.execute(insert(LeaseRow), rows)
+        with Session(database.engine) as session:
+            ensure_cluster(session)
+            session.execute(update(ClusterRow).values(current_round=ROUND))
             session.commit()
         yield database
 
@@ -121,3 +189,65 @@ def test_a_silent_node_among_many_is_lost(many_nodes: Database) -> None:
     with Session(many_nodes.engine) as session:
         lost = mark_lost_nodes(session, "default", STAMP + 1, ttl_s=30)
     assert lost is not None and lost.nodes == ("node-0007",)
+
+
+def test_a_poll_reads_only_its_own_nodes_leases(many_leases: Database) -> None:
+    """The node's view reads its own 11 leases at most (8 live, 1 revoked last round, 2
+    finished long ago), not the cluster's 9,216 live and revoked ones, as a read of the index
+    on ``state`` filtered by node would."""
+    node = "node-0500"
+    with many_leases.engine.connect() as connection:
+        beat = rows_read(connection, agent._BEAT_VIEW, {"node": node, "now": datetime.now(UTC)})
+        view = rows_read(connection, agent._VIEW, {"node": node})
+        leases = rows_read(
+            connection, agent._NODE_LEASES, {"node": node, "since": ROUND - agent.STOP_ROUNDS}
+        )
+    assert 9 <= beat["leases"] <= 11, beat
+    assert 9 <= view["leases"] <= 11, view
+    assert 9 <= leases["leases"] <= 11, leases
+
+
+def leases_index_entries(engine: Engine, call: Any) -> list[int]:
+    """For each statement on ``leases`` that ``call`` runs, the index entries its scans read
+    (EXPLAIN ANALYZE of the statement, run just before it in its transaction)."""
+    read: list[int] = []
+
+    def entries(node: dict[str, Any]) -> int:
+        own = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+        mine = own if "Index" in node["Node Type"] else 0
+        return mine + sum(entries(child) for child in node.get("Plans", []))
+
+    def explain(_conn: Any, cursor: Any, statement: str, params: Any, *_args: Any) -> None:
+        if "FROM leases" in statement:
+            plan = cursor.connection.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
+            ).fetchone()[0]
+            read.append(entries(plan[0]["Plan"]))
+
+    event.listen(engine, "before_cursor_execute", explain)
+    try:
+        with Session(engine) as session:
+            call(session)
+            session.rollback()
+    finally:
+        event.remove(engine, "before_cursor_execute", explain)
+    return read
+
+
+def test_a_jobs_lease_checks_read_only_its_own_leases(many_leases: Database) -> None:
+    """A job's 3 leases (live, revoked last round, finished long ago) are found without
+    reading the state index's entries of the cluster's 8,192 live leases (a bitmap AND of the
+    job's index and the state's would read them all)."""
+    job = "job-node-0500-0"
+
+    def checks(session: Session) -> None:
+        assert has_other_live_lease(session, job, None)
+        assert requeue_state(session, job).value == "PENDING"
+        revoked = session.get(LeaseRow, f"node-0500-{ROUND - 1}-0-REVOKED")
+        assert revoked is not None
+        assert successor_of(session, revoked) == f"node-0500-{ROUND}-0-RUNNING"
+        assert revoke_live_leases(session, job, except_attempt=None) == 1
+
+    read = leases_index_entries(many_leases.engine, checks)
+    assert len(read) >= 4, read
+    assert all(entries <= 3 for entries in read), read
