@@ -236,7 +236,10 @@ class Plan:
     changes); ``gain_gap``: (bound - objective) / (bound - empty_objective); ``gap``: the plain
     relative gap (bound - objective) / |objective|. ``unpacked``: rounds the packing could not
     place: the count model bounds capacity over the window, not per round, so a few counts may
-    not be realisable (docs/policy.md); only round 0 runs before the next re-plan.
+    not be realisable (docs/policy.md); only round 0 runs before the next re-plan. Where like
+    jobs take their rounds in turn (:attr:`PlannerParams.like_ratio`, :func:`in_turn`),
+    ``counts`` and ``objective`` are those of the rounds as dealt, ``bound`` and ``status``
+    the market's solve's.
     """
 
     counts: dict[str, int]
@@ -1123,9 +1126,7 @@ def like_groups(problem: Problem, ratio: float) -> list[list[int]]:
     return [g for g in groups if len(g) > 1]
 
 
-def in_turn(
-    problem: Problem, counts: npt.NDArray[np.int64], ratio: float
-) -> npt.NDArray[np.int64]:
+def in_turn(problem: Problem, counts: npt.NDArray[np.int64], ratio: float) -> npt.NDArray[np.int64]:
     """``counts`` with each group of like jobs (:func:`like_groups`) taking the rounds the
     market gave it in turn: the group's total, dealt to the most advanced first (the largest
     share of its epochs done), then the longest waiting, a running one before a waiting one
