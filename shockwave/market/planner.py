@@ -164,8 +164,8 @@ class PlannerParams:
     ``like_ratio``: like jobs take their rounds in turn: where the jobs of one width ask more
     GPUs than the cluster has, the rounds the market gave those whose run times are within
     this ratio of the shortest of them (none with a floor) go to the most advanced first,
-    then the longest waiting, each up to its cap (:func:`in_turn`); 0: off
-    (docs/policy.md, "Like jobs in turn").
+    then the longest waiting, each up to its cap (:func:`in_turn`); 0, the default: off
+    (opt-in, e.g. 1.25; docs/policy.md, "Like jobs in turn").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -188,7 +188,7 @@ class PlannerParams:
     path_slack: float = 0.05
     path_first: bool = False
     spread_gate: float | None = None
-    like_ratio: float = 1.25
+    like_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:

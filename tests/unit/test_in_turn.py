@@ -126,9 +126,10 @@ def test_held_and_unknown_jobs_keep_the_markets_counts() -> None:
 def test_off_and_where_nothing_is_alike_the_plan_is_the_markets() -> None:
     jobs = [like_job(f"j{i}", 600.0 * (i + 1), run_time=3_000.0 * 2**i) for i in range(4)]
     assert plan(jobs, 2, params(), ROUND) == plan(jobs, 2, params(0.0), ROUND)
-    like = [like_job(f"j{i}", left) for i, left in enumerate((2_400.0, 1_200.0, 2_000.0))]
+    lefts = (2_400.0, 1_200.0, 2_000.0, 1_800.0)
+    like = [like_job(f"j{i}", left) for i, left in enumerate(lefts)]
     problem = build_problem(like, 2, params(0.0), ROUND)
-    counts = np.array([3, 3, 4], dtype=np.int64)
+    counts = np.array([5, 5, 5, 5], dtype=np.int64)
     assert in_turn(problem, counts, 1.25) is not counts
     assert plan(like, 2, params(0.0), ROUND).counts != plan(like, 2, params(), ROUND).counts
 
@@ -137,3 +138,9 @@ def test_off_and_where_nothing_is_alike_the_plan_is_the_markets() -> None:
 def test_like_ratio_must_be_zero_or_at_least_one(ratio: float) -> None:
     with pytest.raises(ValueError, match="like_ratio"):
         PlannerParams(like_ratio=ratio)
+
+
+def test_the_rule_is_off_by_default() -> None:
+    jobs = [like_job(f"j{i}", left) for i, left in enumerate((2_400.0, 1_200.0, 2_000.0, 1_800.0))]
+    default = PlannerParams(rounds=T, critical_path_margin=0.0, use_scip="never")
+    assert plan(jobs, 2, default, ROUND) == plan(jobs, 2, params(0.0), ROUND)
