@@ -161,6 +161,11 @@ class PlannerParams:
     ``spread_gate``: g', a wider gate that also holds the path while g' L > W + ``arriving_s``
     (:func:`held_path_s`), and the gate of the wide path; the policy sets it where jobs of
     one shape run at different speeds. None: ``critical_path_gate`` alone.
+    ``like_ratio``: like jobs take their rounds in turn: where the jobs of one width ask more
+    GPUs than the cluster has, the rounds the market gave those whose run times are within
+    this ratio of the shortest of them (none with a floor) go to the most advanced first,
+    then the longest waiting, each up to its cap (:func:`in_turn`); 0, the default: off
+    (opt-in, e.g. 1.25; docs/policy.md, "Like jobs in turn").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -183,6 +188,7 @@ class PlannerParams:
     path_slack: float = 0.05
     path_first: bool = False
     spread_gate: float | None = None
+    like_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:
@@ -198,6 +204,9 @@ class PlannerParams:
         wider = self.spread_gate
         if wider is not None and not (math.isfinite(wider) and 0 < wider <= 1):
             raise ValueError(f"spread_gate must be in (0, 1] or None, got {wider!r}")
+        like = self.like_ratio
+        if not (math.isfinite(like) and (like == 0 or like >= 1)):
+            raise ValueError(f"like_ratio must be 0 (off) or a finite number >= 1, got {like!r}")
         share = self.wide_path_share
         if not (math.isfinite(share) and 0 < share <= 1):
             raise ValueError(f"wide_path_share must be in (0, 1], got {share!r}")
@@ -227,7 +236,10 @@ class Plan:
     changes); ``gain_gap``: (bound - objective) / (bound - empty_objective); ``gap``: the plain
     relative gap (bound - objective) / |objective|. ``unpacked``: rounds the packing could not
     place: the count model bounds capacity over the window, not per round, so a few counts may
-    not be realisable (docs/policy.md); only round 0 runs before the next re-plan.
+    not be realisable (docs/policy.md); only round 0 runs before the next re-plan. Where like
+    jobs take their rounds in turn (:attr:`PlannerParams.like_ratio`, :func:`in_turn`),
+    ``counts`` and ``objective`` are those of the rounds as dealt, ``bound`` and ``status``
+    the market's solve's.
     """
 
     counts: dict[str, int]
@@ -1083,6 +1095,70 @@ def _deferrable(
     return chosen
 
 
+def like_groups(problem: Problem, ratio: float) -> list[list[int]]:
+    """Groups of like jobs (indices into ``problem.jobs``) whose rounds :func:`in_turn` deals
+    out again: jobs of one width with a known run time and no floor (not on the makespan's
+    path, not a probe), where those of the width ask more GPUs than the cluster has (they
+    cannot all run at once), cut where a run time exceeds ``ratio`` times the shortest of its
+    group; groups of one job are left out."""
+    floors = problem.floors
+    by_width: dict[int, list[tuple[float, int]]] = {}
+    for i, job in enumerate(problem.jobs):
+        held = floors is not None and int(floors[i]) > 0
+        if job.run_time_s is None or held or job.probe:
+            continue
+        by_width.setdefault(job.gpus, []).append((job.run_time_s, i))
+    groups: list[list[int]] = []
+    for width, members in sorted(by_width.items()):
+        if len(members) * width <= problem.total_gpus:
+            continue
+        members.sort()
+        group: list[int] = []
+        shortest = 0.0
+        for run_time, i in members:
+            if group and run_time > ratio * shortest:
+                groups.append(group)
+                group = []
+            if not group:
+                shortest = run_time
+            group.append(i)
+        groups.append(group)
+    return [g for g in groups if len(g) > 1]
+
+
+def in_turn(problem: Problem, counts: npt.NDArray[np.int64], ratio: float) -> npt.NDArray[np.int64]:
+    """``counts`` with each group of like jobs (:func:`like_groups`) taking the rounds the
+    market gave it in turn: the group's total, dealt to the most advanced first (the largest
+    share of its epochs done), then the longest waiting, a running one before a waiting one
+    at a tie, then the jobs' order; each up to its cap.
+
+    Why: the market's log utility values a round most for the job with the least progress, so
+    jobs alike in width and length get the rounds in equal shares and advance in step: on a
+    cluster that cannot run them all, each is preempted again and again and all of them end
+    together, late, where running some of them to their end first ends those sooner and the
+    others no later (the group's GPU-rounds are the same; so are the other jobs' counts). Of
+    2,078 one-GPU jobs of 5.25 hours on an ITP week on 88 GPUs, each ran from its first round
+    to its end over 2.2 times its run time. Only like jobs: between a short job and a long one
+    the order starves one of them, which the fairness of the market weighs. Not by the least
+    predicted remainder: jobs that have not started differ there only by their predictions,
+    and the jobs predicted long waited while later arrivals passed them."""
+    groups = like_groups(problem, ratio)
+    if not groups:
+        return counts
+    dealt = counts.copy()
+    for group in groups:
+        left = int(sum(int(counts[i]) for i in group))
+        jobs = problem.jobs
+        order = sorted(
+            group, key=lambda i: (-jobs[i].utility[0], -jobs[i].age_s, not jobs[i].running, i)
+        )
+        for i in order:
+            take = min(int(problem.caps[i]), left)
+            dealt[i] = take
+            left -= take
+    return dealt
+
+
 def plan(
     jobs: Sequence[PlanJob],
     total_gpus: int,
@@ -1122,6 +1198,10 @@ def plan(
         gain = bound - empty_value
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
+    if params.like_ratio > 0:
+        dealt = in_turn(problem, counts, params.like_ratio)
+        if dealt is not counts:
+            counts, value = dealt, problem.objective(dealt)
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
     path = None
     if params.finishing_lane and len(jobs) <= total_gpus:
