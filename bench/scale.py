@@ -105,7 +105,7 @@ from bench.scale_report import (
 )
 from shockwave.workloads.workload import SimJob
 from shockwave_cli.commands.inputs import load_throughputs, load_workload
-from shockwave_cli.runtime.supervision import Supervisor, free_port, wait_http
+from shockwave_cli.runtime.supervision import Supervisor, free_port, shockwave_argv, wait_http
 from shockwave_fleet.fleet import Fleet, TrainingJob, job_body, training_job
 from store import migrate
 from store.cluster import approve_node
@@ -133,6 +133,11 @@ REGISTER_TIMEOUT_S = 180.0
 """How long the nodes may take to register (plus 10 ms a node: they start that far apart): on
 a loaded 2-core machine the API sheds a thousand nodes' registrations (503) and the agents
 retry them for over a minute."""
+AGENTS_NICE = 5
+"""The agents' API processes' default niceness beside users' processes of their own: on cores
+the two share, the kernel then runs a user's request as soon as it arrives, ahead of the
+agents' burst (the admission's order, users before agents, carried to the CPU); on cores of
+their own it changes nothing."""
 LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
@@ -283,6 +288,11 @@ class UserProbe:
                 self.stop.wait(max(0.0, self.every_s - (time.perf_counter() - began)))
 
 
+def niced(niceness: int) -> list[str]:
+    """The argv prefix that runs a command at ``niceness`` (none for 0)."""
+    return ["nice", "-n", str(niceness)] if niceness else []
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds measured after round 0")
@@ -299,6 +309,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="API processes of the users' own, no agent sent there (0: the user's requests "
         "go to the agents' first process)",
+    )
+    parser.add_argument(
+        "--agents-nice",
+        type=int,
+        default=None,
+        help="the agents' API processes' niceness (default 5 with --user-apis, else 0): where "
+        "they share cores with the users' processes, the kernel runs a user's request first",
     )
     parser.add_argument("--heartbeat-seconds", type=float, default=3.0)
     parser.add_argument(
@@ -360,6 +377,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
     if args.apis < 1 or args.user_apis < 0:
         parser.error("--apis must be at least 1, --user-apis at least 0")
+    if args.agents_nice is None:
+        args.agents_nice = AGENTS_NICE if args.user_apis else 0
+    if not 0 <= args.agents_nice <= 19:
+        parser.error(f"--agents-nice must be 0 to 19, got {args.agents_nice}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.wait_seconds is None:
@@ -562,8 +583,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for index in range(args.apis):
             port = next_port()
             name = "api" if args.apis == 1 else f"api-{index}"
-            api = processes.shockwave(
-                name, "api", "--host", HOST, "--port", str(port), "--log-level", "warning"
+            api = processes.start(
+                name,
+                [
+                    *niced(args.agents_nice),
+                    *shockwave_argv(),
+                    *("api", "--host", HOST, "--port", str(port), "--log-level", "warning"),
+                ],
             )
             base_urls.append(f"http://{HOST}:{port}")
             wait_http(f"{base_urls[-1]}/readyz", api, START_TIMEOUT_S)
