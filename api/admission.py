@@ -52,7 +52,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 from sqlmodel import Session
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.request_body import read_body, replaying
 
 DEFAULT_LIMIT = 30
 """The bound for pools whose size is not known (not a QueuePool)."""
@@ -212,7 +214,8 @@ class InFlightLimit:
     machines' (``background_prefixes``), whether a request's body says it carries nothing
     anyone waits on (an agent's long poll that reports nothing): it waits in the :data:`IDLE`
     line. Only paths in ``idle`` have their body looked at here (it is read whole already,
-    :class:`api.app.BodyLimitMiddleware`, and handed on as it came).
+    :class:`api.app.BodyLimitMiddleware`, and handed on as it came:
+    :mod:`api.request_body`); a client gone before its body came is not answered.
 
     The semaphore and the thread limiter belong to the event loop they were made on (an ASGI
     test client may run each request on a loop of its own); a new loop gets new ones."""
@@ -250,7 +253,10 @@ class InFlightLimit:
         line = SECOND if background else FIRST
         says_nothing = self.idle.get(path) if background else None
         if says_nothing is not None:
-            body, receive = await _read_body(receive)
+            body = await read_body(receive)
+            if body is None:  # the client went away: nothing to answer
+                return
+            receive = replaying(body, receive)
             if says_nothing(body):
                 line = IDLE
         slot = _Slot(self._semaphore(), line)
@@ -276,29 +282,6 @@ class InFlightLimit:
             if self.threads is not None:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = self.threads
         return self._slots
-
-
-async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
-    """The request's whole body, and a ``receive`` that hands it on to the app as it came
-    (then whatever the original one says next: only ``http.disconnect`` can come)."""
-    parts: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client went away: let the app see it
-            first: list[Message] = [message]
-            break
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            first = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
-            break
-    body = first[0].get("body", b"") if first[0]["type"] == "http.request" else b""
-
-    async def replay() -> Message:
-        if first:
-            return first.pop()
-        return await receive()
-
-    return body, replay
 
 
 ARRIVED_AT = "arrived_at"

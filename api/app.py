@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.engine import Engine
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import errors, openapi
 from api.admission import ArrivalStamp, InFlightLimit, pool_capacity
 from api.agent import reports_nothing
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
+from api.request_body import BodyTooLarge, read_body, replaying
 from api.routes import (
     agent,
     cluster,
@@ -159,10 +160,6 @@ def _listening(engine: Engine, signal: LeaseSignal) -> Any:
     return lifespan
 
 
-class _TooLarge(Exception):
-    """A request body passed the limit while it streamed in."""
-
-
 class BodyLimitMiddleware:
     """Read the whole request body, bounded in size and in time, before the request goes on
     (to admission, :class:`api.admission.InFlightLimit`, and the app).
@@ -195,43 +192,17 @@ class BodyLimitMiddleware:
             return
         try:
             async with asyncio.timeout(self.timeout_s):
-                body = await self._read(receive)
+                body = await read_body(receive, self.max_bytes)
         except TimeoutError:
             detail = f"the request body did not arrive within {self.timeout_s:g} s"
             await self._refuse(scope, receive, send, 408, "Request timeout", detail)
             return
-        except _TooLarge:
+        except BodyTooLarge:
             await self._refuse(scope, receive, send, 413, "Request too large", self._detail())
             return
         if body is None:  # the client went away
             return
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: only http.disconnect can come
-
-        await self.app(scope, replay, send)
-
-    async def _read(self, receive: Receive) -> bytes | None:
-        """The whole body; None if the client disconnected first. Raises :class:`_TooLarge`
-        as soon as more than ``max_bytes`` came."""
-        parts: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            part = message.get("body", b"")
-            received += len(part)
-            if received > self.max_bytes:
-                raise _TooLarge
-            parts.append(part)
-            if not message.get("more_body", False):
-                return b"".join(parts)
+        await self.app(scope, replaying(body, receive), send)
 
     async def _refuse(
         self, scope: Scope, receive: Receive, send: Send, status: int, title: str, detail: str
