@@ -107,6 +107,17 @@ first. ``srpt-all``: every job shortest remaining first (fairness is left to the
 ``laxity``: least laxity first."""
 
 
+_SWITCHES = (
+    "wait_for_ends",
+    "level_deadlines",
+    "chain_lane",
+    "chain_shortest_first",
+    "chain_burst_first",
+    "forecast_contention",
+)
+"""The on/off fields of :class:`ShockwaveParams`."""
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
     if value not in choices:
@@ -244,22 +255,13 @@ class ShockwaveParams:
                 f"elastic_replan must be reactive, lazy or None, got {self.elastic_replan!r}"
             )
         check_regime_predictor(self.regime_predictor)
-        if not isinstance(self.wait_for_ends, (bool, int)):
-            raise ValueError("wait_for_ends must be a bool")
-        if not isinstance(self.level_deadlines, (bool, int)):
-            raise ValueError("level_deadlines must be a bool")
-        if not isinstance(self.chain_lane, (bool, int)):
-            raise ValueError("chain_lane must be a bool")
-        if not isinstance(self.chain_shortest_first, (bool, int)):
-            raise ValueError("chain_shortest_first must be a bool")
-        if not (math.isfinite(self.chain_tail_share) and 0 <= self.chain_tail_share <= 1):
-            raise ValueError("chain_tail_share must be in [0, 1] (0: off)")
-        if not (math.isfinite(self.chain_tail_fill) and 0 <= self.chain_tail_fill <= 1):
-            raise ValueError("chain_tail_fill must be in [0, 1] (0: off)")
-        if not isinstance(self.chain_burst_first, (bool, int)):
-            raise ValueError("chain_burst_first must be a bool")
-        if not isinstance(self.forecast_contention, (bool, int)):
-            raise ValueError("forecast_contention must be a bool")
+        for name in _SWITCHES:
+            if not isinstance(getattr(self, name), (bool, int)):
+                raise ValueError(f"{name} must be a bool")
+        for name in ("chain_tail_share", "chain_tail_fill"):
+            share = getattr(self, name)
+            if not (math.isfinite(share) and 0 <= share <= 1):
+                raise ValueError(f"{name} must be in [0, 1] (0: off)")
         if not (math.isfinite(self.patience) and self.patience >= 0):
             raise ValueError("patience must be a finite number >= 0 (0: off)")
         if self.replan_every_rounds <= 0:
@@ -1699,8 +1701,16 @@ def _chain_tail(
     if sum(soonest[j.job_id] for j in gangs) <= work:
         return list(planned)
     gang = min(gangs, key=lambda j: (soonest[j.job_id], j.job_id))
-    rest = sorted(narrow, key=lambda j: (soonest[j.job_id] * j.spec.gpus, j.job_id))
-    return [gang.job_id, *(j.job_id for j in rest)]
+    return [gang.job_id, *_fewest_gpu_seconds(narrow, outlooks)]
+
+
+def _fewest_gpu_seconds(jobs: Sequence[ActiveJob], outlooks: Mapping[str, JobOutlook]) -> list[str]:
+    """``jobs``' ids by fewest soonest remaining GPU-seconds, then id: the order the chain rules
+    run the narrower jobs in beside a gang (the shortest keep the GPUs beside it)."""
+    ordered = sorted(
+        jobs, key=lambda j: (outlooks[j.job_id].soonest_remaining_s * j.spec.gpus, j.job_id)
+    )
+    return [j.job_id for j in ordered]
 
 
 def _chain_fits(
@@ -1766,11 +1776,7 @@ def _chain_burst_first(
     wide = {j.job_id for j in gangs}
     kept = [j for j in planned if j not in wide]
     left = set(kept)
-    rest = sorted(
-        (j for j in narrow if j.job_id not in left),
-        key=lambda j: (outlooks[j.job_id].soonest_remaining_s * j.spec.gpus, j.job_id),
-    )
-    return [*kept, *(j.job_id for j in rest)]
+    return [*kept, *_fewest_gpu_seconds([j for j in narrow if j.job_id not in left], outlooks)]
 
 
 def _fill(
