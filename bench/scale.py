@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.scale [--rounds 10] [--round-seconds 30 | --stress] [--jobs 900]
-        [--nodes 64] [--gpus-per-node 4] [--apis 1] [--user-apis 1] [--wait-seconds S]
+        [--nodes 64] [--gpus-per-node 4] [--apis N] [--user-apis 1] [--wait-seconds S]
         [--report-seconds S] [--replan reactive|lazy] [--event-posts] [--port-base P]
         [--agent-p99-ms 1000] [--user-p99-ms 100] [--json OUT] [--log-dir DIR]
 
@@ -67,6 +67,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import secrets
@@ -138,6 +139,10 @@ AGENTS_NICE = 5
 the two share, the kernel then runs a user's request as soon as it arrives, ahead of the
 agents' burst (the admission's order, users before agents, carried to the CPU); on cores of
 their own it changes nothing."""
+NODES_PER_API = 512
+"""The nodes one agents' API process serves by default (the cost model's recommendation: a
+1,024-node round's boundary burst is about 6 CPU-seconds of polls, which two processes serve
+within the driver's boundary lead)."""
 LONG_POLL_S = 10.0
 LONG_POLL_FROM_NODES = 256
 """From this many nodes the agents long-poll by default: an idle node then costs a request
@@ -293,6 +298,12 @@ def niced(niceness: int) -> list[str]:
     return ["nice", "-n", str(niceness)] if niceness else []
 
 
+def agents_apis(nodes: int, cores: int) -> int:
+    """The default number of agents' API processes: one per :data:`NODES_PER_API` nodes, no
+    more than ``cores`` (more processes than cores add only switching), at least one."""
+    return max(1, min(cores, math.ceil(nodes / NODES_PER_API)))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds measured after round 0")
@@ -302,7 +313,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="agent lease polls")
-    parser.add_argument("--apis", type=int, default=1, help="API processes (agents spread)")
+    parser.add_argument(
+        "--apis",
+        type=int,
+        default=None,
+        help=f"the agents' API processes (default: one per {NODES_PER_API} nodes, at most the "
+        "cores, at least one)",
+    )
     parser.add_argument(
         "--user-apis",
         type=int,
@@ -375,6 +392,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.round_seconds is None:
         args.round_seconds = STRESS_ROUND_S if args.stress else DEFAULT_ROUND_S
+    if args.apis is None:
+        args.apis = agents_apis(args.nodes, os.cpu_count() or 1)
     if args.apis < 1 or args.user_apis < 0:
         parser.error("--apis must be at least 1, --user-apis at least 0")
     if args.agents_nice is None:
