@@ -26,7 +26,7 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -37,7 +37,6 @@ from shockwave.domain.model import JobSpec
 from shockwave.domain.observed import ClientEvent, Observed, fold
 from shockwave.domain.snapshot import ActiveJob
 from store import jobs
-from store.db import among
 from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason
 from store.paging import cut, page_key
@@ -114,11 +113,12 @@ def record_held_event(
     pending: list[dict[str, Any]],
 ) -> int:
     """:func:`record_event` for a caller that records several events at once (the agent's
-    poll) and holds the job's ``row``, read under its lock in this transaction
-    (:func:`locked_jobs`): the event is folded into the row in memory and its new row
-    appended to ``pending`` (its columns but the id); neither is written here. The caller
-    writes its rows that took a new event (:func:`store.jobs.write_folded`), then inserts the
-    pending events, one statement each for all: a poll's events cost one read, one
+    poll) and holds the job's ``row`` (:data:`store.jobs.POLLED_COLUMNS`), read by the
+    statement that locked it in this transaction: the event is folded into the row in memory
+    and its new row appended to ``pending`` (its columns but the id); neither is written here.
+    The caller writes its rows that took a new event (:func:`store.jobs.write_folded`), then
+    inserts the pending events (:func:`store.jobs.insert_events`), one statement each for
+    all: a poll's events cost one read (the lock's), one
     ``UPDATE`` and one ``INSERT``, not a read and two writes each. 201 for a new event, 200
     for a duplicate of one stored or pending. Under the job's lock, with every stored event
     folded into its row, an event past the row's last seq cannot collide with a stored one."""
@@ -162,23 +162,6 @@ def _check_new(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
         raise Conflict(f"job {row.id} is {row.state}; it takes no more events")
     _check_epoch(row, event)
     _check_room(row, event)
-
-
-def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, jobs.PolledJob]:
-    """The rows of ``job_ids`` that exist (what a poll reads of them:
-    :data:`store.jobs.POLLED_COLUMNS`), read under their locks (``FOR UPDATE``, in the round
-    driver's order: arrival, then id) in one Core statement, by id: what
-    :func:`record_held_event` takes."""
-    if not job_ids:
-        return {}
-    table = jobs.JOBS
-    rows = session.connection().execute(
-        select(*(table.c[name] for name in jobs.POLLED_COLUMNS))
-        .where(among(table.c.id, sorted(job_ids), session))
-        .order_by(table.c.created_at, table.c.id)
-        .with_for_update()
-    )
-    return {row.id: jobs.PolledJob(**row._mapping) for row in rows}
 
 
 def _check_attempt(session: Session, principal: Principal) -> None:
