@@ -64,6 +64,7 @@ from store.jobs import (
 from store.leases import (
     JobLeases,
     checkpoint_dir,
+    fenced_reasons,
     move_lease,
     revoke_live_leases,
     stop_running,
@@ -941,12 +942,9 @@ def _record_events(
             and row.job_id not in busy
         }
     )
-    # their jobs are locked, so their leases read now are what each event's fence check
-    # reads: loaded into the session once for all, where that check finds them (one statement
-    # a poll instead of one an event). Kept referenced until the events are recorded: the
-    # session's identity map holds its objects weakly, and one nobody references is gone
-    # (the check then read its lease again).
-    pinned = session.execute(_EVENT_LEASES, {"ids": recorded}).scalars().all() if recorded else []
+    # their jobs are locked, so their leases' states read now are what each event's fence
+    # check reads: one statement a poll, not one an event
+    fences = fenced_reasons(session, recorded)
     # their jobs' rows were read by the statement that locked them: each event is folded into
     # its row in memory, the rows written at the flush below and the new events inserted after
     # it in one statement (store.events.record_held_event)
@@ -984,7 +982,9 @@ def _record_events(
             if job is None:  # gone since the attempt was read: as a post would find it
                 status, _ = store_events.record_event(session, speaker, row.job_id, told)
             else:
-                status = store_events.record_held_event(session, speaker, job, told, pending)
+                status = store_events.record_held_event(
+                    session, speaker, job, told, pending, fences[event.attempt_id]
+                )
                 if status == 201:
                     folded[job.id] = job
         except (Conflict, InvalidInput, NotFound) as error:
@@ -1006,7 +1006,6 @@ def _record_events(
     write_folded(session, list(folded.values()))
     if pending:
         insert_events(session.connection(), pending)
-    del pinned
     if scaled:
         cluster_version.bump_and_request(session, "batch size changed")
     return answers
@@ -1112,8 +1111,6 @@ def _load_reported(
     return loaded, JobLeases(session, once)
 
 
-_EVENT_LEASES = select(LeaseRow).where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
-"""The leases of a poll's events' attempts (their jobs locked by the poll already)."""
 _REPORTED_JOBS = (
     select(JobRow)
     .where(col(JobRow.id).in_(bindparam("ids", expanding=True)))

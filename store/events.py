@@ -111,11 +111,14 @@ def record_held_event(
     row: jobs.PolledJob,
     event: ClientEvent,
     pending: list[dict[str, Any]],
+    fenced: str | None,
 ) -> int:
     """:func:`record_event` for a caller that records several events at once (the agent's
     poll) and holds the job's ``row`` (:data:`store.jobs.POLLED_COLUMNS`), read by the
-    statement that locked it in this transaction: the event is folded into the row in memory
-    and its new row appended to ``pending`` (its columns but the id); neither is written here.
+    statement that locked it in this transaction, and the reason the speaking attempt is
+    ``fenced`` (:func:`store.leases.fenced_reasons`, read under that lock too): the event is
+    folded into the row in memory and its new row appended to ``pending`` (its columns but
+    the id); neither is written here.
     The caller writes its rows that took a new event (:func:`store.jobs.write_folded`), then
     inserts the pending events (:func:`store.jobs.insert_events`), one statement each for
     all: a poll's events cost one read (the lock's), one
@@ -125,7 +128,8 @@ def record_held_event(
     require(principal, *REPORTERS)
     if principal.job_id not in (None, row.id):
         raise NotFound(f"no job {row.id}")
-    _check_attempt(session, principal)
+    if principal.role is Role.JOB and principal.attempt_id is not None:
+        _refuse_fenced(principal, fenced)
     payload = dict(event.payload)
     key = (row.id, event.seq)
     if event.seq <= (row.last_seq or 0):
@@ -170,7 +174,11 @@ def _check_attempt(session: Session, principal: Principal) -> None:
     so an event is never recorded after its attempt was fenced."""
     if principal.role is not Role.JOB or principal.attempt_id is None:
         return
-    reason = fenced_reason(session, principal.attempt_id)
+    _refuse_fenced(principal, fenced_reason(session, principal.attempt_id))
+
+
+def _refuse_fenced(principal: Principal, reason: str | None) -> None:
+    """409 ``Attempt fenced`` for ``reason`` (None: the attempt is not fenced)."""
     if reason is not None:
         raise Conflict(
             f"{reason}: its events are refused; stop the process without checkpointing",
