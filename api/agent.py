@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, case, func, select, text, update
+from sqlalchemy import Connection, Text, bindparam, case, cast, func, select, text, update
 from sqlmodel import Session, SQLModel, col
 
 from api.agent_schemas import (
@@ -52,10 +52,19 @@ from shockwave.domain.observed import ClientEvent
 from store import boundary_gate, cluster, cluster_version, population
 from store import events as store_events
 from store.errors import Conflict, InvalidInput, NotFound
-from store.jobs import POLLED, PolledJob, record_state, state_event, write_folded
+from store.jobs import (
+    POLLED,
+    POLLED_COLUMNS,
+    PolledJob,
+    insert_events,
+    record_state,
+    state_event,
+    write_folded,
+)
 from store.leases import (
     JobLeases,
     checkpoint_dir,
+    fenced_reasons,
     move_lease,
     revoke_live_leases,
     stop_running,
@@ -113,7 +122,7 @@ no ``UPDATE`` in a ``WITH``); no row when the node is unknown or LOST."""
 _LEASE_COLUMNS = (
     LEASES.c.id,
     LEASES.c.round_index,
-    LEASES.c.gpus,
+    cast(LEASES.c.gpus, Text).label("gpus"),
     LEASES.c.state,
     LEASES.c.ends_at,
     LEASES.c.began_at,
@@ -124,7 +133,8 @@ _LEASE_COLUMNS = (
 )
 """What a node's lease answer reads of each lease and its job each time: the job's launch
 fields (command, image, env) never change, and each process reads them once a job
-(:class:`_Launches`)."""
+(:class:`_Launches`); the lease's GPUs as their JSON text, decoded only when the process has
+not built that lease's answer yet (:class:`_LeaseAnswers`)."""
 
 
 def _shown(since: Any) -> Any:
@@ -180,7 +190,6 @@ it back first)."""
 _LAUNCH = select(JOBS.c.id, JOBS.c.command, JOBS.c.image, JOBS.c.env).where(
     JOBS.c.id.in_(bindparam("ids", expanding=True))
 )
-JOB_EVENTS = SQLModel.metadata.tables["job_events"]
 _LOCK_JOBS = (
     select(JOBS.c.id, JOBS.c.state)
     .where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
@@ -192,6 +201,11 @@ waits for a boundary instead of deadlocking with it."""
 _LOCK_FREE_JOBS = _LOCK_JOBS.with_for_update(skip_locked=True)
 """Lock those of the jobs that no other transaction holds, without waiting (a poll with
 ``defer_busy``): the others are left for a later poll."""
+_LOCK_POLLED = _LOCK_JOBS.with_only_columns(*(JOBS.c[name] for name in POLLED_COLUMNS))
+_LOCK_FREE_POLLED = _LOCK_FREE_JOBS.with_only_columns(*(JOBS.c[name] for name in POLLED_COLUMNS))
+""":data:`_LOCK_JOBS` and :data:`_LOCK_FREE_JOBS` that read what a poll's events fold into
+(:data:`store.jobs.POLLED_COLUMNS`) in the same statement: a poll with events locks and reads
+its jobs once, not twice."""
 _JOB_STATES = select(JOBS.c.id, JOBS.c.state).where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
 """The jobs' states, read again (under the locks the poll holds already)."""
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
@@ -249,16 +263,9 @@ _ATTEMPTS = (
     .where(LEASES.c.id.in_(bindparam("ids", expanding=True)))
 )
 """Several attempts as :data:`_ATTEMPT` reads one, with their ids: one read for a poll's
-reports, however many."""
+reports, events and running attempts, however many (:func:`_fresh_and_named`)."""
 _NOT_RUNNING = (LeaseState.ISSUED, LeaseState.STARTED)
 """Live leases whose attempt has not been acknowledged as running yet."""
-_FRESH = (
-    select(LEASES.c.id, LEASES.c.job_id, JOBS.c.state.label("job_state"))
-    .join(JOBS, JOBS.c.id == LEASES.c.job_id)
-    .where(*_STARTING)
-)
-"""The node's leases among ``ids`` that are live and not RUNNING yet, with their jobs' states
-(read without locks)."""
 
 
 def acting_node(principal: Principal, requested: str | None) -> str:
@@ -420,8 +427,7 @@ def _answer_leases(
     shown = [
         row for row in rows if row.state in LIVE_LEASES and not JobState(row.job_state).terminal
     ]
-    launches = LAUNCHES.of(connection, [row.job_id for row in shown])
-    leases = [_lease_public(row, node_id, launches[row.job_id]) for row in shown]
+    leases = LEASE_ANSWERS.of(connection, node_id, shown)
     live = {lease.attempt_id for lease in leases}
     stop = {row.id for row in rows if row.id not in live}
     stop.update(attempt for attempt in running if attempt not in live)
@@ -478,6 +484,65 @@ class _Launches:
 
 LAUNCHES_KEPT = 65536
 LAUNCHES = _Launches(LAUNCHES_KEPT)
+
+
+class _LeaseAnswers:
+    """Each lease as its agent sees it (:class:`LeasePublic`), kept per process by everything
+    it is built from (the node, the lease's columns read each poll, its job's batch size; its
+    job's launch fields never change): an idle node's polls and a held poll's re-reads, which
+    read the same leases again and again within a round, build each answer once a round (an
+    extension's new end is a new answer), not once a poll (building 8 of them, their GPUs'
+    JSON decoded, was a sixth of an idle poll's own CPU). At most :data:`LEASE_ANSWERS_KEPT`
+    kept; the oldest forgotten first. The answers are shared: never changed in place (a
+    change is a ``model_copy``)."""
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._answers: dict[tuple[Any, ...], LeasePublic] = {}
+        self._lock = threading.Lock()
+
+    def of(self, connection: Connection, node_id: str, rows: Sequence[Any]) -> list[LeasePublic]:
+        """The answers of lease ``rows`` (:data:`_LEASE_COLUMNS`) of ``node_id``, in order."""
+        keys = [_answer_key(node_id, row) for row in rows]
+        known = self._answers
+        found = [known.get(key) for key in keys]
+        missing = [row for row, answer in zip(rows, found, strict=True) if answer is None]
+        if not missing:
+            return found  # type: ignore[return-value]
+        launches = LAUNCHES.of(connection, [row.job_id for row in missing])
+        built = {
+            key: _lease_public(row, node_id, launches[row.job_id])
+            for key, row, answer in zip(keys, rows, found, strict=True)
+            if answer is None
+        }
+        with self._lock:
+            known.update(built)
+            while len(known) > self._kept:
+                del known[next(iter(known))]
+        return [
+            answer if answer is not None else built[key]
+            for key, answer in zip(keys, found, strict=True)
+        ]
+
+
+def _answer_key(node_id: str, row: Any) -> tuple[Any, ...]:
+    """What :func:`_lease_public` builds a lease's answer from, but its job's launch fields."""
+    return (
+        node_id,
+        row.id,
+        row.job_id,
+        row.round_index,
+        row.gpus,
+        row.state,
+        row.ends_at,
+        row.began_at,
+        row.issued_at,
+        row.batch_size,
+    )
+
+
+LEASE_ANSWERS_KEPT = 16384
+LEASE_ANSWERS = _LeaseAnswers(LEASE_ANSWERS_KEPT)
 
 
 def poll(
@@ -539,30 +604,26 @@ def poll(
                 field=name,
             )
     running = set(data.running)
-    fresh = (
-        connection.execute(_FRESH, {"ids": sorted(running), "node": node_id}).all()
-        if running
-        else []
-    )
     named = {report.attempt_id for report in data.reports} | {e.attempt_id for e in data.events}
-    attempts = _attempts(connection, principal, named)
+    fresh, attempts = _fresh_and_named(connection, principal, node_id, running, named)
     settled, locking = _triage(data.reports, attempts)
     locking |= {row.job_id for row in fresh if row.job_state != JobState.RUNNING.value}
     locking |= {attempts[e.attempt_id].job_id for e in data.events if e.attempt_id in attempts}
     busy: set[str] = set()
     locked: dict[str, str] = {}
+    held: dict[str, PolledJob] = {}
     if (locking or fresh) and data.defer_busy:
         if boundary_gate.pass_through(connection, wait=False):
             if locking:
-                locked = _locked(connection, _LOCK_FREE_JOBS, locking)
+                locked, held = _lock(connection, locking, free=True, polled=bool(data.events))
             busy = locking - locked.keys()
         else:  # the driver is writing a boundary: every job is busy
             busy = locking | {row.job_id for row in fresh}
     elif locking or fresh:
         boundary_gate.pass_through(connection, wait=True)
         if locking:
-            locked = _locked(connection, _LOCK_JOBS, locking)
-    events = _record_events(session, node_id, data.events, attempts, busy)
+            locked, held = _lock(connection, locking, free=False, polled=bool(data.events))
+    events = _record_events(session, node_id, data.events, attempts, held, busy)
     reports = _apply_reports(session, principal, data.reports, attempts, settled, busy)
     fresh = [row for row in fresh if row.job_id not in busy]
     acknowledged: set[str] = set()
@@ -809,15 +870,31 @@ def _store_logs(connection: Connection, node_id: str, logs: dict[str, str]) -> N
     )
 
 
-def _attempts(connection: Connection, principal: Principal, ids: set[str]) -> dict[str, Any]:
-    """The attempts ``ids`` the caller may act on (an agent: its node's), by id, as
-    :data:`_ATTEMPTS` reads them: one read for all a poll names."""
-    if not ids:
-        return {}
-    rows = {row.id: row for row in connection.execute(_ATTEMPTS, {"ids": sorted(ids)})}
-    if principal.role is Role.AGENT:
-        rows = {k: row for k, row in rows.items() if row.node_id == principal.node}
-    return rows
+def _fresh_and_named(
+    connection: Connection,
+    principal: Principal,
+    node_id: str,
+    running: set[str],
+    named: set[str],
+) -> tuple[list[Any], dict[str, Any]]:
+    """One read (:data:`_ATTEMPTS`, without locks) for what a poll's full path needs of the
+    attempts it lists: the node's live leases among ``running`` not RUNNING yet (as
+    those an acknowledgement takes), and the attempts ``named`` by its reports and events that the
+    caller may act on (an agent: its node's), by id."""
+    if not (running or named):
+        return [], {}
+    rows = connection.execute(_ATTEMPTS, {"ids": sorted(running | named)}).all()
+    fresh = [
+        row
+        for row in rows
+        if row.id in running and row.node_id == node_id and row.state in _NOT_RUNNING
+    ]
+    attempts = {
+        row.id: row
+        for row in rows
+        if row.id in named and (principal.role is not Role.AGENT or row.node_id == principal.node)
+    }
+    return fresh, attempts
 
 
 def _triage(
@@ -845,9 +922,11 @@ def _record_events(
     node_id: str,
     events: list[Any],
     attempts: dict[str, Any],
+    held: Mapping[str, PolledJob],
     busy: Collection[str] = (),
 ) -> list[EventAnswer]:
-    """A poll's job events, in order, in the caller's transaction (their jobs locked): each
+    """A poll's job events, in order, in the caller's transaction (their jobs locked, their
+    rows ``held`` as the lock read them: :func:`_lock`): each
     recorded as its attempt's job token would record it (:func:`store.events.record_event`,
     fencing included), answered as that post would be. One for an attempt not on this node
     is a 404 answer; a refused one (fenced, a conflicting duplicate, a finished job, an epoch
@@ -865,16 +944,12 @@ def _record_events(
             and row.job_id not in busy
         }
     )
-    # their jobs are locked, so their leases read now are what each event's fence check
-    # reads: loaded into the session once for all, where that check finds them (one statement
-    # a poll instead of one an event). Kept referenced until the events are recorded: the
-    # session's identity map holds its objects weakly, and one nobody references is gone
-    # (the check then read its lease again).
-    pinned = session.execute(_EVENT_LEASES, {"ids": recorded}).scalars().all() if recorded else []
-    # and their jobs' rows, read once for all under the locks the poll holds: each event is
-    # folded into its row in memory, the rows written at the flush below and the new events
-    # inserted after it in one statement (store.events.record_held_event)
-    held = store_events.locked_jobs(session, {attempts[a].job_id for a in recorded})
+    # their jobs are locked, so their leases' states read now are what each event's fence
+    # check reads: one statement a poll, not one an event
+    fences = fenced_reasons(session, recorded)
+    # their jobs' rows were read by the statement that locked them: each event is folded into
+    # its row in memory, the rows written at the flush below and the new events inserted after
+    # it in one statement (store.events.record_held_event)
     pending: list[dict[str, Any]] = []
     folded: dict[str, PolledJob] = {}  # the rows that took a new event, to write back
     for event in events:
@@ -909,7 +984,9 @@ def _record_events(
             if job is None:  # gone since the attempt was read: as a post would find it
                 status, _ = store_events.record_event(session, speaker, row.job_id, told)
             else:
-                status = store_events.record_held_event(session, speaker, job, told, pending)
+                status = store_events.record_held_event(
+                    session, speaker, job, told, pending, fences[event.attempt_id]
+                )
                 if status == 201:
                     folded[job.id] = job
         except (Conflict, InvalidInput, NotFound) as error:
@@ -930,8 +1007,7 @@ def _record_events(
         session.flush()
     write_folded(session, list(folded.values()))
     if pending:
-        session.connection().execute(JOB_EVENTS.insert(), pending)
-    del pinned
+        insert_events(session.connection(), pending)
     if scaled:
         cluster_version.bump_and_request(session, "batch size changed")
     return answers
@@ -998,8 +1074,8 @@ def _apply_reports(
             )
     if applied:
         session.flush()  # what follows reads with Core statements
-    if changes:  # after the flush: in the order the reports moved their jobs
-        session.connection().execute(JOB_EVENTS.insert(), changes)
+    # after the flush: in the order the reports moved their jobs
+    insert_events(session.connection(), changes)
     del pinned
     return answers
 
@@ -1037,8 +1113,6 @@ def _load_reported(
     return loaded, JobLeases(session, once)
 
 
-_EVENT_LEASES = select(LeaseRow).where(col(LeaseRow.id).in_(bindparam("ids", expanding=True)))
-"""The leases of a poll's events' attempts (their jobs locked by the poll already)."""
 _REPORTED_JOBS = (
     select(JobRow)
     .where(col(JobRow.id).in_(bindparam("ids", expanding=True)))
@@ -1054,6 +1128,23 @@ _REPORTED_LEASES = (
     .execution_options(populate_existing=True)
 )
 """The leases of a poll's reports, locked."""
+
+
+def _lock(
+    connection: Connection, job_ids: Collection[str], *, free: bool, polled: bool
+) -> tuple[dict[str, str], dict[str, PolledJob]]:
+    """Lock ``job_ids`` in the round driver's order (``free``: only those no other transaction
+    holds, without waiting): job id -> state of those locked, and, when ``polled`` (the poll
+    carries events), their rows as events fold into them (:class:`store.jobs.PolledJob`), read
+    by the same statement."""
+    if not polled:
+        return _locked(connection, _LOCK_FREE_JOBS if free else _LOCK_JOBS, job_ids), {}
+    statement = _LOCK_FREE_POLLED if free else _LOCK_POLLED
+    rows = {
+        row.id: PolledJob(**row._mapping)
+        for row in connection.execute(statement, {"ids": sorted(job_ids)})
+    }
+    return {job: row.state for job, row in rows.items()}, rows
 
 
 def _locked(connection: Connection, statement: Any, job_ids: Collection[str]) -> dict[str, str]:
@@ -1112,8 +1203,8 @@ def _acknowledge(
             started[job_id] = attempt_id
     if started:
         connection.execute(_RUN_JOBS, {"ids": sorted(started), "now": now})
-        connection.execute(
-            JOB_EVENTS.insert(),
+        insert_events(
+            connection,
             [
                 state_event(
                     job_id,
@@ -1314,7 +1405,7 @@ def _lease_public(row: Any, node_id: str, launch: Launch) -> LeasePublic:
     """A lease as its agent sees it, from a row of :data:`_LEASE_COLUMNS` and its job's
     launch fields."""
     directory = checkpoint_dir(row.job_id)
-    gpus = [int(g) for g in row.gpus]
+    gpus = [int(g) for g in json.loads(row.gpus)]
     return LeasePublic(
         attempt_id=row.id,
         job_id=row.job_id,

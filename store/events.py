@@ -26,7 +26,7 @@ unique (job_id, seq) constraint settles concurrent duplicates.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -37,7 +37,6 @@ from shockwave.domain.model import JobSpec
 from shockwave.domain.observed import ClientEvent, Observed, fold
 from shockwave.domain.snapshot import ActiveJob
 from store import jobs
-from store.db import among
 from store.errors import Conflict, InvalidInput, NotFound
 from store.leases import fenced_reason
 from store.paging import cut, page_key
@@ -112,20 +111,25 @@ def record_held_event(
     row: jobs.PolledJob,
     event: ClientEvent,
     pending: list[dict[str, Any]],
+    fenced: str | None,
 ) -> int:
     """:func:`record_event` for a caller that records several events at once (the agent's
-    poll) and holds the job's ``row``, read under its lock in this transaction
-    (:func:`locked_jobs`): the event is folded into the row in memory and its new row
-    appended to ``pending`` (its columns but the id); neither is written here. The caller
-    writes its rows that took a new event (:func:`store.jobs.write_folded`), then inserts the
-    pending events, one statement each for all: a poll's events cost one read, one
+    poll) and holds the job's ``row`` (:data:`store.jobs.POLLED_COLUMNS`), read by the
+    statement that locked it in this transaction, and the reason the speaking attempt is
+    ``fenced`` (:func:`store.leases.fenced_reasons`, read under that lock too): the event is
+    folded into the row in memory and its new row appended to ``pending`` (its columns but
+    the id); neither is written here.
+    The caller writes its rows that took a new event (:func:`store.jobs.write_folded`), then
+    inserts the pending events (:func:`store.jobs.insert_events`), one statement each for
+    all: a poll's events cost one read (the lock's), one
     ``UPDATE`` and one ``INSERT``, not a read and two writes each. 201 for a new event, 200
     for a duplicate of one stored or pending. Under the job's lock, with every stored event
     folded into its row, an event past the row's last seq cannot collide with a stored one."""
     require(principal, *REPORTERS)
     if principal.job_id not in (None, row.id):
         raise NotFound(f"no job {row.id}")
-    _check_attempt(session, principal)
+    if principal.role is Role.JOB and principal.attempt_id is not None:
+        _refuse_fenced(principal, fenced)
     payload = dict(event.payload)
     key = (row.id, event.seq)
     if event.seq <= (row.last_seq or 0):
@@ -164,30 +168,17 @@ def _check_new(row: JobRow | jobs.PolledJob, event: ClientEvent) -> None:
     _check_room(row, event)
 
 
-def locked_jobs(session: Session, job_ids: Collection[str]) -> dict[str, jobs.PolledJob]:
-    """The rows of ``job_ids`` that exist (what a poll reads of them:
-    :data:`store.jobs.POLLED_COLUMNS`), read under their locks (``FOR UPDATE``, in the round
-    driver's order: arrival, then id) in one Core statement, by id: what
-    :func:`record_held_event` takes."""
-    if not job_ids:
-        return {}
-    table = jobs.JOBS
-    rows = session.connection().execute(
-        select(*(table.c[name] for name in jobs.POLLED_COLUMNS))
-        .where(among(table.c.id, sorted(job_ids), session))
-        .order_by(table.c.created_at, table.c.id)
-        .with_for_update()
-    )
-    return {row.id: jobs.PolledJob(**row._mapping) for row in rows}
-
-
 def _check_attempt(session: Session, principal: Principal) -> None:
     """409 ``Attempt fenced`` when the caller is a job token of an attempt that is fenced.
     Checked under the job's lock, which the agent reports and the round driver take first too,
     so an event is never recorded after its attempt was fenced."""
     if principal.role is not Role.JOB or principal.attempt_id is None:
         return
-    reason = fenced_reason(session, principal.attempt_id)
+    _refuse_fenced(principal, fenced_reason(session, principal.attempt_id))
+
+
+def _refuse_fenced(principal: Principal, reason: str | None) -> None:
+    """409 ``Attempt fenced`` for ``reason`` (None: the attempt is not fenced)."""
     if reason is not None:
         raise Conflict(
             f"{reason}: its events are refused; stop the process without checkpointing",

@@ -75,17 +75,48 @@ def fenced_reason(session: Session, attempt_id: str) -> str | None:
     period: it may still report what it did before it stops. An unknown attempt is fenced.
     """
     lease = session.get(LeaseRow, attempt_id)
+    if lease is None or lease.state != LeaseState.REVOKED:
+        return _fenced_unless_revoked(attempt_id, lease)
+    successor = successor_of(session, lease)
+    if successor is not None:
+        return f"attempt {attempt_id} was revoked and attempt {successor} has taken over"
+    return None
+
+
+def _fenced_unless_revoked(attempt_id: str, lease: Any) -> str | None:
+    """:func:`fenced_reason` of an attempt whose lease (anything with ``state`` and
+    ``node_id``; None: unknown) is not REVOKED."""
     if lease is None:
         return f"attempt {attempt_id} does not exist"
     if lease.state == LeaseState.LOST:
         return f"attempt {attempt_id} was lost with node {lease.node_id}"
     if lease.state in STOPPED_LEASES:
         return f"attempt {attempt_id} has stopped ({lease.state.lower()})"
-    if lease.state == LeaseState.REVOKED:
-        successor = successor_of(session, lease)
-        if successor is not None:
-            return f"attempt {attempt_id} was revoked and attempt {successor} has taken over"
     return None
+
+
+_FENCE_STATES = sa_select(col(LeaseRow.id), col(LeaseRow.state), col(LeaseRow.node_id)).where(
+    col(LeaseRow.id).in_(bindparam("ids", expanding=True))
+)
+
+
+def fenced_reasons(session: Session, attempt_ids: Collection[str]) -> dict[str, str | None]:
+    """:func:`fenced_reason` of each of ``attempt_ids``, by id: one read for all (the leases'
+    states, no ORM object a lease), then, for each REVOKED one only, the look for its
+    successor :func:`fenced_reason` makes. What the session changed and did not flush is not
+    seen: call it before changing those leases."""
+    if not attempt_ids:
+        return {}
+    states = {
+        row.id: row
+        for row in session.connection().execute(_FENCE_STATES, {"ids": sorted(attempt_ids)})
+    }
+    return {
+        attempt: fenced_reason(session, attempt)
+        if (row := states.get(attempt)) is not None and row.state == LeaseState.REVOKED
+        else _fenced_unless_revoked(attempt, row)
+        for attempt in attempt_ids
+    }
 
 
 class JobLeases:
