@@ -64,10 +64,6 @@ FIRST, SECOND, IDLE, LAST = 0, 1, 2, 3
 """The lines of :class:`Slots`, served in this order: users and operators; the agents'
 requests someone waits on; the agents' long polls that report nothing (held anyway once read);
 the agents' held long polls waking to read again."""
-IDLE_QUEUE_FACTOR = 2.0
-"""An idle long poll waits for its slot as long as its hold, at most this many times the
-queue timeout (:class:`InFlightLimit`): the bound on what a stream of such bodies, which
-admission reads before any token is checked, can keep waiting."""
 LAST_PATIENCE_S = 2.0
 """How long the oldest waiter of a line below :data:`SECOND` waits at most before the lower
 lines and :data:`SECOND` take turns: a process that the agents keep saturated still answers
@@ -215,15 +211,9 @@ class InFlightLimit:
     slot while the server waits to send it. A request that waited more than
     ``queue_timeout_s`` for its slot is answered 503 at once, and ``on_shed`` called (the app
     announces the overload: the node reaper then holds off). ``idle``: for a path of the
-    machines' (``background_prefixes``), the hold a request's body asks for when it carries
-    nothing anyone waits on (an agent's long poll that reports nothing; None otherwise): it
-    waits in the :data:`IDLE` line, and for its slot as long as that hold, at most
-    :data:`IDLE_QUEUE_FACTOR` times ``queue_timeout_s``, before it is shed. Why: the node asked
-    to wait that long anyway, and its hold counts from its arrival, so a poll admitted late is
-    answered at once with whatever changed meanwhile; shed, it would come back a second later
-    at the back of the line and cost its parse again, freeing no slot for anyone (``on_shed``
-    is still called once it waited past ``queue_timeout_s``: the overload is the same). Only
-    paths in ``idle`` have their body looked at here (it is read whole already,
+    machines' (``background_prefixes``), whether a request's body says it carries nothing
+    anyone waits on (an agent's long poll that reports nothing): it waits in the :data:`IDLE`
+    line. Only paths in ``idle`` have their body looked at here (it is read whole already,
     :class:`api.app.BodyLimitMiddleware`, and handed on as it came:
     :mod:`api.request_body`); a client gone before its body came is not answered.
 
@@ -240,7 +230,7 @@ class InFlightLimit:
         queue_timeout_s: float | None = None,
         on_shed: Callable[[], None] = lambda: None,
         background_prefixes: tuple[str, ...] = (),
-        idle: Mapping[str, Callable[[bytes], float | None]] | None = None,
+        idle: Mapping[str, Callable[[bytes], bool]] | None = None,
     ) -> None:
         self.app = app
         self.background_prefixes = background_prefixes
@@ -261,26 +251,21 @@ class InFlightLimit:
             return
         background = bool(self.background_prefixes) and path.startswith(self.background_prefixes)
         line = SECOND if background else FIRST
-        shed_after = self.queue_timeout_s
-        hold_of = self.idle.get(path) if background else None
-        if hold_of is not None:
+        says_nothing = self.idle.get(path) if background else None
+        if says_nothing is not None:
             body = await read_body(receive)
             if body is None:  # the client went away: nothing to answer
                 return
             receive = replaying(body, receive)
-            hold = hold_of(body)
-            if hold is not None:
+            if says_nothing(body):
                 line = IDLE
-                if shed_after is not None:
-                    shed_after = max(shed_after, min(hold, IDLE_QUEUE_FACTOR * shed_after))
         slot = _Slot(self._semaphore(), line)
         queued = time.monotonic()
         await slot.take()
         waited = time.monotonic() - queued
         if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
-            self.on_shed()
-        if shed_after is not None and waited > shed_after:
             slot.give()
+            self.on_shed()
             await _shed(scope, receive, send, waited)
             return
         token = _SLOT.set(slot)

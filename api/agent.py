@@ -823,25 +823,23 @@ def has_news(answer: PollAnswer, data: AgentPoll) -> bool:
     )
 
 
-def idle_hold(body: bytes) -> float | None:
-    """The hold (``wait_s``) of a raw ``POST /v1/agent/poll`` body that is a long poll carrying
-    no report, else None: nobody waits on such a poll (once read it is held until news comes;
+def reports_nothing(body: bytes) -> bool:
+    """Whether the raw body of a ``POST /v1/agent/poll`` is a long poll (``wait_s`` in its
+    bounds) that carries no report: nobody waits on it (once read it is held until news comes;
     its events and log tails, if any, feed a planner that reads them once a round), so
-    admission queues it behind the agents' requests that someone does wait on, for as long as
-    it asked to be held (api.admission, ``IDLE``). A body that is not such an object is not
-    one (the route answers it as it would anyway)."""
+    admission queues it behind the agents' requests that someone does wait on
+    (api.admission, ``IDLE``). A body that is not such an object is not one (the route
+    answers it as it would anyway)."""
     try:
         data = json.loads(body)
     except ValueError:
-        return None
+        return False
     if not isinstance(data, dict) or data.get("reports"):
-        return None
+        return False
     wait_s = data.get("wait_s")
     if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
-        return None
-    if not 0 < wait_s <= POLL_WAIT_MAX_S:  # beyond: the route refuses it (422)
-        return None
-    return float(wait_s)
+        return False
+    return 0 < wait_s <= POLL_WAIT_MAX_S  # beyond: the route refuses it (422)
 
 
 def deferred(answer: PollAnswer, data: AgentPoll) -> bool:

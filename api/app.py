@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import errors, openapi
 from api.admission import ArrivalStamp, InFlightLimit, pool_capacity
-from api.agent import idle_hold
+from api.agent import reports_nothing
 from api.observability import ApiMetrics, HttpMetricsMiddleware
 from api.ratelimit import RateLimiter
 from api.request_body import BodyTooLarge, read_body, replaying
@@ -112,7 +112,7 @@ def create_app(
         queue_timeout_s=settings.queue_timeout_s,
         on_shed=Throttled(engine, OVERLOAD),
         background_prefixes=(AGENT_PREFIX,),
-        idle={POLL_PATH: idle_hold},
+        idle={POLL_PATH: reports_nothing},
     )
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

@@ -55,6 +55,4 @@ class Settings(DatabaseSettings):
     queue_timeout_s: float = Field(default=5.0, gt=0, le=300)
     """A request that waited longer than this since it arrived for its turn (api.admission)
     gets 503 with Retry-After instead of being served: its client has most likely given up
-    (the agent's request timeout is 3 s), and serving it would only age the ones behind it.
-    An agent's long poll that reports nothing waits up to its hold, at most twice this
-    (api.admission, ``IDLE_QUEUE_FACTOR``)."""
+    (the agent's request timeout is 3 s), and serving it would only age the ones behind it."""

@@ -14,7 +14,7 @@ import pytest
 
 from api import admission
 from api.admission import InFlightLimit, released
-from api.agent import idle_hold
+from api.agent import reports_nothing
 
 POLL = "/v1/agent/poll"
 IDLE_POLL = json.dumps({"wait_s": 10, "running": ["a"], "events": [{"seq": 1}]}).encode()
@@ -65,7 +65,7 @@ def _app(order: list[str], gate: asyncio.Event) -> InFlightLimit:
         _recording(order, gate),
         limit=1,
         background_prefixes=("/v1/agent/",),
-        idle={POLL: idle_hold},
+        idle={POLL: reports_nothing},
     )
 
 
@@ -181,30 +181,29 @@ def test_a_body_in_parts_reaches_the_route_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "hold"),
+    ("body", "idle"),
     [
-        ({"wait_s": 10}, 10.0),
-        ({"wait_s": 0.5, "running": ["a"], "events": [{"seq": 1}], "logs": {"a": "x"}}, 0.5),
-        ({"wait_s": 10, "reports": [{"attempt_id": "a", "state": "checkpointed"}]}, None),
-        ({"wait_s": 0}, None),
-        ({"wait_s": 31}, None),
-        ({"running": ["a"]}, None),
-        ({"wait_s": True}, None),
-        ({"wait_s": "10"}, None),
-        ([1, 2], None),
+        ({"wait_s": 10}, True),
+        ({"wait_s": 0.5, "running": ["a"], "events": [{"seq": 1}], "logs": {"a": "x"}}, True),
+        ({"wait_s": 10, "reports": [{"attempt_id": "a", "state": "checkpointed"}]}, False),
+        ({"wait_s": 0}, False),
+        ({"wait_s": 31}, False),
+        ({"running": ["a"]}, False),
+        ({"wait_s": True}, False),
+        ({"wait_s": "10"}, False),
+        ([1, 2], False),
     ],
 )
 def test_a_long_poll_that_reports_nothing_is_told_apart_by_its_body(
-    body: object, hold: float | None
+    body: object, idle: bool
 ) -> None:
-    assert idle_hold(json.dumps(body).encode()) == hold
+    assert reports_nothing(json.dumps(body).encode()) is idle
 
 
 def test_a_body_that_is_not_json_is_not_an_idle_long_poll() -> None:
-    assert idle_hold(b"{not json") is None
-    assert idle_hold(b"") is None
-    assert idle_hold(b'{"wait_s": NaN}') is None
-    assert idle_hold(b'{"wait_s": Infinity}') is None
+    assert reports_nothing(b"{not json") is False
+    assert reports_nothing(b"") is False
+    assert reports_nothing(b'{"wait_s": NaN}') is False
 
 
 def test_an_idle_long_poll_past_the_queue_timeout_is_shed_and_announced_like_any_other() -> None:
@@ -222,7 +221,7 @@ def test_an_idle_long_poll_past_the_queue_timeout_is_shed_and_announced_like_any
         queue_timeout_s=0.05,
         on_shed=lambda: announced.append(1),
         background_prefixes=("/v1/agent/",),
-        idle={POLL: idle_hold},
+        idle={POLL: reports_nothing},
     )
 
     async def status(path: str, body: bytes) -> int:
@@ -246,66 +245,3 @@ def test_an_idle_long_poll_past_the_queue_timeout_is_shed_and_announced_like_any
 
     assert asyncio.run(scenario()) == [200, 503]
     assert announced == [1]
-
-
-def _statuses(queue_timeout_s: float, busy_s: float, bodies: list[bytes]) -> tuple[list[int], int]:
-    """The statuses of polls with ``bodies``, each queued behind a request that holds the only
-    slot for ``busy_s``, and how often the overload was announced."""
-    announced: list[int] = []
-
-    async def slow(scope: Any, receive: Any, send: Any) -> None:
-        if scope["path"].endswith("/busy"):
-            await asyncio.sleep(busy_s)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    app = InFlightLimit(
-        slow,
-        limit=1,
-        queue_timeout_s=queue_timeout_s,
-        on_shed=lambda: announced.append(1),
-        background_prefixes=("/v1/agent/",),
-        idle={POLL: idle_hold},
-    )
-
-    async def status(path: str, body: bytes) -> int:
-        statuses: list[int] = []
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(message["status"])
-
-        await app(_scope(path), receive, send)
-        return statuses[0]
-
-    async def scenario() -> list[int]:
-        busy = asyncio.create_task(status("/v1/agent/busy", b""))
-        await asyncio.sleep(0.01)
-        polls = [asyncio.create_task(status(POLL, body)) for body in bodies]
-        return [await busy] + [await poll for poll in polls]
-
-    return asyncio.run(scenario()), len(announced)
-
-
-def test_an_idle_long_poll_waits_for_its_slot_up_to_its_hold_and_announces_the_overload() -> None:
-    # Both wait about 0.3 s: past the 0.2 s queue timeout, within the idle poll's bound
-    # (its 10 s hold, at most twice the timeout: 0.4 s). The report is shed; the idle poll is
-    # admitted (it asked to wait that long), and the overload is announced all the same.
-    statuses, announced = _statuses(0.2, 0.3, [IDLE_POLL, REPORT_POLL])
-    assert statuses == [200, 200, 503]  # the busy request, the idle poll, the report
-    assert announced == 2  # each waited past the queue timeout
-
-
-def test_an_idle_long_poll_is_shed_past_its_own_hold() -> None:
-    short = json.dumps({"wait_s": 0.05}).encode()
-    statuses, announced = _statuses(0.02, 0.3, [short])
-    assert statuses == [200, 503]
-    assert announced == 1
-
-
-def test_an_idle_long_poll_waits_at_most_twice_the_queue_timeout_whatever_its_hold() -> None:
-    statuses, _ = _statuses(0.1, 0.3, [IDLE_POLL])  # a 10 s hold; the bound is 0.2 s
-    assert statuses == [200, 503]
