@@ -1,6 +1,7 @@
 """Like jobs take their rounds in turn (``like_ratio``): where jobs of one width and alike in run
 time ask more GPUs than the cluster has, the rounds the market gave them go to the most advanced
-first, then the longest waiting, each up to its cap.
+first, then the longest waiting, each up to its cap; a member keeps as much of its count as the
+makespan's path asks of it.
 
 Shapes: 60 s rounds, a 10-round window; run times and remainders in seconds.
 """
@@ -19,6 +20,7 @@ from shockwave.market.planner import (
     build_problem,
     in_turn,
     like_groups,
+    path_floors,
     plan,
 )
 from tests.builders import plan_job
@@ -84,7 +86,7 @@ def test_a_tie_goes_to_the_running_job() -> None:
     assert dealt.tolist() == [0, 10, 0]
 
 
-def test_groups_need_one_width_alike_run_times_and_more_jobs_than_gpus() -> None:
+def test_groups_need_one_width_alike_run_times_and_more_gpus_than_the_cluster() -> None:
     a = like_job("a", 1_000.0, run_time=3_000.0)
     b = like_job("b", 1_000.0, run_time=3_700.0)  # within 1.25x of a's
     c = like_job("c", 1_000.0, run_time=3_800.0)  # over 1.25x of a's: a group of its own
@@ -92,10 +94,13 @@ def test_groups_need_one_width_alike_run_times_and_more_jobs_than_gpus() -> None
     e = like_job("e", 1_000.0, run_time=3_000.0, gpus=2)
     # a and b ask 2 GPUs of 2: they all run at once, nothing to take in turn
     assert like_groups(build_problem([a, b], 2, params(), ROUND), 1.25) == []
-    # with c the 1-GPU jobs ask 3: a and b are alike, c alone; d and e ask 4 GPUs of 2
+    # with c the 1-GPU jobs ask 3 GPUs of 2, but a and b, the alike ones, still fit: only
+    # d and e (4 GPUs of 2) take turns; at 1.5 a, b and c are alike and ask 3
     problem = build_problem([a, b, c, d, e], 2, params(), ROUND)
-    assert like_groups(problem, 1.25) == [[0, 1], [3, 4]]
+    assert like_groups(problem, 1.25) == [[3, 4]]
     assert like_groups(problem, 1.5) == [[0, 1, 2], [3, 4]]
+    # on one GPU a and b cannot run at once
+    assert like_groups(build_problem([a, b, c], 1, params(), ROUND), 1.25) == [[0, 1]]
 
 
 def test_unstarted_like_jobs_go_oldest_first() -> None:
@@ -144,3 +149,39 @@ def test_the_rule_is_off_by_default() -> None:
     jobs = [like_job(f"j{i}", left) for i, left in enumerate((2_400.0, 1_200.0, 2_000.0, 1_800.0))]
     default = PlannerParams(rounds=T, critical_path_margin=0.0, use_scip="never")
     assert plan(jobs, 2, default, ROUND) == plan(jobs, 2, params(0.0), ROUND)
+
+
+def tail_jobs() -> list[PlanJob]:
+    # a cluster's last jobs, long in the system (their own deadlines passed): W is 2,100 s,
+    # and the least advanced one's 2,900 s left outlast W after the 600-s window by 1,400 s
+    return [
+        like_job("behind", 2_900.0, age=3_000.0),
+        like_job("ahead", 600.0, age=3_000.0),
+        like_job("next", 700.0, age=3_000.0),
+    ]
+
+
+def test_a_member_on_the_makespans_path_keeps_its_count_up_to_its_floor() -> None:
+    problem = build_problem(tail_jobs(), 2, params(), ROUND)
+    held = path_floors(problem, 0.0, ROUND, 0.05)
+    assert held.tolist() == [10, 0, 0]  # every round of the window is the makespan's
+    counts = np.array([6, 7, 7], dtype=np.int64)
+    assert in_turn(problem, counts, 1.25).tolist() == [0, 10, 10]  # without the floors
+    assert in_turn(problem, counts, 1.25, held).tolist() == [6, 10, 4]
+    # through the planner: the market gives the path job the whole window and it keeps it
+    # (without the floors it would get none: the two others take 10 each)
+    off = plan(tail_jobs(), 2, params(0.0), ROUND)
+    on = plan(tail_jobs(), 2, params(), ROUND)
+    assert sum(off.counts.values()) == 20
+    assert on.counts == {"behind": off.counts["behind"], "ahead": 10, "next": 0}
+
+
+def test_rounds_past_the_floor_are_dealt_in_turn() -> None:
+    problem = build_problem(tail_jobs(), 2, params(), ROUND)
+    counts = np.array([8, 6, 6], dtype=np.int64)
+    # a floor of 5 of its 8: the other 3 go to the most advanced, then the next
+    assert in_turn(problem, counts, 1.25, np.array([5, 0, 0])).tolist() == [5, 10, 5]
+    # a floor above the count keeps the count, no more: the group's total is the market's
+    assert in_turn(problem, counts, 1.25, np.array([10, 0, 0])).tolist() == [8, 10, 2]
+    few = np.array([2, 2, 2], dtype=np.int64)
+    assert in_turn(problem, few, 1.25, np.array([10, 0, 10])).tolist() == [2, 2, 2]
