@@ -165,8 +165,8 @@ class PlannerParams:
     are within this ratio of the shortest of them (none with a floor), where they ask more
     GPUs than the cluster has (:func:`like_groups`), keep their counts up to their path
     floors (:func:`path_floors`), and the rest of the rounds the market gave them go to the
-    most advanced first, then the longest waiting, each up to its cap (:func:`in_turn`); 0,
-    the default: off (opt-in, measured at 1.5; docs/policy.md, "Like jobs in turn").
+    most advanced first, then the longest waiting, each up to its cap (:func:`in_turn`); 0:
+    off (docs/policy.md, "Like jobs in turn").
     ``relative_gap``: target gap on the achievable gain (objective minus the empty plan's).
     ``time_limit_s``: SCIP's limit. ``use_scip``: "auto" (when the greedy cannot certify the gap),
     "always" or "never".
@@ -189,7 +189,7 @@ class PlannerParams:
     path_slack: float = 0.05
     path_first: bool = False
     spread_gate: float | None = None
-    like_ratio: float = 0.0
+    like_ratio: float = 1.5
 
     def __post_init__(self) -> None:
         if self.rounds <= 0:

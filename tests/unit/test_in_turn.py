@@ -145,10 +145,12 @@ def test_like_ratio_must_be_zero_or_at_least_one(ratio: float) -> None:
         PlannerParams(like_ratio=ratio)
 
 
-def test_the_rule_is_off_by_default() -> None:
+def test_the_rule_is_on_by_default_at_a_ratio_of_one_and_a_half() -> None:
     jobs = [like_job(f"j{i}", left) for i, left in enumerate((2_400.0, 1_200.0, 2_000.0, 1_800.0))]
     default = PlannerParams(rounds=T, critical_path_margin=0.0, use_scip="never")
-    assert plan(jobs, 2, default, ROUND) == plan(jobs, 2, params(0.0), ROUND)
+    assert default.like_ratio == 1.5
+    assert plan(jobs, 2, default, ROUND) == plan(jobs, 2, params(1.5), ROUND)
+    assert plan(jobs, 2, default, ROUND) != plan(jobs, 2, params(0.0), ROUND)
 
 
 def tail_jobs() -> list[PlanJob]:
