@@ -30,7 +30,7 @@ import httpx
 
 from bench.api import postgres_database
 from bench.load import HOST, api_argv, prepare, service_env, started, wait_ready
-from bench.request_cost import GPUS, WARMUP, process_cpu_s, run_a_round
+from bench.request_cost import GPUS, WARMUP, process_cpu_s, progress_events, run_a_round
 from shockwave_cli.runtime.supervision import free_port
 
 COPIES = ("old", "new")
@@ -93,19 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seq = itertools.count(1)
 
         def progress() -> list[dict[str, object]]:
-            step = next(seq)
-            return [
-                {
-                    "attempt_id": attempt,
-                    "seq": step,
-                    "kind": "progress",
-                    "epoch": 1 + step % 1000,
-                    "samples": 1000,
-                    "seconds": 1.0,
-                    "batch_size": 32,
-                }
-                for attempt in attempts
-            ]
+            return progress_events(attempts, next(seq))
 
         kinds: dict[str, Callable[[httpx.Client], httpx.Response]] = {
             "GET /healthz (no database)": lambda c: c.get("/healthz"),

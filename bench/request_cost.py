@@ -76,6 +76,23 @@ def run_a_round(database_url: str) -> list[str]:
         engine.dispose()
 
 
+def progress_events(attempts: Sequence[str], step: int) -> list[dict[str, object]]:
+    """One progress event per attempt, each the ``step``-th of its attempt (a new ``seq``):
+    what a node whose jobs each finished an epoch sends in its poll."""
+    return [
+        {
+            "attempt_id": attempt,
+            "seq": step,
+            "kind": "progress",
+            "epoch": 1 + step % 1000,
+            "samples": 1000,
+            "seconds": 1.0,
+            "batch_size": 32,
+        }
+        for attempt in attempts
+    ]
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of the process ``pid`` and its group (Linux /proc)."""
     return group_cpu_seconds([pid])[pid]
@@ -230,19 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seq = itertools.count(1)
 
         def progress() -> list[dict[str, object]]:
-            step = next(seq)
-            return [
-                {
-                    "attempt_id": attempt,
-                    "seq": step,
-                    "kind": "progress",
-                    "epoch": 1 + step % 1000,
-                    "samples": 1000,
-                    "seconds": 1.0,
-                    "batch_size": 32,
-                }
-                for attempt in attempts
-            ]
+            return progress_events(attempts, next(seq))
 
         ghosts = [
             {"attempt_id": f"0b5c3a4e-0000-4000-8000-{i:012d}", "state": "checkpointed"}
