@@ -1150,11 +1150,11 @@ def like_groups(problem: Problem, ratio: float) -> list[list[int]]:
 def in_turn(
     problem: Problem,
     counts: npt.NDArray[np.int64],
-    ratio: float,
+    groups: Sequence[Sequence[int]],
     path: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.int64]:
-    """``counts`` with each group of like jobs (:func:`like_groups`) taking the rounds the
-    market gave it in turn: each member keeps as much of its count as its ``path`` floor
+    """``counts`` with each group of like jobs (``groups``, :func:`like_groups`) taking the
+    rounds the market gave it in turn: each member keeps as much of its count as its ``path`` floor
     asks (:func:`path_floors`, one entry per job; None: none), and the rest of the group's
     total goes to the most advanced first (the largest share of its epochs done), then the
     longest waiting, a running one before a waiting one at a tie, then the jobs' order; each
@@ -1181,7 +1181,6 @@ def in_turn(
     week the path is the work present, so many members have floors at once (half of a
     group of a hundred one-GPU jobs on 88 GPUs), and floors taken first out of the group's
     rounds would put them back in step."""
-    groups = like_groups(problem, ratio)
     if not groups:
         return counts
     dealt = counts.copy()
@@ -1240,10 +1239,11 @@ def plan(
         gain = bound - empty_value
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
-    if params.like_ratio > 0 and like_groups(problem, params.like_ratio):
+    like = like_groups(problem, params.like_ratio) if params.like_ratio > 0 else []
+    if like:
         held = path_floors(problem, params.critical_path_margin, round_seconds, params.path_slack)
-        dealt = in_turn(problem, counts, params.like_ratio, held)
-        counts, value = dealt, problem.objective(dealt)
+        counts = in_turn(problem, counts, like, held)
+        value = problem.objective(counts)
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
     path = None
     if params.finishing_lane and len(jobs) <= total_gpus:

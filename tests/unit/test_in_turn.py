@@ -74,7 +74,7 @@ def test_a_job_near_its_end_takes_only_its_cap() -> None:
     jobs = [like_job("j0", 2_900.0), like_job("j1", 120.0), like_job("j2", 2_500.0)]
     problem = build_problem(jobs, 2, params(), ROUND)
     counts = np.array([7, 2, 7], dtype=np.int64)
-    dealt = in_turn(problem, counts, 1.25)
+    dealt = in_turn(problem, counts, like_groups(problem, 1.25))
     assert dealt.tolist() == [4, 2, 10]
     assert int(dealt.sum()) == int(counts.sum())
 
@@ -82,7 +82,7 @@ def test_a_job_near_its_end_takes_only_its_cap() -> None:
 def test_a_tie_goes_to_the_running_job() -> None:
     jobs = [like_job("a", 1_500.0), like_job("b", 1_500.0, running=True), like_job("c", 2_000.0)]
     problem = build_problem(jobs, 1, params(), ROUND)
-    dealt = in_turn(problem, np.array([4, 3, 3], dtype=np.int64), 1.25)
+    dealt = in_turn(problem, np.array([4, 3, 3], dtype=np.int64), like_groups(problem, 1.25))
     assert dealt.tolist() == [0, 10, 0]
 
 
@@ -112,7 +112,7 @@ def test_unstarted_like_jobs_go_oldest_first() -> None:
         like_job("mid", 3_000.0, run_time=3_000.0, age=500.0),
     ]
     problem = build_problem(jobs, 1, params(), ROUND)
-    dealt = in_turn(problem, np.array([3, 3, 4], dtype=np.int64), 1.25)
+    dealt = in_turn(problem, np.array([3, 3, 4], dtype=np.int64), like_groups(problem, 1.25))
     assert dealt.tolist() == [0, 10, 0]
 
 
@@ -124,7 +124,7 @@ def test_held_and_unknown_jobs_keep_the_markets_counts() -> None:
     problem = build_problem(jobs, 1, params(), ROUND)
     assert like_groups(problem, 1.25) == [[2, 3]]  # a late job takes its turn too
     counts = np.array([2, 1, 3, 4], dtype=np.int64)
-    dealt = in_turn(problem, counts, 1.25)
+    dealt = in_turn(problem, counts, like_groups(problem, 1.25))
     assert dealt.tolist() == [2, 1, 7, 0]
 
 
@@ -135,7 +135,7 @@ def test_off_and_where_nothing_is_alike_the_plan_is_the_markets() -> None:
     like = [like_job(f"j{i}", left) for i, left in enumerate(lefts)]
     problem = build_problem(like, 2, params(0.0), ROUND)
     counts = np.array([5, 5, 5, 5], dtype=np.int64)
-    assert in_turn(problem, counts, 1.25) is not counts
+    assert in_turn(problem, counts, like_groups(problem, 1.25)) is not counts
     assert plan(like, 2, params(0.0), ROUND).counts != plan(like, 2, params(), ROUND).counts
 
 
@@ -168,8 +168,12 @@ def test_a_member_on_the_makespans_path_keeps_its_count_up_to_its_floor() -> Non
     held = path_floors(problem, 0.0, ROUND, 0.05)
     assert held.tolist() == [10, 0, 0]  # every round of the window is the makespan's
     counts = np.array([6, 7, 7], dtype=np.int64)
-    assert in_turn(problem, counts, 1.25).tolist() == [0, 10, 10]  # without the floors
-    assert in_turn(problem, counts, 1.25, held).tolist() == [6, 10, 4]
+    assert in_turn(problem, counts, like_groups(problem, 1.25)).tolist() == [
+        0,
+        10,
+        10,
+    ]  # without the floors
+    assert in_turn(problem, counts, like_groups(problem, 1.25), held).tolist() == [6, 10, 4]
     # through the planner: the market gives the path job the whole window and it keeps it
     # (without the floors it would get none: the two others take 10 each)
     off = plan(tail_jobs(), 2, params(0.0), ROUND)
@@ -182,8 +186,20 @@ def test_rounds_past_the_floor_are_dealt_in_turn() -> None:
     problem = build_problem(tail_jobs(), 2, params(), ROUND)
     counts = np.array([8, 6, 6], dtype=np.int64)
     # a floor of 5 of its 8: the other 3 go to the most advanced, then the next
-    assert in_turn(problem, counts, 1.25, np.array([5, 0, 0])).tolist() == [5, 10, 5]
+    assert in_turn(problem, counts, like_groups(problem, 1.25), np.array([5, 0, 0])).tolist() == [
+        5,
+        10,
+        5,
+    ]
     # a floor above the count keeps the count, no more: the group's total is the market's
-    assert in_turn(problem, counts, 1.25, np.array([10, 0, 0])).tolist() == [8, 10, 2]
+    assert in_turn(problem, counts, like_groups(problem, 1.25), np.array([10, 0, 0])).tolist() == [
+        8,
+        10,
+        2,
+    ]
     few = np.array([2, 2, 2], dtype=np.int64)
-    assert in_turn(problem, few, 1.25, np.array([10, 0, 10])).tolist() == [2, 2, 2]
+    assert in_turn(problem, few, like_groups(problem, 1.25), np.array([10, 0, 10])).tolist() == [
+        2,
+        2,
+        2,
+    ]
