@@ -401,7 +401,8 @@ class Fleet:
                     next_beat = started + self.heartbeat_s
                 self.log.saw(node, poll)
                 await self._before_stop(here, poll)
-                if self._reconcile(here, poll) or here.outbox:
+                tokens = await self._tokens(here, poll)
+                if self._reconcile(here, poll, tokens) or here.outbox:
                     await self._poll(here, "poll ack", heartbeat=False, tokens=False)
                 ends = poll.get("round_ends_at")
                 if ends:
@@ -618,11 +619,12 @@ class Fleet:
             stopping = self._stopping(here, poll)
             await self._publish_all(stopping, here, force=True)
 
-    def _reconcile(self, here: Node, poll: Any) -> bool:
+    def _reconcile(self, here: Node, poll: Any, tokens: Mapping[str, str] | None = None) -> bool:
         """Stop what is no longer leased (owing ``checkpointed``), note extensions, start what
-        is new with the token the poll minted for it. Whether something started."""
+        is new with its job token (``tokens``, :meth:`_tokens`; by default those the poll
+        minted). Whether something started."""
         self._settle(here, poll)
-        return self._start(here, poll)
+        return self._start(here, poll, tokens)
 
     async def _changeover(self, here: Node, poll: Any) -> bool:
         """A poll's changes with long polls: count the leased time, start what is new at once
@@ -630,10 +632,11 @@ class Fleet:
         stopping attempt on its GPUs writes meanwhile), let each attempt about to stop post
         its progress (at once, each program on its own), then stop it and note extensions.
         Whether something started."""
+        tokens = await self._tokens(here, poll)
         async with here.training:
             self._account(here)
             stopping = self._stopping(here, poll)
-            started = self._start(here, poll)
+            started = self._start(here, poll, tokens)
             await self._publish_all(stopping, here, force=True)
             self._settle(here, poll)
         return started
@@ -660,18 +663,45 @@ class Fleet:
                 here.attempts[attempt_id].ends_at = lease["ends_at"]
                 here.attempts[attempt_id].ends_t = wall_seconds(lease["ends_at"])
 
-    def _start(self, here: Node, poll: Any) -> bool:
-        """Start each new lease with the token the poll minted for it; whether any started."""
-        leases = {lease["attempt_id"]: lease for lease in poll["leases"]}
+    def _new_leases(self, here: Node, poll: Any) -> dict[str, Any]:
+        """Attempt id -> lease, for the leases of ``poll`` that ``here`` is to start: live, not
+        told to stop, not started or ended here, of a job this fleet runs."""
         stop = set(poll["stop"])
+        return {
+            lease["attempt_id"]: lease
+            for lease in poll["leases"]
+            if lease["attempt_id"] not in here.attempts
+            and lease["attempt_id"] not in stop
+            and lease["attempt_id"] not in here.ended
+            and lease["job_id"] in self.jobs
+        }
+
+    async def _tokens(self, here: Node, poll: Any) -> dict[str, str]:
+        """The job token of each lease ``here`` is to start: the one ``poll`` minted, else
+        (the answer that minted it was lost: a timeout, a dropped connection) a new one asked
+        for (``POST /v1/agent/leases/{attempt}/token``, which replaces it), as the real agent
+        does (``agent/loop.py``). Without it the lease would stay unstarted, and every long
+        poll of the node would be answered at once for it, for the rest of the run."""
+        tokens = dict(poll["tokens"])
+        for attempt_id in self._new_leases(here, poll).keys() - tokens.keys():
+            answer = await self._call(
+                "token", "POST", f"/v1/agent/leases/{attempt_id}/token", here.token, None
+            )
+            if answer is not None:
+                self.log.events["token asked again"] += 1
+                tokens[attempt_id] = answer["token"]
+        return tokens
+
+    def _start(self, here: Node, poll: Any, tokens: Mapping[str, str] | None = None) -> bool:
+        """Start each new lease with its job token (``tokens``: attempt id -> token; by default
+        those the poll minted); whether any started."""
+        tokens = poll["tokens"] if tokens is None else tokens
         now = time.time()
         started = False
-        for attempt_id, lease in leases.items():
-            if attempt_id in here.attempts or attempt_id in stop or attempt_id in here.ended:
-                continue
-            job = self.jobs.get(lease["job_id"])
-            token = poll["tokens"].get(attempt_id)
-            if job is None or token is None:  # a finished job posts its end and exits 0
+        for attempt_id, lease in self._new_leases(here, poll).items():
+            job = self.jobs[lease["job_id"]]
+            token = tokens.get(attempt_id)
+            if token is None:  # asked for and not answered: the next answer tries again
                 continue
             job.token = token  # scoped to this attempt: an older one's is fenced
             self.log.started[attempt_id] = now

@@ -76,6 +76,36 @@ def test_a_new_lease_starts_with_the_token_its_poll_minted_and_only_then() -> No
     assert node.outbox == []
 
 
+def test_a_lease_whose_minted_token_was_lost_gets_one_asked_for_and_starts() -> None:
+    """The answer that minted a2's token never arrived (a timeout): the server mints one
+    token an attempt, so the next answers carry none. The node asks the token route for a new
+    one, as the real agent does, and starts a2; without it every long poll of the node was
+    answered at once for a2, for the rest of the run."""
+    jobs = {"j1": job("j1"), "j2": job("j2")}
+    fleet, node = RecordingFleet(jobs, answer={"token": "tok-2"}), Node("agent-token")
+    poll = answer([lease("a1", "j1"), lease("a2", "j2")], a1="tok-1")
+    assert asyncio.run(fleet._changeover(node, poll))
+    assert fleet.calls == [("token", "/v1/agent/leases/a2/token", None)]  # a1's came minted
+    assert sorted(node.attempts) == ["a1", "a2"]
+    assert (jobs["j1"].token, jobs["j2"].token) == ("tok-1", "tok-2")
+    # an attempt started here, or told to stop, is never asked for
+    fleet.calls.clear()
+    assert not asyncio.run(
+        fleet._changeover(node, answer([lease("a1", "j1"), lease("a3", "j2")], stop=["a3"]))
+    )
+    assert fleet.calls == []
+
+
+def test_a_token_asked_for_and_not_answered_leaves_the_lease_for_the_next_answer() -> None:
+    jobs = {"j1": job("j1")}
+    fleet, node = RecordingFleet(jobs, answer=None), Node("agent-token")
+    assert not asyncio.run(fleet._changeover(node, answer([lease("a1", "j1")])))
+    assert node.attempts == {} and fleet.calls == [("token", "/v1/agent/leases/a1/token", None)]
+    fleet.answer = {"token": "tok-1"}
+    assert asyncio.run(fleet._changeover(node, answer([lease("a1", "j1")])))
+    assert list(node.attempts) == ["a1"] and jobs["j1"].token == "tok-1"
+
+
 def test_a_lease_that_went_or_is_listed_in_stop_owes_checkpointed_and_never_restarts() -> None:
     jobs = {"j1": job("j1"), "j2": job("j2"), "j3": job("j3")}
     fleet, node = RecordingFleet(jobs), Node("agent-token")
@@ -289,9 +319,9 @@ def test_a_changeover_starts_the_new_lease_before_the_stopping_attempt_posts_its
     started_at: list[float] = []
     real_start = fleet._start
 
-    def start(here: Node, poll: Any) -> bool:
+    def start(here: Node, poll: Any, tokens: Any = None) -> bool:
         started_at.append(len(fleet.calls))
-        return real_start(here, poll)
+        return real_start(here, poll, tokens)
 
     fleet._start = start  # type: ignore[method-assign]
     poll = answer([lease("a2", "j2")], a2="tok-2")  # a1 is gone: it stops
