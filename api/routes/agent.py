@@ -158,7 +158,9 @@ async def poll(
     connection and no admission slot. A round out before it is due (the round driver's boundary
     lead) wakes every held poll at once: each node's re-read waits its turn
     (:func:`api.agent.stagger_s`), so the answers, and the polls that acknowledge them, come
-    spread over the first half of the time left before the round is due, not in one burst. A
+    spread over the first half of the time left before the round is due, not in one burst; a
+    turn past the poll's ``wait_s`` is cut to it (an agent's timeout allows for ``wait_s``, and
+    an answer it gave up on loses the job tokens it minted). A
     long poll that had to defer some of what it said (``defer_busy``: a report or event answered
     503, a lease in ``running`` still not RUNNING) is answered at once, not held."""
     node_id = agent.acting_node(principal, data.node)
@@ -178,7 +180,9 @@ async def poll(
         async with admission.released():
             notified = await signal.wait(seen, recheck, node_id)
             if notified and signal.everyone_since(seen):
-                await asyncio.sleep(agent.stagger_s(node_id, answer.round_ends_at))
+                # its turn, but never past its hold: the agent's timeout allows for wait_s
+                turn = agent.stagger_s(node_id, answer.round_ends_at)
+                await asyncio.sleep(min(turn, max(0.0, deadline - time.monotonic())))
         if not notified and deadline - time.monotonic() <= 0:
             break  # held to the end with no news: the first answer still holds
         seen = signal.generation

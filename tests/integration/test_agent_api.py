@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
 from api import admission
+from api import agent as agent_api
 from solver_service.driver import DriverSettings, RoundDriver
 from store.tables import NodeRow, TokenRow
 from tests.integration.api_calls import assert_problem, bearer, job_body
@@ -734,6 +735,46 @@ def test_a_long_poll_is_held_up_to_wait_s_after_it_arrived_not_after_its_turn(
     held = contact(client, tokens.agent, wait_s=20.0, seen_round=idle["current_round"])
     assert 0.25 <= time.monotonic() - began < 5.0
     assert (held["current_round"], held["leases"]) == (idle["current_round"], [])
+
+
+def test_a_held_polls_turn_to_read_a_round_out_early_ends_with_its_hold(
+    client: TestClient, tokens: Tokens, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round out before it is due wakes every held poll, and each reads it in its turn
+    (api.agent.stagger_s); a turn later than the poll's ``wait_s`` is cut to it: the agent's
+    timeout allows for ``wait_s``, and an answer it gave up on loses the job tokens it
+    minted. Here every turn is 30 s; the poll held for 1 s still answers within its hold,
+    with the new round and its lease."""
+    register(client, tokens.agent)
+    with driver_on(database) as (driver, _):
+        driver.step(now())
+    idle = contact(client, tokens.agent)
+    job = submit(client, tokens.admin)
+    state = client.app.state  # type: ignore[attr-defined]
+    monkeypatch.setattr(state.settings, "poll_recheck_s", 60.0)  # only the signal wakes it
+    monkeypatch.setattr(agent_api, "stagger_s", lambda *_: 30.0)
+    answers: list[dict[str, Any]] = []
+    body = {"wait_s": 1.0, "seen_round": idle["current_round"], "tokens": True}
+    waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
+    began = time.monotonic()
+    waiting.start()
+    time.sleep(0.2)
+    assert waiting.is_alive(), "held: the node has nothing new yet"
+    settings = DriverSettings(
+        database_url=database.url, database_schema=database.schema, round_seconds=ROUND_S
+    )
+    late = RoundDriver(database.engine, settings, leases_changed=state.lease_signal.notify)
+    try:
+        late.step(now() + 1.0)  # the next boundary: every held poll is woken
+    finally:
+        late.close()
+    waiting.join(timeout=10.0)
+    assert not waiting.is_alive()
+    assert time.monotonic() - began < 2.5, "answered within its hold, not after its turn"
+    (answer,) = answers
+    assert answer["current_round"] == idle["current_round"] + 1
+    assert [lease["job_id"] for lease in answer["leases"]] == [job]
+    assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
 
 
 def test_a_long_poll_with_news_answers_at_once_and_a_bad_wait_is_refused(
