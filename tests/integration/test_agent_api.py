@@ -690,11 +690,28 @@ def test_a_long_poll_is_held_while_nothing_is_new_and_answered_when_the_driver_c
     assert (held["current_round"], held["leases"]) == (idle["current_round"], [])
 
     job = submit(client, tokens.admin)
+    answer, took = held_poll_woken_by_a_round(client, tokens, database, monkeypatch, 20.0)
+    assert took < 5.0
+    assert answer["current_round"] == idle["current_round"] + 1
+    assert [lease["job_id"] for lease in answer["leases"]] == [job]
+    assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
+
+
+def held_poll_woken_by_a_round(
+    client: TestClient,
+    tokens: Tokens,
+    database: Database,
+    monkeypatch: pytest.MonkeyPatch,
+    wait_s: float,
+) -> tuple[dict[str, Any], float]:
+    """A long poll of ``wait_s`` from the current round, held (nothing new), then woken by a
+    round driver of the API's process committing the next round; its answer and how long it
+    took. Only the signal wakes it (no re-read on a timer)."""
+    seen = contact(client, tokens.agent)["current_round"]
     state = client.app.state  # type: ignore[attr-defined]
-    monkeypatch.setattr(state.settings, "poll_recheck_s", 60.0)  # only the signal wakes it
-    signal = state.lease_signal
+    monkeypatch.setattr(state.settings, "poll_recheck_s", 60.0)
     answers: list[dict[str, Any]] = []
-    body = {"wait_s": 20.0, "seen_round": idle["current_round"], "tokens": True}
+    body = {"wait_s": wait_s, "seen_round": seen, "tokens": True}
     waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
     began = time.monotonic()
     waiting.start()
@@ -703,17 +720,15 @@ def test_a_long_poll_is_held_while_nothing_is_new_and_answered_when_the_driver_c
     settings = DriverSettings(
         database_url=database.url, database_schema=database.schema, round_seconds=ROUND_S
     )
-    late = RoundDriver(database.engine, settings, leases_changed=signal.notify)
+    late = RoundDriver(database.engine, settings, leases_changed=state.lease_signal.notify)
     try:
-        late.step(now() + 1.0)  # the next boundary: the job is leased to the node
+        late.step(now() + 1.0)  # the next boundary: every held poll is woken
     finally:
         late.close()
     waiting.join(timeout=10.0)
-    assert not waiting.is_alive() and time.monotonic() - began < 5.0
+    assert not waiting.is_alive()
     (answer,) = answers
-    assert answer["current_round"] == idle["current_round"] + 1
-    assert [lease["job_id"] for lease in answer["leases"]] == [job]
-    assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
+    return answer, time.monotonic() - began
 
 
 def test_a_long_poll_is_held_up_to_wait_s_after_it_arrived_not_after_its_turn(
@@ -748,31 +763,12 @@ def test_a_held_polls_turn_to_read_a_round_out_early_ends_with_its_hold(
     register(client, tokens.agent)
     with driver_on(database) as (driver, _):
         driver.step(now())
-    idle = contact(client, tokens.agent)
+    seen = contact(client, tokens.agent)["current_round"]
     job = submit(client, tokens.admin)
-    state = client.app.state  # type: ignore[attr-defined]
-    monkeypatch.setattr(state.settings, "poll_recheck_s", 60.0)  # only the signal wakes it
     monkeypatch.setattr(agent_api, "stagger_s", lambda *_: 30.0)
-    answers: list[dict[str, Any]] = []
-    body = {"wait_s": 1.0, "seen_round": idle["current_round"], "tokens": True}
-    waiting = threading.Thread(target=lambda: answers.append(contact(client, tokens.agent, **body)))
-    began = time.monotonic()
-    waiting.start()
-    time.sleep(0.2)
-    assert waiting.is_alive(), "held: the node has nothing new yet"
-    settings = DriverSettings(
-        database_url=database.url, database_schema=database.schema, round_seconds=ROUND_S
-    )
-    late = RoundDriver(database.engine, settings, leases_changed=state.lease_signal.notify)
-    try:
-        late.step(now() + 1.0)  # the next boundary: every held poll is woken
-    finally:
-        late.close()
-    waiting.join(timeout=10.0)
-    assert not waiting.is_alive()
-    assert time.monotonic() - began < 2.5, "answered within its hold, not after its turn"
-    (answer,) = answers
-    assert answer["current_round"] == idle["current_round"] + 1
+    answer, took = held_poll_woken_by_a_round(client, tokens, database, monkeypatch, 1.0)
+    assert took < 2.5, "answered within its hold, not after its turn"
+    assert answer["current_round"] == seen + 1
     assert [lease["job_id"] for lease in answer["leases"]] == [job]
     assert set(answer["tokens"]) == {answer["leases"][0]["attempt_id"]}
 
