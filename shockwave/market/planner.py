@@ -550,8 +550,13 @@ def path_jobs(
     deadline, :func:`own_deadline_s`, is not on it yet). A round such a job loses to the
     lane can push the makespan out by a round; any other full-window job has that round's
     slack before the work or the longest job bounds the end."""
+    return on_path(problem, path_floors(problem, margin, round_seconds, slack))
+
+
+def on_path(problem: Problem, held: npt.NDArray[np.int64]) -> frozenset[int]:
+    """:func:`path_jobs` from the jobs' ``held`` rounds (:func:`path_floors`, computed once
+    where the plan needs them for like jobs too)."""
     floors = problem.floors
-    held = path_floors(problem, margin, round_seconds, slack)
     return frozenset(
         i for i in range(len(problem.jobs)) if (floors is not None and floors[i] > 0) or held[i] > 0
     )
@@ -1240,14 +1245,15 @@ def plan(
         if gain <= 1e-15 or (bound - value) <= params.relative_gap * gain:
             status = SolveStatus.OPTIMAL
     like = like_groups(problem, params.like_ratio) if params.like_ratio > 0 else []
-    if like:
+    lane = params.finishing_lane and len(jobs) <= total_gpus
+    held = None
+    if like or lane:
         held = path_floors(problem, params.critical_path_margin, round_seconds, params.path_slack)
+    if like:
         counts = in_turn(problem, counts, like, held)
         value = problem.objective(counts)
     weights = list(priority) if priority is not None else [j.weight for j in jobs]
-    path = None
-    if params.finishing_lane and len(jobs) <= total_gpus:
-        path = path_jobs(problem, params.critical_path_margin, round_seconds, params.path_slack)
+    path = on_path(problem, held) if lane and held is not None else None
     lead = leading_jobs(problem, params.critical_path_margin) if params.path_first else None
     rounds, lost = pack_rounds(
         problem,
