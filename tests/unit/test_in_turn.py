@@ -168,12 +168,9 @@ def test_a_member_on_the_makespans_path_keeps_its_count_up_to_its_floor() -> Non
     held = path_floors(problem, 0.0, ROUND, 0.05)
     assert held.tolist() == [10, 0, 0]  # every round of the window is the makespan's
     counts = np.array([6, 7, 7], dtype=np.int64)
-    assert in_turn(problem, counts, like_groups(problem, 1.25)).tolist() == [
-        0,
-        10,
-        10,
-    ]  # without the floors
-    assert in_turn(problem, counts, like_groups(problem, 1.25), held).tolist() == [6, 10, 4]
+    like = like_groups(problem, 1.25)
+    assert in_turn(problem, counts, like).tolist() == [0, 10, 10]  # without the floors
+    assert in_turn(problem, counts, like, held).tolist() == [6, 10, 4]
     # through the planner: the market gives the path job the whole window and it keeps it
     # (without the floors it would get none: the two others take 10 each)
     off = plan(tail_jobs(), 2, params(0.0), ROUND)
@@ -185,21 +182,10 @@ def test_a_member_on_the_makespans_path_keeps_its_count_up_to_its_floor() -> Non
 def test_rounds_past_the_floor_are_dealt_in_turn() -> None:
     problem = build_problem(tail_jobs(), 2, params(), ROUND)
     counts = np.array([8, 6, 6], dtype=np.int64)
+    like = like_groups(problem, 1.25)
     # a floor of 5 of its 8: the other 3 go to the most advanced, then the next
-    assert in_turn(problem, counts, like_groups(problem, 1.25), np.array([5, 0, 0])).tolist() == [
-        5,
-        10,
-        5,
-    ]
+    assert in_turn(problem, counts, like, np.array([5, 0, 0])).tolist() == [5, 10, 5]
     # a floor above the count keeps the count, no more: the group's total is the market's
-    assert in_turn(problem, counts, like_groups(problem, 1.25), np.array([10, 0, 0])).tolist() == [
-        8,
-        10,
-        2,
-    ]
+    assert in_turn(problem, counts, like, np.array([10, 0, 0])).tolist() == [8, 10, 2]
     few = np.array([2, 2, 2], dtype=np.int64)
-    assert in_turn(problem, few, like_groups(problem, 1.25), np.array([10, 0, 10])).tolist() == [
-        2,
-        2,
-        2,
-    ]
+    assert in_turn(problem, few, like, np.array([10, 0, 10])).tolist() == [2, 2, 2]
